@@ -1,0 +1,92 @@
+# kvdepot front door. `make test` and `make demo` work on a fresh Debian 12
+# machine: they install what is missing (scripts/install-deps.sh), configure,
+# build and run. Build trees live under build/<preset>.
+#
+#   make test            deps, format check, build (-Werror), every ctest test,
+#                        then the address+undefined and thread sanitizer suites
+#   make build           configure and build the default (dev) tree
+#   make demo            the persistence round-trip demo (see README status)
+#   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
+#   make fuzz NAME=x     run one libFuzzer target for FUZZ_SECONDS (clang)
+#   make fmt / lint      clang-format in place / format check + clang-tidy
+#   make install PREFIX=/usr/local
+
+SHELL := /bin/bash
+JOBS ?= $(shell nproc)
+PREFIX ?= /usr/local
+FUZZ_SECONDS ?= 60
+CTEST := ctest --output-on-failure -j $(JOBS)
+SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' 2>/dev/null)
+
+.PHONY: all deps build test test-ci test-asan test-tsan demo bench fuzz fmt \
+        format-check lint install clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+build: deps
+	@cmake --preset dev >/dev/null
+	@cmake --build --preset dev -j $(JOBS)
+
+test: deps format-check test-ci test-asan test-tsan
+	@echo "make test: all suites passed"
+
+test-ci:
+	@cmake --preset ci >/dev/null
+	@cmake --build --preset ci -j $(JOBS)
+	@$(CTEST) --test-dir build/ci
+
+# Sanitizer trees skip the GPU label: the CUDA runtime is not instrumented.
+test-asan:
+	@cmake --preset asan >/dev/null
+	@cmake --build --preset asan -j $(JOBS)
+	@$(CTEST) --test-dir build/asan -LE 'gpu|python'
+
+test-tsan:
+	@cmake --preset tsan >/dev/null
+	@cmake --build --preset tsan -j $(JOBS)
+	@$(CTEST) --test-dir build/tsan -LE 'gpu|python|fuzz'
+
+demo: build
+	@if [ -x build/dev/demo/kvdepot-demo ]; then \
+	    build/dev/demo/kvdepot-demo; \
+	else \
+	    echo "make demo: the persistence round-trip demo is not built yet" \
+	         "(see README.md, Status)"; exit 2; \
+	fi
+
+bench: build
+	@if [ -z "$(NAME)" ]; then \
+	    echo "benchmarks:"; ls build/dev/bench 2>/dev/null | sed -n 's/^bench_/  /p'; \
+	    echo "usage: make bench NAME=<name>"; exit 2; \
+	fi
+	@test -x build/dev/bench/bench_$(NAME) || \
+	    { echo "no benchmark named '$(NAME)'"; exit 2; }
+	@build/dev/bench/bench_$(NAME)
+
+fuzz: deps
+	@test -n "$(NAME)" || { echo "usage: make fuzz NAME=<target>"; \
+	    ls tests/fuzz | sed -n 's/^fuzz_\(.*\)\.c$$/  \1/p'; exit 2; }
+	@cmake --preset fuzz >/dev/null
+	@cmake --build --preset fuzz -j $(JOBS) --target fuzz_$(NAME)_libfuzzer
+	@mkdir -p build/fuzz/corpus/$(NAME)
+	@build/fuzz/tests/fuzz/fuzz_$(NAME)_libfuzzer -max_total_time=$(FUZZ_SECONDS) \
+	    build/fuzz/corpus/$(NAME) tests/fuzz/corpus/$(NAME)
+
+fmt:
+	@clang-format -i $(SOURCES)
+
+format-check:
+	@clang-format --dry-run -Werror $(SOURCES)
+
+lint: format-check
+	@cmake --preset dev >/dev/null
+	@clang-tidy -p build/dev --quiet $(filter %.c,$(SOURCES)) 2>/dev/null
+
+install: build
+	@cmake --install build/dev --prefix $(PREFIX)
+
+clean:
+	@rm -rf build

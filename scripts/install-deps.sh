@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages that kvdepot's build, test suite and demo need,
+# and nothing else. Idempotent and quiet: packages already present are skipped, so a
+# machine that has everything costs one dpkg-query and no apt run at all.
+#
+# Usage: scripts/install-deps.sh [--check]
+#   --check  only report what is missing (exit 1 if anything is)
+set -euo pipefail
+
+# Build toolchain and code generators.
+pkgs=(
+    build-essential cmake ninja-build pkg-config
+    clang libclang-rt-14-dev clang-format clang-tidy
+    protobuf-c-compiler
+)
+# Libraries the C code links (DESIGN.md §2; every one found with pkg-config).
+pkgs+=(
+    libucx-dev liburing-dev liblmdb-dev libprotobuf-c-dev libgrpc-dev
+    libssl-dev libxxhash-dev libyaml-dev libmicrohttpd-dev libcmocka-dev
+)
+# Tests: block-hash vectors are checked against Python's cbor2 + hashlib.
+pkgs+=(python3 python3-cbor2 python3-pytest)
+
+missing=()
+for p in "${pkgs[@]}"; do
+    status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+    [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+    exit 0
+fi
+if [[ "${1:-}" == "--check" ]]; then
+    echo "missing Debian packages: ${missing[*]}"
+    exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo=()
+if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || {
+        echo "install-deps: need root or sudo to install: ${missing[*]}" >&2
+        exit 1
+    }
+    sudo=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

@@ -1,0 +1,46 @@
+/*
+ * CUDA smoke test (label gpu): the runtime reports the device count without
+ * a driver, and on a machine with a GPU a host->device->host copy returns
+ * the same bytes. Exits 77 (skipped) when built without CUDA or run without
+ * a device.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include <cmocka.h>
+
+#include "kvdepot/common.h"
+#ifdef KVD_HAVE_CUDA
+#include "kernels/cuda/cuda_int.h"
+
+static void test_roundtrip(void **state)
+{
+    (void)state;
+    assert_int_equal(kvd_cuda_selftest(64u << 20), KVD_OK);
+    assert_int_equal(kvd_cuda_selftest(1), KVD_OK);
+}
+#endif
+
+int main(void)
+{
+#ifndef KVD_HAVE_CUDA
+    printf("built without CUDA: skipped\n");
+    return 77;
+#else
+    int count = -1;
+    if (kvd_cuda_device_count(&count) != KVD_OK) {
+        printf("CUDA runtime failed to count devices\n");
+        return 1;
+    }
+    if (count == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+#endif
+}
