@@ -57,16 +57,24 @@ static inline int kvd_time_remaining_ms(uint64_t deadline_ns)
     return ms > INT32_MAX ? INT32_MAX : (int)ms;
 }
 
-/* Converts a timespec interval to nanoseconds (saturating). */
+/* Converts a timespec interval to nanoseconds, saturating at 0 and
+ * UINT64_MAX. A timespec that is not normalised (tv_nsec outside
+ * [0, 1e9)) is handled by its true value, never wrapped. */
 static inline uint64_t kvd_timespec_to_ns(const struct timespec *ts)
 {
-    if (ts->tv_sec < 0) {
+    int64_t sec = (int64_t)ts->tv_sec + (int64_t)(ts->tv_nsec / 1000000000L);
+    int64_t nsec = ts->tv_nsec % 1000000000L;
+    if (nsec < 0) {
+        sec -= 1;
+        nsec += 1000000000L;
+    }
+    if (sec < 0) {
         return 0;
     }
-    if ((uint64_t)ts->tv_sec >= UINT64_MAX / KVD_NSEC_PER_SEC) {
+    if ((uint64_t)sec > (UINT64_MAX - (uint64_t)nsec) / KVD_NSEC_PER_SEC) {
         return UINT64_MAX;
     }
-    return (uint64_t)ts->tv_sec * KVD_NSEC_PER_SEC + (uint64_t)ts->tv_nsec;
+    return (uint64_t)sec * KVD_NSEC_PER_SEC + (uint64_t)nsec;
 }
 
 #endif /* KVD_COMMON_TIME_INT_H */

@@ -160,6 +160,7 @@ KVD_API void kvd_log_vwrite(kvd_log_level_t level, const char *file, int line,
  *   3. the YAML file loaded with kvd_config_load_file() (nested mappings are
  *      joined with '.': `store: {arena_size: 8g}` -> "store.arena_size");
  *   4. the field's default.
+ * An environment variable set to the empty string counts as unset.
  * Sizes accept the suffixes k, m, g, t (powers of 1024, optionally followed
  * by "b" or "ib", any case): "64g", "512KiB", "4096". Durations accept ns, us,
  * ms, s, m, h ("500ms", "2s", "1h"); a bare number is milliseconds.
@@ -180,13 +181,18 @@ struct kvd_config_field {
     const char *doc;           /* one line shown by --print-config */
     kvd_config_parse_fn parse; /* one of the kvd_config_parse_* below */
     size_t offset;             /* offsetof(settings struct, member) */
-    /* Range for integer, size and duration fields (inclusive; max 0 means
-     * no upper bound); NULL-terminated allowed values for enum fields. */
+    /* Range for integer, size and duration fields, inclusive. min = max = 0
+     * means unbounded; otherwise max 0 means no upper bound and a negative
+     * min no lower bound. NULL-terminated allowed values for enum fields.
+     * A NULL default_value makes the setting required: kvd_config_apply
+     * fails with KVD_ERR_NOT_FOUND when no source sets it. */
     int64_t min, max;
     const char *const *choices;
 };
 
-/* Parsers for the common field types; destination types in parentheses. */
+/* Parsers for the common field types; destination types in parentheses.
+ * Values are trimmed of surrounding whitespace except strings.
+ * (bool) true/false, yes/no, on/off, 1/0, case-insensitive */
 KVD_API kvd_status_t kvd_config_parse_bool(const kvd_config_field_t *field,
                                            const char *text, void *dst,
                                            char *err, size_t err_len);
@@ -265,11 +271,13 @@ KVD_API kvd_status_t kvd_config_print(const kvd_config_t *config,
 
 #define KVD_SHA256_BYTES 32
 
-/* SHA-256 of `len` bytes (OpenSSL EVP). KVD_ERR_INTERNAL if libcrypto fails. */
+/* SHA-256 of `len` bytes (OpenSSL EVP). KVD_ERR_INVALID for a NULL `out`
+ * or NULL `data` with len > 0; KVD_ERR_INTERNAL if libcrypto fails. */
 KVD_API kvd_status_t kvd_sha256(const void *data, size_t len,
                                 uint8_t out[KVD_SHA256_BYTES]);
 
-/* XXH3 64-bit hash (libxxhash), the checksum of stored objects. */
+/* XXH3 64-bit hash (libxxhash), the checksum of stored objects. NULL `data`
+ * hashes as empty input. */
 KVD_API uint64_t kvd_xxh3_64(const void *data, size_t len);
 
 /* ------------------------------------------------------------------------ */
@@ -281,32 +289,56 @@ typedef struct kvd_block_hash {
     uint8_t bytes[KVD_SHA256_BYTES];
 } kvd_block_hash_t;
 
-/* One multimodal input overlapping a block: its content identifier and the
- * offset of the block's first token inside it, as vLLM keys them. */
+/*
+ * One multimodal input overlapping a block, as vLLM's
+ * _gen_mm_extra_hash_keys keys it: the tuple (identifier, offset) where
+ * `identifier` is the input's MultiModalFeatureSpec.identifier (its content
+ * hash, with the LoRA prefix vLLM adds when a LoRA is active) and `offset`
+ * is where the input starts relative to the block's first token
+ * (mm_position.offset - block start): 0 or more when it starts inside the
+ * block, negative when it began in an earlier block. Encoded as the CBOR
+ * array [text identifier, int offset].
+ */
 typedef struct kvd_mm_extra {
-    const char *identifier;
+    const char *identifier; /* NUL-terminated UTF-8; must not be NULL */
     int64_t offset;
 } kvd_mm_extra_t;
 
 /*
- * Everything besides the tokens that changes a block's KV, in the order
- * vLLM's generate_block_hash_extra_keys puts them. All pointers are
- * borrowed for the call; NULL/0 members are absent. If every member is
- * absent the extras encode as CBOR null, like vLLM's None.
+ * Everything besides the tokens that changes a block's KV, mirroring vLLM's
+ * generate_block_hash_extra_keys: the extras tuple is, in this order,
+ *   lora_name (text)                   if lora_name is not NULL,
+ *   one [identifier, offset] per mm[i] for i < num_mm,
+ *   cache_salt (text)                  if cache_salt is neither NULL nor "",
+ *   prompt-embeds digest (32-byte bstr) if prompt_embeds is not NULL.
+ * If none is present the extras encode as CBOR null, like vLLM's None. An
+ * empty lora_name "" is present (vLLM tests the LoRA request, not its name);
+ * an empty cache_salt is absent (vLLM tests the salt's truthiness).
+ *
+ * vLLM adds cache_salt to the block that starts at token 0 only, and the
+ * mm entries differ per block; kvd_block_hash encodes exactly the extras it
+ * is given, so computing them per block is the caller's job (see
+ * kvd_block_hash_chain for the common case). All pointers are borrowed for
+ * the call.
  */
 typedef struct kvd_block_extras {
-    const char *lora_name;        /* LoRA adapter name */
-    const kvd_mm_extra_t *mm;     /* multimodal inputs in this block */
-    size_t num_mm;                /* */
-    const char *cache_salt;       /* tenant salt: first block only */
-    const uint8_t *prompt_embeds; /* SHA-256 of the block's prompt-embeds */
+    const char *lora_name;    /* LoRA adapter name (lora_request.lora_name) */
+    const kvd_mm_extra_t *mm; /* multimodal inputs overlapping this block */
+    size_t num_mm;            /* entries in mm; mm may be NULL only if 0 */
+    const char *cache_salt;   /* tenant salt: first block only */
+    /* KVD_SHA256_BYTES bytes: SHA-256 of the raw bytes of this block's
+     * slice of the prompt embeddings tensor, as vLLM's
+     * _gen_prompt_embeds_extra_hash_keys computes it. */
+    const uint8_t *prompt_embeds;
 } kvd_block_extras_t;
 
 /*
  * The chain's root h_{-1}: SHA-256 of the canonical-CBOR text string
- * `seed`. This equals vLLM's NONE_HASH for hash algorithm "sha256_cbor" when
- * the engine runs with PYTHONHASHSEED=<seed>. kvdepot's documented default
- * seed is KVD_BLOCK_HASH_DEFAULT_SEED.
+ * `seed` (NUL-terminated UTF-8). This equals vLLM's NONE_HASH for hash
+ * algorithm "sha256_cbor" when the engine runs with PYTHONHASHSEED=<seed>
+ * (init_none_hash). kvdepot's documented default seed is
+ * KVD_BLOCK_HASH_DEFAULT_SEED. KVD_ERR_INVALID for NULL seed or root_out;
+ * KVD_ERR_NOMEM if a very long seed cannot be buffered.
  */
 #define KVD_BLOCK_HASH_DEFAULT_SEED "kvdepot"
 KVD_API kvd_status_t kvd_block_hash_seed(const char *seed,
@@ -314,9 +346,14 @@ KVD_API kvd_status_t kvd_block_hash_seed(const char *seed,
 
 /*
  * h = SHA-256(canonical_cbor([parent, [tokens...], extras or null])),
- * byte-identical to vLLM's hash_block_tokens with sha256_cbor.
- * `extras` may be NULL. KVD_ERR_INVALID for NULL parent/out, or tokens NULL
- * with num_tokens > 0.
+ * byte-identical to vLLM's hash_block_tokens with sha256_cbor: parent is a
+ * 32-byte bstr, tokens unsigned integers, extras as kvd_block_extras_t
+ * describes. `extras` may be NULL (same as all members absent). A block of
+ * up to 64 tokens with small extras is encoded on the stack; only larger
+ * ones allocate. KVD_ERR_INVALID for NULL parent/out, tokens NULL with
+ * num_tokens > 0, mm NULL with num_mm > 0, or a NULL mm identifier;
+ * KVD_ERR_NOMEM if a large block cannot be buffered. `*hash_out` is
+ * written only on success.
  */
 KVD_API kvd_status_t kvd_block_hash(const kvd_block_hash_t *parent,
                                     const uint32_t *tokens, size_t num_tokens,
@@ -327,9 +364,17 @@ KVD_API kvd_status_t kvd_block_hash(const kvd_block_hash_t *parent,
  * Hashes every full block of `tokens` (num_tokens / block_size blocks; a
  * partial tail is ignored) starting from `root`, writing at most
  * `max_hashes` links to `hashes_out` and their count to `*num_hashes_out`.
- * `first_extras` applies to the first block only, `extras` (may be NULL) to
- * every later one. KVD_ERR_RANGE if max_hashes is too small (nothing is
- * written then), KVD_ERR_INVALID if block_size is 0.
+ * Block 0 is hashed with `first_extras` and every later block with
+ * `extras` (either may be NULL; first_extras replaces extras on block 0, it
+ * is not merged with it). vLLM's usual case is extras = {lora_name} and
+ * first_extras = {lora_name, cache_salt}; requests with multimodal inputs
+ * need per-block extras and use kvd_block_hash block by block. Every block
+ * reuses one encoding buffer. KVD_ERR_INVALID for NULL root or
+ * num_hashes_out, tokens NULL with num_tokens > 0, hashes_out NULL with
+ * max_hashes > 0, or block_size 0; KVD_ERR_RANGE if max_hashes is smaller
+ * than the number of full blocks (nothing is written then); otherwise
+ * kvd_block_hash's errors, after which `hashes_out` holds unspecified bytes
+ * and `*num_hashes_out` is not written.
  */
 KVD_API kvd_status_t kvd_block_hash_chain(
     const kvd_block_hash_t *root, const uint32_t *tokens, size_t num_tokens,
