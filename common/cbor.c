@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/cbor_int.h"
+#include "common/failpoint_int.h"
 
 #define KVD_CBOR_MAJOR_UINT 0u
 #define KVD_CBOR_MAJOR_NEGATIVE 1u
@@ -88,8 +89,11 @@ kvd_cbor_enc_grow(kvd_cbor_enc_t *enc, size_t extra)
     if ((enc->flags & KVD_CBOR_ENC_GROW) == 0) {
         return KVD_ERR_RANGE;
     }
-    if (extra > SIZE_MAX - enc->len) {
+    if (extra > KVD_CBOR_MAX_BYTES || enc->len > KVD_CBOR_MAX_BYTES - extra) {
         return KVD_ERR_RANGE;
+    }
+    if (KVD_FAILPOINT("cbor.grow") != 0) {
+        return KVD_ERR_NOMEM;
     }
     need = enc->len + extra;
     cap =

@@ -21,12 +21,17 @@
  * are independent. No function here logs or takes locks.
  *
  * Errors (latched): KVD_ERR_RANGE when the output would not fit and growth
- * is not allowed, or its size would overflow size_t; KVD_ERR_NOMEM when the
- * heap buffer cannot be grown; KVD_ERR_INVALID for a NULL pointer with a
- * non-zero length.
+ * is not allowed, or would exceed KVD_CBOR_MAX_BYTES; KVD_ERR_NOMEM when the
+ * heap buffer cannot be grown (failpoint "cbor.grow" injects it);
+ * KVD_ERR_INVALID for a NULL pointer with a non-zero length.
  */
 #ifndef KVD_COMMON_CBOR_INT_H
 #define KVD_COMMON_CBOR_INT_H
+
+/* Largest encoding an encoder will produce. Block-hash preimages are a few
+ * hundred bytes; the bound keeps an absurd length from ever reaching
+ * malloc. */
+#define KVD_CBOR_MAX_BYTES ((size_t)1 << 30)
 
 #include <stdbool.h>
 #include <stddef.h>

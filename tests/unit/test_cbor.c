@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "common/cbor_int.h"
+#include "common/failpoint_int.h"
 
 /* The NOMEM test asks for an impossible allocation; under ASan that must
  * return NULL instead of aborting the test. The sanitizer runtime looks
@@ -408,13 +409,41 @@ static void test_impossible_sizes(void **state)
     assert_int_equal(kvd_cbor_enc_status(&enc), KVD_ERR_RANGE);
     kvd_cbor_enc_cleanup(&enc);
 
-    /* A representable but unallocatable size: the heap refuses it. The
-     * payload is never read because the reservation fails first. */
+    /* Representable but beyond KVD_CBOR_MAX_BYTES: refused before any
+     * allocation (the payload is never read: the reservation fails). */
     kvd_cbor_enc_init(&enc, storage, sizeof(storage), KVD_CBOR_ENC_GROW);
     kvd_cbor_pack_uint(&enc, 1);
     kvd_cbor_pack_bytes(&enc, &byte, SIZE_MAX / 2);
+    assert_int_equal(kvd_cbor_enc_status(&enc), KVD_ERR_RANGE);
+    kvd_cbor_enc_cleanup(&enc);
+
+    kvd_cbor_enc_init(&enc, storage, sizeof(storage), KVD_CBOR_ENC_GROW);
+    kvd_cbor_pack_bytes(&enc, &byte, KVD_CBOR_MAX_BYTES);
+    assert_int_equal(kvd_cbor_enc_status(&enc), KVD_ERR_RANGE);
+    kvd_cbor_enc_cleanup(&enc);
+}
+
+static void test_grow_failure_latches_nomem(void **state)
+{
+    uint8_t storage[4];
+    uint8_t payload[64] = {0};
+    kvd_cbor_enc_t enc;
+    (void)state;
+
+#ifndef KVD_FAILPOINTS_ENABLED
+    skip(); /* release build: failpoints are compiled out */
+#endif
+    assert_int_equal(kvd_failpoint_set("cbor.grow=ENOMEM", NULL, 0), KVD_OK);
+    kvd_cbor_enc_init(&enc, storage, sizeof(storage), KVD_CBOR_ENC_GROW);
+    kvd_cbor_pack_uint(&enc, 7); /* fits the caller's storage */
+    assert_int_equal(kvd_cbor_enc_status(&enc), KVD_OK);
+    kvd_cbor_pack_bytes(&enc, payload, sizeof(payload)); /* needs the heap */
+    assert_int_equal(kvd_cbor_enc_status(&enc), KVD_ERR_NOMEM);
+    /* Latched: later items fail too and nothing is appended. */
+    kvd_cbor_pack_uint(&enc, 1);
     assert_int_equal(kvd_cbor_enc_status(&enc), KVD_ERR_NOMEM);
     kvd_cbor_enc_cleanup(&enc);
+    kvd_failpoint_clear();
 }
 
 int main(void)
@@ -428,6 +457,7 @@ int main(void)
         cmocka_unit_test(test_latched_error_without_growth),
         cmocka_unit_test(test_invalid_arguments_latch),
         cmocka_unit_test(test_impossible_sizes),
+        cmocka_unit_test(test_grow_failure_latches_nomem),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
