@@ -16,7 +16,7 @@ JOBS ?= $(shell nproc)
 PREFIX ?= /usr/local
 FUZZ_SECONDS ?= 60
 CTEST := ctest --output-on-failure -j $(JOBS)
-SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' 2>/dev/null)
+SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
 .PHONY: all deps build test test-ci test-asan test-tsan demo bench fuzz fmt \
         format-check lint install clean

@@ -3,15 +3,35 @@
  * CUDA compiler (KVD_HAVE_CUDA defined); callers check that macro first.
  * Every function translates cudaError_t into kvd_status_t in one place
  * (kvd_cuda_status in device.cu) and logs the CUDA error string there.
+ *
+ * Three groups live here: device discovery (device.cu), the paged
+ * gather/scatter kernels with their codecs (gather.cu, codec_*.cuh; the
+ * contract and the object format are those of kvdepot/kernels.h, and the
+ * bytes equal kvd_ref_gather_layer's), and small synchronous helpers for
+ * tests and the bench program (util.cu, bench.cu).
+ *
+ * Threading: every function is reentrant. Functions taking a `stream`
+ * enqueue work on it and return without waiting; the others block the
+ * calling host thread until their device work is done. Device memory passed
+ * in is borrowed for the call (and, for the asynchronous functions, until
+ * the enqueued work has executed on the stream).
  */
 #ifndef KVD_KERNELS_CUDA_INT_H
 #define KVD_KERNELS_CUDA_INT_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "kvdepot/common.h"
+#include "kvdepot/kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ------------------------------------------------------------------------ */
+/* Device discovery (device.cu)                                             */
+/* ------------------------------------------------------------------------ */
 
 /*
  * Number of usable CUDA devices. A machine without a driver or without a
@@ -26,6 +46,162 @@ kvd_status_t kvd_cuda_device_count(int *count_out);
  * error, KVD_ERR_INTERNAL if the bytes differ.
  */
 kvd_status_t kvd_cuda_selftest(size_t len);
+
+/*
+ * The one translation of a cudaError_t (passed as int so that C callers
+ * need no CUDA header) into kvd_status_t: cudaSuccess -> KVD_OK, no driver
+ * or no device -> KVD_ERR_NO_DEVICE, out of memory -> KVD_ERR_NOMEM,
+ * anything else -> KVD_ERR_DEVICE. Logs `what` and the CUDA error string
+ * for every error.
+ */
+kvd_status_t kvd_cuda_status(int cuda_err, const char *what);
+
+/* ------------------------------------------------------------------------ */
+/* Codec tables on the device (gather.cu)                                   */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Device copy of a kvd_codec_tables_t: the TurboQuant sign vector,
+ * codebooks and decision bounds, uploaded once so the kernels read exactly
+ * the floats the reference uses. Immutable after create; one object may be
+ * used by any number of concurrent launches on any stream of the device
+ * that was current at create time.
+ */
+typedef struct kvd_cuda_tables kvd_cuda_tables_t;
+
+/*
+ * Allocates device memory on the current device and uploads `tables`
+ * (synchronously: `tables` may be destroyed as soon as this returns).
+ * Errors: KVD_ERR_INVALID (NULL argument), KVD_ERR_NOMEM (host or device),
+ * KVD_ERR_NO_DEVICE, KVD_ERR_DEVICE. *tables_out is written on success only.
+ */
+kvd_status_t kvd_cuda_tables_create(const kvd_codec_tables_t *tables,
+                                    kvd_cuda_tables_t **tables_out);
+
+/* Frees the device copy; accepts NULL. The caller guarantees that no
+ * launch using it is still pending (synchronize the streams first). */
+void kvd_cuda_tables_destroy(kvd_cuda_tables_t *tables);
+
+/* ------------------------------------------------------------------------ */
+/* Paged gather / scatter (gather.cu)                                       */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Gathers layer `layer` of each listed block from the engine cache on the
+ * device, encodes it, and writes it into a device staging buffer: object i
+ * (for block_ids[i]) starts at objects_dev_base + i * object_stride_bytes,
+ * and this layer's bytes land at kvd_object_layer_offset(fmt, layer) inside
+ * it. The bytes are those kvd_ref_gather_layer would write (bit-exact for
+ * raw, fp8, int8 and KIVI; TurboQuant follows the same operation order and
+ * is specified within quant-kernels.md §9's tolerance), padding and the
+ * tokens >= num_valid_tokens_last of the last block included (zero).
+ * Caches holding Inf or NaN may differ in NaN payloads only: GPU
+ * arithmetic that creates a NaN (Inf / Inf) returns the canonical NaN.
+ *
+ * layout->layer_base is a host array of device pointers; the strides are
+ * bytes. block_ids is a host array (validated here, before anything is
+ * enqueued, and used for the copy-engine path); block_ids_dev holds the
+ * same num_blocks ids in device memory, written by the caller in stream
+ * order before this call (the kernels read it when they run).
+ * `tables` may be NULL unless a plane uses TurboQuant; it must have been
+ * made from kvd_codec_tables_create(fmt) (same head_dim and seed).
+ * objects_dev_base must be 16-byte aligned and object_stride_bytes a
+ * multiple of 16 and at least kvd_object_bytes(fmt).
+ *
+ * Work: one kernel launch for the planes that need SMs, grid (block,
+ * plane, head); a raw plane on a layout whose heads are contiguous runs of
+ * tokens (vLLM HND, MLA, the TensorRT-LLM pool) is moved by the copy
+ * engine instead (cudaMemcpyBatchAsync, or 2D copies on the legacy default
+ * stream or where batching is unsupported). Nothing is allocated and
+ * nothing synchronizes: the call returns once the work is enqueued on
+ * `stream` (a cudaStream_t; NULL is the default stream).
+ *
+ * Returns KVD_OK when enqueued (num_blocks == 0 enqueues nothing).
+ * Errors, all before anything was enqueued: KVD_ERR_INVALID (bad format,
+ * layout, layer, valid count, pointers, alignment, stride, or tables),
+ * KVD_ERR_RANGE (a block id outside 0..layout->num_blocks-1),
+ * KVD_ERR_UNSUPPORTED (base or strides not multiples of the element size).
+ * A failed launch or copy returns KVD_ERR_DEVICE / KVD_ERR_NO_DEVICE; work
+ * enqueued earlier in the same call may then still run.
+ */
+kvd_status_t kvd_cuda_gather_layer(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_cuda_tables_t *tables, unsigned layer, const int32_t *block_ids,
+    const int32_t *block_ids_dev, size_t num_blocks,
+    uint32_t num_valid_tokens_last, void *objects_dev_base,
+    size_t object_stride_bytes, void *stream);
+
+/*
+ * Inverse of kvd_cuda_gather_layer, the device twin of
+ * kvd_ref_scatter_layer: decodes layer `layer` of each staged object into
+ * the listed blocks, writing tokens < valid count of the listed blocks and
+ * nothing else. Block ids must be distinct: two objects scattered into one
+ * block race. Same arguments, errors, engines and asynchrony as gather.
+ */
+kvd_status_t kvd_cuda_scatter_layer(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_cuda_tables_t *tables, unsigned layer, const int32_t *block_ids,
+    const int32_t *block_ids_dev, size_t num_blocks,
+    uint32_t num_valid_tokens_last, const void *objects_dev_base,
+    size_t object_stride_bytes, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Synchronous helpers for tests and benchmarks (util.cu)                   */
+/* ------------------------------------------------------------------------ */
+
+/* cudaMalloc of `len` bytes (> 0) on the current device. */
+kvd_status_t kvd_cuda_mem_create(size_t len, void **dev_out);
+/* cudaFree; accepts NULL. Waits for the device to be idle first. */
+void kvd_cuda_mem_destroy(void *dev);
+/* Copies `len` bytes between any two host or device pointers (UVA), after
+ * the work already on the default stream, and waits until the device is
+ * idle (so work on any stream sees the bytes). */
+kvd_status_t kvd_cuda_mem_copy(void *dst, const void *src, size_t len);
+/* Sets `len` device bytes to `byte` and waits. */
+kvd_status_t kvd_cuda_mem_set(void *dev, int byte, size_t len);
+/* Waits until all work on the current device has finished and returns the
+ * first error it reported (asynchronous kernel faults surface here). */
+kvd_status_t kvd_cuda_device_wait(void);
+/* A non-blocking stream (cudaStream_t as void *), e.g. to exercise the
+ * batched copy-engine path, which the legacy default stream cannot use. */
+kvd_status_t kvd_cuda_stream_create(void **stream_out);
+/* Waits for the stream's work, then destroys it; accepts NULL. */
+void kvd_cuda_stream_destroy(void *stream);
+
+/*
+ * Converts n floats to OCP E4M3 on the device with the same routine the
+ * fp8 codec uses (cvt.rn.satfinite, NaN kept with its sign), so a test can
+ * compare it with kvd_float_to_fp8_e4m3. `in` and `out` are host arrays;
+ * synchronous. Errors: KVD_ERR_INVALID, KVD_ERR_NOMEM, KVD_ERR_NO_DEVICE,
+ * KVD_ERR_DEVICE.
+ */
+kvd_status_t kvd_cuda_fp8_e4m3_encode(const float *in, uint8_t *out, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Bandwidth benchmark (bench.cu)                                           */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Measures the gather/scatter kernels on the current device for `fmt`
+ * (layer count, heads, head_dim, block size, dtype and codecs as given):
+ * allocates a vLLM FlashAttention NHD cache of num_blocks blocks per layer
+ * (random values), a staging buffer of num_blocks objects and a block map
+ * that visits the cache out of order, then times with CUDA events `iters`
+ * rounds of
+ *   gather + encode of all layers (one kvd_cuda_gather_layer per layer),
+ *   decode + scatter of all layers, and
+ *   one cudaMemcpyAsync device-to-device of the cache's bytes (the peer).
+ * Rates are GB/s (1e9 bytes) counting bytes read plus bytes written: cache
+ * bytes plus object layer bytes for gather and scatter, twice the cache
+ * bytes for the copy. Frees everything before returning; blocks the
+ * calling thread. Errors: KVD_ERR_INVALID (bad format, num_blocks or iters
+ * 0, NULL outputs), KVD_ERR_NO_DEVICE without a GPU, KVD_ERR_NOMEM,
+ * KVD_ERR_DEVICE. Outputs are written on success only.
+ */
+kvd_status_t kvd_cuda_bench_gather(const kvd_object_format_t *fmt,
+                                   unsigned num_blocks, unsigned iters,
+                                   double *gather_gbps, double *scatter_gbps,
+                                   double *d2d_copy_gbps);
 
 #ifdef __cplusplus
 }

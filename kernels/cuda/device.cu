@@ -9,8 +9,9 @@
 #include "common/log_int.h"
 #include "kernels/cuda/cuda_int.h"
 
-static kvd_status_t kvd_cuda_status(cudaError_t err, const char *what)
+extern "C" kvd_status_t kvd_cuda_status(int cuda_err, const char *what)
 {
+    cudaError_t err = (cudaError_t)cuda_err;
     if (err == cudaSuccess) {
         return KVD_OK;
     }

@@ -1,0 +1,35 @@
+/*
+ * Internal contract between the `kvdepot` tool's dispatcher (main.c) and
+ * its subcommands (one file each). A subcommand is a row of the table in
+ * main.c: a name, a one-line summary, an entry point and a usage printer.
+ *
+ * Exit codes are the same for every subcommand: 0 success, 1 the work
+ * failed (bad input file, I/O, out of memory), 2 the command line was
+ * wrong (unknown option, bad value); the message goes to stderr prefixed
+ * with "kvdepot <subcommand>: ".
+ *
+ * Threading: the tool is single-threaded.
+ */
+#ifndef KVD_CLI_CLI_INT_H
+#define KVD_CLI_CLI_INT_H
+
+#include <stdio.h>
+
+#define KVD_CLI_EXIT_OK 0
+#define KVD_CLI_EXIT_FAILURE 1
+#define KVD_CLI_EXIT_USAGE 2
+
+typedef struct kvd_cli_command {
+    const char *name;
+    const char *summary;
+    /* argv[0] is the subcommand's name; returns a KVD_CLI_EXIT_* code. */
+    int (*run)(int argc, char **argv);
+    /* Full help text, written to `out`. */
+    void (*usage)(FILE *out);
+} kvd_cli_command_t;
+
+/* codec_eval.c: error and size of every codec on the user's vectors. */
+int kvd_cli_codec_eval_run(int argc, char **argv);
+void kvd_cli_codec_eval_usage(FILE *out);
+
+#endif /* KVD_CLI_CLI_INT_H */

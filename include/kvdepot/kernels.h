@@ -1,0 +1,232 @@
+/*
+ * kvdepot kernels: paged gather/scatter between an engine's KV cache and the
+ * stored object layout, with the KV codecs (raw, fp8, int8, KIVI,
+ * TurboQuant) applied on the way. Two implementations share this contract:
+ * the plain-C reference (kvd_ref_*, always built; what the host device
+ * backend runs) and CUDA (kvd_cuda_*, built when nvcc is found, declared in
+ * kernels/cuda/cuda_int.h).
+ *
+ * Object layout (DESIGN.md §4, shared/reference/quant-kernels.md §8): one
+ * object holds one engine block for every layer of the shard, layer-major.
+ * Per layer: plane 0 (K, or the MLA latent), then plane 1 (V). Per plane:
+ * the data region, then the codec metadata region, each starting on a
+ * 16-byte boundary. Inside each region the order is head-major,
+ * [head][token][...]. Every offset follows arithmetically from
+ * kvd_object_format_t, so kernels never look anything up.
+ *
+ * A partial block (num_valid_tokens < block_size) is encoded as if tokens
+ * >= num_valid_tokens were zero: those cache slots are never read by gather
+ * and never written by scatter.
+ *
+ * Threading: every function is reentrant; a kvd_codec_tables_t is immutable
+ * after kvd_codec_tables_create and may be shared by any number of threads.
+ */
+#ifndef KVDEPOT_KERNELS_H
+#define KVDEPOT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvdepot/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element type of the engine's KV cache. fp8 caches pass through with the
+ * raw codec only. */
+typedef enum kvd_dtype {
+    KVD_DTYPE_FP16 = 1,
+    KVD_DTYPE_BF16 = 2,
+    KVD_DTYPE_FP8_E4M3 = 3
+} kvd_dtype_t;
+
+/* Bytes per element of `dtype`, 0 for an unknown value. */
+KVD_API size_t kvd_dtype_size(kvd_dtype_t dtype);
+
+/* Codecs, chosen separately for K and V (quant-kernels.md §8.2). */
+typedef enum kvd_codec {
+    KVD_CODEC_RAW = 0,      /* bytes as in the cache */
+    KVD_CODEC_FP8_E4M3 = 1, /* per token·head fp32 scale = amax/448 */
+    KVD_CODEC_INT8 = 2,     /* per token·head fp16 scale = amax/127 */
+    KVD_CODEC_KIVI4 = 3,    /* K per channel over the block, V per token/32 */
+    KVD_CODEC_KIVI2 = 4,
+    KVD_CODEC_TQ4 = 5, /* TurboQuant-MSE: RHT + Lloyd-Max + fp16 norm */
+    KVD_CODEC_TQ3 = 6,
+    KVD_CODEC_TQ2 = 7
+} kvd_codec_t;
+#define KVD_CODEC_COUNT 8
+
+/* Stable lower-case names: "raw", "fp8_e4m3", "int8", "kivi4", "kivi2",
+ * "tq4", "tq3", "tq2". kvd_codec_name returns NULL for unknown values;
+ * kvd_codec_parse returns KVD_ERR_INVALID for unknown names. */
+KVD_API const char *kvd_codec_name(kvd_codec_t codec);
+KVD_API kvd_status_t kvd_codec_parse(const char *name, kvd_codec_t *codec_out);
+
+/* Which plane a codec encodes: KIVI quantizes K per channel and V per token,
+ * the others treat both alike. The MLA latent is KVD_PLANE_K. */
+typedef enum kvd_plane { KVD_PLANE_K = 0, KVD_PLANE_V = 1 } kvd_plane_t;
+
+/* ------------------------------------------------------------------------ */
+/* Object format                                                            */
+/* ------------------------------------------------------------------------ */
+
+typedef struct kvd_object_format {
+    kvd_dtype_t dtype;    /* element type of the engine cache */
+    uint32_t num_layers;  /* layers held by this shard, 1..1024 */
+    uint32_t num_planes;  /* 2 (K and V) or 1 (MLA latent) */
+    uint32_t num_heads;   /* kv heads held by this shard, 1..1024 */
+    uint32_t head_dim;    /* 1..1024 (codec limits below) */
+    uint32_t block_size;  /* tokens per engine block, 1..4096 */
+    kvd_codec_t codec[2]; /* per plane; codec[1] unused with one plane */
+    uint64_t tq_seed;     /* TurboQuant rotation seed (sign vector) */
+} kvd_object_format_t;
+
+/*
+ * Checks a format: ranges above, known dtype/codecs, fp8 caches only with
+ * raw, KIVI V needs head_dim % 32 == 0, TurboQuant needs head_dim in
+ * {64, 128, 256}. Errors: KVD_ERR_INVALID / KVD_ERR_UNSUPPORTED, with a
+ * reason written into `err` (may be NULL).
+ */
+KVD_API kvd_status_t kvd_object_format_check(const kvd_object_format_t *fmt,
+                                             char *err, size_t err_len);
+
+/* Sizes in bytes, for a format that passed kvd_object_format_check.
+ * Data and metadata regions are each rounded up to 16 bytes. */
+KVD_API size_t kvd_object_plane_data_bytes(const kvd_object_format_t *fmt,
+                                           unsigned plane);
+KVD_API size_t kvd_object_plane_meta_bytes(const kvd_object_format_t *fmt,
+                                           unsigned plane);
+KVD_API size_t kvd_object_layer_bytes(const kvd_object_format_t *fmt);
+/* Offset of layer `layer` inside an object; the object size is
+ * kvd_object_layer_bytes(fmt) * num_layers. */
+KVD_API size_t kvd_object_layer_offset(const kvd_object_format_t *fmt,
+                                       unsigned layer);
+KVD_API size_t kvd_object_bytes(const kvd_object_format_t *fmt);
+
+/* ------------------------------------------------------------------------ */
+/* Engine cache layout                                                      */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Where one layer's KV lives: element (plane p, block b, token t, head h,
+ * channel c) of layer l is at
+ *   layer_base[l] + p*stride_plane + b*stride_block + t*stride_token
+ *                 + h*stride_head + c*elem_size
+ * (strides in bytes; channels are contiguous). This covers vLLM
+ * FlashAttention NHD and HND, FlashInfer [NB,2,BS,H,D], MLA [NB,BS,D]
+ * (one plane, one head) and the TensorRT-LLM pool [NB,L,2,H*BS*D] (one base
+ * per layer inside the pool) without naming any of them.
+ */
+typedef struct kvd_kv_layout {
+    void *const *layer_base; /* num_layers pointers, borrowed */
+    uint32_t num_blocks;     /* valid block ids are 0..num_blocks-1 */
+    int64_t stride_plane;
+    int64_t stride_block;
+    int64_t stride_token;
+    int64_t stride_head;
+} kvd_kv_layout_t;
+
+/*
+ * Checks a layout against a format: non-NULL bases, strides that keep every
+ * element of a block inside that block's own bytes (no two (plane, token,
+ * head, channel) addresses overlap), and blocks that do not overlap.
+ * KVD_ERR_INVALID with a reason otherwise (or the format's own error).
+ *
+ * The rule, exactly: strides must be >= 0 (no engine needs negative ones),
+ * num_blocks >= 1, and the dimensions must nest: sorted by stride, each
+ * dimension with more than one position (channels count, at stride
+ * elem_size) has a stride at least the byte span of all smaller ones, and
+ * the layer's total span neither overflows int64 nor wraps past the end of
+ * the address space from any base. Gaps are allowed (padded rows, the
+ * TensorRT-LLM pool's other layers). The stride of a dimension with one
+ * position is ignored (MLA's plane and head strides may be 0). Injective
+ * but interleaved strides are rejected, not proven. Different layers'
+ * bases are not checked against each other.
+ */
+KVD_API kvd_status_t kvd_kv_layout_check(const kvd_kv_layout_t *layout,
+                                         const kvd_object_format_t *fmt,
+                                         char *err, size_t err_len);
+
+/* ------------------------------------------------------------------------ */
+/* Codec tables                                                             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Precomputed state a format needs: TurboQuant sign vector (splitmix64 of
+ * tq_seed) and Lloyd-Max codebooks for the rotated-coordinate distribution
+ * at this head_dim. Create once per format, share read-only. The CUDA
+ * implementation uploads the same tables, so CPU and GPU agree.
+ */
+typedef struct kvd_codec_tables kvd_codec_tables_t;
+KVD_API kvd_status_t kvd_codec_tables_create(const kvd_object_format_t *fmt,
+                                             kvd_codec_tables_t **tables_out);
+KVD_API void kvd_codec_tables_destroy(kvd_codec_tables_t *tables);
+
+/* ------------------------------------------------------------------------ */
+/* Plain-C reference                                                        */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Encodes one plane of one block. `src` holds num_heads*block_size*head_dim
+ * elements of fmt->dtype in [head][token][channel] order; tokens >=
+ * num_valid_tokens (1..block_size) are ignored (treated as zero, never
+ * read). Writes the plane's whole data region to `data` and metadata region
+ * to `meta` (sizes from kvd_object_plane_*_bytes), padding zeroed, so the
+ * bytes depend on the valid tokens only. `data` and `meta` must be 16-byte
+ * aligned; `meta` may be NULL when the region is empty (raw). `tables` may
+ * be NULL unless this plane's codec is TurboQuant; then it must come from
+ * kvd_codec_tables_create for the same head_dim and tq_seed. Allocates one
+ * plane of float scratch for lossy codecs. Errors: KVD_ERR_INVALID /
+ * KVD_ERR_UNSUPPORTED (bad format or arguments), KVD_ERR_NOMEM.
+ */
+KVD_API kvd_status_t kvd_ref_plane_encode(const kvd_object_format_t *fmt,
+                                          const kvd_codec_tables_t *tables,
+                                          unsigned plane, const void *src,
+                                          uint32_t num_valid_tokens, void *data,
+                                          void *meta);
+
+/* Inverse of kvd_ref_plane_encode: writes num_valid_tokens tokens per head
+ * of `dst` ([head][token][channel]); tokens beyond are left untouched. Same
+ * arguments rules and errors as kvd_ref_plane_encode. */
+KVD_API kvd_status_t kvd_ref_plane_decode(const kvd_object_format_t *fmt,
+                                          const kvd_codec_tables_t *tables,
+                                          unsigned plane, const void *data,
+                                          const void *meta,
+                                          uint32_t num_valid_tokens, void *dst);
+
+/*
+ * Gathers layer `layer` of each listed block from the engine cache, encodes
+ * it, and writes it at kvd_object_layer_offset(fmt, layer) inside
+ * objects[i] (one object per block). The last block may be partial:
+ * num_valid_tokens_last tokens (block_size for a full block); its other
+ * slots are not read. Objects must be 16-byte aligned and hold
+ * kvd_object_bytes(fmt). `tables` may be NULL when neither plane uses a
+ * TurboQuant codec. num_blocks == 0 is a no-op (block_ids and objects may
+ * then be NULL). Errors: KVD_ERR_INVALID (bad format, layout, layer >=
+ * num_layers, valid count outside 1..block_size, NULL or misaligned
+ * object, missing tables), KVD_ERR_RANGE (block id < 0 or >= num_blocks),
+ * KVD_ERR_NOMEM (one plane of scratch, allocated before any write); on
+ * error no object byte has been written.
+ */
+KVD_API kvd_status_t kvd_ref_gather_layer(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_codec_tables_t *tables, unsigned layer, const int32_t *block_ids,
+    size_t num_blocks, uint32_t num_valid_tokens_last, void *const *objects);
+
+/* Exact inverse of kvd_ref_gather_layer: decodes layer `layer` of each
+ * object into the listed blocks, writing only tokens < valid count of the
+ * listed blocks and nothing else (never padding between rows or blocks).
+ * Same arguments, errors and "nothing written" (here: no cache byte). A
+ * block id listed twice is written twice, in list order. */
+KVD_API kvd_status_t kvd_ref_scatter_layer(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_codec_tables_t *tables, unsigned layer, const int32_t *block_ids,
+    size_t num_blocks, uint32_t num_valid_tokens_last,
+    const void *const *objects);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVDEPOT_KERNELS_H */

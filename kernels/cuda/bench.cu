@@ -1,0 +1,289 @@
+// GPU bandwidth benchmark of the gather/scatter kernels, called by the
+// bench program (cuda_int.h: kvd_cuda_bench_gather). It builds a vLLM
+// FlashAttention NHD cache ([plane][block][token][head][channel] per layer,
+// the layout that needs SMs even for raw), visits it through a strided
+// permutation of block ids so the access pattern is paged rather than
+// sequential, and compares with the device's own device-to-device memcpy of
+// the same cache bytes, measured in the same run: the ratio is what the
+// bench program reports (shared/STYLE.md: benchmarks print a ratio against a
+// peer).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log_int.h"
+#include "kernels/cuda/cuda_int.h"
+
+// Fills n 16-bit elements with values in [-2, 2) from a hash of the index
+// (fp16 or bf16 bit patterns); fp8 caches get bytes in [-2, 2) as e4m3.
+__global__ void kvd_bench_fill_kernel(uint16_t *p, size_t n, int bf16)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = (uint32_t)i * 2654435761u;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        float v = (float)(h & 0xffffu) * (4.0f / 65536.0f) - 2.0f;
+        p[i] = bf16 ? (uint16_t)(__float_as_uint(v) >> 16)
+                    : (uint16_t)__half_as_ushort(__float2half_rn(v));
+    }
+}
+
+static unsigned kvd_gcd(unsigned a, unsigned b)
+{
+    while (b != 0) {
+        unsigned t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+// Everything the benchmark allocates, released in one place.
+struct kvd_bench_res {
+    unsigned char *cache, *copy, *staging;
+    int32_t *ids_dev;
+    int32_t *ids;
+    void **bases;
+    kvd_codec_tables_t *tables;
+    kvd_cuda_tables_t *dev_tables;
+    cudaStream_t stream;
+    cudaEvent_t start, stop;
+};
+
+static void kvd_bench_release(kvd_bench_res *r)
+{
+    if (r->stop != NULL) {
+        cudaEventDestroy(r->stop);
+    }
+    if (r->start != NULL) {
+        cudaEventDestroy(r->start);
+    }
+    if (r->stream != NULL) {
+        cudaStreamDestroy(r->stream);
+    }
+    kvd_cuda_tables_destroy(r->dev_tables);
+    kvd_codec_tables_destroy(r->tables);
+    free(r->bases);
+    free(r->ids);
+    cudaFree(r->ids_dev);
+    cudaFree(r->staging);
+    cudaFree(r->copy);
+    cudaFree(r->cache);
+}
+
+// Runs `iters` rounds of gather (or scatter) over all layers and returns
+// the elapsed milliseconds.
+static kvd_status_t kvd_bench_time_layers(kvd_bench_res *r, bool gather,
+                                          const kvd_kv_layout_t *layout,
+                                          const kvd_object_format_t *fmt,
+                                          unsigned num_blocks, unsigned iters,
+                                          size_t object_bytes, float *ms_out)
+{
+    kvd_status_t st = kvd_cuda_status(cudaEventRecord(r->start, r->stream),
+                                      "cudaEventRecord");
+    for (unsigned it = 0; it < iters && st == KVD_OK; it++) {
+        for (unsigned l = 0; l < fmt->num_layers && st == KVD_OK; l++) {
+            st = gather ? kvd_cuda_gather_layer(layout, fmt, r->dev_tables, l,
+                                                r->ids, r->ids_dev, num_blocks,
+                                                fmt->block_size, r->staging,
+                                                object_bytes, r->stream)
+                        : kvd_cuda_scatter_layer(layout, fmt, r->dev_tables, l,
+                                                 r->ids, r->ids_dev, num_blocks,
+                                                 fmt->block_size, r->staging,
+                                                 object_bytes, r->stream);
+        }
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventRecord(r->stop, r->stream),
+                             "cudaEventRecord");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventSynchronize(r->stop),
+                             "cudaEventSynchronize");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventElapsedTime(ms_out, r->start, r->stop),
+                             "cudaEventElapsedTime");
+    }
+    return st;
+}
+
+static kvd_status_t kvd_bench_setup(kvd_bench_res *r,
+                                    const kvd_object_format_t *fmt,
+                                    unsigned num_blocks, size_t cache_bytes,
+                                    size_t object_bytes)
+{
+    kvd_status_t st = kvd_cuda_status(cudaMalloc(&r->cache, cache_bytes),
+                                      "cudaMalloc bench cache");
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaMalloc(&r->copy, cache_bytes),
+                             "cudaMalloc bench copy");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(
+            cudaMalloc(&r->staging, (size_t)num_blocks * object_bytes),
+            "cudaMalloc bench staging");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(
+            cudaMalloc(&r->ids_dev, (size_t)num_blocks * sizeof(int32_t)),
+            "cudaMalloc bench ids");
+    }
+    if (st != KVD_OK) {
+        return st;
+    }
+    r->ids = (int32_t *)malloc((size_t)num_blocks * sizeof(int32_t));
+    r->bases = (void **)calloc(fmt->num_layers, sizeof(void *));
+    if (r->ids == NULL || r->bases == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    // Visit block (i * step) mod n: a permutation when gcd(step, n) = 1.
+    unsigned step = 7919u % num_blocks;
+    while (step == 0 || kvd_gcd(step, num_blocks) != 1) {
+        step = (step + 1) % num_blocks;
+        if (num_blocks == 1) {
+            step = 1;
+            break;
+        }
+    }
+    for (unsigned i = 0; i < num_blocks; i++) {
+        r->ids[i] = (int32_t)(((uint64_t)i * step) % num_blocks);
+    }
+    st = kvd_cuda_status(cudaMemcpy(r->ids_dev, r->ids,
+                                    (size_t)num_blocks * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice),
+                         "cudaMemcpy bench ids");
+    if (st != KVD_OK) {
+        return st;
+    }
+    if (fmt->dtype == KVD_DTYPE_FP8_E4M3) {
+        st = kvd_cuda_status(cudaMemset(r->cache, 0x3c, cache_bytes),
+                             "cudaMemset bench cache");
+    } else {
+        kvd_bench_fill_kernel<<<1024, 256>>>((uint16_t *)r->cache,
+                                             cache_bytes / 2,
+                                             fmt->dtype == KVD_DTYPE_BF16);
+        st = kvd_cuda_status(cudaGetLastError(), "bench fill launch");
+    }
+    if (st == KVD_OK) {
+        st = kvd_codec_tables_create(fmt, &r->tables);
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_tables_create(r->tables, &r->dev_tables);
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(
+            cudaStreamCreateWithFlags(&r->stream, cudaStreamNonBlocking),
+            "cudaStreamCreate");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventCreate(&r->start), "cudaEventCreate");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventCreate(&r->stop), "cudaEventCreate");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaDeviceSynchronize(), "bench setup");
+    }
+    return st;
+}
+
+extern "C" kvd_status_t
+kvd_cuda_bench_gather(const kvd_object_format_t *fmt, unsigned num_blocks,
+                      unsigned iters, double *gather_gbps, double *scatter_gbps,
+                      double *d2d_copy_gbps)
+{
+    if (kvd_object_format_check(fmt, NULL, 0) != KVD_OK || num_blocks == 0 ||
+        iters == 0 || gather_gbps == NULL || scatter_gbps == NULL ||
+        d2d_copy_gbps == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    int count = 0;
+    kvd_status_t st = kvd_cuda_device_count(&count);
+    if (st != KVD_OK) {
+        return st;
+    }
+    if (count == 0) {
+        return KVD_ERR_NO_DEVICE;
+    }
+
+    const size_t elt = kvd_dtype_size(fmt->dtype);
+    const size_t row = (size_t)fmt->head_dim * elt;
+    const size_t block_bytes = row * fmt->num_heads * fmt->block_size;
+    const size_t plane_bytes = block_bytes * num_blocks;
+    const size_t layer_cache = plane_bytes * fmt->num_planes;
+    const size_t cache_bytes = layer_cache * fmt->num_layers;
+    const size_t object_bytes = kvd_object_bytes(fmt);
+
+    kvd_bench_res r;
+    memset(&r, 0, sizeof(r));
+    float ms_gather = 0.0f, ms_scatter = 0.0f, ms_copy = 0.0f;
+    kvd_kv_layout_t layout;
+    st = kvd_bench_setup(&r, fmt, num_blocks, cache_bytes, object_bytes);
+    if (st != KVD_OK) {
+        goto out;
+    }
+    for (unsigned l = 0; l < fmt->num_layers; l++) {
+        r.bases[l] = r.cache + (size_t)l * layer_cache;
+    }
+    layout.layer_base = r.bases;
+    layout.num_blocks = num_blocks;
+    layout.stride_plane = (int64_t)plane_bytes;
+    layout.stride_block = (int64_t)block_bytes;
+    layout.stride_token = (int64_t)(row * fmt->num_heads);
+    layout.stride_head = (int64_t)row;
+
+    // One untimed round of each warms up code, TLBs and clocks.
+    st = kvd_bench_time_layers(&r, true, &layout, fmt, num_blocks, 1,
+                               object_bytes, &ms_gather);
+    if (st == KVD_OK) {
+        st = kvd_bench_time_layers(&r, false, &layout, fmt, num_blocks, 1,
+                                   object_bytes, &ms_scatter);
+    }
+    if (st == KVD_OK) {
+        st = kvd_bench_time_layers(&r, true, &layout, fmt, num_blocks, iters,
+                                   object_bytes, &ms_gather);
+    }
+    if (st == KVD_OK) {
+        st = kvd_bench_time_layers(&r, false, &layout, fmt, num_blocks, iters,
+                                   object_bytes, &ms_scatter);
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventRecord(r.start, r.stream),
+                             "cudaEventRecord");
+    }
+    for (unsigned it = 0; it < iters && st == KVD_OK; it++) {
+        st =
+            kvd_cuda_status(cudaMemcpyAsync(r.copy, r.cache, cache_bytes,
+                                            cudaMemcpyDeviceToDevice, r.stream),
+                            "cudaMemcpyAsync bench copy");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventRecord(r.stop, r.stream),
+                             "cudaEventRecord");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventSynchronize(r.stop),
+                             "cudaEventSynchronize");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventElapsedTime(&ms_copy, r.start, r.stop),
+                             "cudaEventElapsedTime");
+    }
+    if (st == KVD_OK) {
+        // Read + written: every cache byte once, every object byte once.
+        double staged = (double)object_bytes * num_blocks;
+        double codec_bytes = ((double)cache_bytes + staged) * iters;
+        double copy_bytes = 2.0 * (double)cache_bytes * iters;
+        *gather_gbps = codec_bytes / (ms_gather * 1e6);
+        *scatter_gbps = codec_bytes / (ms_scatter * 1e6);
+        *d2d_copy_gbps = copy_bytes / (ms_copy * 1e6);
+    }
+out:
+    kvd_bench_release(&r);
+    return st;
+}

@@ -1,0 +1,511 @@
+// Device-side building blocks shared by the gather/scatter kernels: the
+// launch arguments, the per-CTA view of one (block, plane, head), element
+// conversions, and the byte-oriented codecs (raw, fp8, int8).
+//
+// Every conversion here reproduces kernels/ref/convert.c bit for bit, NaN
+// payloads included: the hardware instructions are used for finite values
+// (they round to nearest even, as the reference does) and the reference's
+// own bit formula is applied to NaN inputs, where the instructions would
+// return a canonical NaN instead. NaNs *produced* by arithmetic (Inf * 0,
+// Inf / Inf) still differ in payload between x86 and the GPU; only broken
+// caches hold such values.
+//
+// Work split: one CTA of KVD_GS_THREADS threads per (listed block, plane,
+// head). Token-vector codecs put a group of G lanes (a power of two, up to
+// a warp) on one token and loop over tokens; each lane owns chunks of
+// KVD_CHUNK channels, loaded with one 16-byte access when the cache rows
+// are 16-byte aligned (args.vec16) and element by element otherwise.
+#ifndef KVD_KERNELS_CUDA_CODEC_DEV_CUH
+#define KVD_KERNELS_CUDA_CODEC_DEV_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "kernels/ref/ref_int.h"
+}
+
+#define KVD_GS_THREADS 128
+#define KVD_GS_WARPS (KVD_GS_THREADS / 32)
+#define KVD_GS_MIN_CTAS 8
+#define KVD_CHUNK 8 // channels per 16-byte access of a 2-byte dtype
+#define KVD_FULL_MASK 0xffffffffu
+
+// The uploaded kvd_codec_tables_t floats, same order and values.
+struct kvd_dev_tables {
+    float sign[KVD_TQ_MAX_DIM];
+    float centroid[3][KVD_TQ_MAX_LEVELS];
+    float bound[3][KVD_TQ_MAX_LEVELS - 1];
+};
+
+// Everything one launch needs, passed by value (__grid_constant__) so the
+// launch reads no host state after it is enqueued.
+struct kvd_gs_args {
+    unsigned char *cache; // this layer's base
+    int64_t stride_plane, stride_block, stride_token, stride_head;
+    const int32_t *block_ids; // device copy of the ids, one per object
+    uint32_t num_cache_blocks;
+    unsigned char *objects; // staging base; object i at i * object_stride
+    size_t object_stride;
+    // Offsets from the object start (layer offset included) and sizes of
+    // each plane's regions; *_used is what the codec writes, the rest of
+    // the region up to *_bytes is zero padding.
+    size_t data_off[2], meta_off[2];
+    size_t data_used[2], data_bytes[2], meta_used[2], meta_bytes[2];
+    uint32_t num_blocks, heads, block_size, head_dim, valid_last;
+    int dtype;         // kvd_dtype_t
+    int codec[2];      // kvd_codec_t per plane
+    int plane_of[2];   // blockIdx.y -> plane (planes left to the copy engine
+                       // are not in the grid)
+    int vec16;         // rows 16-byte aligned and head_dim % 8 == 0
+    int kivi_k_whole;  // KIVI K packs across heads: one CTA per plane
+    unsigned raw_unit; // bytes per access of the raw kernel copy
+    const kvd_dev_tables *tables;
+    float tq_inv_sqrt_d;
+};
+
+// One CTA's slice: listed block i (cache block `id`), plane p, head h.
+struct kvd_cta {
+    unsigned char *src;  // cache at (p, id, token 0, head h)
+    unsigned char *obj;  // object i
+    unsigned char *data; // object i's data region of plane p
+    unsigned char *meta; // object i's metadata region of plane p
+    uint32_t h, valid, p;
+};
+
+// ---- element conversions (kernels/ref/convert.c) ----
+
+__device__ __forceinline__ float kvd_dev_half_to_float(uint16_t u)
+{
+    if ((u & 0x7c00u) == 0x7c00u && (u & 0x3ffu) != 0) {
+        return __uint_as_float(((uint32_t)(u & 0x8000u) << 16) | 0x7f800000u |
+                               ((uint32_t)(u & 0x3ffu) << 13));
+    }
+    return __half2float(__ushort_as_half(u));
+}
+
+__device__ __forceinline__ uint16_t kvd_dev_float_to_half(float f)
+{
+    uint32_t x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        return (uint16_t)(((x >> 16) & 0x8000u) | 0x7e00u |
+                          ((x >> 13) & 0x3ffu));
+    }
+    return __half_as_ushort(__float2half_rn(f));
+}
+
+__device__ __forceinline__ float kvd_dev_bf16_to_float(uint16_t u)
+{
+    return __uint_as_float((uint32_t)u << 16);
+}
+
+__device__ __forceinline__ uint16_t kvd_dev_float_to_bf16(float f)
+{
+    // The reference's integer RNE, verbatim: three integer operations, and
+    // its NaN rule differs from cvt.rn.bf16.f32's canonical NaN.
+    uint32_t x = __float_as_uint(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        return (uint16_t)((x >> 16) | 0x40u);
+    }
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+// fp16 and bf16 element traits: the codecs are templates over these.
+struct kvd_elt_fp16 {
+    static __device__ __forceinline__ float load(uint16_t u)
+    {
+        return kvd_dev_half_to_float(u);
+    }
+    static __device__ __forceinline__ uint16_t store(float f)
+    {
+        return kvd_dev_float_to_half(f);
+    }
+};
+
+struct kvd_elt_bf16 {
+    static __device__ __forceinline__ float load(uint16_t u)
+    {
+        return kvd_dev_bf16_to_float(u);
+    }
+    static __device__ __forceinline__ uint16_t store(float f)
+    {
+        return kvd_dev_float_to_bf16(f);
+    }
+};
+
+// E4M3 with cvt.rn.satfinite (the software path on sm_80 computes the same
+// RNE), except that NaN keeps its sign as in kvd_float_to_fp8_e4m3; the
+// intrinsic maps every NaN to 0x7F.
+__device__ __forceinline__ uint8_t kvd_dev_float_to_fp8(float f)
+{
+    if (isnan(f)) {
+        return (uint8_t)(((__float_as_uint(f) >> 24) & 0x80u) | 0x7fu);
+    }
+    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+}
+
+// Decode times scale. Every finite E4M3 value is exact in fp16; the NaN
+// codes give what x86 gives for the reference's NaN * scale (the NaN
+// operand, quiet, sign kept), not the GPU's canonical NaN.
+__device__ __forceinline__ float kvd_dev_fp8_decode(uint8_t q, float scale)
+{
+    if ((q & 0x7fu) == 0x7fu) {
+        return __uint_as_float(((uint32_t)(q & 0x80u) << 24) | 0x7fc00000u);
+    }
+    __half_raw hr = __nv_cvt_fp8_to_halfraw(q, __NV_E4M3);
+    return __half2float(__half(hr)) * scale;
+}
+
+// ---- chunk loads and stores ----
+
+// Loads KVD_CHUNK elements at p: one 16-byte load when `vec` (p aligned),
+// else eight 2-byte loads.
+template <class E>
+__device__ __forceinline__ void kvd_load_chunk(const unsigned char *p, bool vec,
+                                               float x[KVD_CHUNK])
+{
+    if (vec) {
+        uint4 v = *reinterpret_cast<const uint4 *>(p);
+        uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            x[2 * j] = E::load((uint16_t)(w[j] & 0xffffu));
+            x[2 * j + 1] = E::load((uint16_t)(w[j] >> 16));
+        }
+    } else {
+        const uint16_t *q = reinterpret_cast<const uint16_t *>(p);
+#pragma unroll
+        for (int j = 0; j < KVD_CHUNK; j++) {
+            x[j] = E::load(q[j]);
+        }
+    }
+}
+
+template <class E>
+__device__ __forceinline__ void kvd_store_chunk(unsigned char *p, bool vec,
+                                                const float x[KVD_CHUNK])
+{
+    uint16_t u[KVD_CHUNK];
+#pragma unroll
+    for (int j = 0; j < KVD_CHUNK; j++) {
+        u[j] = E::store(x[j]);
+    }
+    if (vec) {
+        uint4 v;
+        v.x = (uint32_t)u[0] | ((uint32_t)u[1] << 16);
+        v.y = (uint32_t)u[2] | ((uint32_t)u[3] << 16);
+        v.z = (uint32_t)u[4] | ((uint32_t)u[5] << 16);
+        v.w = (uint32_t)u[6] | ((uint32_t)u[7] << 16);
+        *reinterpret_cast<uint4 *>(p) = v;
+    } else {
+        uint16_t *q = reinterpret_cast<uint16_t *>(p);
+#pragma unroll
+        for (int j = 0; j < KVD_CHUNK; j++) {
+            q[j] = u[j];
+        }
+    }
+}
+
+// Element `c` of token `t` in this CTA's head, as a float.
+template <class E>
+__device__ __forceinline__ float
+kvd_load_elt(const kvd_gs_args &a, const kvd_cta &c, uint32_t t, uint32_t ch)
+{
+    const uint16_t *p =
+        reinterpret_cast<const uint16_t *>(c.src + (int64_t)t * a.stride_token);
+    return E::load(p[ch]);
+}
+
+template <class E>
+__device__ __forceinline__ void kvd_store_elt(const kvd_gs_args &a,
+                                              const kvd_cta &c, uint32_t t,
+                                              uint32_t ch, float v)
+{
+    uint16_t *p =
+        reinterpret_cast<uint16_t *>(c.src + (int64_t)t * a.stride_token);
+    p[ch] = E::store(v);
+}
+
+// Zeroes the bytes [used, bytes) of a region: the reference encodes into a
+// zeroed region, so its padding is zero. Called by one CTA per plane; the
+// padding is less than 16 bytes for every codec but KIVI's packed tail.
+__device__ __forceinline__ void kvd_zero_pad(unsigned char *region, size_t used,
+                                             size_t bytes)
+{
+    for (size_t k = used + threadIdx.x; k < bytes; k += blockDim.x) {
+        region[k] = 0;
+    }
+}
+
+// ---- raw ----
+
+template <unsigned U> struct kvd_unit_type;
+template <> struct kvd_unit_type<16> {
+    typedef uint4 type;
+};
+template <> struct kvd_unit_type<8> {
+    typedef uint2 type;
+};
+template <> struct kvd_unit_type<4> {
+    typedef uint32_t type;
+};
+template <> struct kvd_unit_type<2> {
+    typedef uint16_t type;
+};
+template <> struct kvd_unit_type<1> {
+    typedef uint8_t type;
+};
+
+// Raw copy of one head's tokens in units of U bytes (the largest power of
+// two dividing the row, the strides and the base, chosen on the host).
+// Gather writes zero units for tokens >= valid; scatter skips them.
+template <unsigned U, bool GATHER>
+__device__ void kvd_raw_cta(const kvd_gs_args &a, const kvd_cta &c,
+                            size_t row_bytes)
+{
+    typedef typename kvd_unit_type<U>::type unit_t;
+    uint32_t per_row = (uint32_t)(row_bytes / U);
+    uint32_t n = a.block_size * per_row;
+    for (uint32_t k = threadIdx.x; k < n; k += blockDim.x) {
+        uint32_t t = k / per_row;
+        uint32_t u = k - t * per_row;
+        unit_t *o = reinterpret_cast<unit_t *>(
+            c.data + ((size_t)c.h * a.block_size + t) * row_bytes +
+            (size_t)u * U);
+        unit_t *s = reinterpret_cast<unit_t *>(
+            c.src + (int64_t)t * a.stride_token + (size_t)u * U);
+        if (GATHER) {
+            if (t < c.valid) {
+                *o = *s;
+            } else {
+                *o = unit_t();
+            }
+        } else if (t < c.valid) {
+            *s = *o;
+        }
+    }
+}
+
+template <bool GATHER>
+__device__ void kvd_raw_dispatch(const kvd_gs_args &a, const kvd_cta &c,
+                                 size_t elt)
+{
+    size_t row = (size_t)a.head_dim * elt;
+    switch (a.raw_unit) {
+    case 16: kvd_raw_cta<16, GATHER>(a, c, row); break;
+    case 8: kvd_raw_cta<8, GATHER>(a, c, row); break;
+    case 4: kvd_raw_cta<4, GATHER>(a, c, row); break;
+    case 2: kvd_raw_cta<2, GATHER>(a, c, row); break;
+    default: kvd_raw_cta<1, GATHER>(a, c, row); break;
+    }
+}
+
+// ---- token-vector lane groups ----
+
+// G lanes per token: the smallest power of two covering the token's chunks,
+// capped at a warp. All 32 lanes of a warp iterate the same number of times
+// (tokens beyond the block are inactive, not absent), so full-mask
+// shuffles inside the loop are legal.
+struct kvd_group {
+    uint32_t g, lane, sub, per_warp;
+};
+
+__device__ __forceinline__ kvd_group kvd_group_make(uint32_t chunks)
+{
+    kvd_group gr;
+    uint32_t g = 1;
+    while (g < chunks && g < 32) {
+        g <<= 1;
+    }
+    gr.g = g;
+    gr.lane = (threadIdx.x & 31u) % g;
+    gr.sub = (threadIdx.x & 31u) / g;
+    gr.per_warp = 32u / g;
+    return gr;
+}
+
+// amax over the group. fmaxf is exact, commutative and associative on
+// non-NaN values and ignores NaN, so any tree equals the reference's
+// left-to-right fmaxf chain.
+__device__ __forceinline__ float kvd_group_amax(float v, uint32_t g)
+{
+    for (uint32_t off = g >> 1; off > 0; off >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(KVD_FULL_MASK, v, off));
+    }
+    return v;
+}
+
+// ---- fp8 and int8 ----
+
+#define KVD_FP8_E4M3_MAX_F 448.0f
+#define KVD_FP8_MIN_NORMAL_F 0.015625f // 2^-6
+#define KVD_INT8_QMAX_F 127.0f
+#define KVD_HALF_ONE_BITS 0x3c00u
+
+// Per-token scale of the two 8-bit codecs, computed exactly as fp8.c and
+// int8.c do: fp8 divides amax by 448 (1.0 at or below 2^-6); int8 rounds
+// amax/127 to fp16 first and replaces a zero scale by 1.0.
+template <bool FP8> struct kvd_q8 {
+    float s;
+    uint16_t s16;
+    __device__ __forceinline__ explicit kvd_q8(float amax)
+    {
+        if (FP8) {
+            s = amax > KVD_FP8_MIN_NORMAL_F ? amax / KVD_FP8_E4M3_MAX_F : 1.0f;
+            s16 = 0;
+        } else {
+            s16 = kvd_dev_float_to_half(amax / KVD_INT8_QMAX_F);
+            s = kvd_dev_half_to_float(s16);
+            if (s == 0.0f) {
+                s16 = KVD_HALF_ONE_BITS;
+                s = 1.0f;
+            }
+        }
+    }
+    __device__ __forceinline__ uint8_t encode(float x) const
+    {
+        if (FP8) {
+            return kvd_dev_float_to_fp8(x / s);
+        }
+        float q = rintf(x / s);
+        if (isnan(q)) {
+            q = 0.0f;
+        } else if (q > KVD_INT8_QMAX_F) {
+            q = KVD_INT8_QMAX_F;
+        } else if (q < -KVD_INT8_QMAX_F) {
+            q = -KVD_INT8_QMAX_F;
+        }
+        return (uint8_t)(int8_t)q;
+    }
+};
+
+template <bool FP8>
+__device__ __forceinline__ void kvd_q8_store_scale(const kvd_cta &c, size_t v,
+                                                   float s, uint16_t s16)
+{
+    if (FP8) {
+        reinterpret_cast<float *>(c.meta)[v] = s;
+    } else {
+        reinterpret_cast<uint16_t *>(c.meta)[v] = s16;
+    }
+}
+
+// Encode: a lane group per token, two passes over the token's chunks (amax,
+// then quantize; the second pass reads L1-resident lines). Codes land at
+// [h][t][c], eight per 8-byte store on the vector path.
+template <class E, bool FP8, bool VEC>
+__device__ void kvd_q8_encode_cta(const kvd_gs_args &a, const kvd_cta &c)
+{
+    const uint32_t step = VEC ? KVD_CHUNK : 1u;
+    const uint32_t chunks = a.head_dim / step;
+    kvd_group gr = kvd_group_make(chunks);
+    uint32_t warp = threadIdx.x >> 5;
+    for (uint32_t t0 = warp * gr.per_warp; t0 < a.block_size;
+         t0 += KVD_GS_WARPS * gr.per_warp) {
+        uint32_t t = t0 + gr.sub;
+        bool live = t < c.valid;
+        float amax = 0.0f;
+        if (live) {
+            const unsigned char *row = c.src + (int64_t)t * a.stride_token;
+            for (uint32_t k = gr.lane; k < chunks; k += gr.g) {
+                if (VEC) {
+                    float x[KVD_CHUNK];
+                    kvd_load_chunk<E>(row + (size_t)k * 16, true, x);
+#pragma unroll
+                    for (int j = 0; j < KVD_CHUNK; j++) {
+                        amax = fmaxf(amax, fabsf(x[j]));
+                    }
+                } else {
+                    amax = fmaxf(amax, fabsf(kvd_load_elt<E>(a, c, t, k)));
+                }
+            }
+        }
+        amax = kvd_group_amax(amax, gr.g);
+        if (t >= a.block_size) {
+            continue;
+        }
+        size_t v = (size_t)c.h * a.block_size + t;
+        uint8_t *codes = c.data + v * a.head_dim;
+        if (!live) {
+            for (uint32_t k = gr.lane; k < chunks; k += gr.g) {
+                if (VEC) {
+                    *reinterpret_cast<uint2 *>(codes + (size_t)k * 8) =
+                        make_uint2(0, 0);
+                } else {
+                    codes[k] = 0;
+                }
+            }
+            if (gr.lane == 0) {
+                kvd_q8_store_scale<FP8>(c, v, 0.0f, 0);
+            }
+            continue;
+        }
+        kvd_q8<FP8> q(amax);
+        const unsigned char *row = c.src + (int64_t)t * a.stride_token;
+        for (uint32_t k = gr.lane; k < chunks; k += gr.g) {
+            if (VEC) {
+                float x[KVD_CHUNK];
+                kvd_load_chunk<E>(row + (size_t)k * 16, true, x);
+                uint32_t lo = 0, hi = 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    lo |= (uint32_t)q.encode(x[j]) << (8 * j);
+                    hi |= (uint32_t)q.encode(x[j + 4]) << (8 * j);
+                }
+                *reinterpret_cast<uint2 *>(codes + (size_t)k * 8) =
+                    make_uint2(lo, hi);
+            } else {
+                codes[k] = q.encode(kvd_load_elt<E>(a, c, t, k));
+            }
+        }
+        if (gr.lane == 0) {
+            kvd_q8_store_scale<FP8>(c, v, q.s, q.s16);
+        }
+    }
+}
+
+template <bool FP8>
+__device__ __forceinline__ float kvd_q8_decode(uint8_t q, float s)
+{
+    if (FP8) {
+        return kvd_dev_fp8_decode(q, s);
+    }
+    return (float)(int8_t)q * s;
+}
+
+// Decode: one thread per (valid token, chunk); no cross-thread state.
+template <class E, bool FP8, bool VEC>
+__device__ void kvd_q8_decode_cta(const kvd_gs_args &a, const kvd_cta &c)
+{
+    const uint32_t step = VEC ? KVD_CHUNK : 1u;
+    const uint32_t chunks = a.head_dim / step;
+    uint32_t n = c.valid * chunks;
+    for (uint32_t k = threadIdx.x; k < n; k += blockDim.x) {
+        uint32_t t = k / chunks;
+        uint32_t ch = k - t * chunks;
+        size_t v = (size_t)c.h * a.block_size + t;
+        float s = FP8 ? reinterpret_cast<const float *>(c.meta)[v]
+                      : kvd_dev_half_to_float(
+                            reinterpret_cast<const uint16_t *>(c.meta)[v]);
+        const uint8_t *codes = c.data + v * a.head_dim + (size_t)ch * step;
+        if (VEC) {
+            uint2 w = *reinterpret_cast<const uint2 *>(codes);
+            float x[KVD_CHUNK];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                x[j] = kvd_q8_decode<FP8>((uint8_t)(w.x >> (8 * j)), s);
+                x[j + 4] = kvd_q8_decode<FP8>((uint8_t)(w.y >> (8 * j)), s);
+            }
+            kvd_store_chunk<E>(
+                c.src + (int64_t)t * a.stride_token + (size_t)ch * 16, true, x);
+        } else {
+            kvd_store_elt<E>(a, c, t, ch, kvd_q8_decode<FP8>(codes[0], s));
+        }
+    }
+}
+
+#endif // KVD_KERNELS_CUDA_CODEC_DEV_CUH
