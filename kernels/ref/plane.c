@@ -186,18 +186,21 @@ static kvd_status_t kvd_plane_buffers_check(const kvd_object_format_t *fmt,
     return KVD_OK;
 }
 
-kvd_status_t kvd_ref_plane_encode(const kvd_object_format_t *fmt,
-                                  const kvd_codec_tables_t *tables,
-                                  unsigned plane, const void *src,
-                                  uint32_t num_valid_tokens, void *data,
-                                  void *meta)
+/* The checks and the float scratch both public plane calls need: validates
+ * the arguments, then allocates the codec's scratch (*scratch_out is NULL
+ * when the codec needs none). The caller frees *scratch_out. */
+static kvd_status_t
+kvd_plane_call_prepare(const kvd_object_format_t *fmt,
+                       const kvd_codec_tables_t *tables, unsigned plane,
+                       uint32_t num_valid_tokens, const void *cache_side,
+                       const void *data, const void *meta, float **scratch_out)
 {
     kvd_status_t st =
         kvd_ref_plane_args_check(fmt, tables, plane, num_valid_tokens);
     if (st != KVD_OK) {
         return st;
     }
-    st = kvd_plane_buffers_check(fmt, plane, src, data, meta);
+    st = kvd_plane_buffers_check(fmt, plane, cache_side, data, meta);
     if (st != KVD_OK) {
         return st;
     }
@@ -210,6 +213,22 @@ kvd_status_t kvd_ref_plane_encode(const kvd_object_format_t *fmt,
                           n);
             return KVD_ERR_NOMEM;
         }
+    }
+    *scratch_out = scratch;
+    return KVD_OK;
+}
+
+kvd_status_t kvd_ref_plane_encode(const kvd_object_format_t *fmt,
+                                  const kvd_codec_tables_t *tables,
+                                  unsigned plane, const void *src,
+                                  uint32_t num_valid_tokens, void *data,
+                                  void *meta)
+{
+    float *scratch;
+    kvd_status_t st = kvd_plane_call_prepare(
+        fmt, tables, plane, num_valid_tokens, src, data, meta, &scratch);
+    if (st != KVD_OK) {
+        return st;
     }
     kvd_ref_plane_encode_buf(fmt, tables, plane, src, num_valid_tokens, data,
                              meta, scratch);
@@ -223,24 +242,11 @@ kvd_status_t kvd_ref_plane_decode(const kvd_object_format_t *fmt,
                                   const void *meta, uint32_t num_valid_tokens,
                                   void *dst)
 {
-    kvd_status_t st =
-        kvd_ref_plane_args_check(fmt, tables, plane, num_valid_tokens);
+    float *scratch;
+    kvd_status_t st = kvd_plane_call_prepare(
+        fmt, tables, plane, num_valid_tokens, dst, data, meta, &scratch);
     if (st != KVD_OK) {
         return st;
-    }
-    st = kvd_plane_buffers_check(fmt, plane, dst, data, meta);
-    if (st != KVD_OK) {
-        return st;
-    }
-    float *scratch = NULL;
-    size_t n = kvd_ref_plane_scratch_floats(fmt, plane);
-    if (n != 0) {
-        scratch = malloc(n * sizeof(float));
-        if (scratch == NULL) {
-            KVD_LOG_ERROR("plane %u: no memory for %zu scratch floats", plane,
-                          n);
-            return KVD_ERR_NOMEM;
-        }
     }
     kvd_ref_plane_decode_buf(fmt, tables, plane, data, meta, num_valid_tokens,
                              dst, scratch);

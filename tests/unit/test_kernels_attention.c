@@ -27,6 +27,8 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/kvd_testdata_int.h"
+
 #include "kernels/ref/ref_int.h"
 #include "kvdepot/kernels.h"
 
@@ -38,28 +40,6 @@
 
 static uint64_t g_seed;
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
-}
-
-static double gauss(uint64_t *s)
-{
-    double u1 = uniform01(s), u2 = uniform01(s);
-    if (u1 < 1e-300) {
-        u1 = 1e-300;
-    }
-    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
-}
-
 /* ATOKENS x ADIM fp16 values, [token][channel]. */
 static uint16_t *make_cache(int key_like, uint64_t *s)
 {
@@ -67,26 +47,10 @@ static uint16_t *make_cache(int key_like, uint64_t *s)
     double std[ADIM], off[ADIM];
 
     assert_non_null(x);
-    for (unsigned c = 0; c < ADIM; c++) {
-        std[c] = key_like ? exp(0.5 * gauss(s)) : 1.0;
-        off[c] = key_like ? 2.0 * gauss(s) : 0.0;
-    }
-    /* Four distinct channels: drawing the same one twice would square
-     * its factor into a x64..x225 channel the model does not have. */
-    for (unsigned k = 0; key_like && k < 4;) {
-        unsigned c = (unsigned)(rng_next(s) % ADIM);
-        if (std[c] <= 0) {
-            continue;
-        }
-        std[c] *= -(8.0 + 7.0 * uniform01(s));
-        k++;
-    }
-    for (unsigned c = 0; c < ADIM; c++) {
-        std[c] = fabs(std[c]);
-    }
+    kvd_test_channel_model(key_like, ADIM, s, std, off);
     for (size_t i = 0; i < (size_t)ATOKENS * ADIM; i++) {
         unsigned c = (unsigned)(i % ADIM);
-        x[i] = kvd_float_to_half((float)(off[c] + std[c] * gauss(s)));
+        x[i] = kvd_float_to_half((float)(off[c] + std[c] * kvd_test_gauss(s)));
     }
     return x;
 }
@@ -157,7 +121,7 @@ static double *make_queries(const uint16_t *k, uint64_t *s)
         double *qv = q + qi * ADIM;
         double m1 = 0, m2 = 0;
         for (unsigned c = 0; c < ADIM; c++) {
-            qv[c] = gauss(s);
+            qv[c] = kvd_test_gauss(s);
         }
         for (unsigned t = 0; t < ATOKENS; t++) {
             double dot = 0;
@@ -227,8 +191,8 @@ static void run_attention(int key_like)
     for (size_t bi = 0; bi < sizeof(k_bounds) / sizeof(k_bounds[0]); bi++) {
         const attn_bound_t *b = &k_bounds[bi];
         kvd_object_format_t fmt = {
-            KVD_DTYPE_FP16,       1,           2, 1, ADIM, ABLOCK,
-            {b->codec, b->codec}, rng_next(&s)};
+            KVD_DTYPE_FP16,  1, 2, 1, ADIM, ABLOCK, {b->codec, b->codec},
+            kvd_test_rng(&s)};
         kvd_codec_tables_t *tables = NULL;
         assert_int_equal(kvd_codec_tables_create(&fmt, &tables), KVD_OK);
         codec_round_trip(&fmt, tables, KVD_PLANE_K, k, k2);

@@ -22,34 +22,14 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/kvd_testdata_int.h"
+
 #include "kernels/ref/ref_int.h"
 #include "kvdepot/kernels.h"
 
 /* ---- randomness -------------------------------------------------------- */
 
 static uint64_t g_seed;
-
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s)
-{
-    return (double)(splitmix64(s) >> 11) * 0x1.0p-53;
-}
-
-static double gauss(uint64_t *s)
-{
-    double u1 = uniform01(s), u2 = uniform01(s);
-    if (u1 < 1e-300) {
-        u1 = 1e-300;
-    }
-    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
-}
 
 static float bits_float(uint32_t u)
 {
@@ -237,7 +217,7 @@ static void test_fp8_random_floats(void **state)
     (void)state;
     uint64_t s = g_seed ^ 0xf8f8f8f8ull;
     for (unsigned i = 0; i < 1000000; i++) {
-        uint64_t r = splitmix64(&s);
+        uint64_t r = kvd_test_rng(&s);
         float x;
         if (i & 1) {
             x = bits_float((uint32_t)r);
@@ -322,7 +302,7 @@ static void test_half_bf16_rounding(void **state)
     assert_int_equal(kvd_float_to_bf16(bits_float(0x7f800001u)) & 0x7fc0u,
                      0x7fc0);
     for (unsigned i = 0; i < 1000000; i++) {
-        uint32_t r = (uint32_t)splitmix64(&s);
+        uint32_t r = (uint32_t)kvd_test_rng(&s);
         if (i & 1) {
             /* Exponents around the fp16 range, where subnormals and
              * overflow live. */
@@ -358,32 +338,11 @@ static float *make_vectors(int key_like, uint64_t seed)
     double std[QDIM], off[QDIM];
     uint64_t s = seed;
     assert_non_null(x);
-    for (unsigned c = 0; c < QDIM; c++) {
-        std[c] = key_like ? exp(0.5 * gauss(&s)) : 1.0;
-        off[c] = key_like ? 2.0 * gauss(&s) : 0.0;
-    }
-    if (key_like) {
-        /* Four distinct channels: drawing one twice would square its
-         * factor (x64..225), which is not what the model describes. */
-        unsigned picked[4];
-        for (unsigned k = 0; k < 4; k++) {
-            unsigned c;
-            int again;
-            do {
-                c = (unsigned)(splitmix64(&s) % QDIM);
-                again = 0;
-                for (unsigned j = 0; j < k; j++) {
-                    again |= picked[j] == c;
-                }
-            } while (again);
-            picked[k] = c;
-            std[c] *= 8.0 + 7.0 * uniform01(&s);
-        }
-    }
+    kvd_test_channel_model(key_like, QDIM, &s, std, off);
     for (size_t i = 0; i < (size_t)QDIM * QVECS; i++) {
         unsigned c = (unsigned)(i % QDIM);
         x[i] = kvd_half_to_float(
-            kvd_float_to_half((float)(off[c] + std[c] * gauss(&s))));
+            kvd_float_to_half((float)(off[c] + std[c] * kvd_test_gauss(&s))));
     }
     return x;
 }
@@ -506,7 +465,7 @@ static void test_zero_vector_and_partial_block(void **state)
         /* Head 0 token 0 all zero; tokens >= valid hold garbage that must
          * not leak into the object. */
         for (unsigned i = 0; i < heads * bs * dim; i++) {
-            src[i] = kvd_float_to_bf16((float)gauss(&s));
+            src[i] = kvd_float_to_bf16((float)kvd_test_gauss(&s));
         }
         memset(src, 0, dim * sizeof(uint16_t));
         memset(data, 0xee, sizeof(data));

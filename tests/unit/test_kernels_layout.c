@@ -23,6 +23,8 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/kvd_testdata_int.h"
+
 #include "kernels/ref/ref_int.h"
 #include "kvdepot/kernels.h"
 
@@ -30,17 +32,9 @@
 
 static uint64_t g_seed;
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static unsigned rnd(uint64_t *s, unsigned n)
 {
-    return (unsigned)(splitmix64(s) % n);
+    return (unsigned)(kvd_test_rng(s) % n);
 }
 
 typedef enum engine_layout {
@@ -319,7 +313,7 @@ static void raw_round_trip(engine_layout_t kind, kvd_dtype_t dtype,
     cache_init(&src, kind, elt, layers, blocks, bs, heads, dim);
     cache_init(&dst, kind, elt, layers, blocks, bs, heads, dim);
     for (size_t i = 0; i < src.bytes; i++) {
-        src.mem[i] = (unsigned char)splitmix64(s);
+        src.mem[i] = (unsigned char)kvd_test_rng(s);
     }
     memset(dst.mem, POISON, dst.bytes);
 

@@ -26,6 +26,8 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/kvd_testdata_int.h"
+
 #include "kernels/ref/ref_int.h"
 #include "kernels/ref/tq_int.h"
 #include "kvdepot/kernels.h"
@@ -38,28 +40,6 @@
 /* ---- randomness and data ----------------------------------------------- */
 
 static uint64_t g_seed;
-
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s)
-{
-    return (double)(rng_next(s) >> 11) * 0x1.0p-53;
-}
-
-static double gauss(uint64_t *s)
-{
-    double u1 = uniform01(s), u2 = uniform01(s);
-    if (u1 < 1e-300) {
-        u1 = 1e-300;
-    }
-    return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
-}
 
 static float fp16_round(double v)
 {
@@ -82,27 +62,11 @@ static float *make_vectors(int key_like, unsigned dim, uint64_t seed)
     assert_non_null(std);
     assert_non_null(off);
     for (unsigned h = 0; h < QHEADS; h++) {
-        for (unsigned c = 0; c < dim; c++) {
-            std[c] = key_like ? exp(0.5 * gauss(&s)) : 1.0;
-            off[c] = key_like ? 2.0 * gauss(&s) : 0.0;
-        }
-        /* Four distinct channels (a negative std marks one taken):
-         * drawing one twice would square its factor. */
-        for (unsigned k = 0; key_like && k < 4;) {
-            unsigned c = (unsigned)(rng_next(&s) % dim);
-            if (std[c] <= 0) {
-                continue;
-            }
-            std[c] *= -(8.0 + 7.0 * uniform01(&s));
-            k++;
-        }
-        for (unsigned c = 0; c < dim; c++) {
-            std[c] = fabs(std[c]);
-        }
+        kvd_test_channel_model(key_like, dim, &s, std, off);
         float *xh = x + (size_t)h * QTOKENS * dim;
         for (size_t i = 0; i < (size_t)dim * QTOKENS; i++) {
             unsigned c = (unsigned)(i % dim);
-            xh[i] = fp16_round(off[c] + std[c] * gauss(&s));
+            xh[i] = fp16_round(off[c] + std[c] * kvd_test_gauss(&s));
         }
     }
     free(std);
@@ -245,7 +209,7 @@ static void test_tables_signs(void **state)
         unsigned neg = 0;
 
         for (unsigned i = 0; i < dim; i++) {
-            float want = (rng_next(&st) >> 63) ? -1.0f : 1.0f;
+            float want = (kvd_test_rng(&st) >> 63) ? -1.0f : 1.0f;
             assert_true(t->tq_sign[i] == want);
             neg += t->tq_sign[i] < 0;
         }
@@ -454,7 +418,7 @@ static void test_fwht(void **state)
         unsigned dim = k_dims[di];
         float v[KVD_TQ_MAX_DIM], w[KVD_TQ_MAX_DIM];
         for (unsigned i = 0; i < dim; i++) {
-            v[i] = (float)gauss(&s);
+            v[i] = (float)kvd_test_gauss(&s);
         }
         memcpy(w, v, sizeof(float) * dim);
         kvd_ref_fwht(w, dim);
@@ -468,7 +432,7 @@ static void test_fwht(void **state)
             assert_true(fabs(w[i] - want) <= 1e-6 * mag);
         }
         for (unsigned i = 0; i < dim; i++) {
-            v[i] = (float)((int)(rng_next(&s) % 17) - 8);
+            v[i] = (float)((int)(kvd_test_rng(&s) % 17) - 8);
         }
         memcpy(w, v, sizeof(float) * dim);
         kvd_ref_fwht(w, dim);
@@ -495,7 +459,7 @@ static void test_bp32(void **state)
             uint8_t packed[KVD_TQ_MAX_DIM / 2 + 4];
             memset(packed, 0xa5, sizeof(packed));
             for (unsigned i = 0; i < dim; i++) {
-                code[i] = (uint8_t)(rng_next(&s) % (1u << bits));
+                code[i] = (uint8_t)(kvd_test_rng(&s) % (1u << bits));
             }
             kvd_ref_bp32_pack(code, dim, bits, packed);
             for (unsigned i = 0; i < dim; i++) {
@@ -534,7 +498,7 @@ static void test_norm_tree(void **state)
         float x[KVD_TQ_MAX_DIM], lane[32];
         double exact = 0;
         for (unsigned i = 0; i < dim; i++) {
-            x[i] = fp16_round(gauss(&s) * exp(2 * gauss(&s)));
+            x[i] = fp16_round(kvd_test_gauss(&s) * exp(2 * kvd_test_gauss(&s)));
             exact += (double)x[i] * x[i];
         }
         for (unsigned l = 0; l < 32; l++) {
@@ -630,7 +594,7 @@ static void test_partial_block(void **state)
             assert_non_null(meta2);
             for (size_t i = 0; i < b.elems; i++) {
                 unsigned tok = (unsigned)(i / dim % QBLOCK);
-                float v = tok < valid ? (float)gauss(&s) : 30000.0f;
+                float v = tok < valid ? (float)kvd_test_gauss(&s) : 30000.0f;
                 b.src[i] = kvd_float_to_half(v);
                 xz[i] = tok < valid ? kvd_half_to_float(b.src[i]) : 0.0f;
             }
@@ -761,7 +725,8 @@ static void test_tq_norm_limits(void **state)
 
     for (unsigned c = 0; c < dim; c++) {
         /* Norm 8000 * sqrt(sum (1 + c % 3)^2) ~ 195000 whatever the signs. */
-        x[c] = ((rng_next(&s) >> 63) ? -8000.0f : 8000.0f) * (float)(1 + c % 3);
+        x[c] = ((kvd_test_rng(&s) >> 63) ? -8000.0f : 8000.0f) *
+               (float)(1 + c % 3);
         x[dim + c] = c == 7 ? INFINITY : 1.0f;
     }
     kvd_ref_tq_encode(&d, 4, t, x, data, norm);
