@@ -91,6 +91,20 @@ typedef struct kvd_object_format {
 KVD_API kvd_status_t kvd_object_format_check(const kvd_object_format_t *fmt,
                                              char *err, size_t err_len);
 
+/*
+ * Applies the codec fallbacks in place, then checks the format: a plane
+ * asking for TurboQuant at a head_dim it cannot serve (not 64, 128 or 256),
+ * or for KIVI on V with head_dim % 32 != 0, is switched to fp8_e4m3. Each
+ * fallback is logged at WARN and its reason written into `err` (the last
+ * one when both planes fall back). Returns what kvd_object_format_check
+ * returns for the result; on KVD_OK, *num_changed_out (may be NULL) is the
+ * number of planes switched. Other problems are not "fixed": they fail as
+ * in kvd_object_format_check.
+ */
+KVD_API kvd_status_t kvd_object_format_fallback(kvd_object_format_t *fmt,
+                                                char *err, size_t err_len,
+                                                unsigned *num_changed_out);
+
 /* Sizes in bytes, for a format that passed kvd_object_format_check.
  * Data and metadata regions are each rounded up to 16 bytes. */
 KVD_API size_t kvd_object_plane_data_bytes(const kvd_object_format_t *fmt,

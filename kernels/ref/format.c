@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/log_int.h"
 #include "kernels/ref/plane_int.h"
 
 #define KVD_REGION_ALIGN 16u
@@ -347,4 +348,43 @@ kvd_status_t kvd_kv_layout_check(const kvd_kv_layout_t *layout,
         }
     }
     return KVD_OK;
+}
+
+kvd_status_t kvd_object_format_fallback(kvd_object_format_t *fmt, char *err,
+                                        size_t err_len,
+                                        unsigned *num_changed_out)
+{
+    unsigned changed = 0;
+
+    if (fmt == NULL) {
+        return kvd_format_fail(KVD_ERR_INVALID, err, err_len, "NULL format");
+    }
+    if (err != NULL && err_len > 0) {
+        err[0] = '\0';
+    }
+    for (unsigned plane = 0; plane < fmt->num_planes && plane < 2; plane++) {
+        kvd_codec_t c = fmt->codec[plane];
+        char why[128];
+        /* Only a shape a codec cannot serve falls back; anything else
+         * (unknown codec, an fp8 cache) stays an error for the check. */
+        if ((!kvd_codec_is_tq(c) && !kvd_codec_is_kivi(c)) ||
+            fmt->dtype == KVD_DTYPE_FP8_E4M3 ||
+            kvd_codec_check(fmt, plane, why, sizeof(why)) !=
+                KVD_ERR_UNSUPPORTED) {
+            continue;
+        }
+        fmt->codec[plane] = KVD_CODEC_FP8_E4M3;
+        changed++;
+        KVD_LOG_WARN("%s: plane %s falls back to fp8_e4m3", why,
+                     plane == KVD_PLANE_K ? "K" : "V");
+        kvd_format_fail(KVD_OK, err, err_len,
+                        "%s: plane %s falls back to "
+                        "fp8_e4m3",
+                        why, plane == KVD_PLANE_K ? "K" : "V");
+    }
+    kvd_status_t st = kvd_object_format_check(fmt, err, err_len);
+    if (st == KVD_OK && num_changed_out != NULL) {
+        *num_changed_out = changed;
+    }
+    return st;
 }

@@ -358,6 +358,53 @@ static void test_tables_codebooks(void **state)
 
 /* Tables: bad arguments, formats TurboQuant cannot serve, formats without
  * TurboQuant (tables exist, unused). */
+/* TurboQuant at an unsupported head_dim, or KIVI on V at head_dim % 32 != 0,
+ * falls back to fp8 with the reason; supported shapes are left alone and
+ * what no fallback can fix still fails. */
+static void test_format_fallback(void **state)
+{
+    (void)state;
+    char err[256];
+    unsigned changed = 99;
+
+    kvd_object_format_t fmt = {
+        KVD_DTYPE_FP16, 2, 2, 4, 96, 16, {KVD_CODEC_TQ4, KVD_CODEC_KIVI2}, 7};
+    assert_int_equal(kvd_object_format_check(&fmt, err, sizeof(err)),
+                     KVD_ERR_UNSUPPORTED);
+    assert_int_equal(
+        kvd_object_format_fallback(&fmt, err, sizeof(err), &changed), KVD_OK);
+    assert_int_equal(changed, 1); /* 96 % 32 == 0: KIVI V is fine */
+    assert_int_equal(fmt.codec[0], KVD_CODEC_FP8_E4M3);
+    assert_int_equal(fmt.codec[1], KVD_CODEC_KIVI2);
+    assert_non_null(strstr(err, "tq4 needs head_dim 64, 128 or 256, got 96"));
+    assert_non_null(strstr(err, "falls back to fp8_e4m3"));
+
+    kvd_object_format_t odd = {
+        KVD_DTYPE_BF16, 1, 2, 1, 80, 16, {KVD_CODEC_TQ2, KVD_CODEC_KIVI4}, 7};
+    assert_int_equal(
+        kvd_object_format_fallback(&odd, err, sizeof(err), &changed), KVD_OK);
+    assert_int_equal(changed, 2);
+    assert_int_equal(odd.codec[0], KVD_CODEC_FP8_E4M3);
+    assert_int_equal(odd.codec[1], KVD_CODEC_FP8_E4M3);
+
+    kvd_object_format_t fine = {
+        KVD_DTYPE_FP16, 1, 2, 1, 128, 16, {KVD_CODEC_TQ3, KVD_CODEC_KIVI4}, 7};
+    assert_int_equal(kvd_object_format_fallback(&fine, NULL, 0, &changed),
+                     KVD_OK);
+    assert_int_equal(changed, 0);
+    assert_int_equal(fine.codec[0], KVD_CODEC_TQ3);
+    assert_int_equal(fine.codec[1], KVD_CODEC_KIVI4);
+
+    /* An fp8 cache passes through raw only: no fallback makes tq valid. */
+    kvd_object_format_t fp8 = {
+        KVD_DTYPE_FP8_E4M3, 1, 2, 1, 96, 16, {KVD_CODEC_TQ4, KVD_CODEC_RAW}, 7};
+    assert_int_equal(kvd_object_format_fallback(&fp8, err, sizeof(err), NULL),
+                     KVD_ERR_UNSUPPORTED);
+    assert_int_equal(fp8.codec[0], KVD_CODEC_TQ4);
+    assert_int_equal(kvd_object_format_fallback(NULL, err, sizeof(err), NULL),
+                     KVD_ERR_INVALID);
+}
+
 static void test_tables_errors(void **state)
 {
     (void)state;
@@ -884,6 +931,7 @@ int main(void)
         cmocka_unit_test(test_tables_signs),
         cmocka_unit_test(test_tables_codebooks),
         cmocka_unit_test(test_tables_errors),
+        cmocka_unit_test(test_format_fallback),
         cmocka_unit_test(test_fwht),
         cmocka_unit_test(test_bp32),
         cmocka_unit_test(test_norm_tree),
