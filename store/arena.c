@@ -1,0 +1,921 @@
+/*
+ * Host arena (store/arena_int.h): one sealed memfd mapped once, cut into
+ * chunks that are carved into fixed-size slots per slab class.
+ *
+ * Bookkeeping lives outside the shared region, in ordinary heap memory: the
+ * region is handed to DMA engines and other processes, and its bytes belong
+ * to whoever holds a slot, so an intrusive free list there could be
+ * overwritten by a transfer or a buggy worker. Per chunk we keep its class,
+ * a use count, a bump index (slots never handed out since the chunk was
+ * carved, which makes carving O(1) whatever the slot count) and the head of
+ * a free list threaded through one uint32 link per possible slot. A bitmap
+ * with one bit per possible slot catches double and wild frees, which in a
+ * cache would otherwise silently hand one slot to two objects.
+ *
+ * Each class keeps a doubly linked list of its chunks that have a free
+ * slot. Allocation takes the list head; a chunk that goes from full to
+ * non-full is pushed at the head, so the chunks that are nearly full are
+ * refilled first and the others get a chance to drain completely and return
+ * to the free-chunk pool, where any class can carve them. A chunk returns
+ * to the pool the moment its last slot is freed: carving is O(1), so there
+ * is nothing to gain from keeping empty chunks per class, and keeping them
+ * would starve other classes.
+ */
+#include "store/arena_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/failpoint_int.h"
+#include "common/log_int.h"
+#include "common/time_int.h"
+
+/* chunk class_id of a chunk in the free pool; end of every list. */
+#define ARENA_NONE UINT32_MAX
+/* Prefault progress is logged for arenas at least this large. */
+#define ARENA_PREFAULT_LOG_BYTES (1ull << 30)
+
+typedef struct arena_chunk {
+    uint32_t class_id;  /* ARENA_NONE when free; atomic (read lock-free) */
+    uint32_t used;      /* allocated slots */
+    uint32_t bump;      /* slots [bump, slots_per_chunk) never handed out */
+    uint32_t free_head; /* first freed slot index, links[] chained */
+    uint32_t prev;      /* class partial list (prev/next) or pool (next) */
+    uint32_t next;
+} arena_chunk_t;
+
+typedef struct arena_class {
+    uint64_t slot_bytes; /* immutable once the class is published */
+    uint32_t slots_per_chunk;
+    uint32_t partial_head; /* chunks of this class with a free slot */
+    uint32_t chunks;
+    uint64_t slots_used;
+    uint64_t slots_free;
+} arena_class_t;
+
+struct kvd_arena {
+    int fd;
+    uint8_t *base;
+    uint64_t size_bytes;
+    uint64_t map_bytes;
+    uint64_t page_bytes; /* backing page: 4096 or the huge page size */
+    uint64_t chunk_bytes;
+    uint32_t num_chunks;
+    uint32_t index_bits;      /* slot id = chunk << index_bits | index */
+    uint32_t slots_max_chunk; /* chunk_bytes / 4096: link/bitmap stride */
+    kvd_arena_backing_t backing;
+
+    pthread_mutex_t lock; /* guards everything below */
+    uint32_t free_chunk_head;
+    uint32_t chunks_free;
+    uint32_t num_classes; /* atomic: read lock-free by slot_offset */
+    uint64_t bytes_used;
+    arena_class_t classes[KVD_ARENA_CLASSES_MAX];
+    arena_chunk_t *chunks;
+    uint32_t *links;     /* next free index, per possible slot */
+    uint64_t *allocated; /* one bit per possible slot */
+};
+
+struct kvd_arena_mapping {
+    uint8_t *base;
+    uint64_t map_bytes;
+    uint64_t size_bytes;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                            */
+/* ------------------------------------------------------------------------ */
+
+static const char *const arena_hugepage_choices[] = {"auto", "on", "off", NULL};
+
+static const kvd_config_field_t arena_config_fields[] = {
+    {"store.arena_size", "8g", "host arena (L1) size, rounded down to chunks",
+     kvd_config_parse_size, offsetof(kvd_arena_config_t, size_bytes),
+     KVD_ARENA_SLOT_ALIGN, 0, NULL},
+    {"store.arena_chunk", "64m", "arena slab page; the largest storable object",
+     kvd_config_parse_size, offsetof(kvd_arena_config_t, chunk_bytes),
+     KVD_ARENA_SLOT_ALIGN, (int64_t)KVD_ARENA_CHUNK_BYTES_MAX, NULL},
+    {"store.arena_hugepages", "auto", "huge pages for the arena: auto|on|off",
+     kvd_config_parse_enum, offsetof(kvd_arena_config_t, hugepages), 0, 0,
+     arena_hugepage_choices},
+    {"store.arena_prefault", "true", "touch every arena page at start",
+     kvd_config_parse_bool, offsetof(kvd_arena_config_t, prefault), 0, 0, NULL},
+};
+
+const kvd_config_field_t *kvd_arena_config_table(size_t *num_fields_out)
+{
+    *num_fields_out =
+        sizeof(arena_config_fields) / sizeof(arena_config_fields[0]);
+    return arena_config_fields;
+}
+
+kvd_arena_config_t kvd_arena_config_default(void)
+{
+    /* Must match the default strings of arena_config_fields; the unit test
+     * checks it by applying the table to an empty configuration. */
+    kvd_arena_config_t cfg = {
+        .size_bytes = 8ull << 30,
+        .chunk_bytes = 64ull << 20,
+        .hugepages = KVD_ARENA_HUGEPAGES_AUTO,
+        .prefault = true,
+    };
+    return cfg;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The region                                                               */
+/* ------------------------------------------------------------------------ */
+
+static const char *arena_backing_name(kvd_arena_backing_t backing)
+{
+    switch (backing) {
+    case KVD_ARENA_BACKING_PLAIN: return "4k pages";
+    case KVD_ARENA_BACKING_THP: return "transparent huge pages";
+    case KVD_ARENA_BACKING_HUGETLB: return "hugetlb";
+    }
+    return "?";
+}
+
+static uint64_t arena_round_up(uint64_t value, uint64_t align)
+{
+    return (value + align - 1) / align * align;
+}
+
+/*
+ * Creates, sizes, seals and maps one memfd. `hugetlb` selects MFD_HUGETLB,
+ * whose page size (st_blksize) the length is rounded to. `quiet` logs
+ * failures at INFO (auto mode will try the next backing) instead of ERROR.
+ */
+static kvd_status_t arena_map_memfd(bool hugetlb, bool quiet, uint64_t size,
+                                    int *fd_out, uint64_t *map_bytes_out,
+                                    uint64_t *page_bytes_out,
+                                    uint8_t **base_out)
+{
+    kvd_log_level_t level = quiet ? KVD_LOG_LEVEL_INFO : KVD_LOG_LEVEL_ERROR;
+    const char *what = hugetlb ? "hugetlb" : "shared";
+    unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING;
+    if (hugetlb) {
+        flags |= MFD_HUGETLB;
+    }
+    int err = KVD_FAILPOINT("arena.memfd");
+    int fd = err != 0 ? -1 : memfd_create("kvdepot-arena", flags);
+    if (fd < 0) {
+        err = err != 0 ? err : errno;
+        KVD_LOG(level, "arena: memfd_create (%s) failed: %s", what,
+                strerror(err));
+        /* EINVAL for MFD_HUGETLB: this kernel has no hugetlbfs. */
+        if (hugetlb && err == EINVAL) {
+            return KVD_ERR_UNSUPPORTED;
+        }
+        return kvd_status_from_errno(err);
+    }
+
+    uint64_t map_bytes = size;
+    uint64_t page_bytes = KVD_ARENA_SLOT_ALIGN;
+    if (hugetlb) {
+        struct stat st;
+        if (fstat(fd, &st) != 0) {
+            err = errno;
+            KVD_LOG(level, "arena: fstat of hugetlb memfd failed: %s",
+                    strerror(err));
+            goto err_close;
+        }
+        if (st.st_blksize > 0) {
+            page_bytes = (uint64_t)st.st_blksize;
+            map_bytes = arena_round_up(size, page_bytes);
+        }
+    }
+
+    err = KVD_FAILPOINT("arena.ftruncate");
+    if (err != 0 || ftruncate(fd, (off_t)map_bytes) != 0) {
+        err = err != 0 ? err : errno;
+        KVD_LOG(level, "arena: ftruncate (%s) to %" PRIu64 " bytes failed: %s",
+                what, map_bytes, strerror(err));
+        goto err_close;
+    }
+
+    /* Sharing processes must not be able to shrink the file under each
+     * other's mappings (SIGBUS) or grow it (the layout is fixed). */
+    err = KVD_FAILPOINT("arena.seal");
+    if (err != 0 || fcntl(fd, F_ADD_SEALS,
+                          F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        err = err != 0 ? err : errno;
+        KVD_LOG(level, "arena: sealing the %s memfd failed: %s", what,
+                strerror(err));
+        goto err_close;
+    }
+
+    /* For hugetlb this mmap reserves the pages, so a short pool fails here
+     * rather than with SIGBUS on first touch. */
+    err = KVD_FAILPOINT("arena.mmap");
+    void *base = err != 0 ? MAP_FAILED
+                          : mmap(NULL, map_bytes, PROT_READ | PROT_WRITE,
+                                 MAP_SHARED, fd, 0);
+    if (base == MAP_FAILED) {
+        err = err != 0 ? err : errno;
+        KVD_LOG(level, "arena: mmap (%s) of %" PRIu64 " bytes failed: %s", what,
+                map_bytes, strerror(err));
+        goto err_close;
+    }
+
+    *fd_out = fd;
+    *map_bytes_out = map_bytes;
+    *page_bytes_out = page_bytes;
+    *base_out = base;
+    return KVD_OK;
+
+err_close:
+    close(fd);
+    return kvd_status_from_errno(err);
+}
+
+/* Whether MADV_HUGEPAGE on shared memory has an effect: the sysfs knob
+ * shows the active choice in brackets. */
+static bool arena_shmem_thp_possible(void)
+{
+    char buf[256];
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+    if (f == NULL) {
+        return false;
+    }
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, "[never]") == NULL && strstr(buf, "[deny]") == NULL;
+}
+
+static kvd_status_t arena_map_region(kvd_arena_t *arena, int mode)
+{
+    kvd_status_t status;
+    if (mode != KVD_ARENA_HUGEPAGES_OFF) {
+        status = arena_map_memfd(
+            true, mode == KVD_ARENA_HUGEPAGES_AUTO, arena->size_bytes,
+            &arena->fd, &arena->map_bytes, &arena->page_bytes, &arena->base);
+        if (status == KVD_OK) {
+            arena->backing = KVD_ARENA_BACKING_HUGETLB;
+            return KVD_OK;
+        }
+        if (mode == KVD_ARENA_HUGEPAGES_ON) {
+            KVD_LOG_ERROR("arena: store.arena_hugepages=on but no hugetlb "
+                          "region of %" PRIu64 " bytes (vm.nr_hugepages?)",
+                          arena->size_bytes);
+            return status;
+        }
+    }
+
+    status =
+        arena_map_memfd(false, false, arena->size_bytes, &arena->fd,
+                        &arena->map_bytes, &arena->page_bytes, &arena->base);
+    if (status != KVD_OK) {
+        return status;
+    }
+    arena->backing = KVD_ARENA_BACKING_PLAIN;
+    if (mode == KVD_ARENA_HUGEPAGES_AUTO && arena_shmem_thp_possible() &&
+        madvise(arena->base, arena->map_bytes, MADV_HUGEPAGE) == 0) {
+        arena->backing = KVD_ARENA_BACKING_THP;
+    }
+    return KVD_OK;
+}
+
+/*
+ * Populates every page, in steps of about a tenth so that large arenas log
+ * progress. MADV_POPULATE_WRITE (Linux 5.14) allocates and maps in one
+ * call and reports a shortage as an error; older kernels answer EINVAL and
+ * get one write per page instead (the region is fresh, so writing zero
+ * changes nothing).
+ */
+static kvd_status_t arena_prefault(kvd_arena_t *arena)
+{
+    uint64_t len = arena->map_bytes;
+    bool verbose = len >= ARENA_PREFAULT_LOG_BYTES;
+    /* Steps are whole backing pages: madvise on hugetlb wants them. */
+    uint64_t step = verbose ? arena_round_up(len / 10, arena->page_bytes) : len;
+    uint64_t start_ns = kvd_time_now_ns();
+    bool populate = true;
+
+    for (uint64_t off = 0; off < len; off += step) {
+        uint64_t n = len - off < step ? len - off : step;
+        int err = KVD_FAILPOINT("arena.prefault");
+        if (err == 0 && populate &&
+            madvise(arena->base + off, n, MADV_POPULATE_WRITE) != 0) {
+            err = errno;
+            if (err == EINVAL) {
+                populate = false;
+                err = 0;
+            }
+        }
+        if (err != 0) {
+            KVD_LOG_ERROR("arena: prefault at offset %" PRIu64 " of %" PRIu64
+                          " failed: %s",
+                          off, len, strerror(err));
+            return kvd_status_from_errno(err);
+        }
+        if (!populate) {
+            for (uint64_t p = 0; p < n; p += KVD_ARENA_SLOT_ALIGN) {
+                ((volatile uint8_t *)arena->base)[off + p] = 0;
+            }
+        }
+        if (verbose) {
+            KVD_LOG_INFO("arena: prefault %" PRIu64 "%% (%" PRIu64
+                         " of %" PRIu64 " MiB)",
+                         (off + n) * 100 / len, (off + n) >> 20, len >> 20);
+        }
+    }
+    KVD_LOG_INFO(
+        "arena: prefaulted %" PRIu64 " MiB in %" PRIu64 " ms", len >> 20,
+        (uint64_t)((kvd_time_now_ns() - start_ns) / KVD_NSEC_PER_MSEC));
+    return KVD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Create / destroy                                                         */
+/* ------------------------------------------------------------------------ */
+
+static kvd_status_t arena_check_config(const kvd_arena_config_t *cfg)
+{
+    if (cfg->chunk_bytes == 0 || cfg->chunk_bytes % KVD_ARENA_SLOT_ALIGN != 0) {
+        KVD_LOG_ERROR("arena: chunk size %" PRIu64
+                      " is not a positive multiple of %u",
+                      cfg->chunk_bytes, KVD_ARENA_SLOT_ALIGN);
+        return KVD_ERR_INVALID;
+    }
+    if (cfg->hugepages < KVD_ARENA_HUGEPAGES_AUTO ||
+        cfg->hugepages > KVD_ARENA_HUGEPAGES_OFF) {
+        KVD_LOG_ERROR("arena: hugepages mode %d unknown", cfg->hugepages);
+        return KVD_ERR_INVALID;
+    }
+    if (cfg->chunk_bytes > KVD_ARENA_CHUNK_BYTES_MAX ||
+        cfg->size_bytes < cfg->chunk_bytes) {
+        KVD_LOG_ERROR("arena: size %" PRIu64 " / chunk %" PRIu64
+                      " out of range (chunk <= 1 GiB, size >= chunk)",
+                      cfg->size_bytes, cfg->chunk_bytes);
+        return KVD_ERR_RANGE;
+    }
+    return KVD_OK;
+}
+
+/* Sets the slot-id geometry; KVD_ERR_RANGE when the ids would not fit. */
+static kvd_status_t arena_set_geometry(kvd_arena_t *arena,
+                                       const kvd_arena_config_t *cfg)
+{
+    uint64_t num_chunks = cfg->size_bytes / cfg->chunk_bytes;
+    arena->chunk_bytes = cfg->chunk_bytes;
+    arena->slots_max_chunk =
+        (uint32_t)(cfg->chunk_bytes / KVD_ARENA_SLOT_ALIGN);
+    arena->index_bits = 0;
+    while ((1ull << arena->index_bits) < arena->slots_max_chunk) {
+        arena->index_bits++;
+    }
+    /* Strictly below, so that UINT32_MAX is never a valid slot id. */
+    if (num_chunks >= (1ull << (32 - arena->index_bits))) {
+        KVD_LOG_ERROR("arena: %" PRIu64 " chunks of %" PRIu64
+                      " bytes exceed 32-bit slot ids; use larger chunks",
+                      num_chunks, cfg->chunk_bytes);
+        return KVD_ERR_RANGE;
+    }
+    arena->num_chunks = (uint32_t)num_chunks;
+    arena->size_bytes = num_chunks * cfg->chunk_bytes;
+    if (arena->size_bytes != cfg->size_bytes) {
+        KVD_LOG_INFO("arena: size %" PRIu64 " rounded down to %" PRIu64
+                     " (whole chunks of %" PRIu64 ")",
+                     cfg->size_bytes, arena->size_bytes, cfg->chunk_bytes);
+    }
+    return KVD_OK;
+}
+
+static kvd_status_t arena_alloc_metadata(kvd_arena_t *arena)
+{
+    uint64_t slots = (uint64_t)arena->num_chunks * arena->slots_max_chunk;
+    if (KVD_FAILPOINT("arena.alloc") != 0) {
+        return KVD_ERR_NOMEM;
+    }
+    /* links[] is only read where written (free lists), so no zeroing. */
+    arena->chunks = malloc(arena->num_chunks * sizeof(*arena->chunks));
+    arena->links = malloc(slots * sizeof(*arena->links));
+    arena->allocated = calloc((slots + 63) / 64, sizeof(uint64_t));
+    if (arena->chunks == NULL || arena->links == NULL ||
+        arena->allocated == NULL) {
+        free(arena->chunks);
+        free(arena->links);
+        free(arena->allocated);
+        return KVD_ERR_NOMEM;
+    }
+    /* Pool in address order, so a fresh arena fills from the base. */
+    for (uint32_t c = 0; c < arena->num_chunks; c++) {
+        arena->chunks[c] = (arena_chunk_t){
+            .class_id = ARENA_NONE,
+            .free_head = ARENA_NONE,
+            .prev = ARENA_NONE,
+            .next = c + 1 < arena->num_chunks ? c + 1 : ARENA_NONE,
+        };
+    }
+    arena->free_chunk_head = 0;
+    arena->chunks_free = arena->num_chunks;
+    return KVD_OK;
+}
+
+kvd_status_t kvd_arena_create(const kvd_arena_config_t *cfg,
+                              kvd_arena_t **arena_out)
+{
+    if (cfg == NULL || arena_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t status = arena_check_config(cfg);
+    if (status != KVD_OK) {
+        return status;
+    }
+    int inject = KVD_FAILPOINT("arena.alloc");
+    kvd_arena_t *arena = inject != 0 ? NULL : calloc(1, sizeof(*arena));
+    if (arena == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    arena->fd = -1;
+    status = arena_set_geometry(arena, cfg);
+    if (status != KVD_OK) {
+        goto err_free;
+    }
+    status = arena_alloc_metadata(arena);
+    if (status != KVD_OK) {
+        KVD_LOG_ERROR("arena: no memory for metadata of %u chunks",
+                      arena->num_chunks);
+        goto err_free;
+    }
+    int rc = pthread_mutex_init(&arena->lock, NULL);
+    if (rc != 0) {
+        status = kvd_status_from_errno(rc);
+        goto err_metadata;
+    }
+    status = arena_map_region(arena, cfg->hugepages);
+    if (status != KVD_OK) {
+        goto err_mutex;
+    }
+    if (cfg->prefault) {
+        status = arena_prefault(arena);
+        if (status != KVD_OK) {
+            goto err_unmap;
+        }
+    }
+    KVD_LOG_INFO(
+        "arena: %" PRIu64 " MiB, %u chunks of %" PRIu64 " KiB, %s, prefault %s",
+        arena->size_bytes >> 20, arena->num_chunks, arena->chunk_bytes >> 10,
+        arena_backing_name(arena->backing), cfg->prefault ? "on" : "off");
+    *arena_out = arena;
+    return KVD_OK;
+
+err_unmap:
+    munmap(arena->base, arena->map_bytes);
+    close(arena->fd);
+err_mutex:
+    pthread_mutex_destroy(&arena->lock);
+err_metadata:
+    free(arena->chunks);
+    free(arena->links);
+    free(arena->allocated);
+err_free:
+    free(arena);
+    return status;
+}
+
+void kvd_arena_destroy(kvd_arena_t *arena)
+{
+    if (arena == NULL) {
+        return;
+    }
+    munmap(arena->base, arena->map_bytes);
+    close(arena->fd);
+    pthread_mutex_destroy(&arena->lock);
+    free(arena->chunks);
+    free(arena->links);
+    free(arena->allocated);
+    free(arena);
+}
+
+kvd_status_t kvd_arena_query(const kvd_arena_t *arena,
+                             kvd_arena_info_t *info_out)
+{
+    if (arena == NULL || info_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    *info_out = (kvd_arena_info_t){
+        .base = arena->base,
+        .size_bytes = arena->size_bytes,
+        .map_bytes = arena->map_bytes,
+        .chunk_bytes = arena->chunk_bytes,
+        .num_chunks = arena->num_chunks,
+        .backing = arena->backing,
+    };
+    return KVD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Slab classes and slots                                                   */
+/* ------------------------------------------------------------------------ */
+
+kvd_status_t kvd_arena_class_register(kvd_arena_t *arena, uint64_t object_bytes,
+                                      uint32_t *class_out)
+{
+    if (arena == NULL || class_out == NULL || object_bytes == 0) {
+        return KVD_ERR_INVALID;
+    }
+    if (object_bytes > arena->chunk_bytes) {
+        KVD_LOG_ERROR("arena: object of %" PRIu64
+                      " bytes is larger than a chunk (%" PRIu64 ")",
+                      object_bytes, arena->chunk_bytes);
+        return KVD_ERR_RANGE;
+    }
+    uint64_t slot_bytes = arena_round_up(object_bytes, KVD_ARENA_SLOT_ALIGN);
+    kvd_status_t status = KVD_OK;
+    pthread_mutex_lock(&arena->lock);
+    uint32_t n = arena->num_classes;
+    uint32_t id = 0;
+    while (id < n && arena->classes[id].slot_bytes != slot_bytes) {
+        id++;
+    }
+    if (id == n) {
+        if (n == KVD_ARENA_CLASSES_MAX) {
+            KVD_LOG_ERROR("arena: no room for a class of %" PRIu64
+                          "-byte slots (%u classes exist)",
+                          slot_bytes, n);
+            status = KVD_ERR_RANGE;
+            goto out;
+        }
+        arena->classes[n] = (arena_class_t){
+            .slot_bytes = slot_bytes,
+            .slots_per_chunk = (uint32_t)(arena->chunk_bytes / slot_bytes),
+            .partial_head = ARENA_NONE,
+        };
+        /* Release: the class is complete before lock-free readers can
+         * count it. */
+        __atomic_store_n(&arena->num_classes, n + 1, __ATOMIC_RELEASE);
+        KVD_LOG_DEBUG("arena: class %u: %" PRIu64 "-byte slots, %u per chunk",
+                      id, slot_bytes, arena->classes[n].slots_per_chunk);
+    }
+    *class_out = id;
+out:
+    pthread_mutex_unlock(&arena->lock);
+    return status;
+}
+
+static uint64_t arena_slot_bit(const kvd_arena_t *arena, uint32_t chunk,
+                               uint32_t index)
+{
+    return (uint64_t)chunk * arena->slots_max_chunk + index;
+}
+
+/* Partial-list operations; the caller holds the lock. */
+static void arena_partial_push(kvd_arena_t *arena, arena_class_t *cls,
+                               uint32_t c)
+{
+    arena_chunk_t *ch = &arena->chunks[c];
+    ch->prev = ARENA_NONE;
+    ch->next = cls->partial_head;
+    if (cls->partial_head != ARENA_NONE) {
+        arena->chunks[cls->partial_head].prev = c;
+    }
+    cls->partial_head = c;
+}
+
+static void arena_partial_remove(kvd_arena_t *arena, arena_class_t *cls,
+                                 uint32_t c)
+{
+    arena_chunk_t *ch = &arena->chunks[c];
+    if (ch->prev != ARENA_NONE) {
+        arena->chunks[ch->prev].next = ch->next;
+    } else {
+        cls->partial_head = ch->next;
+    }
+    if (ch->next != ARENA_NONE) {
+        arena->chunks[ch->next].prev = ch->prev;
+    }
+    ch->prev = ch->next = ARENA_NONE;
+}
+
+/* Takes a chunk from the pool for `class_id`; ARENA_NONE if none. */
+static uint32_t arena_chunk_carve(kvd_arena_t *arena, uint32_t class_id)
+{
+    uint32_t c = arena->free_chunk_head;
+    if (c == ARENA_NONE) {
+        return ARENA_NONE;
+    }
+    arena_chunk_t *ch = &arena->chunks[c];
+    arena_class_t *cls = &arena->classes[class_id];
+    arena->free_chunk_head = ch->next;
+    arena->chunks_free--;
+    ch->used = 0;
+    ch->bump = 0;
+    ch->free_head = ARENA_NONE;
+    __atomic_store_n(&ch->class_id, class_id, __ATOMIC_RELEASE);
+    cls->chunks++;
+    cls->slots_free += cls->slots_per_chunk;
+    arena_partial_push(arena, cls, c);
+    return c;
+}
+
+static void arena_chunk_release(kvd_arena_t *arena, arena_class_t *cls,
+                                uint32_t c)
+{
+    arena_chunk_t *ch = &arena->chunks[c];
+    __atomic_store_n(&ch->class_id, ARENA_NONE, __ATOMIC_RELEASE);
+    cls->chunks--;
+    cls->slots_free -= cls->slots_per_chunk;
+    ch->prev = ARENA_NONE;
+    ch->next = arena->free_chunk_head;
+    arena->free_chunk_head = c;
+    arena->chunks_free++;
+}
+
+kvd_status_t kvd_arena_slot_alloc(kvd_arena_t *arena, uint32_t class_id,
+                                  uint32_t *slot_out)
+{
+    if (arena == NULL || slot_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t status = KVD_OK;
+    pthread_mutex_lock(&arena->lock);
+    if (class_id >= arena->num_classes) {
+        status = KVD_ERR_INVALID;
+        goto out;
+    }
+    arena_class_t *cls = &arena->classes[class_id];
+    uint32_t c = cls->partial_head;
+    if (c == ARENA_NONE) {
+        c = arena_chunk_carve(arena, class_id);
+        if (c == ARENA_NONE) {
+            status = KVD_ERR_NOSPACE;
+            goto out;
+        }
+    }
+    arena_chunk_t *ch = &arena->chunks[c];
+    uint32_t index;
+    if (ch->free_head != ARENA_NONE) {
+        index = ch->free_head;
+        ch->free_head = arena->links[arena_slot_bit(arena, c, index)];
+    } else {
+        index = ch->bump++;
+    }
+    if (++ch->used == cls->slots_per_chunk) {
+        arena_partial_remove(arena, cls, c);
+    }
+    cls->slots_used++;
+    cls->slots_free--;
+    arena->bytes_used += cls->slot_bytes;
+    uint64_t bit = arena_slot_bit(arena, c, index);
+    arena->allocated[bit / 64] |= 1ull << (bit % 64);
+    *slot_out = c << arena->index_bits | index;
+out:
+    pthread_mutex_unlock(&arena->lock);
+    return status;
+}
+
+kvd_status_t kvd_arena_slot_free(kvd_arena_t *arena, uint32_t slot)
+{
+    if (arena == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    uint32_t c = slot >> arena->index_bits;
+    uint32_t index = slot & ((1u << arena->index_bits) - 1);
+    if (c >= arena->num_chunks || index >= arena->slots_max_chunk) {
+        KVD_LOG_ERROR("arena: free of slot %" PRIu32 " outside the arena",
+                      slot);
+        return KVD_ERR_INVALID;
+    }
+    uint64_t bit = arena_slot_bit(arena, c, index);
+    pthread_mutex_lock(&arena->lock);
+    arena_chunk_t *ch = &arena->chunks[c];
+    if (ch->class_id == ARENA_NONE ||
+        (arena->allocated[bit / 64] & (1ull << (bit % 64))) == 0) {
+        pthread_mutex_unlock(&arena->lock);
+        KVD_LOG_ERROR("arena: free of slot %" PRIu32
+                      " (chunk %u index %u) that is not allocated",
+                      slot, c, index);
+        return KVD_ERR_INVALID;
+    }
+    arena_class_t *cls = &arena->classes[ch->class_id];
+    arena->allocated[bit / 64] &= ~(1ull << (bit % 64));
+    arena->links[bit] = ch->free_head;
+    ch->free_head = index;
+    bool was_full = ch->used == cls->slots_per_chunk;
+    ch->used--;
+    cls->slots_used--;
+    cls->slots_free++;
+    arena->bytes_used -= cls->slot_bytes;
+    if (ch->used == 0) {
+        /* A full chunk with one slot per chunk was never on the list. */
+        if (!was_full) {
+            arena_partial_remove(arena, cls, c);
+        }
+        arena_chunk_release(arena, cls, c);
+    } else if (was_full) {
+        arena_partial_push(arena, cls, c);
+    }
+    pthread_mutex_unlock(&arena->lock);
+    return KVD_OK;
+}
+
+uint64_t kvd_arena_slot_offset(const kvd_arena_t *arena, uint32_t slot)
+{
+    if (arena == NULL) {
+        return UINT64_MAX;
+    }
+    uint32_t c = kvd_arena_slot_chunk(arena, slot);
+    if (c == UINT32_MAX) {
+        return UINT64_MAX;
+    }
+    uint32_t index = slot & ((1u << arena->index_bits) - 1);
+    /* Acquire pairs with the release in carve/register: the class is fully
+     * visible. The caller holding the slot already orders this. */
+    uint32_t class_id =
+        __atomic_load_n(&arena->chunks[c].class_id, __ATOMIC_ACQUIRE);
+    if (class_id == ARENA_NONE) {
+        return UINT64_MAX;
+    }
+    const arena_class_t *cls = &arena->classes[class_id];
+    if (index >= cls->slots_per_chunk) {
+        return UINT64_MAX;
+    }
+    return (uint64_t)c * arena->chunk_bytes + (uint64_t)index * cls->slot_bytes;
+}
+
+void *kvd_arena_slot_ptr(const kvd_arena_t *arena, uint32_t slot)
+{
+    uint64_t off = kvd_arena_slot_offset(arena, slot);
+    return off == UINT64_MAX ? NULL : arena->base + off;
+}
+
+uint32_t kvd_arena_slot_chunk(const kvd_arena_t *arena, uint32_t slot)
+{
+    if (arena == NULL) {
+        return UINT32_MAX;
+    }
+    uint32_t c = slot >> arena->index_bits;
+    return c < arena->num_chunks ? c : UINT32_MAX;
+}
+
+kvd_status_t kvd_arena_stats(kvd_arena_t *arena, kvd_arena_stats_t *out)
+{
+    if (arena == NULL || out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    pthread_mutex_lock(&arena->lock);
+    out->bytes_total = arena->size_bytes;
+    out->bytes_used = arena->bytes_used;
+    out->chunks_total = arena->num_chunks;
+    out->chunks_free = arena->chunks_free;
+    out->bytes_carved =
+        (uint64_t)(arena->num_chunks - arena->chunks_free) * arena->chunk_bytes;
+    out->num_classes = arena->num_classes;
+    for (uint32_t i = 0; i < arena->num_classes; i++) {
+        const arena_class_t *cls = &arena->classes[i];
+        out->classes[i] = (kvd_arena_class_stats_t){
+            .slot_bytes = cls->slot_bytes,
+            .slots_per_chunk = cls->slots_per_chunk,
+            .chunks = cls->chunks,
+            .slots_used = cls->slots_used,
+            .slots_free = cls->slots_free,
+        };
+    }
+    pthread_mutex_unlock(&arena->lock);
+    return KVD_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Export and mapping in another process                                    */
+/* ------------------------------------------------------------------------ */
+
+kvd_status_t kvd_arena_export(const kvd_arena_t *arena, kvd_arena_export_t *out)
+{
+    if (arena == NULL || out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    int err = KVD_FAILPOINT("arena.dup");
+    int fd = err != 0 ? -1 : fcntl(arena->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) {
+        err = err != 0 ? err : errno;
+        KVD_LOG_ERROR("arena: dup of the memfd for export failed: %s",
+                      strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    *out = (kvd_arena_export_t){
+        .fd = fd,
+        .map_bytes = arena->map_bytes,
+        .size_bytes = arena->size_bytes,
+        .chunk_bytes = arena->chunk_bytes,
+        .backing = arena->backing,
+    };
+    return KVD_OK;
+}
+
+/* The fd must be a memfd sealed against shrinking and long enough, or the
+ * mapping could fault (SIGBUS) when its owner truncates it. */
+static kvd_status_t arena_check_export(const kvd_arena_export_t *exp)
+{
+    if (exp->fd < 0 || exp->size_bytes == 0 || exp->chunk_bytes == 0 ||
+        exp->size_bytes > exp->map_bytes ||
+        exp->size_bytes % exp->chunk_bytes != 0 ||
+        exp->map_bytes % KVD_ARENA_SLOT_ALIGN != 0) {
+        KVD_LOG_ERROR("arena: export descriptor is inconsistent (fd %d, "
+                      "size %" PRIu64 ", map %" PRIu64 ", chunk %" PRIu64 ")",
+                      exp->fd, exp->size_bytes, exp->map_bytes,
+                      exp->chunk_bytes);
+        return KVD_ERR_INVALID;
+    }
+    struct stat st;
+    if (fstat(exp->fd, &st) != 0) {
+        int err = errno;
+        KVD_LOG_ERROR("arena: fstat of exported fd %d failed: %s", exp->fd,
+                      strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    int seals = fcntl(exp->fd, F_GET_SEALS);
+    if ((uint64_t)st.st_size < exp->map_bytes || seals < 0 ||
+        (seals & F_SEAL_SHRINK) == 0) {
+        KVD_LOG_ERROR("arena: fd %d is not a sealed arena of %" PRIu64
+                      " bytes (size %lld, seals %d)",
+                      exp->fd, exp->map_bytes, (long long)st.st_size, seals);
+        return KVD_ERR_INVALID;
+    }
+    return KVD_OK;
+}
+
+kvd_status_t kvd_arena_mapping_open(const kvd_arena_export_t *exp,
+                                    kvd_arena_mapping_t **mapping_out)
+{
+    if (exp == NULL || mapping_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t status = arena_check_export(exp);
+    if (status != KVD_OK) {
+        return status;
+    }
+    int err = KVD_FAILPOINT("arena.alloc");
+    kvd_arena_mapping_t *m = err != 0 ? NULL : calloc(1, sizeof(*m));
+    if (m == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    err = KVD_FAILPOINT("arena.map");
+    void *base = err != 0 ? MAP_FAILED
+                          : mmap(NULL, exp->map_bytes, PROT_READ | PROT_WRITE,
+                                 MAP_SHARED, exp->fd, 0);
+    if (base == MAP_FAILED) {
+        err = err != 0 ? err : errno;
+        KVD_LOG_ERROR("arena: mapping exported fd %d (%" PRIu64
+                      " bytes) failed: %s",
+                      exp->fd, exp->map_bytes, strerror(err));
+        status = kvd_status_from_errno(err);
+        goto err_free;
+    }
+    if (exp->backing == KVD_ARENA_BACKING_THP &&
+        madvise(base, exp->map_bytes, MADV_HUGEPAGE) != 0) {
+        KVD_LOG_DEBUG("arena: MADV_HUGEPAGE on the imported mapping: %s",
+                      strerror(errno));
+    }
+    m->base = base;
+    m->map_bytes = exp->map_bytes;
+    m->size_bytes = exp->size_bytes;
+    *mapping_out = m;
+    return KVD_OK;
+
+err_free:
+    free(m);
+    return status;
+}
+
+void kvd_arena_mapping_close(kvd_arena_mapping_t *mapping)
+{
+    if (mapping == NULL) {
+        return;
+    }
+    munmap(mapping->base, mapping->map_bytes);
+    free(mapping);
+}
+
+void *kvd_arena_mapping_base(const kvd_arena_mapping_t *mapping)
+{
+    return mapping == NULL ? NULL : mapping->base;
+}
+
+uint64_t kvd_arena_mapping_size(const kvd_arena_mapping_t *mapping)
+{
+    return mapping == NULL ? 0 : mapping->size_bytes;
+}
+
+void *kvd_arena_mapping_ptr(const kvd_arena_mapping_t *mapping, uint64_t offset,
+                            uint64_t len)
+{
+    if (mapping == NULL) {
+        return NULL;
+    }
+    uint64_t need = len == 0 ? 1 : len;
+    if (offset >= mapping->size_bytes || need > mapping->size_bytes - offset) {
+        return NULL;
+    }
+    return mapping->base + offset;
+}
