@@ -157,21 +157,32 @@ static kvd_status_t range_check_u64(const kvd_config_field_t *field, uint64_t v,
     return KVD_OK;
 }
 
-static kvd_status_t size_scan(const char *text, uint64_t *bytes_out, char *err,
-                              size_t err_len)
+/* What size and duration parsing share: the argument check, trimming, a
+ * non-empty value and its leading decimal. On KVD_OK, [*suffix, *end) is
+ * the text after the number. */
+static kvd_status_t number_scan(const char *text, const void *out,
+                                kvd_decimal_t *num, const char **suffix,
+                                const char **end, char *err, size_t err_len)
 {
-    if (text == NULL || bytes_out == NULL) {
+    if (text == NULL || out == NULL) {
         kvd_config_err(err, err_len, "NULL argument");
         return KVD_ERR_INVALID;
     }
-    const char *b, *e, *p;
-    text_trim(text, &b, &e);
-    if (b == e) {
+    const char *b;
+    text_trim(text, &b, end);
+    if (b == *end) {
         kvd_config_err(err, err_len, "empty value");
         return KVD_ERR_INVALID;
     }
+    return decimal_scan(b, *end, suffix, num, err, err_len);
+}
+
+static kvd_status_t size_scan(const char *text, uint64_t *bytes_out, char *err,
+                              size_t err_len)
+{
+    const char *e, *p;
     kvd_decimal_t num;
-    kvd_status_t st = decimal_scan(b, e, &p, &num, err, err_len);
+    kvd_status_t st = number_scan(text, bytes_out, &num, &p, &e, err, err_len);
     if (st != KVD_OK) {
         return st;
     }
@@ -231,18 +242,9 @@ static const kvd_duration_unit_t duration_units[] = {
 static kvd_status_t duration_scan(const char *text, uint64_t *ms_out, char *err,
                                   size_t err_len)
 {
-    if (text == NULL || ms_out == NULL) {
-        kvd_config_err(err, err_len, "NULL argument");
-        return KVD_ERR_INVALID;
-    }
-    const char *b, *e, *p;
-    text_trim(text, &b, &e);
-    if (b == e) {
-        kvd_config_err(err, err_len, "empty value");
-        return KVD_ERR_INVALID;
-    }
+    const char *e, *p;
     kvd_decimal_t num;
-    kvd_status_t st = decimal_scan(b, e, &p, &num, err, err_len);
+    kvd_status_t st = number_scan(text, ms_out, &num, &p, &e, err, err_len);
     if (st != KVD_OK) {
         return st;
     }
