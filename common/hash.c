@@ -19,6 +19,7 @@
 #include <openssl/evp.h>
 #include <xxhash.h>
 
+#include "common/failpoint_int.h"
 #include "common/log_int.h"
 
 static pthread_once_t kvd_sha256_once = PTHREAD_ONCE_INIT;
@@ -66,6 +67,11 @@ KVD_API kvd_status_t kvd_sha256(const void *data, size_t len,
     if (pthread_once(&kvd_sha256_once, kvd_sha256_md_fetch) != 0 ||
         kvd_sha256_md == NULL) {
         return kvd_openssl_status("EVP_MD_fetch(SHA256)");
+    }
+    /* The failpoint stands in for a broken libcrypto, so callers' handling
+     * of KVD_ERR_INTERNAL is tested. */
+    if (KVD_FAILPOINT("hash.sha256") != 0) {
+        return kvd_openssl_status("EVP_Digest(SHA256) (failpoint hash.sha256)");
     }
     if (EVP_Digest(data != NULL ? data : empty, len, digest, &digest_len,
                    kvd_sha256_md, NULL) != 1) {

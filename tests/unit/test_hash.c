@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "common/failpoint_int.h"
 #include "kvdepot/common.h"
 
 static void hex_to_bytes(const char *hex, uint8_t *out, size_t len)
@@ -154,10 +155,39 @@ static void test_xxh3_alignment_and_avalanche(void **state)
     }
 }
 
+/* A libcrypto failure (injected) is KVD_ERR_INTERNAL, for block hashing
+ * too, and neither output is touched. */
+static void test_sha256_failure_is_internal(void **state)
+{
+    (void)state;
+#ifndef KVD_FAILPOINTS_ENABLED
+    skip(); /* release build: failpoints are compiled out */
+#endif
+    uint8_t out[KVD_SHA256_BYTES];
+    kvd_block_hash_t root, h;
+    memset(out, 0xa5, sizeof(out));
+    assert_int_equal(kvd_block_hash_seed("0", &root), KVD_OK);
+    memset(&h, 0x5a, sizeof(h));
+
+    assert_int_equal(kvd_failpoint_set("hash.sha256=EIO", NULL, 0), KVD_OK);
+    assert_int_equal(kvd_sha256("abc", 3, out), KVD_ERR_INTERNAL);
+    const uint32_t tokens[4] = {1, 2, 3, 4};
+    assert_int_equal(kvd_block_hash(&root, tokens, 4, NULL, &h),
+                     KVD_ERR_INTERNAL);
+    kvd_failpoint_clear();
+
+    for (size_t i = 0; i < sizeof(out); i++) {
+        assert_int_equal(out[i], 0xa5);
+        assert_int_equal(h.bytes[i], 0x5a);
+    }
+    assert_int_equal(kvd_sha256("abc", 3, out), KVD_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sha256_fips_vectors),
+        cmocka_unit_test(test_sha256_failure_is_internal),
         cmocka_unit_test(test_sha256_million_a),
         cmocka_unit_test(test_sha256_rejects_bad_arguments),
         cmocka_unit_test(test_xxh3_reference_values),
