@@ -20,6 +20,8 @@ pkgs+=(
 )
 # Tests: block-hash vectors are checked against Python's cbor2 + hashlib.
 pkgs+=(python3 python3-cbor2 python3-pytest)
+# Benchmarks run their peers in the same run (bench/README.md): fio for NVMe.
+pkgs+=(fio)
 
 missing=()
 for p in "${pkgs[@]}"; do

@@ -713,7 +713,8 @@ out:
     return status;
 }
 
-kvd_status_t kvd_l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key)
+static kvd_status_t l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key,
+                              bool acquire)
 {
     if (l1 == NULL || key == NULL) {
         return KVD_ERR_INVALID;
@@ -735,12 +736,29 @@ kvd_status_t kvd_l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key)
               : e->to_main             ? L1_Q_MAIN
                                        : L1_Q_SMALL;
     l1_queue_push_head(l1, e, qid);
+    /* The writer's reference becomes a lease in the same lock hold, so
+     * eviction can never see the entry ready and unleased in between. */
+    if (acquire) {
+        e->refs = 1;
+        l1->st.leased_objects++;
+        l1->st.leases++;
+    }
     l1_acct(l1, e, false);
     l1->st.reserved--;
     l1->st.commits++;
 out:
     pthread_mutex_unlock(&l1->lock);
     return status;
+}
+
+kvd_status_t kvd_l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key)
+{
+    return l1_commit(l1, key, false);
+}
+
+kvd_status_t kvd_l1_commit_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key)
+{
+    return l1_commit(l1, key, true);
 }
 
 kvd_status_t kvd_l1_abort(kvd_l1_t *l1, const kvd_l1_key_t *key,
@@ -837,6 +855,58 @@ kvd_status_t kvd_l1_release(kvd_l1_t *l1, const kvd_l1_key_t *key)
     l1->st.leases--;
     l1_acct(l1, e, was);
 out:
+    pthread_mutex_unlock(&l1->lock);
+    return status;
+}
+
+kvd_status_t kvd_l1_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key,
+                            uint32_t *slot_out)
+{
+    if (l1 == NULL || key == NULL || slot_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t status = KVD_OK;
+    pthread_mutex_lock(&l1->lock);
+    l1_entry_t *e = l1_find_live(l1, key);
+    if (e == NULL) {
+        status = KVD_ERR_NOT_FOUND;
+        goto out;
+    }
+    if (e->state != L1_READY || e->refs == UINT32_MAX) {
+        status = KVD_ERR_STATE;
+        goto out;
+    }
+    bool was = l1_evictable(e);
+    if (e->refs++ == 0) {
+        l1->st.leased_objects++;
+    }
+    l1->st.leases++;
+    l1_acct(l1, e, was);
+    *slot_out = e->slot;
+out:
+    pthread_mutex_unlock(&l1->lock);
+    return status;
+}
+
+kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_l1_key_t *key,
+                         kvd_l1_entry_info_t *info_out)
+{
+    if (l1 == NULL || key == NULL || info_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t status = KVD_OK;
+    pthread_mutex_lock(&l1->lock);
+    l1_entry_t *e = l1_find_live(l1, key);
+    if (e == NULL) {
+        status = KVD_ERR_NOT_FOUND;
+    } else {
+        info_out->ready = e->state == L1_READY;
+        info_out->pinned = e->pinned;
+        info_out->refs = e->refs;
+        info_out->slot = e->slot;
+        info_out->tenant = e->tenant;
+        info_out->size_bytes = e->size_bytes;
+    }
     pthread_mutex_unlock(&l1->lock);
     return status;
 }

@@ -233,6 +233,14 @@ kvd_status_t kvd_l1_reserve(kvd_l1_t *l1, const kvd_l1_key_t *key,
 kvd_status_t kvd_l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key);
 
 /*
+ * As kvd_l1_commit, and the writer's reference becomes one lease in the
+ * same step, so the entry cannot be evicted before the caller is done with
+ * it (write-through, promotion from NVMe). Release it with kvd_l1_release.
+ * Counts no hit. Errors: as kvd_l1_commit.
+ */
+kvd_status_t kvd_l1_commit_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key);
+
+/*
  * Removes a RESERVED entry (the write failed) and writes its slot to
  * `*slot_out`; the caller frees it. Errors: KVD_ERR_INVALID (NULL),
  * KVD_ERR_NOT_FOUND, KVD_ERR_STATE (the entry is ready: use delete).
@@ -262,6 +270,31 @@ kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_l1_key_t *keys,
  * held on it).
  */
 kvd_status_t kvd_l1_release(kvd_l1_t *l1, const kvd_l1_key_t *key);
+
+/*
+ * Takes one lease on the READY entry `key`, as kvd_l1_lookup_prefix would,
+ * and writes its slot to `*slot_out`, but counts no hit or miss and does
+ * not touch the eviction order: for the store's own readers. Errors:
+ * KVD_ERR_INVALID (NULL), KVD_ERR_NOT_FOUND, KVD_ERR_STATE (reserved, or
+ * the lease count is saturated).
+ */
+kvd_status_t kvd_l1_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key,
+                            uint32_t *slot_out);
+
+/* An entry as it is now, for kvd_l1_peek. */
+typedef struct kvd_l1_entry_info {
+    bool ready; /* false: reserved */
+    bool pinned;
+    uint32_t refs; /* leases held (ready entries) */
+    uint32_t slot;
+    uint32_t tenant;
+    uint64_t size_bytes;
+} kvd_l1_entry_info_t;
+
+/* Writes `key`'s entry into *info_out without side effects (no lease, no
+ * hit). Errors: KVD_ERR_INVALID (NULL), KVD_ERR_NOT_FOUND. */
+kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_l1_key_t *key,
+                         kvd_l1_entry_info_t *info_out);
 
 /*
  * Pins (`pinned` true) or unpins an entry, reserved or ready. A pinned entry

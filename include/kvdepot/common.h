@@ -289,6 +289,14 @@ typedef struct kvd_block_hash {
     uint8_t bytes[KVD_SHA256_BYTES];
 } kvd_block_hash_t;
 
+/* Namespace digest (DESIGN.md §3): 16 bytes naming everything that makes
+ * stored bytes incompatible (model, dtype, codec, layers, heads held, head
+ * size, block size, shard). Object key = (namespace, block hash). */
+#define KVD_NAMESPACE_BYTES 16
+typedef struct kvd_namespace {
+    uint8_t bytes[KVD_NAMESPACE_BYTES];
+} kvd_namespace_t;
+
 /*
  * One multimodal input overlapping a block, as vLLM's
  * _gen_mm_extra_hash_keys keys it: the tuple (identifier, offset) where

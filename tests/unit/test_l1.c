@@ -338,6 +338,59 @@ static void test_lookup_prefix(void **state)
 
 /* ---- eviction never touches leased, pinned or reserved entries ---------- */
 
+/* The store's own calls: commit with a lease, acquire without a hit, and
+ * peek without side effects. */
+static void test_acquire_and_peek(void **state)
+{
+    (void)state;
+    kvd_l1_t *l1 = test_table(8, KVD_L1_S3FIFO);
+    kvd_l1_key_t a = test_key(1, 1), b = test_key(1, 2), z = test_key(1, 9);
+    kvd_l1_entry_info_t info;
+    uint32_t slot = 0;
+    size_t n = 0;
+
+    assert_int_equal(kvd_l1_reserve(l1, &a, 3, 100, 7, NULL, 0, &n), KVD_OK);
+    assert_int_equal(kvd_l1_peek(l1, &a, &info), KVD_OK);
+    assert_false(info.ready);
+    assert_int_equal(info.slot, 7);
+    assert_int_equal(info.tenant, 3);
+    assert_int_equal(info.size_bytes, 100);
+    assert_int_equal(kvd_l1_acquire(l1, &a, &slot), KVD_ERR_STATE);
+    assert_int_equal(kvd_l1_commit_acquire(l1, &a), KVD_OK);
+    assert_int_equal(kvd_l1_commit_acquire(l1, &a), KVD_ERR_STATE);
+    assert_int_equal(kvd_l1_peek(l1, &a, &info), KVD_OK);
+    assert_true(info.ready);
+    assert_int_equal(info.refs, 1);
+
+    /* Leased by commit_acquire: eviction passes it by. */
+    kvd_l1_victim_t v[2];
+    assert_int_equal(kvd_l1_evict(l1, 1, 0, v, 2, &n), KVD_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(kvd_l1_acquire(l1, &a, &slot), KVD_OK);
+    assert_int_equal(slot, 7);
+    kvd_l1_stats_t st = test_stats(l1);
+    assert_int_equal(st.leases, 2);
+    assert_int_equal(st.leased_objects, 1);
+    assert_int_equal(st.hits, 0); /* neither counted as a hit */
+    assert_int_equal(kvd_l1_release(l1, &a), KVD_OK);
+    assert_int_equal(kvd_l1_release(l1, &a), KVD_OK);
+    assert_int_equal(kvd_l1_evict(l1, 1, 0, v, 2, &n), KVD_OK);
+    assert_int_equal(n, 1);
+    assert_memory_equal(&v[0].key, &a, sizeof a);
+
+    test_put(l1, &b, 0, 10, 8);
+    assert_int_equal(kvd_l1_peek(l1, &b, &info), KVD_OK);
+    assert_int_equal(info.refs, 0);
+    assert_int_equal(kvd_l1_peek(l1, &z, &info), KVD_ERR_NOT_FOUND);
+    assert_int_equal(kvd_l1_acquire(l1, &z, &slot), KVD_ERR_NOT_FOUND);
+    assert_int_equal(kvd_l1_commit_acquire(l1, &z), KVD_ERR_NOT_FOUND);
+    assert_int_equal(kvd_l1_peek(NULL, &b, &info), KVD_ERR_INVALID);
+    assert_int_equal(kvd_l1_peek(l1, &b, NULL), KVD_ERR_INVALID);
+    assert_int_equal(kvd_l1_acquire(l1, &b, NULL), KVD_ERR_INVALID);
+    assert_int_equal(kvd_l1_commit_acquire(NULL, &b), KVD_ERR_INVALID);
+    kvd_l1_destroy(l1);
+}
+
 static void test_evict_skips_busy_policy(kvd_l1_policy_t policy)
 {
     enum { CAP = 64 };
@@ -1416,6 +1469,7 @@ int main(void)
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_lifecycle_errors),
         cmocka_unit_test(test_lookup_prefix),
+        cmocka_unit_test(test_acquire_and_peek),
         cmocka_unit_test(test_evict_skips_busy),
         cmocka_unit_test(test_capacity),
         cmocka_unit_test(test_lru_order),

@@ -1,0 +1,454 @@
+/*
+ * Store benchmark (issue "Store core"): the embedded store against the
+ * peers it must keep up with, measured in one run.
+ *
+ *   arena   put (reserve + copy in + commit) and get (lookup + copy out +
+ *           release) of 2 MiB objects, against memcpy of the same bytes
+ *           into and out of a plain buffer of the same size.
+ *   NVMe    write-through of 2 MiB objects (commit -> written, indexed,
+ *           synced by kvd_store_flush) and promotion of the same objects
+ *           after a reopen (lookup -> get -> completions, checksums
+ *           verified), against fio with io_uring, O_DIRECT, the same block
+ *           size and queue depth, in the same directory.
+ *   index   lookups of 512-key chains per second, and records committed per
+ *           second in batches of 32 (the index must keep up with the objects
+ *           per second the disk writes).
+ *
+ * Environment: KVDEPOT_BENCH_DIR (default /var/tmp) holds the files; the
+ * NVMe part needs about 2.2 GiB there and fio on PATH.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvdepot/store.h"
+#include "store/index_int.h"
+
+#define MIB (1ull << 20)
+#define OBJ_BYTES (2 * MIB)
+#define ARENA_OBJECTS 256u
+#define DISK_OBJECTS 512u
+#define QUEUE_DEPTH "32"
+#define INDEX_CHAINS 64u
+#define CHAIN_LEN 512u
+#define INDEX_BATCH 32u
+
+static char headlines[8][200];
+static size_t num_headlines;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void headline(const char *metric, double value, const char *target)
+{
+    snprintf(headlines[num_headlines++], sizeof headlines[0],
+             "BENCH store: %s = %.3g (%s)", metric, value, target);
+}
+
+static kvd_block_hash_t hash_of(uint32_t run, uint32_t i)
+{
+    kvd_block_hash_t h;
+    memset(h.bytes, 0x3c, sizeof h.bytes);
+    memcpy(h.bytes, &run, sizeof run);
+    memcpy(h.bytes + 4, &i, sizeof i);
+    return h;
+}
+
+static kvd_store_t *store_open(const char *const *kv, size_t n)
+{
+    kvd_config_t *cfg = NULL;
+    kvd_store_t *st = NULL;
+    char err[256] = "";
+    if (kvd_config_create(&cfg) != KVD_OK) {
+        return NULL;
+    }
+    for (size_t i = 0; i + 1 < n; i += 2) {
+        if (kvd_config_set(cfg, kv[i], kv[i + 1]) != KVD_OK) {
+            kvd_config_destroy(cfg);
+            return NULL;
+        }
+    }
+    kvd_status_t s = kvd_store_open(cfg, &st, err, sizeof err);
+    kvd_config_destroy(cfg);
+    if (s != KVD_OK) {
+        fprintf(stderr, "bench_store: kvd_store_open: %s (%s)\n",
+                kvd_status_str(s), err);
+        return NULL;
+    }
+    return st;
+}
+
+/* ---- arena vs memcpy ---------------------------------------------------- */
+
+static int bench_arena(void)
+{
+    static const char *const kv[] = {
+        "store.arena_size",      "640m", "store.arena_chunk",    "64m",
+        "store.arena_hugepages", "auto", "store.arena_prefault", "true"};
+    kvd_store_t *st = store_open(kv, sizeof kv / sizeof kv[0]);
+    size_t total = (size_t)ARENA_OBJECTS * OBJ_BYTES;
+    uint8_t *src = malloc(total), *plain = malloc(total),
+            *dst = malloc(OBJ_BYTES);
+    if (st == NULL || src == NULL || plain == NULL || dst == NULL) {
+        fprintf(stderr, "bench_store: arena setup failed\n");
+        return 1;
+    }
+    memset(src, 0x5a, total);
+    memset(plain, 0, total);
+    memset(dst, 0, OBJ_BYTES);
+    kvd_namespace_t ns;
+    memset(ns.bytes, 1, sizeof ns.bytes);
+    double best_store = 1e9, best_peer = 1e9;
+    unsigned sink = 0;
+    for (uint32_t pass = 0; pass < 5; pass++) {
+        double t0 = now_s();
+        for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
+            memcpy(plain + (size_t)i * OBJ_BYTES, src + (size_t)i * OBJ_BYTES,
+                   OBJ_BYTES);
+        }
+        for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
+            memcpy(dst, plain + (size_t)i * OBJ_BYTES, OBJ_BYTES);
+            sink += dst[i];
+        }
+        double t1 = now_s();
+        for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
+            kvd_block_hash_t h = hash_of(pass, i);
+            kvd_store_reservation_t r;
+            kvd_store_key_t key = {ns, h};
+            if (kvd_store_reserve(st, &ns, &h, 1, OBJ_BYTES, 0, &r) != KVD_OK ||
+                r.status != KVD_OK) {
+                fprintf(stderr, "bench_store: reserve failed\n");
+                return 1;
+            }
+            memcpy(kvd_store_arena_ptr(st, r.arena_offset, OBJ_BYTES),
+                   src + (size_t)i * OBJ_BYTES, OBJ_BYTES);
+            (void)kvd_store_commit(st, &key, 1, NULL);
+        }
+        for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
+            kvd_block_hash_t h = hash_of(pass, i);
+            kvd_store_lease_t l;
+            size_t m = 0;
+            (void)kvd_store_lookup(st, &ns, &h, 1, &l, &m);
+            if (m != 1) {
+                fprintf(stderr, "bench_store: lookup missed\n");
+                return 1;
+            }
+            memcpy(dst, kvd_store_arena_ptr(st, l.arena_offset, OBJ_BYTES),
+                   OBJ_BYTES);
+            sink += dst[i];
+            (void)kvd_store_release(st, &l, 1);
+        }
+        double t2 = now_s();
+        best_peer = t1 - t0 < best_peer ? t1 - t0 : best_peer;
+        best_store = t2 - t1 < best_store ? t2 - t1 : best_store;
+        for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
+            kvd_store_key_t key = {ns, hash_of(pass, i)};
+            (void)kvd_store_delete(st, &key, 1, NULL);
+        }
+    }
+    double gb = 2.0 * (double)total / 1e9;
+    printf("arena, %u x 2 MiB put+get: store %.2f GB/s, memcpy %.2f GB/s "
+           "(checksum %u)\n",
+           ARENA_OBJECTS, gb / best_store, gb / best_peer, sink & 1);
+    headline("arena_put_get_vs_memcpy", best_peer / best_store,
+             "target >= 0.9");
+    kvd_store_close(st);
+    free(dst);
+    free(plain);
+    free(src);
+    return 0;
+}
+
+/* ---- NVMe vs fio -------------------------------------------------------- */
+
+/* Runs fio and returns bytes per second of `dir` ("read" or "write"). */
+static double fio_run(const char *file, const char *rw)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "fio --name=kvd --filename=%s --rw=%s --bs=2m --size=%llu "
+             "--ioengine=io_uring --iodepth=" QUEUE_DEPTH
+             " --direct=1 --fixedbufs --end_fsync=%d --output-format=json "
+             "2>/dev/null",
+             file, rw, (unsigned long long)DISK_OBJECTS * OBJ_BYTES,
+             strcmp(rw, "write") == 0);
+    FILE *p = popen(cmd, "r");
+    if (p == NULL) {
+        return 0;
+    }
+    static char out[1 << 16];
+    size_t len = fread(out, 1, sizeof out - 1, p);
+    out[len] = '\0';
+    if (pclose(p) != 0) {
+        return 0;
+    }
+    char key[32];
+    snprintf(key, sizeof key, "\"%s\" : {", rw);
+    const char *sec = strstr(out, key);
+    const char *bw = sec != NULL ? strstr(sec, "\"bw_bytes\"") : NULL;
+    if (bw == NULL) {
+        return 0;
+    }
+    return strtod(strchr(bw, ':') + 1, NULL);
+}
+
+static int store_disk_write(const char *dir, double *bytes_per_s)
+{
+    const char *kv[] = {"store.arena_size",       "1088m",
+                        "store.arena_chunk",      "64m",
+                        "store.arena_hugepages",  "auto",
+                        "store.disk_path",        dir,
+                        "store.disk_size",        "1152m",
+                        "store.disk_queue_depth", QUEUE_DEPTH,
+                        "store.disk_write",       "through",
+                        "store.disk_admission",   "all",
+                        "store.sync_interval",    "10s"};
+    kvd_store_t *st = store_open(kv, sizeof kv / sizeof kv[0]);
+    if (st == NULL) {
+        return 1;
+    }
+    kvd_namespace_t ns;
+    memset(ns.bytes, 2, sizeof ns.bytes);
+    kvd_block_hash_t *h = calloc(DISK_OBJECTS, sizeof *h);
+    kvd_store_reservation_t *r = calloc(DISK_OBJECTS, sizeof *r);
+    kvd_store_key_t *keys = calloc(DISK_OBJECTS, sizeof *keys);
+    for (uint32_t i = 0; i < DISK_OBJECTS; i++) {
+        h[i] = hash_of(7, i);
+        keys[i].ns = ns;
+        keys[i].hash = h[i];
+    }
+    (void)kvd_store_reserve(st, &ns, h, DISK_OBJECTS, OBJ_BYTES, 0, r);
+    for (uint32_t i = 0; i < DISK_OBJECTS; i++) {
+        if (r[i].status != KVD_OK) {
+            fprintf(stderr, "bench_store: disk reserve %u: %s\n", i,
+                    kvd_status_str(r[i].status));
+            return 1;
+        }
+        memset(kvd_store_arena_ptr(st, r[i].arena_offset, OBJ_BYTES),
+               (int)(i * 7 + 1), OBJ_BYTES);
+    }
+    double t0 = now_s();
+    (void)kvd_store_commit(st, keys, DISK_OBJECTS, NULL);
+    kvd_status_t s = kvd_store_flush(st, -1);
+    double t1 = now_s();
+    kvd_store_stats_t stats;
+    (void)kvd_store_stats(st, &stats);
+    kvd_store_close(st);
+    free(keys);
+    free(r);
+    free(h);
+    if (s != KVD_OK || stats.disk.objects != DISK_OBJECTS) {
+        fprintf(stderr, "bench_store: write-through: %s, %llu on disk\n",
+                kvd_status_str(s), (unsigned long long)stats.disk.objects);
+        return 1;
+    }
+    *bytes_per_s = (double)DISK_OBJECTS * OBJ_BYTES / (t1 - t0);
+    return 0;
+}
+
+static int store_disk_read(const char *dir, double *bytes_per_s)
+{
+    const char *kv[] = {
+        "store.arena_size",      "1088m", "store.arena_chunk",      "64m",
+        "store.arena_hugepages", "auto",  "store.disk_path",        dir,
+        "store.disk_size",       "1152m", "store.disk_queue_depth", QUEUE_DEPTH,
+        "store.get_queue",       "1024"};
+    kvd_store_t *st = store_open(kv, sizeof kv / sizeof kv[0]);
+    if (st == NULL) {
+        return 1;
+    }
+    kvd_namespace_t ns;
+    memset(ns.bytes, 2, sizeof ns.bytes);
+    kvd_block_hash_t *h = calloc(DISK_OBJECTS, sizeof *h);
+    kvd_store_lease_t *l = calloc(DISK_OBJECTS, sizeof *l);
+    kvd_store_get_t *g = calloc(DISK_OBJECTS, sizeof *g);
+    kvd_store_completion_t *c = calloc(DISK_OBJECTS, sizeof *c);
+    for (uint32_t i = 0; i < DISK_OBJECTS; i++) {
+        h[i] = hash_of(7, i);
+    }
+    size_t m = 0, accepted = 0, got = 0, bad = 0;
+    double t0 = now_s();
+    (void)kvd_store_lookup(st, &ns, h, DISK_OBJECTS, l, &m);
+    for (size_t i = 0; i < m; i++) {
+        g[i].lease = l[i];
+        g[i].user_data = i;
+    }
+    (void)kvd_store_get_submit(st, g, m, &accepted);
+    while (got < accepted) {
+        (void)kvd_store_wait(st, 10000);
+        got += kvd_store_poll(st, c + got, DISK_OBJECTS - got);
+    }
+    double t1 = now_s();
+    for (size_t i = 0; i < got; i++) {
+        const uint8_t *p =
+            kvd_store_arena_ptr(st, c[i].lease.arena_offset, OBJ_BYTES);
+        bad += c[i].status != KVD_OK || p == NULL ||
+               p[OBJ_BYTES - 1] != (uint8_t)(c[i].user_data * 7 + 1);
+        l[i] = c[i].lease;
+    }
+    (void)kvd_store_release(st, l, got);
+    kvd_store_close(st);
+    free(c);
+    free(g);
+    free(l);
+    free(h);
+    if (m != DISK_OBJECTS || accepted != m || bad != 0) {
+        fprintf(stderr,
+                "bench_store: read back %zu of %u (accepted %zu, bad %zu)\n", m,
+                DISK_OBJECTS, accepted, bad);
+        return 1;
+    }
+    *bytes_per_s = (double)DISK_OBJECTS * OBJ_BYTES / (t1 - t0);
+    return 0;
+}
+
+static void rm_store_dir(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "bench_store: could not remove %s\n", dir);
+    }
+}
+
+static int bench_nvme(double *fio_write_out)
+{
+    const char *base = getenv("KVDEPOT_BENCH_DIR");
+    char root[512], dir[600], fio_file[600];
+    snprintf(root, sizeof root, "%s/kvd_bench_store_XXXXXX",
+             base != NULL && base[0] != '\0' ? base : "/var/tmp");
+    if (mkdtemp(root) == NULL) {
+        fprintf(stderr, "bench_store: mkdtemp %s: %s\n", root, strerror(errno));
+        return 1;
+    }
+    snprintf(fio_file, sizeof fio_file, "%s/fio.dat", root);
+    double sw = 0, sr = 0, fw = 0, fr = 0;
+    for (int rep = 0; rep < 2; rep++) {
+        snprintf(dir, sizeof dir, "%s/store", root);
+        double w = 0, r = 0;
+        double a = fio_run(fio_file, "write");
+        double b = fio_run(fio_file, "read");
+        unlink(fio_file);
+        if (store_disk_write(dir, &w) != 0 || store_disk_read(dir, &r) != 0 ||
+            a <= 0 || b <= 0) {
+            fprintf(stderr, "bench_store: NVMe part failed (fio %s)\n",
+                    a <= 0 || b <= 0 ? "failed or missing" : "ok");
+            rm_store_dir(root);
+            return 1;
+        }
+        rm_store_dir(dir);
+        printf("NVMe, %u x 2 MiB, QD " QUEUE_DEPTH
+               ", pass %d: store write %.2f GB/s read %.2f GB/s; fio write "
+               "%.2f GB/s read %.2f GB/s\n",
+               DISK_OBJECTS, rep + 1, w / 1e9, r / 1e9, a / 1e9, b / 1e9);
+        sw = w > sw ? w : sw;
+        sr = r > sr ? r : sr;
+        fw = a > fw ? a : fw;
+        fr = b > fr ? b : fr;
+    }
+    rm_store_dir(root);
+    headline("nvme_write_vs_fio", sw / fw, "target >= 0.9");
+    headline("nvme_read_vs_fio", sr / fr, "target >= 0.9");
+    *fio_write_out = fw;
+    return 0;
+}
+
+/* ---- index -------------------------------------------------------------- */
+
+static int bench_index(double fio_write_bytes_per_s)
+{
+    char dir[512];
+    const char *base = getenv("KVDEPOT_BENCH_DIR");
+    snprintf(dir, sizeof dir, "%s/kvd_bench_index_XXXXXX",
+             base != NULL && base[0] != '\0' ? base : "/var/tmp");
+    kvd_index_t *idx = NULL;
+    if (mkdtemp(dir) == NULL || kvd_index_open(dir, NULL, &idx) != KVD_OK) {
+        fprintf(stderr, "bench_store: index open failed\n");
+        return 1;
+    }
+    kvd_index_ns_t ns;
+    memset(ns.bytes, 3, sizeof ns.bytes);
+    kvd_index_entry_t batch[INDEX_BATCH];
+    memset(batch, 0, sizeof batch);
+    double t0 = now_s();
+    uint64_t puts = 0;
+    for (uint32_t c = 0; c < INDEX_CHAINS; c++) {
+        for (uint32_t i = 0; i < CHAIN_LEN; i += INDEX_BATCH) {
+            for (uint32_t k = 0; k < INDEX_BATCH; k++) {
+                kvd_index_entry_t *e = &batch[k];
+                e->key.ns = ns;
+                e->key.hash = hash_of(c, i + k);
+                e->tier = KVD_INDEX_TIER_DISK;
+                e->offset = (uint64_t)(c * CHAIN_LEN + i + k) * OBJ_BYTES;
+                e->size_bytes = OBJ_BYTES;
+                e->checksum = i + k;
+            }
+            if (kvd_index_put_batch(idx, batch, INDEX_BATCH) != KVD_OK) {
+                fprintf(stderr, "bench_store: index put failed\n");
+                return 1;
+            }
+            puts += INDEX_BATCH;
+        }
+    }
+    double t1 = now_s();
+    kvd_block_hash_t chain[CHAIN_LEN];
+    uint64_t lookups = 0;
+    double t2 = now_s(), t3 = t2;
+    while (t3 - t2 < 1.0) {
+        uint32_t c = (uint32_t)(lookups % INDEX_CHAINS);
+        for (uint32_t i = 0; i < CHAIN_LEN; i++) {
+            chain[i] = hash_of(c, i);
+        }
+        size_t m = 0;
+        if (kvd_index_lookup_prefix(idx, &ns, chain, CHAIN_LEN, NULL, &m) !=
+                KVD_OK ||
+            m != CHAIN_LEN) {
+            fprintf(stderr, "bench_store: index lookup failed\n");
+            return 1;
+        }
+        lookups++;
+        t3 = now_s();
+    }
+    kvd_index_close(idx);
+    rm_store_dir(dir);
+    double commits = (double)puts / (t1 - t0);
+    double chains = (double)lookups / (t3 - t2);
+    double disk_objects = fio_write_bytes_per_s / (double)OBJ_BYTES;
+    printf("index: %.0f records/s committed in batches of %u (%.0f "
+           "transactions/s); %.0f lookups/s of %u-key chains (%.2f M keys/s); "
+           "the disk writes %.0f 2 MiB objects/s\n",
+           commits, INDEX_BATCH, commits / INDEX_BATCH, chains, CHAIN_LEN,
+           chains * CHAIN_LEN / 1e6, disk_objects);
+    char target[64];
+    snprintf(target, sizeof target, "target >= %.0f: fio's objects/s",
+             disk_objects);
+    headline("index_commits_per_s", commits, target);
+    headline("index_lookups_512_chains_per_s", chains,
+             "no target: LMDB read rate");
+    return 0;
+}
+
+int main(void)
+{
+    double fio_write = 0;
+    int rc = bench_arena();
+    if (rc == 0) {
+        rc = bench_nvme(&fio_write);
+    }
+    if (rc == 0) {
+        rc = bench_index(fio_write);
+    }
+    printf("\n");
+    for (size_t i = 0; i < num_headlines; i++) {
+        printf("%s\n", headlines[i]);
+    }
+    return rc;
+}

@@ -1,0 +1,1103 @@
+/*
+ * NVMe tier (store/nvme_int.h): preallocated O_DIRECT files, the extent
+ * allocator and asynchronous reads and writes through io_uring or, where
+ * io_uring is unavailable, a pread/pwrite thread pool.
+ *
+ * Allocator. Each file keeps its free space as runs [start, start + len) of
+ * 4 KiB blocks in a treap ordered by start, every node also carrying the
+ * longest run in its subtree. First fit descends to the leftmost run long
+ * enough (O(log n) expected, n = free runs of the file); free finds the
+ * neighbours by splitting the treap at the freed range and merges with them
+ * (so equal-sized objects never fragment); a range overlapping free space
+ * is a double free and changes nothing. Allocation starts at the file after
+ * the one that served the previous allocation, which spreads consecutive
+ * writes over the files (and their disks, when they sit on several).
+ *
+ * io_uring engine. One ring of queue_depth entries. Submitters take
+ * `sq_mu`, fill SQEs and call io_uring_submit once per batch; the number
+ * of operations in flight never exceeds queue_depth, so an SQE is always
+ * free and the CQ (twice the SQ) never overflows. The completion thread
+ * waits on the CQ, continues short transfers with a new SQE, and calls
+ * `done` when an operation has moved all its bytes or failed. An injected
+ * failure is submitted as a NOP, so it completes on the completion thread
+ * like a real error. close() waits until nothing is in flight, then posts a
+ * NOP carrying a sentinel that stops the thread.
+ *
+ * Thread engine. A bounded queue (queue_depth operations) served by
+ * cfg.threads workers doing pread/pwrite; same accounting and callbacks.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/failpoint_int.h"
+#include "common/log_int.h"
+#include "store/nvme_int.h"
+
+#define NVME_BUFFERS_MAX 16384u
+#define NVME_QUEUE_DEPTH_MAX 4096
+#define NVME_THREADS_MAX 64
+
+/* ---- settings ----------------------------------------------------------- */
+
+static const char *const nvme_engine_choices[] = {"auto", "uring", "threads",
+                                                  NULL};
+
+static const kvd_config_field_t nvme_config_fields[] = {
+    {"store.disk_path", "",
+     "directory of the NVMe tier's files and index (empty: no NVMe tier)",
+     kvd_config_parse_string, offsetof(kvd_nvme_config_t, path), 0, 0, NULL},
+    {"store.disk_size", "16g", "NVMe tier capacity, split over the files",
+     kvd_config_parse_size, offsetof(kvd_nvme_config_t, size_bytes),
+     KVD_NVME_BLOCK_BYTES, 0, NULL},
+    {"store.disk_files", "1", "number of preallocated data files",
+     kvd_config_parse_int, offsetof(kvd_nvme_config_t, num_files), 1,
+     KVD_NVME_FILES_MAX, NULL},
+    {"store.disk_queue_depth", "64", "NVMe operations in flight at most",
+     kvd_config_parse_int, offsetof(kvd_nvme_config_t, queue_depth), 1,
+     NVME_QUEUE_DEPTH_MAX, NULL},
+    {"store.disk_engine", "auto",
+     "NVMe I/O engine: auto (io_uring, else threads), uring, threads",
+     kvd_config_parse_enum, offsetof(kvd_nvme_config_t, engine), 0, 0,
+     nvme_engine_choices},
+    {"store.disk_threads", "4", "pread/pwrite threads of the threads engine",
+     kvd_config_parse_int, offsetof(kvd_nvme_config_t, threads), 1,
+     NVME_THREADS_MAX, NULL},
+};
+
+const kvd_config_field_t *kvd_nvme_config_table(size_t *num_fields_out)
+{
+    *num_fields_out = sizeof nvme_config_fields / sizeof nvme_config_fields[0];
+    return nvme_config_fields;
+}
+
+kvd_nvme_config_t kvd_nvme_config_default(void)
+{
+    /* Must match the default strings above (checked by the unit test). */
+    kvd_nvme_config_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.size_bytes = 16ull << 30;
+    cfg.num_files = 1;
+    cfg.queue_depth = KVD_NVME_QUEUE_DEPTH_DEFAULT;
+    cfg.engine = KVD_NVME_ENGINE_AUTO;
+    cfg.threads = KVD_NVME_THREADS_DEFAULT;
+    return cfg;
+}
+
+/* ---- structures --------------------------------------------------------- */
+
+typedef struct nvme_run nvme_run_t;
+struct nvme_run {
+    uint32_t start, len; /* blocks, file-relative */
+    uint32_t max;        /* longest len in this subtree */
+    uint32_t prio;
+    nvme_run_t *left, *right;
+};
+
+/* One accepted operation, owned by the tier until its callback ran. */
+typedef struct nvme_op {
+    kvd_nvme_io_t io;
+    int fd;
+    uint64_t file_offset; /* where the next byte goes or comes from */
+    uint64_t done_bytes;
+    int inject; /* errno injected by a failpoint, or 0 */
+} nvme_op_t;
+
+struct kvd_nvme {
+    kvd_nvme_config_t cfg;
+    kvd_nvme_engine_t engine;
+    uint32_t num_files;
+    uint64_t file_bytes;
+    uint32_t blocks_per_file;
+    int fds[KVD_NVME_FILES_MAX];
+
+    pthread_mutex_t alloc_mu;
+    nvme_run_t *runs[KVD_NVME_FILES_MAX]; /* free runs per file */
+    uint64_t free_blocks;
+    uint32_t next_file;
+    uint64_t rng;
+
+    pthread_mutex_t mu; /* inflight, closing, the thread engine's queue */
+    pthread_cond_t idle_cv;
+    pthread_cond_t work_cv;
+    uint64_t inflight;
+    bool closing;
+
+    /* io_uring */
+    struct io_uring ring;
+    bool ring_up;
+    pthread_mutex_t sq_mu;
+    pthread_t cq_thread;
+    bool cq_thread_up;
+    struct iovec *bufs;
+    uint32_t num_bufs;
+
+    /* threads */
+    pthread_t workers[NVME_THREADS_MAX];
+    uint32_t num_workers;
+    nvme_op_t **queue; /* ring of queue_depth pointers */
+    uint32_t q_head, q_len;
+
+    kvd_nvme_stats_t st; /* atomics, relaxed */
+};
+
+/* Sentinel user_data that stops the completion thread. */
+static char nvme_stop_token;
+
+/* ---- allocator: a treap of free runs ------------------------------------ */
+
+static uint32_t run_max(const nvme_run_t *r)
+{
+    return r != NULL ? r->max : 0;
+}
+
+static void run_fix(nvme_run_t *r)
+{
+    uint32_t m = r->len;
+    if (run_max(r->left) > m) {
+        m = run_max(r->left);
+    }
+    if (run_max(r->right) > m) {
+        m = run_max(r->right);
+    }
+    r->max = m;
+}
+
+/* Splits `t` into runs starting before `key` and the rest. */
+static void run_split(nvme_run_t *t, uint32_t key, nvme_run_t **lo,
+                      nvme_run_t **hi)
+{
+    if (t == NULL) {
+        *lo = *hi = NULL;
+    } else if (t->start < key) {
+        run_split(t->right, key, &t->right, hi);
+        run_fix(t);
+        *lo = t;
+    } else {
+        run_split(t->left, key, lo, &t->left);
+        run_fix(t);
+        *hi = t;
+    }
+}
+
+/* Joins two treaps, every start of `a` below every start of `b`. */
+static nvme_run_t *run_merge(nvme_run_t *a, nvme_run_t *b)
+{
+    if (a == NULL) {
+        return b;
+    }
+    if (b == NULL) {
+        return a;
+    }
+    if (a->prio > b->prio) {
+        a->right = run_merge(a->right, b);
+        run_fix(a);
+        return a;
+    }
+    b->left = run_merge(a, b->left);
+    run_fix(b);
+    return b;
+}
+
+/* Detaches the last (highest start) run of `*t`, or NULL. */
+static nvme_run_t *run_pop_last(nvme_run_t **t)
+{
+    if (*t == NULL) {
+        return NULL;
+    }
+    if ((*t)->right == NULL) {
+        nvme_run_t *r = *t;
+        *t = r->left;
+        r->left = NULL;
+        run_fix(r);
+        return r;
+    }
+    nvme_run_t *r = run_pop_last(&(*t)->right);
+    run_fix(*t);
+    return r;
+}
+
+/* Detaches the first (lowest start) run of `*t`, or NULL. */
+static nvme_run_t *run_pop_first(nvme_run_t **t)
+{
+    if (*t == NULL) {
+        return NULL;
+    }
+    if ((*t)->left == NULL) {
+        nvme_run_t *r = *t;
+        *t = r->right;
+        r->right = NULL;
+        run_fix(r);
+        return r;
+    }
+    nvme_run_t *r = run_pop_first(&(*t)->left);
+    run_fix(*t);
+    return r;
+}
+
+static nvme_run_t *run_new(kvd_nvme_t *nvme, uint32_t start, uint32_t len)
+{
+    nvme_run_t *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        return NULL;
+    }
+    /* xorshift: priorities only need to look random to the treap. */
+    nvme->rng ^= nvme->rng << 13;
+    nvme->rng ^= nvme->rng >> 7;
+    nvme->rng ^= nvme->rng << 17;
+    r->start = start;
+    r->len = len;
+    r->max = len;
+    r->prio = (uint32_t)(nvme->rng >> 16);
+    return r;
+}
+
+static void run_free_all(nvme_run_t *t)
+{
+    if (t != NULL) {
+        run_free_all(t->left);
+        run_free_all(t->right);
+        free(t);
+    }
+}
+
+/* First fit: carves `len` blocks from the leftmost run long enough. Returns
+ * the start, or UINT32_MAX when no run is long enough. The run keeps its
+ * place in the order (its start only moves within its own gap). */
+static uint32_t run_take(nvme_run_t **t, uint32_t len)
+{
+    nvme_run_t *r = *t;
+    if (r == NULL || r->max < len) {
+        return UINT32_MAX;
+    }
+    uint32_t start;
+    if (run_max(r->left) >= len) {
+        start = run_take(&r->left, len);
+    } else if (r->len >= len) {
+        start = r->start;
+        r->start += len;
+        r->len -= len;
+        if (r->len == 0) {
+            *t = run_merge(r->left, r->right);
+            free(r);
+            return start;
+        }
+    } else {
+        start = run_take(&r->right, len);
+    }
+    run_fix(r);
+    return start;
+}
+
+/* Returns [start, start + len) to the free runs of `file`, merging with its
+ * neighbours. KVD_ERR_INVALID when any of it is free already. */
+static kvd_status_t run_give(kvd_nvme_t *nvme, uint32_t file, uint32_t start,
+                             uint32_t len)
+{
+    nvme_run_t *lo, *hi;
+    run_split(nvme->runs[file], start, &lo, &hi);
+    nvme_run_t *pred = run_pop_last(&lo);
+    nvme_run_t *succ = run_pop_first(&hi);
+    kvd_status_t status = KVD_OK;
+    nvme_run_t *node = NULL;
+    if ((pred != NULL && pred->start + pred->len > start) ||
+        (succ != NULL && succ->start < start + len)) {
+        status = KVD_ERR_INVALID;
+    } else {
+        if (pred != NULL && pred->start + pred->len == start) {
+            node = pred;
+            node->len += len;
+            pred = NULL;
+        }
+        if (succ != NULL && succ->start == start + len) {
+            if (node != NULL) {
+                node->len += succ->len;
+                free(succ);
+            } else {
+                node = succ;
+                node->start = start;
+                node->len += len;
+            }
+            succ = NULL;
+        }
+        if (node == NULL) {
+            node = run_new(nvme, start, len);
+            status = node == NULL ? KVD_ERR_NOMEM : KVD_OK;
+        }
+    }
+    /* Every start in lo < pred < node < succ < every start in hi. */
+    if (pred != NULL) {
+        lo = run_merge(lo, pred);
+    }
+    if (node != NULL) {
+        run_fix(node);
+        lo = run_merge(lo, node);
+    }
+    if (succ != NULL) {
+        hi = run_merge(succ, hi);
+    }
+    nvme->runs[file] = run_merge(lo, hi);
+    return status;
+}
+
+/* Removes [start, start + len) from the free runs of `file`; it must lie
+ * inside one run (KVD_ERR_EXISTS otherwise, nothing changed). */
+static kvd_status_t run_claim(kvd_nvme_t *nvme, uint32_t file, uint32_t start,
+                              uint32_t len)
+{
+    nvme_run_t *lo, *hi;
+    run_split(nvme->runs[file], start + 1, &lo, &hi);
+    nvme_run_t *r = run_pop_last(&lo);
+    kvd_status_t status = KVD_OK;
+    if (r == NULL || r->start + r->len < start + len) {
+        status = KVD_ERR_EXISTS;
+        if (r != NULL) {
+            lo = run_merge(lo, r);
+        }
+        nvme->runs[file] = run_merge(lo, hi);
+        return status;
+    }
+    uint32_t end = r->start + r->len;
+    nvme_run_t *tail = NULL;
+    if (end > start + len) {
+        tail = run_new(nvme, start + len, end - start - len);
+        if (tail == NULL) {
+            lo = run_merge(lo, r);
+            nvme->runs[file] = run_merge(lo, hi);
+            return KVD_ERR_NOMEM;
+        }
+    }
+    if (r->start < start) {
+        r->len = start - r->start;
+        run_fix(r);
+        lo = run_merge(lo, r);
+    } else {
+        free(r);
+    }
+    if (tail != NULL) {
+        hi = run_merge(tail, hi);
+    }
+    nvme->runs[file] = run_merge(lo, hi);
+    return KVD_OK;
+}
+
+static kvd_status_t nvme_range(const kvd_nvme_t *nvme, uint32_t extent,
+                               uint64_t size_bytes, uint32_t *file_out,
+                               uint32_t *start_out, uint32_t *blocks_out)
+{
+    if (size_bytes == 0 || extent == KVD_NVME_EXTENT_INVALID) {
+        return KVD_ERR_INVALID;
+    }
+    uint64_t blocks =
+        (size_bytes + KVD_NVME_BLOCK_BYTES - 1) / KVD_NVME_BLOCK_BYTES;
+    uint32_t file = extent / nvme->blocks_per_file;
+    uint32_t start = extent % nvme->blocks_per_file;
+    if (file >= nvme->num_files ||
+        blocks > (uint64_t)nvme->blocks_per_file - start) {
+        return KVD_ERR_INVALID;
+    }
+    *file_out = file;
+    *start_out = start;
+    *blocks_out = (uint32_t)blocks;
+    return KVD_OK;
+}
+
+kvd_status_t kvd_nvme_extent_alloc(kvd_nvme_t *nvme, uint64_t size_bytes,
+                                   uint32_t *extent_out)
+{
+    if (nvme == NULL || extent_out == NULL || size_bytes == 0 ||
+        size_bytes > nvme->file_bytes) {
+        return KVD_ERR_INVALID;
+    }
+    uint32_t blocks = (uint32_t)((size_bytes + KVD_NVME_BLOCK_BYTES - 1) /
+                                 KVD_NVME_BLOCK_BYTES);
+    kvd_status_t status = KVD_ERR_NOSPACE;
+    pthread_mutex_lock(&nvme->alloc_mu);
+    for (uint32_t k = 0; k < nvme->num_files; k++) {
+        uint32_t f = (nvme->next_file + k) % nvme->num_files;
+        uint32_t start = run_take(&nvme->runs[f], blocks);
+        if (start != UINT32_MAX) {
+            *extent_out = f * nvme->blocks_per_file + start;
+            nvme->free_blocks -= blocks;
+            nvme->next_file = (f + 1) % nvme->num_files;
+            status = KVD_OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&nvme->alloc_mu);
+    return status;
+}
+
+kvd_status_t kvd_nvme_extent_free(kvd_nvme_t *nvme, uint32_t extent,
+                                  uint64_t size_bytes)
+{
+    uint32_t file, start, blocks;
+    if (nvme == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t status =
+        nvme_range(nvme, extent, size_bytes, &file, &start, &blocks);
+    if (status != KVD_OK) {
+        return status;
+    }
+    pthread_mutex_lock(&nvme->alloc_mu);
+    status = run_give(nvme, file, start, blocks);
+    if (status == KVD_OK) {
+        nvme->free_blocks += blocks;
+    }
+    pthread_mutex_unlock(&nvme->alloc_mu);
+    if (status == KVD_ERR_INVALID) {
+        KVD_LOG_ERROR("nvme: free of extent %u (%u blocks) that is not "
+                      "allocated",
+                      extent, blocks);
+    }
+    return status;
+}
+
+kvd_status_t kvd_nvme_extent_mark(kvd_nvme_t *nvme, uint32_t extent,
+                                  uint64_t size_bytes)
+{
+    uint32_t file, start, blocks;
+    if (nvme == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t status =
+        nvme_range(nvme, extent, size_bytes, &file, &start, &blocks);
+    if (status != KVD_OK) {
+        return status;
+    }
+    pthread_mutex_lock(&nvme->alloc_mu);
+    status = run_claim(nvme, file, start, blocks);
+    if (status == KVD_OK) {
+        nvme->free_blocks -= blocks;
+    }
+    pthread_mutex_unlock(&nvme->alloc_mu);
+    return status;
+}
+
+kvd_status_t kvd_nvme_extent_locate(const kvd_nvme_t *nvme, uint32_t extent,
+                                    uint32_t *file_id_out, uint64_t *offset_out)
+{
+    if (nvme == NULL || file_id_out == NULL || offset_out == NULL ||
+        extent == KVD_NVME_EXTENT_INVALID ||
+        extent / nvme->blocks_per_file >= nvme->num_files) {
+        return KVD_ERR_INVALID;
+    }
+    *file_id_out = extent / nvme->blocks_per_file;
+    *offset_out =
+        (uint64_t)(extent % nvme->blocks_per_file) * KVD_NVME_BLOCK_BYTES;
+    return KVD_OK;
+}
+
+kvd_status_t kvd_nvme_extent_from_location(const kvd_nvme_t *nvme,
+                                           uint32_t file_id, uint64_t offset,
+                                           uint32_t *extent_out)
+{
+    if (nvme == NULL || extent_out == NULL || file_id >= nvme->num_files ||
+        offset % KVD_NVME_BLOCK_BYTES != 0 || offset >= nvme->file_bytes) {
+        return KVD_ERR_INVALID;
+    }
+    *extent_out = file_id * nvme->blocks_per_file +
+                  (uint32_t)(offset / KVD_NVME_BLOCK_BYTES);
+    return KVD_OK;
+}
+
+/* ---- operations --------------------------------------------------------- */
+
+/* Calls the operation's callback and retires it. */
+static void nvme_op_finish(kvd_nvme_t *nvme, nvme_op_t *op, kvd_status_t status)
+{
+    bool write = op->io.op == KVD_NVME_OP_WRITE;
+    if (status == KVD_OK) {
+        __atomic_fetch_add(write ? &nvme->st.writes : &nvme->st.reads, 1,
+                           __ATOMIC_RELAXED);
+        __atomic_fetch_add(write ? &nvme->st.bytes_written
+                                 : &nvme->st.bytes_read,
+                           op->io.len, __ATOMIC_RELAXED);
+    } else {
+        __atomic_fetch_add(write ? &nvme->st.write_errors
+                                 : &nvme->st.read_errors,
+                           1, __ATOMIC_RELAXED);
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
+                            "nvme: %s of extent %u (%llu bytes) failed: %s",
+                            write ? "write" : "read", op->io.extent,
+                            (unsigned long long)op->io.len,
+                            kvd_status_str(status));
+    }
+    kvd_nvme_done_fn done = op->io.done;
+    void *arg = op->io.arg;
+    free(op);
+    done(arg, status);
+    pthread_mutex_lock(&nvme->mu);
+    if (--nvme->inflight == 0) {
+        pthread_cond_broadcast(&nvme->idle_cv);
+    }
+    pthread_mutex_unlock(&nvme->mu);
+}
+
+/* Fills an SQE for the rest of `op` (sq_mu held). */
+static void nvme_sqe_fill(kvd_nvme_t *nvme, struct io_uring_sqe *sqe,
+                          nvme_op_t *op)
+{
+    uint8_t *buf = (uint8_t *)op->io.buf + op->done_bytes;
+    unsigned len = (unsigned)(op->io.len - op->done_bytes);
+    off_t off = (off_t)op->file_offset;
+    bool fixed = op->io.buf_index >= 0 && nvme->num_bufs > 0;
+    if (op->inject != 0) {
+        io_uring_prep_nop(sqe);
+    } else if (op->io.op == KVD_NVME_OP_WRITE) {
+        if (fixed) {
+            io_uring_prep_write_fixed(sqe, op->fd, buf, len, off,
+                                      op->io.buf_index);
+        } else {
+            io_uring_prep_write(sqe, op->fd, buf, len, off);
+        }
+    } else if (fixed) {
+        io_uring_prep_read_fixed(sqe, op->fd, buf, len, off, op->io.buf_index);
+    } else {
+        io_uring_prep_read(sqe, op->fd, buf, len, off);
+    }
+    io_uring_sqe_set_data(sqe, op);
+}
+
+/* Continues a short transfer; false when no SQE could be had. */
+static bool nvme_resubmit(kvd_nvme_t *nvme, nvme_op_t *op)
+{
+    pthread_mutex_lock(&nvme->sq_mu);
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&nvme->ring);
+    if (sqe != NULL) {
+        nvme_sqe_fill(nvme, sqe, op);
+        if (io_uring_submit(&nvme->ring) < 1) {
+            sqe = NULL;
+        }
+    }
+    pthread_mutex_unlock(&nvme->sq_mu);
+    return sqe != NULL;
+}
+
+/* Accounts `res` bytes (or an error) of `op`; returns true when the
+ * operation is over and `*status_out` holds its result. */
+static bool nvme_progress(nvme_op_t *op, long res, kvd_status_t *status_out)
+{
+    if (op->inject != 0) {
+        *status_out = kvd_status_from_errno(op->inject);
+        return true;
+    }
+    if (res < 0) {
+        *status_out = kvd_status_from_errno((int)-res);
+        return true;
+    }
+    if (res == 0) {
+        /* Reading past the end of the file, or a write the device refused
+         * to advance: never loop on it. */
+        *status_out = KVD_ERR_IO;
+        return true;
+    }
+    op->done_bytes += (uint64_t)res;
+    op->file_offset += (uint64_t)res;
+    if (op->done_bytes >= op->io.len) {
+        *status_out = KVD_OK;
+        return true;
+    }
+    return false;
+}
+
+static void *nvme_cq_main(void *arg)
+{
+    kvd_nvme_t *nvme = arg;
+    for (;;) {
+        struct io_uring_cqe *cqe = NULL;
+        int rc = io_uring_wait_cqe(&nvme->ring, &cqe);
+        if (rc == -EINTR) {
+            continue;
+        }
+        if (rc < 0) {
+            KVD_LOG_ERROR("nvme: io_uring_wait_cqe: %s", strerror(-rc));
+            continue;
+        }
+        void *data = io_uring_cqe_get_data(cqe);
+        long res = cqe->res;
+        io_uring_cqe_seen(&nvme->ring, cqe);
+        if (data == &nvme_stop_token) {
+            return NULL;
+        }
+        nvme_op_t *op = data;
+        kvd_status_t status = KVD_OK;
+        if (!nvme_progress(op, res, &status)) {
+            if (nvme_resubmit(nvme, op)) {
+                continue;
+            }
+            status = KVD_ERR_IO;
+        }
+        nvme_op_finish(nvme, op, status);
+    }
+}
+
+static void *nvme_worker_main(void *arg)
+{
+    kvd_nvme_t *nvme = arg;
+    for (;;) {
+        pthread_mutex_lock(&nvme->mu);
+        while (nvme->q_len == 0 && !nvme->closing) {
+            pthread_cond_wait(&nvme->work_cv, &nvme->mu);
+        }
+        if (nvme->q_len == 0) {
+            pthread_mutex_unlock(&nvme->mu);
+            return NULL;
+        }
+        nvme_op_t *op = nvme->queue[nvme->q_head];
+        nvme->q_head = (nvme->q_head + 1) % (uint32_t)nvme->cfg.queue_depth;
+        nvme->q_len--;
+        pthread_mutex_unlock(&nvme->mu);
+        kvd_status_t status = KVD_OK;
+        for (;;) {
+            long res = 0;
+            if (op->inject == 0) {
+                void *buf = (uint8_t *)op->io.buf + op->done_bytes;
+                size_t len = (size_t)(op->io.len - op->done_bytes);
+                ssize_t n =
+                    op->io.op == KVD_NVME_OP_WRITE
+                        ? pwrite(op->fd, buf, len, (off_t)op->file_offset)
+                        : pread(op->fd, buf, len, (off_t)op->file_offset);
+                res = n < 0 ? -(long)errno : (long)n;
+                if (res == -EINTR) {
+                    continue;
+                }
+            }
+            if (nvme_progress(op, res, &status)) {
+                break;
+            }
+        }
+        nvme_op_finish(nvme, op, status);
+    }
+}
+
+static kvd_status_t nvme_io_check(const kvd_nvme_t *nvme,
+                                  const kvd_nvme_io_t *io)
+{
+    uint32_t file, start, blocks;
+    if ((io->op != KVD_NVME_OP_READ && io->op != KVD_NVME_OP_WRITE) ||
+        io->len == 0 || io->len % KVD_NVME_BLOCK_BYTES != 0 ||
+        io->buf == NULL || (uintptr_t)io->buf % KVD_NVME_BLOCK_BYTES != 0 ||
+        io->done == NULL ||
+        nvme_range(nvme, io->extent, io->len, &file, &start, &blocks) !=
+            KVD_OK) {
+        return KVD_ERR_INVALID;
+    }
+    if (io->buf_index >= 0 && nvme->engine == KVD_NVME_ENGINE_URING) {
+        if ((uint32_t)io->buf_index >= nvme->num_bufs) {
+            return nvme->num_bufs == 0 ? KVD_OK : KVD_ERR_INVALID;
+        }
+        const struct iovec *b = &nvme->bufs[io->buf_index];
+        uintptr_t lo = (uintptr_t)b->iov_base;
+        uintptr_t p = (uintptr_t)io->buf;
+        if (p < lo || io->len > b->iov_len || p - lo > b->iov_len - io->len) {
+            return KVD_ERR_INVALID;
+        }
+    }
+    return KVD_OK;
+}
+
+kvd_status_t kvd_nvme_submit(kvd_nvme_t *nvme, const kvd_nvme_io_t *ios,
+                             size_t num, size_t *accepted_out)
+{
+    if (nvme == NULL || accepted_out == NULL || (num > 0 && ios == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    for (size_t i = 0; i < num; i++) {
+        if (nvme_io_check(nvme, &ios[i]) != KVD_OK) {
+            return KVD_ERR_INVALID;
+        }
+    }
+    pthread_mutex_lock(&nvme->mu);
+    if (nvme->closing) {
+        pthread_mutex_unlock(&nvme->mu);
+        return KVD_ERR_STATE;
+    }
+    uint64_t room = nvme->cfg.queue_depth - nvme->inflight;
+    size_t take = num < room ? num : (size_t)room;
+    nvme->inflight += take;
+    pthread_mutex_unlock(&nvme->mu);
+    if (num > 0 && take == 0) {
+        return KVD_ERR_BUSY;
+    }
+    nvme_op_t *ops[64];
+    size_t done = 0;
+    while (done < take) {
+        size_t n = take - done < 64 ? take - done : 64;
+        size_t made = 0;
+        for (; made < n; made++) {
+            const kvd_nvme_io_t *io = &ios[done + made];
+            nvme_op_t *op = calloc(1, sizeof *op);
+            if (op == NULL) {
+                break;
+            }
+            op->io = *io;
+            op->fd = nvme->fds[io->extent / nvme->blocks_per_file];
+            op->file_offset = (uint64_t)(io->extent % nvme->blocks_per_file) *
+                              KVD_NVME_BLOCK_BYTES;
+            op->inject = KVD_FAILPOINT(
+                io->op == KVD_NVME_OP_WRITE ? "nvme.write" : "nvme.read");
+            ops[made] = op;
+        }
+        if (nvme->engine == KVD_NVME_ENGINE_URING) {
+            pthread_mutex_lock(&nvme->sq_mu);
+            for (size_t i = 0; i < made; i++) {
+                /* inflight <= queue_depth = SQ size, so an SQE is free. */
+                nvme_sqe_fill(nvme, io_uring_get_sqe(&nvme->ring), ops[i]);
+            }
+            int rc = io_uring_submit(&nvme->ring);
+            pthread_mutex_unlock(&nvme->sq_mu);
+            if (rc < 0) {
+                KVD_LOG_ERROR("nvme: io_uring_submit: %s", strerror(-rc));
+            }
+        } else {
+            pthread_mutex_lock(&nvme->mu);
+            uint32_t qd = (uint32_t)nvme->cfg.queue_depth;
+            for (size_t i = 0; i < made; i++) {
+                nvme->queue[(nvme->q_head + nvme->q_len) % qd] = ops[i];
+                nvme->q_len++;
+            }
+            pthread_cond_broadcast(&nvme->work_cv);
+            pthread_mutex_unlock(&nvme->mu);
+        }
+        done += made;
+        if (made < n) {
+            break;
+        }
+    }
+    if (done < take) {
+        pthread_mutex_lock(&nvme->mu);
+        nvme->inflight -= take - done;
+        if (nvme->inflight == 0) {
+            pthread_cond_broadcast(&nvme->idle_cv);
+        }
+        pthread_mutex_unlock(&nvme->mu);
+        if (done == 0) {
+            return KVD_ERR_NOMEM;
+        }
+    }
+    *accepted_out = done;
+    return KVD_OK;
+}
+
+kvd_status_t kvd_nvme_buffers_register(kvd_nvme_t *nvme,
+                                       const struct iovec *iov, size_t num)
+{
+    if (nvme == NULL || (num > 0 && iov == NULL) || num > NVME_BUFFERS_MAX) {
+        return KVD_ERR_INVALID;
+    }
+    for (size_t i = 0; i < num; i++) {
+        if ((uintptr_t)iov[i].iov_base % KVD_NVME_BLOCK_BYTES != 0 ||
+            iov[i].iov_len % KVD_NVME_BLOCK_BYTES != 0 || iov[i].iov_len == 0) {
+            return KVD_ERR_INVALID;
+        }
+    }
+    if (nvme->engine != KVD_NVME_ENGINE_URING) {
+        return KVD_OK;
+    }
+    pthread_mutex_lock(&nvme->mu);
+    bool busy = nvme->inflight > 0;
+    pthread_mutex_unlock(&nvme->mu);
+    if (busy) {
+        return KVD_ERR_STATE;
+    }
+    if (nvme->num_bufs > 0) {
+        (void)io_uring_unregister_buffers(&nvme->ring);
+        free(nvme->bufs);
+        nvme->bufs = NULL;
+        nvme->num_bufs = 0;
+    }
+    if (num == 0) {
+        return KVD_OK;
+    }
+    struct iovec *copy = calloc(num, sizeof *copy);
+    if (copy == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    memcpy(copy, iov, num * sizeof *copy);
+    int rc = io_uring_register_buffers(&nvme->ring, copy, (unsigned)num);
+    if (rc < 0) {
+        KVD_LOG_WARN("nvme: io_uring_register_buffers (%zu buffers): %s; "
+                     "reads and writes go without fixed buffers",
+                     num, strerror(-rc));
+        free(copy);
+        return kvd_status_from_errno(-rc);
+    }
+    nvme->bufs = copy;
+    nvme->num_bufs = (uint32_t)num;
+    return KVD_OK;
+}
+
+kvd_status_t kvd_nvme_sync(kvd_nvme_t *nvme)
+{
+    if (nvme == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    int inject = KVD_FAILPOINT("nvme.sync");
+    if (inject != 0) {
+        return kvd_status_from_errno(inject);
+    }
+    for (uint32_t i = 0; i < nvme->num_files; i++) {
+        if (fdatasync(nvme->fds[i]) != 0) {
+            int e = errno;
+            KVD_LOG_ERROR("nvme: fdatasync of file %u: %s", i, strerror(e));
+            return kvd_status_from_errno(e);
+        }
+    }
+    return KVD_OK;
+}
+
+kvd_status_t kvd_nvme_query(kvd_nvme_t *nvme, kvd_nvme_info_t *info_out)
+{
+    if (nvme == NULL || info_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    memset(info_out, 0, sizeof *info_out);
+    info_out->engine = nvme->engine;
+    info_out->num_files = nvme->num_files;
+    info_out->file_bytes = nvme->file_bytes;
+    info_out->total_bytes = nvme->file_bytes * nvme->num_files;
+    info_out->queue_depth = (uint32_t)nvme->cfg.queue_depth;
+    info_out->buffers = nvme->num_bufs;
+    pthread_mutex_lock(&nvme->alloc_mu);
+    info_out->free_bytes = nvme->free_blocks * KVD_NVME_BLOCK_BYTES;
+    uint32_t largest = 0;
+    for (uint32_t f = 0; f < nvme->num_files; f++) {
+        if (run_max(nvme->runs[f]) > largest) {
+            largest = run_max(nvme->runs[f]);
+        }
+    }
+    pthread_mutex_unlock(&nvme->alloc_mu);
+    info_out->largest_free = (uint64_t)largest * KVD_NVME_BLOCK_BYTES;
+    return KVD_OK;
+}
+
+kvd_status_t kvd_nvme_stats(kvd_nvme_t *nvme, kvd_nvme_stats_t *stats_out)
+{
+    if (nvme == NULL || stats_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    stats_out->reads = __atomic_load_n(&nvme->st.reads, __ATOMIC_RELAXED);
+    stats_out->writes = __atomic_load_n(&nvme->st.writes, __ATOMIC_RELAXED);
+    stats_out->bytes_read =
+        __atomic_load_n(&nvme->st.bytes_read, __ATOMIC_RELAXED);
+    stats_out->bytes_written =
+        __atomic_load_n(&nvme->st.bytes_written, __ATOMIC_RELAXED);
+    stats_out->read_errors =
+        __atomic_load_n(&nvme->st.read_errors, __ATOMIC_RELAXED);
+    stats_out->write_errors =
+        __atomic_load_n(&nvme->st.write_errors, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&nvme->mu);
+    stats_out->inflight = nvme->inflight;
+    pthread_mutex_unlock(&nvme->mu);
+    return KVD_OK;
+}
+
+/* ---- open / close ------------------------------------------------------- */
+
+static kvd_status_t nvme_file_open(kvd_nvme_t *nvme, uint32_t i)
+{
+    char name[KVD_CONFIG_STRING_MAX + 32];
+    snprintf(name, sizeof name, "%s/kvd-data-%03u.dat", nvme->cfg.path, i);
+    int inject = KVD_FAILPOINT("nvme.open");
+    int fd = inject != 0
+                 ? -1
+                 : open(name, O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        int e = inject != 0 ? inject : errno;
+        KVD_LOG_ERROR("nvme: open %s: %s", name, strerror(e));
+        return e == EINVAL ? KVD_ERR_UNSUPPORTED : kvd_status_from_errno(e);
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return kvd_status_from_errno(e);
+    }
+    if ((uint64_t)sb.st_size < nvme->file_bytes) {
+        inject = KVD_FAILPOINT("nvme.fallocate");
+        int rc =
+            inject != 0 ? -1 : fallocate(fd, 0, 0, (off_t)nvme->file_bytes);
+        int e = inject != 0 ? inject : errno;
+        if (rc != 0 && (e == EOPNOTSUPP || e == ENOSYS) &&
+            ftruncate(fd, (off_t)nvme->file_bytes) == 0) {
+            KVD_LOG_WARN("nvme: %s: no fallocate on this file system; the "
+                         "file is sparse",
+                         name);
+            rc = 0;
+        }
+        if (rc != 0) {
+            KVD_LOG_ERROR("nvme: fallocate %s to %llu bytes: %s", name,
+                          (unsigned long long)nvme->file_bytes, strerror(e));
+            close(fd);
+            return kvd_status_from_errno(e);
+        }
+    }
+    nvme->fds[i] = fd;
+    return KVD_OK;
+}
+
+static kvd_status_t nvme_engine_start(kvd_nvme_t *nvme)
+{
+    kvd_nvme_engine_t want = (kvd_nvme_engine_t)nvme->cfg.engine;
+    if (want != KVD_NVME_ENGINE_THREADS) {
+        int inject = KVD_FAILPOINT("nvme.uring_init");
+        int rc = inject != 0
+                     ? -inject
+                     : io_uring_queue_init((unsigned)nvme->cfg.queue_depth,
+                                           &nvme->ring, 0);
+        if (rc == 0) {
+            nvme->ring_up = true;
+            nvme->engine = KVD_NVME_ENGINE_URING;
+            rc = pthread_create(&nvme->cq_thread, NULL, nvme_cq_main, nvme);
+            if (rc != 0) {
+                return kvd_status_from_errno(rc);
+            }
+            nvme->cq_thread_up = true;
+            return KVD_OK;
+        }
+        if (want == KVD_NVME_ENGINE_URING) {
+            KVD_LOG_ERROR("nvme: io_uring unavailable: %s", strerror(-rc));
+            return KVD_ERR_UNSUPPORTED;
+        }
+        KVD_LOG_WARN("nvme: io_uring unavailable (%s); using %llu "
+                     "pread/pwrite threads",
+                     strerror(-rc), (unsigned long long)nvme->cfg.threads);
+    }
+    nvme->engine = KVD_NVME_ENGINE_THREADS;
+    nvme->queue = calloc(nvme->cfg.queue_depth, sizeof *nvme->queue);
+    if (nvme->queue == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    for (uint32_t i = 0; i < nvme->cfg.threads; i++) {
+        int rc =
+            pthread_create(&nvme->workers[i], NULL, nvme_worker_main, nvme);
+        if (rc != 0) {
+            return kvd_status_from_errno(rc);
+        }
+        nvme->num_workers++;
+    }
+    return KVD_OK;
+}
+
+kvd_status_t kvd_nvme_open(const kvd_nvme_config_t *cfg, kvd_nvme_t **nvme_out)
+{
+    if (cfg == NULL || nvme_out == NULL || cfg->path[0] == '\0' ||
+        cfg->num_files < 1 || cfg->num_files > KVD_NVME_FILES_MAX ||
+        cfg->queue_depth < 1 || cfg->queue_depth > NVME_QUEUE_DEPTH_MAX ||
+        cfg->threads < 1 || cfg->threads > NVME_THREADS_MAX ||
+        cfg->engine < KVD_NVME_ENGINE_AUTO ||
+        cfg->engine > KVD_NVME_ENGINE_THREADS) {
+        return KVD_ERR_INVALID;
+    }
+    uint64_t file_bytes = cfg->size_bytes / cfg->num_files /
+                          KVD_NVME_BLOCK_BYTES * KVD_NVME_BLOCK_BYTES;
+    if (file_bytes < KVD_NVME_BLOCK_BYTES ||
+        file_bytes / KVD_NVME_BLOCK_BYTES * cfg->num_files >= UINT32_MAX) {
+        return KVD_ERR_RANGE;
+    }
+    kvd_nvme_t *nvme = calloc(1, sizeof *nvme);
+    if (nvme == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    nvme->cfg = *cfg;
+    nvme->num_files = (uint32_t)cfg->num_files;
+    nvme->file_bytes = file_bytes;
+    nvme->blocks_per_file = (uint32_t)(file_bytes / KVD_NVME_BLOCK_BYTES);
+    nvme->rng = 0x9e3779b97f4a7c15ull;
+    for (uint32_t i = 0; i < KVD_NVME_FILES_MAX; i++) {
+        nvme->fds[i] = -1;
+    }
+    pthread_mutex_init(&nvme->alloc_mu, NULL);
+    pthread_mutex_init(&nvme->mu, NULL);
+    pthread_mutex_init(&nvme->sq_mu, NULL);
+    pthread_cond_init(&nvme->idle_cv, NULL);
+    pthread_cond_init(&nvme->work_cv, NULL);
+
+    kvd_status_t status = KVD_OK;
+    int inject = KVD_FAILPOINT("nvme.open");
+    if (inject != 0 || (mkdir(cfg->path, 0700) != 0 && errno != EEXIST)) {
+        int e = inject != 0 ? inject : errno;
+        KVD_LOG_ERROR("nvme: mkdir %s: %s", cfg->path, strerror(e));
+        status = kvd_status_from_errno(e);
+        goto err;
+    }
+    for (uint32_t i = 0; i < nvme->num_files; i++) {
+        status = nvme_file_open(nvme, i);
+        if (status != KVD_OK) {
+            goto err;
+        }
+        nvme->runs[i] = run_new(nvme, 0, nvme->blocks_per_file);
+        if (nvme->runs[i] == NULL) {
+            status = KVD_ERR_NOMEM;
+            goto err;
+        }
+    }
+    nvme->free_blocks = (uint64_t)nvme->blocks_per_file * nvme->num_files;
+    status = nvme_engine_start(nvme);
+    if (status != KVD_OK) {
+        goto err;
+    }
+    KVD_LOG_INFO(
+        "nvme: %u file(s) of %llu MiB in %s, %s, queue depth %llu",
+        nvme->num_files, (unsigned long long)(file_bytes >> 20), cfg->path,
+        nvme->engine == KVD_NVME_ENGINE_URING ? "io_uring" : "thread pool",
+        (unsigned long long)cfg->queue_depth);
+    *nvme_out = nvme;
+    return KVD_OK;
+err:
+    kvd_nvme_close(nvme);
+    return status;
+}
+
+void kvd_nvme_close(kvd_nvme_t *nvme)
+{
+    if (nvme == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&nvme->mu);
+    nvme->closing = true;
+    while (nvme->inflight > 0) {
+        pthread_cond_wait(&nvme->idle_cv, &nvme->mu);
+    }
+    pthread_cond_broadcast(&nvme->work_cv);
+    pthread_mutex_unlock(&nvme->mu);
+    for (uint32_t i = 0; i < nvme->num_workers; i++) {
+        pthread_join(nvme->workers[i], NULL);
+    }
+    if (nvme->cq_thread_up) {
+        pthread_mutex_lock(&nvme->sq_mu);
+        struct io_uring_sqe *sqe = io_uring_get_sqe(&nvme->ring);
+        if (sqe != NULL) {
+            io_uring_prep_nop(sqe);
+            io_uring_sqe_set_data(sqe, &nvme_stop_token);
+            (void)io_uring_submit(&nvme->ring);
+        }
+        pthread_mutex_unlock(&nvme->sq_mu);
+        pthread_join(nvme->cq_thread, NULL);
+    }
+    if (nvme->ring_up) {
+        io_uring_queue_exit(&nvme->ring);
+    }
+    for (uint32_t i = 0; i < KVD_NVME_FILES_MAX; i++) {
+        if (nvme->fds[i] >= 0) {
+            close(nvme->fds[i]);
+        }
+        run_free_all(nvme->runs[i]);
+    }
+    free(nvme->bufs);
+    free(nvme->queue);
+    pthread_cond_destroy(&nvme->work_cv);
+    pthread_cond_destroy(&nvme->idle_cv);
+    pthread_mutex_destroy(&nvme->sq_mu);
+    pthread_mutex_destroy(&nvme->mu);
+    pthread_mutex_destroy(&nvme->alloc_mu);
+    free(nvme);
+}

@@ -1,0 +1,190 @@
+/*
+ * The embedded store's internals, shared by store.c (the public calls:
+ * open/close, reserve/commit, lookup/release, delete, stats) and store_io.c
+ * (the I/O thread: write-back to NVMe, promotion from NVMe, index batches,
+ * periodic sync).
+ *
+ * Tables. `l1` (kvd_l1_t) holds the objects in the arena, slot = arena slot
+ * id. `l2` is a second kvd_l1_t holding the objects on NVMe, slot = extent
+ * id: the same leases keep an extent from being evicted or deleted while a
+ * promotion reads it, and the same S3-FIFO picks what leaves a full disk.
+ * The LMDB index is the persistent copy of `l2`: `l2` is rebuilt from it at
+ * open, and an object enters `l2` as READY only after its bytes are written
+ * and its record committed.
+ *
+ * Jobs. Every NVMe transfer is a store_job_t. Writers (reserve's eviction,
+ * commit with write-through) append write jobs to `wq`; kvd_store_get_submit
+ * appends read jobs to `gq`; the NVMe completion callback moves a finished
+ * job to `doneq`. The I/O thread alone takes jobs off the three queues, so
+ * the tables, the index and the extent allocator see each object's steps in
+ * order. All three queues and the counters beside them are guarded by `mu`.
+ *
+ * Lock order: `mu` is never held while calling into l1/l2/arena/index/nvme
+ * (each has its own lock), except kvd_nvme_submit's callback, which only
+ * takes `mu` to append to `doneq`.
+ */
+#ifndef KVD_STORE_STORE_INT_H
+#define KVD_STORE_STORE_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/ring_int.h"
+#include "kvdepot/store.h"
+#include "store/arena_int.h"
+#include "store/index_int.h"
+#include "store/l1_int.h"
+#include "store/nvme_int.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum store_disk_write {
+    STORE_WRITE_BACK = 0,   /* NVMe on L1 eviction */
+    STORE_WRITE_THROUGH = 1 /* NVMe on every commit */
+};
+
+enum store_admission {
+    STORE_ADMIT_ALL = 0,   /* every evicted object goes to NVMe */
+    STORE_ADMIT_SECOND = 1 /* only objects seen at least twice */
+};
+
+/* The `store.*` settings, one struct so one table can be applied. */
+typedef struct store_settings {
+    kvd_arena_config_t arena;
+    kvd_nvme_config_t nvme;
+    int l1_policy;            /* kvd_l1_policy_t */
+    int64_t l1_max_objects;   /* 0: from the arena size */
+    int64_t disk_max_objects; /* 0: from the disk size */
+    int disk_write;           /* enum store_disk_write */
+    int disk_admission;       /* enum store_admission */
+    uint64_t index_map_bytes;
+    uint64_t sync_interval_ms;   /* 0: sync after every index batch */
+    uint64_t reserve_timeout_ms; /* wait for write-back to free slots */
+    int64_t get_queue;           /* gets accepted and not yet polled */
+} store_settings_t;
+
+/* Bytes the admission filter spends: one saturating counter per bucket. */
+#define STORE_SIGHT_BUCKETS (1u << 20)
+
+typedef enum store_job_kind {
+    STORE_JOB_WRITE = 0,
+    STORE_JOB_READ = 1
+} store_job_kind_t;
+
+typedef struct store_job store_job_t;
+struct store_job {
+    store_job_t *next;
+    kvd_store_t *store;
+    store_job_kind_t kind;
+    kvd_store_key_t key;
+    uint32_t tenant;
+    uint64_t size_bytes;
+    uint32_t slot;   /* arena slot: the source of a write, a read's target */
+    uint32_t extent; /* NVMe extent, KVD_NVME_EXTENT_INVALID until known */
+    bool leased;     /* write: the slot is an L1 lease (write-through) to
+                        release, not an evicted slot to free */
+    uint64_t checksum;
+    kvd_status_t io_status;
+    uint64_t deadline_ns; /* read: give up waiting for a slot (0: not
+                             waiting yet) */
+    kvd_store_get_t get;  /* read: what the caller asked */
+};
+
+typedef struct store_queue {
+    store_job_t *head, *tail;
+    size_t len;
+} store_queue_t;
+
+struct kvd_store {
+    store_settings_t cfg;
+
+    kvd_arena_t *arena;
+    kvd_arena_info_t arena_info;
+    kvd_l1_t *l1;
+
+    /* Disk tier; all NULL without store.disk_path. */
+    kvd_nvme_t *nvme;
+    kvd_index_t *index;
+    kvd_l1_t *l2;
+    bool fixed_buffers; /* arena chunks registered with io_uring */
+
+    /* Completions of gets, pushed by the I/O thread, popped by the poller. */
+    kvd_ring_t *cq;
+    uint64_t gets_outstanding; /* accepted, not yet polled (atomic) */
+
+    uint8_t *sight; /* admission filter counters (atomic bytes) */
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;  /* I/O thread: something queued or done */
+    pthread_cond_t space_cv; /* reservers: slots freed */
+    pthread_cond_t idle_cv;  /* flush: writes_pending reached 0 */
+    store_queue_t wq, gq, doneq;
+    uint64_t writes_pending; /* write jobs queued or in flight */
+    uint64_t ios_inflight;   /* jobs handed to the NVMe tier */
+    bool stopping;
+    pthread_t io_thread;
+    bool io_thread_started;
+
+    /* Counters (atomic, relaxed). */
+    struct {
+        uint64_t host_hits, host_misses, disk_hits, disk_misses;
+        uint64_t host_evictions, disk_evictions;
+        uint64_t disk_bytes_written, disk_bytes_read, disk_errors;
+        uint64_t admission_rejects, checksum_errors, dropped_writes;
+        uint64_t host_errors;
+    } n;
+};
+
+/* Relaxed counter helpers. */
+static inline void store_count(uint64_t *counter, uint64_t v)
+{
+    __atomic_fetch_add(counter, v, __ATOMIC_RELAXED);
+}
+
+static inline uint64_t store_read(const uint64_t *counter)
+{
+    return __atomic_load_n(counter, __ATOMIC_RELAXED);
+}
+
+/* Key conversions: the three key structs are the same 48 bytes. */
+void store_key_to_l1(const kvd_store_key_t *key, kvd_l1_key_t *out);
+void store_key_to_index(const kvd_store_key_t *key, kvd_index_key_t *out);
+void store_key_from_l1(const kvd_l1_key_t *key, kvd_store_key_t *out);
+
+/* Admission filter: one more sighting of `key`, and whether it has been
+ * seen at least twice. */
+void store_sight(kvd_store_t *st, const kvd_store_key_t *key);
+bool store_sighted_twice(kvd_store_t *st, const kvd_store_key_t *key);
+
+/* Takes the slots of objects evicted from L1: frees them, or queues the
+ * write-back of those the disk tier should keep. Any thread, `mu` not held. */
+void store_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
+                           size_t n);
+
+/* Evicts from L1 until an arena slot of `class_id` is free and takes it;
+ * KVD_ERR_NOSPACE when nothing evictable is left. `mu` not held. */
+kvd_status_t store_slot_alloc_evicting(kvd_store_t *st, uint32_t class_id,
+                                       uint64_t object_bytes,
+                                       uint32_t *slot_out);
+
+/* Appends a job to a queue (`mu` held). */
+void store_queue_push(store_queue_t *q, store_job_t *job);
+/* Moves every job of `q` into a list returned to the caller (`mu` held). */
+store_job_t *store_queue_take(store_queue_t *q);
+
+/* I/O thread body (store_io.c), started by kvd_store_open. */
+void *store_io_main(void *arg);
+
+/* Index records of L2 victims are deleted (and synced) before their
+ * extents are freed. Any thread, `mu` not held. */
+void store_l2_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
+                              size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVD_STORE_STORE_INT_H */
