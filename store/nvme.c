@@ -107,6 +107,11 @@ typedef struct nvme_op {
     uint64_t file_offset; /* where the next byte goes or comes from */
     uint64_t done_bytes;
     int inject; /* errno injected by a failpoint, or 0 */
+    /* Written with release before the SQE is submitted and read with
+     * acquire when its CQE arrives: the kernel carries the op from one
+     * thread to the other, and this pair is what makes the hand-over
+     * visible to the memory model (and to ThreadSanitizer). */
+    int published;
 } nvme_op_t;
 
 struct kvd_nvme {
@@ -564,6 +569,7 @@ static void nvme_sqe_fill(kvd_nvme_t *nvme, struct io_uring_sqe *sqe,
         io_uring_prep_read(sqe, op->fd, buf, len, off);
     }
     io_uring_sqe_set_data(sqe, op);
+    __atomic_store_n(&op->published, 1, __ATOMIC_RELEASE);
 }
 
 /* Continues a short transfer; false when no SQE could be had. */
@@ -628,6 +634,7 @@ static void *nvme_cq_main(void *arg)
             return NULL;
         }
         nvme_op_t *op = data;
+        (void)__atomic_load_n(&op->published, __ATOMIC_ACQUIRE);
         kvd_status_t status = KVD_OK;
         if (!nvme_progress(op, res, &status)) {
             if (nvme_resubmit(nvme, op)) {

@@ -300,6 +300,11 @@ static void store_writes_complete(kvd_store_t *st, store_job_t *list)
 
 /* ---- reads -------------------------------------------------------------- */
 
+static void store_forget_corrupt(kvd_store_t *st, const kvd_store_key_t *key);
+
+/* Ends a get: gives the caller's NVMe lease back, removes an object whose
+ * bytes failed their checksum (before the caller can see the completion
+ * and look the key up again), then publishes the completion. */
 static void store_get_complete(kvd_store_t *st, store_job_t *job,
                                kvd_status_t status,
                                const kvd_store_lease_t *lease)
@@ -314,6 +319,9 @@ static void store_get_complete(kvd_store_t *st, store_job_t *job,
         kvd_l1_key_t lk;
         store_key_to_l1(&job->key, &lk);
         (void)kvd_l1_release(st->l2, &lk);
+        if (status == KVD_ERR_CHECKSUM) {
+            store_forget_corrupt(st, &job->key);
+        }
     }
     if (kvd_ring_push(st->cq, &c) != KVD_OK) {
         /* Cannot happen: get_submit admits no more than the ring holds. */
@@ -495,12 +503,8 @@ static void store_read_complete(kvd_store_t *st, store_job_t *job)
         store_count(&st->n.disk_errors, 1);
     }
     if (status != KVD_OK) {
-        kvd_store_key_t key = job->key;
         store_read_unreserve(st, job);
         store_get_complete(st, job, status, NULL);
-        if (status == KVD_ERR_CHECKSUM) {
-            store_forget_corrupt(st, &key);
-        }
         return;
     }
     kvd_l1_key_t lk;
