@@ -142,12 +142,12 @@ void kvd_nvme_close(kvd_nvme_t *nvme);
 typedef struct kvd_nvme_info {
     kvd_nvme_engine_t engine; /* URING or THREADS: what is in use */
     uint32_t num_files;
-    uint64_t file_bytes;    /* usable bytes per file, a multiple of 4096 */
-    uint64_t total_bytes;   /* num_files * file_bytes */
-    uint64_t free_bytes;    /* not allocated to an extent */
-    uint64_t largest_free;  /* longest free run, bytes */
-    uint32_t queue_depth;   /* operations in flight at most */
-    uint32_t buffers;       /* fixed buffers registered (0 for threads) */
+    uint64_t file_bytes;   /* usable bytes per file, a multiple of 4096 */
+    uint64_t total_bytes;  /* num_files * file_bytes */
+    uint64_t free_bytes;   /* not allocated to an extent */
+    uint64_t largest_free; /* longest free run, bytes */
+    uint32_t queue_depth;  /* operations in flight at most */
+    uint32_t buffers;      /* fixed buffers registered (0 for threads) */
 } kvd_nvme_info_t;
 
 kvd_status_t kvd_nvme_query(kvd_nvme_t *nvme, kvd_nvme_info_t *info_out);
@@ -205,12 +205,12 @@ typedef void (*kvd_nvme_done_fn)(void *arg, kvd_status_t status);
 
 typedef struct kvd_nvme_io {
     kvd_nvme_op_t op;
-    uint32_t extent;  /* first block */
-    void *buf;        /* 4096-aligned; inside buffer buf_index if >= 0 */
-    uint64_t len;     /* bytes, a multiple of 4096, within one file */
-    int buf_index;    /* registered buffer holding buf, or -1 */
+    uint32_t extent; /* first block */
+    void *buf;       /* 4096-aligned; inside buffer buf_index if >= 0 */
+    uint64_t len;    /* bytes, a multiple of 4096, within one file */
+    int buf_index;   /* registered buffer holding buf, or -1 */
     kvd_nvme_done_fn done;
-    void *arg;        /* passed to done */
+    void *arg; /* passed to done */
 } kvd_nvme_io_t;
 
 /*
@@ -231,10 +231,10 @@ kvd_status_t kvd_nvme_sync(kvd_nvme_t *nvme);
 
 /* Counters since open. */
 typedef struct kvd_nvme_stats {
-    uint64_t reads, writes;           /* completed operations, success */
+    uint64_t reads, writes; /* completed operations, success */
     uint64_t bytes_read, bytes_written;
     uint64_t read_errors, write_errors;
-    uint64_t inflight;                /* accepted, not yet completed */
+    uint64_t inflight; /* accepted, not yet completed */
 } kvd_nvme_stats_t;
 
 kvd_status_t kvd_nvme_stats(kvd_nvme_t *nvme, kvd_nvme_stats_t *stats_out);
