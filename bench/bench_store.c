@@ -9,7 +9,9 @@
  *           synced by kvd_store_flush) and promotion of the same objects
  *           after a reopen (lookup -> get -> completions, checksums
  *           verified), against fio with io_uring, O_DIRECT, the same block
- *           size and queue depth, in the same directory.
+ *           size and queue depth, in the same directory; five passes,
+ *           each running fio and the store back to back, and the median
+ *           of the per-pass ratios.
  *   index   lookups of 512-key chains per second, and records committed per
  *           second in batches of 32 (the index must keep up with the objects
  *           per second the disk writes).
@@ -36,6 +38,7 @@
 #define INDEX_CHAINS 64u
 #define CHAIN_LEN 512u
 #define INDEX_BATCH 32u
+#define NVME_PASSES 5
 
 static char headlines[8][200];
 static size_t num_headlines;
@@ -310,6 +313,18 @@ static int store_disk_read(const char *dir, double *bytes_per_s)
     return 0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, size_t n)
+{
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 static void rm_store_dir(const char *dir)
 {
     char cmd[600];
@@ -330,8 +345,11 @@ static int bench_nvme(double *fio_write_out)
         return 1;
     }
     snprintf(fio_file, sizeof fio_file, "%s/fio.dat", root);
-    double sw = 0, sr = 0, fw = 0, fr = 0;
-    for (int rep = 0; rep < 2; rep++) {
+    /* The disk's speed drifts (a virtual disk shares its host): each pass
+     * runs fio and the store back to back, and the headline is the median
+     * of the per-pass ratios. */
+    double rw[NVME_PASSES], rr[NVME_PASSES], fw = 0;
+    for (int rep = 0; rep < NVME_PASSES; rep++) {
         snprintf(dir, sizeof dir, "%s/store", root);
         double w = 0, r = 0;
         double a = fio_run(fio_file, "write");
@@ -349,14 +367,14 @@ static int bench_nvme(double *fio_write_out)
                ", pass %d: store write %.2f GB/s read %.2f GB/s; fio write "
                "%.2f GB/s read %.2f GB/s\n",
                DISK_OBJECTS, rep + 1, w / 1e9, r / 1e9, a / 1e9, b / 1e9);
-        sw = w > sw ? w : sw;
-        sr = r > sr ? r : sr;
+        rw[rep] = w / a;
+        rr[rep] = r / b;
         fw = a > fw ? a : fw;
-        fr = b > fr ? b : fr;
     }
+    double sw = median(rw, NVME_PASSES), sr = median(rr, NVME_PASSES);
     rm_store_dir(root);
-    headline("nvme_write_vs_fio", sw / fw, "target >= 0.9");
-    headline("nvme_read_vs_fio", sr / fr, "target >= 0.9");
+    headline("nvme_write_vs_fio", sw, "target >= 0.9");
+    headline("nvme_read_vs_fio", sr, "target >= 0.9");
     *fio_write_out = fw;
     return 0;
 }
