@@ -327,7 +327,7 @@ static double median(double *v, size_t n)
 
 static void rm_store_dir(const char *dir)
 {
-    char cmd[600];
+    char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) {
         fprintf(stderr, "bench_store: could not remove %s\n", dir);
