@@ -203,7 +203,9 @@ static double fio_run(const char *file, const char *rw)
     return strtod(strchr(bw, ':') + 1, NULL);
 }
 
-static int store_disk_write(const char *dir, double *bytes_per_s)
+/* The NVMe part's store: arena and disk each hold every object, writes go
+ * through on commit, every get can be queued at once. */
+static kvd_store_t *store_open_disk(const char *dir)
 {
     const char *kv[] = {"store.arena_size",       "1088m",
                         "store.arena_chunk",      "64m",
@@ -213,8 +215,14 @@ static int store_disk_write(const char *dir, double *bytes_per_s)
                         "store.disk_queue_depth", QUEUE_DEPTH,
                         "store.disk_write",       "through",
                         "store.disk_admission",   "all",
-                        "store.sync_interval",    "10s"};
-    kvd_store_t *st = store_open(kv, sizeof kv / sizeof kv[0]);
+                        "store.sync_interval",    "10s",
+                        "store.get_queue",        "1024"};
+    return store_open(kv, sizeof kv / sizeof kv[0]);
+}
+
+static int store_disk_write(const char *dir, double *bytes_per_s)
+{
+    kvd_store_t *st = store_open_disk(dir);
     if (st == NULL) {
         return 1;
     }
@@ -259,12 +267,7 @@ static int store_disk_write(const char *dir, double *bytes_per_s)
 
 static int store_disk_read(const char *dir, double *bytes_per_s)
 {
-    const char *kv[] = {
-        "store.arena_size",      "1088m", "store.arena_chunk",      "64m",
-        "store.arena_hugepages", "auto",  "store.disk_path",        dir,
-        "store.disk_size",       "1152m", "store.disk_queue_depth", QUEUE_DEPTH,
-        "store.get_queue",       "1024"};
-    kvd_store_t *st = store_open(kv, sizeof kv / sizeof kv[0]);
+    kvd_store_t *st = store_open_disk(dir);
     if (st == NULL) {
         return 1;
     }

@@ -790,6 +790,17 @@ out:
     return status;
 }
 
+/* One more lease on a READY entry (lock held; refs below UINT32_MAX). */
+static void l1_lease_take(kvd_l1_t *l1, l1_entry_t *e)
+{
+    bool was = l1_evictable(e);
+    if (e->refs++ == 0) {
+        l1->st.leased_objects++;
+    }
+    l1->st.leases++;
+    l1_acct(l1, e, was);
+}
+
 static void l1_hit(kvd_l1_t *l1, l1_entry_t *e)
 {
     if (l1->policy == KVD_L1_LRU) {
@@ -814,12 +825,7 @@ kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_l1_key_t *keys,
         if (e == NULL || e->state != L1_READY || e->refs == UINT32_MAX) {
             break;
         }
-        bool was = l1_evictable(e);
-        if (e->refs++ == 0) {
-            l1->st.leased_objects++;
-        }
-        l1->st.leases++;
-        l1_acct(l1, e, was);
+        l1_lease_take(l1, e);
         l1_hit(l1, e);
         slots_out[m] = e->slot;
     }
@@ -876,12 +882,7 @@ kvd_status_t kvd_l1_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key,
         status = KVD_ERR_STATE;
         goto out;
     }
-    bool was = l1_evictable(e);
-    if (e->refs++ == 0) {
-        l1->st.leased_objects++;
-    }
-    l1->st.leases++;
-    l1_acct(l1, e, was);
+    l1_lease_take(l1, e);
     *slot_out = e->slot;
 out:
     pthread_mutex_unlock(&l1->lock);

@@ -210,39 +210,26 @@ static nvme_run_t *run_merge(nvme_run_t *a, nvme_run_t *b)
     return b;
 }
 
-/* Detaches the last (highest start) run of `*t`, or NULL. */
-static nvme_run_t *run_pop_last(nvme_run_t **t)
+/* Detaches the last (highest start) run of `*t` when `last`, else the
+ * first (lowest start) one; NULL when `*t` is empty. */
+static nvme_run_t *run_pop_end(nvme_run_t **t, bool last)
 {
     if (*t == NULL) {
         return NULL;
     }
-    if ((*t)->right == NULL) {
-        nvme_run_t *r = *t;
-        *t = r->left;
-        r->left = NULL;
-        run_fix(r);
-        return r;
+    nvme_run_t **outer = last ? &(*t)->right : &(*t)->left;
+    nvme_run_t *r;
+    if (*outer == NULL) {
+        r = *t;
+        *t = last ? r->left : r->right;
+        r->left = r->right = NULL;
+    } else {
+        r = run_pop_end(outer, last);
     }
-    nvme_run_t *r = run_pop_last(&(*t)->right);
-    run_fix(*t);
-    return r;
-}
-
-/* Detaches the first (lowest start) run of `*t`, or NULL. */
-static nvme_run_t *run_pop_first(nvme_run_t **t)
-{
-    if (*t == NULL) {
-        return NULL;
+    run_fix(r);
+    if (*t != NULL) {
+        run_fix(*t);
     }
-    if ((*t)->left == NULL) {
-        nvme_run_t *r = *t;
-        *t = r->right;
-        r->right = NULL;
-        run_fix(r);
-        return r;
-    }
-    nvme_run_t *r = run_pop_first(&(*t)->left);
-    run_fix(*t);
     return r;
 }
 
@@ -307,8 +294,8 @@ static kvd_status_t run_give(kvd_nvme_t *nvme, uint32_t file, uint32_t start,
 {
     nvme_run_t *lo, *hi;
     run_split(nvme->runs[file], start, &lo, &hi);
-    nvme_run_t *pred = run_pop_last(&lo);
-    nvme_run_t *succ = run_pop_first(&hi);
+    nvme_run_t *pred = run_pop_end(&lo, true);
+    nvme_run_t *succ = run_pop_end(&hi, false);
     kvd_status_t status = KVD_OK;
     nvme_run_t *node = NULL;
     if ((pred != NULL && pred->start + pred->len > start) ||
@@ -358,7 +345,7 @@ static kvd_status_t run_claim(kvd_nvme_t *nvme, uint32_t file, uint32_t start,
 {
     nvme_run_t *lo, *hi;
     run_split(nvme->runs[file], start + 1, &lo, &hi);
-    nvme_run_t *r = run_pop_last(&lo);
+    nvme_run_t *r = run_pop_end(&lo, true);
     kvd_status_t status = KVD_OK;
     if (r == NULL || r->start + r->len < start + len) {
         status = KVD_ERR_EXISTS;
@@ -439,8 +426,9 @@ kvd_status_t kvd_nvme_extent_alloc(kvd_nvme_t *nvme, uint64_t size_bytes,
     return status;
 }
 
-kvd_status_t kvd_nvme_extent_free(kvd_nvme_t *nvme, uint32_t extent,
-                                  uint64_t size_bytes)
+/* Frees (`claim` false) or claims (`claim` true) an extent's blocks. */
+static kvd_status_t nvme_extent_change(kvd_nvme_t *nvme, uint32_t extent,
+                                       uint64_t size_bytes, bool claim)
 {
     uint32_t file, start, blocks;
     if (nvme == NULL) {
@@ -452,12 +440,14 @@ kvd_status_t kvd_nvme_extent_free(kvd_nvme_t *nvme, uint32_t extent,
         return status;
     }
     pthread_mutex_lock(&nvme->alloc_mu);
-    status = run_give(nvme, file, start, blocks);
+    status = claim ? run_claim(nvme, file, start, blocks)
+                   : run_give(nvme, file, start, blocks);
     if (status == KVD_OK) {
-        nvme->free_blocks += blocks;
+        nvme->free_blocks =
+            claim ? nvme->free_blocks - blocks : nvme->free_blocks + blocks;
     }
     pthread_mutex_unlock(&nvme->alloc_mu);
-    if (status == KVD_ERR_INVALID) {
+    if (!claim && status == KVD_ERR_INVALID) {
         KVD_LOG_ERROR("nvme: free of extent %u (%u blocks) that is not "
                       "allocated",
                       extent, blocks);
@@ -465,25 +455,16 @@ kvd_status_t kvd_nvme_extent_free(kvd_nvme_t *nvme, uint32_t extent,
     return status;
 }
 
+kvd_status_t kvd_nvme_extent_free(kvd_nvme_t *nvme, uint32_t extent,
+                                  uint64_t size_bytes)
+{
+    return nvme_extent_change(nvme, extent, size_bytes, false);
+}
+
 kvd_status_t kvd_nvme_extent_mark(kvd_nvme_t *nvme, uint32_t extent,
                                   uint64_t size_bytes)
 {
-    uint32_t file, start, blocks;
-    if (nvme == NULL) {
-        return KVD_ERR_INVALID;
-    }
-    kvd_status_t status =
-        nvme_range(nvme, extent, size_bytes, &file, &start, &blocks);
-    if (status != KVD_OK) {
-        return status;
-    }
-    pthread_mutex_lock(&nvme->alloc_mu);
-    status = run_claim(nvme, file, start, blocks);
-    if (status == KVD_OK) {
-        nvme->free_blocks -= blocks;
-    }
-    pthread_mutex_unlock(&nvme->alloc_mu);
-    return status;
+    return nvme_extent_change(nvme, extent, size_bytes, true);
 }
 
 kvd_status_t kvd_nvme_extent_locate(const kvd_nvme_t *nvme, uint32_t extent,

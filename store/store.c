@@ -193,6 +193,16 @@ store_job_t *store_queue_take(store_queue_t *q)
     return list;
 }
 
+/* Hands a write job to the I/O thread. */
+static void store_write_enqueue(kvd_store_t *st, store_job_t *job)
+{
+    pthread_mutex_lock(&st->mu);
+    store_queue_push(&st->wq, job);
+    st->writes_pending++;
+    pthread_cond_signal(&st->work_cv);
+    pthread_mutex_unlock(&st->mu);
+}
+
 /* ---- eviction ----------------------------------------------------------- */
 
 static bool store_l2_has(kvd_store_t *st, const kvd_l1_key_t *key)
@@ -232,11 +242,7 @@ void store_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
         job->size_bytes = v->size_bytes;
         job->slot = v->slot;
         job->extent = KVD_NVME_EXTENT_INVALID;
-        pthread_mutex_lock(&st->mu);
-        store_queue_push(&st->wq, job);
-        st->writes_pending++;
-        pthread_cond_signal(&st->work_cv);
-        pthread_mutex_unlock(&st->mu);
+        store_write_enqueue(st, job);
     }
     if (n > 0) {
         store_count(&st->n.host_evictions, n);
@@ -694,11 +700,7 @@ static void store_write_through(kvd_store_t *st, const kvd_store_key_t *key,
     job->slot = info.slot;
     job->extent = KVD_NVME_EXTENT_INVALID;
     job->leased = true;
-    pthread_mutex_lock(&st->mu);
-    store_queue_push(&st->wq, job);
-    st->writes_pending++;
-    pthread_cond_signal(&st->work_cv);
-    pthread_mutex_unlock(&st->mu);
+    store_write_enqueue(st, job);
 }
 
 KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,

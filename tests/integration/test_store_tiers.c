@@ -29,6 +29,7 @@
 #include <cmocka.h>
 
 #include "common/failpoint_int.h"
+#include "tests/unit/kvd_testdir_int.h"
 #include "kvdepot/store.h"
 
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
@@ -47,28 +48,10 @@
 #define KIB 1024ull
 #define OBJ (256 * KIB)
 
-typedef struct tdir {
-    char path[256];
-} tdir_t;
-
-static void tdir_make(tdir_t *d)
-{
-    const char *tmp = getenv("TMPDIR");
-    snprintf(d->path, sizeof d->path, "%s/kvd_test_tiers_XXXXXX",
-             tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
-    assert_non_null(mkdtemp(d->path));
-}
-
-static void tdir_remove(const tdir_t *d)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->path);
-    assert_int_equal(system(cmd), 0);
-}
-
 /* Opens a store in `dir` with small sizes and the given extra settings
  * (pairs of strings, NULL-terminated). */
-static kvd_status_t store_open_kv(const tdir_t *d, kvd_store_t **st, ...)
+static kvd_status_t store_open_kv(const kvd_test_dir_t *d, kvd_store_t **st,
+                                  ...)
 {
     kvd_config_t *cfg = NULL;
     if (kvd_config_create(&cfg) != KVD_OK) {
@@ -216,13 +199,13 @@ static kvd_store_stats_t stats_of(kvd_store_t *st)
 
 static void run_fill_beyond_arena(const char *engine)
 {
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
     kvd_store_t *st = NULL;
     kvd_status_t s = store_open_kv(&d, &st, "store.disk_engine", engine, NULL);
     if (s == KVD_ERR_UNSUPPORTED) {
         printf("# io_uring unavailable here: %s engine skipped\n", engine);
-        tdir_remove(&d);
+        kvd_test_dir_remove(&d);
         return;
     }
     assert_int_equal(s, KVD_OK);
@@ -250,7 +233,7 @@ static void run_fill_beyond_arena(const char *engine)
     assert_int_equal(b.leases, 0);
     assert_int_equal(b.checksum_errors, 0);
     kvd_store_close(st);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 static void test_fill_beyond_arena_uring(void **state)
@@ -270,8 +253,8 @@ static void test_fill_beyond_arena_threads(void **state)
 static void test_write_through_reopen(void **state)
 {
     (void)state;
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
     kvd_store_t *st = NULL;
     assert_int_equal(
         store_open_kv(&d, &st, "store.disk_write", "through", NULL), KVD_OK);
@@ -315,14 +298,14 @@ static void test_write_through_reopen(void **state)
     assert_int_equal(get_one(st, 0, NULL, NULL), KVD_ERR_NOT_FOUND);
     assert_int_equal(get_one(st, 2, NULL, NULL), KVD_OK);
     kvd_store_close(st);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 /* ---- crash -------------------------------------------------------------- */
 
 /* Child: writes objects through to disk forever, reporting after each
  * flush how many are durable. */
-static void crash_child(const tdir_t *d, int fd, uint32_t first)
+static void crash_child(const kvd_test_dir_t *d, int fd, uint32_t first)
 {
     kvd_store_t *st = NULL;
     if (store_open_kv(d, &st, "store.disk_write", "through", "store.disk_size",
@@ -348,8 +331,8 @@ static void crash_child(const tdir_t *d, int fd, uint32_t first)
 static void test_crash_keeps_whole_objects(void **state)
 {
     (void)state;
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
     /* Objects [lo[r], hi[r]) were flushed by round r's child. */
     uint32_t lo[3], hi[3];
     uint32_t first = 0;
@@ -401,7 +384,7 @@ static void test_crash_keeps_whole_objects(void **state)
         kvd_store_close(st);
         first = durable + 64;
     }
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 /* ---- damaged bytes ------------------------------------------------------ */
@@ -409,8 +392,8 @@ static void test_crash_keeps_whole_objects(void **state)
 static void test_checksum_mismatch_drops_object(void **state)
 {
     (void)state;
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
     kvd_store_t *st = NULL;
     assert_int_equal(
         store_open_kv(&d, &st, "store.disk_write", "through", NULL), KVD_OK);
@@ -449,7 +432,7 @@ static void test_checksum_mismatch_drops_object(void **state)
     assert_int_equal(store_open_kv(&d, &st, NULL), KVD_OK);
     assert_int_equal(stats_of(st).disk.objects, 0);
     kvd_store_close(st);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 /* ---- injected failures -------------------------------------------------- */
@@ -457,8 +440,8 @@ static void test_checksum_mismatch_drops_object(void **state)
 static void run_injected_write_error(const char *spec, kvd_status_t want)
 {
     (void)want;
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
     kvd_store_t *st = NULL;
     assert_int_equal(
         store_open_kv(&d, &st, "store.disk_write", "through", NULL), KVD_OK);
@@ -496,7 +479,7 @@ static void run_injected_write_error(const char *spec, kvd_status_t want)
     assert_int_equal(stats_of(st).dropped_writes, 0);
     assert_int_equal(get_one(st, 100, NULL, NULL), KVD_OK);
     kvd_store_close(st);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 static void test_write_eio(void **state)
@@ -514,8 +497,8 @@ static void test_write_enospc(void **state)
 static void test_read_eio(void **state)
 {
     (void)state;
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
     kvd_store_t *st = NULL;
     assert_int_equal(
         store_open_kv(&d, &st, "store.disk_write", "through", NULL), KVD_OK);
@@ -533,7 +516,7 @@ static void test_read_eio(void **state)
     assert_int_equal(s.host.objects, 0);
     assert_int_equal(get_one(st, 0, NULL, NULL), KVD_OK);
     kvd_store_close(st);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 /* ---- full disk, admission ----------------------------------------------- */
@@ -541,8 +524,8 @@ static void test_read_eio(void **state)
 static void test_full_disk_evicts_oldest(void **state)
 {
     (void)state;
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
     kvd_store_t *st = NULL;
     /* 2 MiB of disk = 8 objects. */
     assert_int_equal(store_open_kv(&d, &st, "store.disk_write", "through",
@@ -565,14 +548,14 @@ static void test_full_disk_evicts_oldest(void **state)
     }
     assert_int_equal(get_one(st, 0, NULL, NULL), KVD_ERR_NOT_FOUND);
     kvd_store_close(st);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 static void test_admission_second_sighting(void **state)
 {
     (void)state;
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
     kvd_store_t *st = NULL;
     assert_int_equal(
         store_open_kv(&d, &st, "store.disk_admission", "second", NULL), KVD_OK);
@@ -596,7 +579,7 @@ static void test_admission_second_sighting(void **state)
     }
     assert_int_equal(get_one(st, 20, NULL, NULL), KVD_ERR_NOT_FOUND);
     kvd_store_close(st);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 /* ---- concurrency -------------------------------------------------------- */
@@ -646,8 +629,8 @@ static void *cc_reader(void *arg)
 static void test_concurrent_writers_and_readers(void **state)
 {
     (void)state;
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
     cc_t cc = {.per_writer = 60 * SCALE};
     pthread_mutex_init(&cc.poll_mu, NULL);
     assert_int_equal(store_open_kv(&d, &cc.st, NULL), KVD_OK);
@@ -669,7 +652,7 @@ static void test_concurrent_writers_and_readers(void **state)
     assert_int_equal(s.checksum_errors, 0);
     kvd_store_close(cc.st);
     pthread_mutex_destroy(&cc.poll_mu);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 int main(void)

@@ -20,31 +20,13 @@
 #include <cmocka.h>
 
 #include "common/failpoint_int.h"
+#include "tests/unit/kvd_testdir_int.h"
 #include "store/nvme_int.h"
 
 #define BLK KVD_NVME_BLOCK_BYTES
 
-typedef struct tdir {
-    char path[200];
-} tdir_t;
-
-static void tdir_make(tdir_t *d)
-{
-    const char *tmp = getenv("TMPDIR");
-    snprintf(d->path, sizeof d->path, "%s/kvd_test_nvme_XXXXXX",
-             tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
-    assert_non_null(mkdtemp(d->path));
-}
-
-static void tdir_remove(const tdir_t *d)
-{
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d->path);
-    assert_int_equal(system(cmd), 0);
-}
-
-static kvd_nvme_config_t cfg_for(const tdir_t *d, uint64_t size, uint64_t files,
-                                 kvd_nvme_engine_t engine)
+static kvd_nvme_config_t cfg_for(const kvd_test_dir_t *d, uint64_t size,
+                                 uint64_t files, kvd_nvme_engine_t engine)
 {
     kvd_nvme_config_t c = kvd_nvme_config_default();
     snprintf(c.path, sizeof c.path, "%s/data", d->path);
@@ -81,8 +63,8 @@ static void test_config_defaults(void **state)
 static void test_open_errors(void **state)
 {
     (void)state;
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "nvme");
     kvd_nvme_t *nvme = NULL;
     kvd_nvme_config_t c = cfg_for(&d, 1 << 20, 1, KVD_NVME_ENGINE_AUTO);
     assert_int_equal(kvd_nvme_open(NULL, &nvme), KVD_ERR_INVALID);
@@ -129,7 +111,7 @@ static void test_open_errors(void **state)
     assert_int_equal(info.free_bytes, 1 << 20);
     kvd_nvme_close(nvme);
     kvd_nvme_close(NULL);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 /* ---- allocator ---------------------------------------------------------- */
@@ -137,8 +119,8 @@ static void test_open_errors(void **state)
 static void test_allocator_basics(void **state)
 {
     (void)state;
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "nvme");
     kvd_nvme_t *nvme = NULL;
     /* Two files of 64 blocks. */
     kvd_nvme_config_t c = cfg_for(&d, 128 * BLK, 2, KVD_NVME_ENGINE_THREADS);
@@ -209,7 +191,7 @@ static void test_allocator_basics(void **state)
     assert_int_equal(kvd_nvme_extent_from_location(nvme, 2, 0, &x),
                      KVD_ERR_INVALID);
     kvd_nvme_close(nvme);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 static unsigned test_seed(void)
@@ -224,8 +206,8 @@ static unsigned test_seed(void)
 static void test_allocator_model(void **state)
 {
     (void)state;
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "nvme");
     kvd_nvme_t *nvme = NULL;
     enum { FILES = 3, PER = 400, MAXLIVE = 300 };
     kvd_nvme_config_t c = cfg_for(&d, (uint64_t)FILES * PER * BLK, FILES,
@@ -283,7 +265,7 @@ static void test_allocator_model(void **state)
         }
     }
     kvd_nvme_close(nvme);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 /* ---- I/O ---------------------------------------------------------------- */
@@ -359,14 +341,14 @@ static void submit_all(kvd_nvme_t *nvme, kvd_nvme_io_t *ios, size_t n,
 
 static void run_io(kvd_nvme_engine_t engine, bool fixed)
 {
-    tdir_t d;
-    tdir_make(&d);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "nvme");
     kvd_nvme_t *nvme = NULL;
     kvd_nvme_config_t c = cfg_for(&d, 8 << 20, 2, engine);
     kvd_status_t s = kvd_nvme_open(&c, &nvme);
     if (s == KVD_ERR_UNSUPPORTED && engine == KVD_NVME_ENGINE_URING) {
         printf("# io_uring unavailable: skipped\n");
-        tdir_remove(&d);
+        kvd_test_dir_remove(&d);
         return;
     }
     assert_int_equal(s, KVD_OK);
@@ -492,7 +474,7 @@ static void run_io(kvd_nvme_engine_t engine, bool fixed)
     kvd_nvme_close(nvme);
     free(src);
     free(dst);
-    tdir_remove(&d);
+    kvd_test_dir_remove(&d);
 }
 
 static void test_io_uring_fixed(void **state)
