@@ -1,0 +1,218 @@
+/*
+ * kvdepot leader: the scheduler side of the KV connector (DESIGN.md §7).
+ *
+ * Mirrors the engines' scheduler API (vLLM KVConnectorBase_V1 scheduler
+ * role, TensorRT-LLM KvCacheConnectorScheduler) in C, for a thin Python
+ * shim to drive:
+ *
+ *   get_num_new_matched_tokens -> update_state_after_alloc ->
+ *   request_scheduled (per scheduled request) -> build_connector_meta ->
+ *   (workers run the plan) -> update_connector_output ->
+ *   request_finished
+ *
+ * The leader recognises blocks by their hash chain (DESIGN.md §3: from the
+ * request's tokens, or the engine's own block hashes), asks the store which
+ * prefix it holds, and writes each step's plan as a packed kvdepot.v1
+ * StepPlan: per request, the engine blocks to load (with their object key
+ * and tier) and the newly completed full blocks to save. It does no data
+ * I/O and never blocks on the store.
+ *
+ * Leases: every block the leader promises the engine is leased in the store
+ * by the lookup, so it cannot be evicted before the workers load it; the
+ * leader releases the leases when all workers report the request's loads
+ * finished (or failed), when the engine allocates fewer blocks than
+ * matched, or when the request is preempted, aborted or finished. Workers
+ * resolve keys in the store themselves (lease_id 0 in the plan) and take
+ * their own leases for the copy; a DISK block is promoted by the worker
+ * (kvd_store_get_submit), which is why such loads are asynchronous.
+ *
+ * Threading: a leader is used from one thread (the engine's scheduler);
+ * no call is thread-safe against another on the same leader. Distinct
+ * leaders are independent. The backend's functions are called only from
+ * inside the leader's calls.
+ */
+#ifndef KVDEPOT_LEADER_H
+#define KVDEPOT_LEADER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvdepot/common.h"
+#include "kvdepot/store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvd_leader kvd_leader_t;
+
+/*
+ * The store as the leader sees it: one interface for the embedded store
+ * now and for the daemon or cluster client later. Both functions follow
+ * kvd_store_lookup / kvd_store_release. lookup may answer KVD_INPROGRESS
+ * ("ask again later", e.g. an RPC in flight); the leader then reports "not
+ * yet" to the engine.
+ */
+typedef struct kvd_leader_backend {
+    void *ctx;
+    kvd_status_t (*lookup)(void *ctx, const kvd_namespace_t *ns,
+                           const kvd_block_hash_t *hashes, size_t num_hashes,
+                           kvd_store_lease_t *leases_out, size_t *matched_out);
+    kvd_status_t (*release)(void *ctx, const kvd_store_lease_t *leases,
+                            size_t num);
+} kvd_leader_backend_t;
+
+/* Fills `*out` with a backend over an embedded store (`store` is retained
+ * until the leader using it is destroyed). */
+KVD_API void kvd_leader_backend_embedded(kvd_store_t *store,
+                                         kvd_leader_backend_t *out);
+
+typedef struct kvd_leader_config {
+    uint32_t block_size;   /* tokens per engine block, 1..4096 */
+    kvd_namespace_t ns;    /* namespace of this engine's objects */
+    kvd_block_hash_t root; /* chain root: kvd_block_hash_seed() */
+    uint32_t num_workers;  /* reports that finish a request, >= 1 */
+    bool layerwise;        /* plan loads/saves layer by layer */
+    bool async_host_loads; /* report HOST-tier loads as async too */
+} kvd_leader_config_t;
+
+/*
+ * Creates a leader. `cfg` and `backend` are copied. Errors: KVD_ERR_INVALID
+ * (NULL, block_size out of range, num_workers 0, backend functions NULL),
+ * KVD_ERR_NOMEM.
+ */
+KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
+                                       const kvd_leader_backend_t *backend,
+                                       kvd_leader_t **leader_out);
+
+/* Releases every lease still held and frees the leader; NULL accepted. */
+KVD_API void kvd_leader_destroy(kvd_leader_t *leader);
+
+/* A request as the engine first shows it. Either tokens (the leader hashes
+ * every full block, vLLM's sha256_cbor recipe with lora_name on every block
+ * and cache_salt on the first) or the engine's own block hashes (when the
+ * engine's hashing is deterministic and matches the store's). */
+typedef struct kvd_leader_request {
+    const char *request_id; /* 1..255 bytes, unique among live requests */
+    const uint32_t *tokens; /* prompt tokens, or NULL */
+    size_t num_tokens;      /* prompt length (also with hashes) */
+    const kvd_block_hash_t *hashes; /* engine block hashes, or NULL */
+    size_t num_hashes;
+    const char *lora_name;  /* NULL: none */
+    const char *cache_salt; /* NULL: none (tenant isolation) */
+} kvd_leader_request_t;
+
+/*
+ * vLLM get_num_new_matched_tokens. Looks the request's prefix up (once: a
+ * repeated call returns the same answer and takes nothing more) and writes
+ * the tokens the store can provide beyond `num_computed_tokens` (whole
+ * blocks only, never the block holding the last prompt token) into
+ * *matched_out and whether the load is asynchronous into *async_out.
+ * Returns KVD_OK, or KVD_INPROGRESS for "not yet" (vLLM's None): a block of
+ * the prefix is being loaded for another request right now, or the backend
+ * asked to be called again. Errors: KVD_ERR_INVALID (NULL, bad id, neither
+ * tokens nor hashes), KVD_ERR_NOMEM, the backend's errors.
+ */
+KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
+    kvd_leader_t *leader, const kvd_leader_request_t *req,
+    uint64_t num_computed_tokens, uint64_t *matched_out, bool *async_out);
+
+/*
+ * vLLM update_state_after_alloc: the engine allocated `block_ids` (the
+ * request's whole block table so far) and decided to take
+ * `num_external_tokens` of the matched tokens. Blocks the engine does not
+ * take are released. Loads are planned in the next build_connector_meta.
+ * KVD_ERR_NOT_FOUND for an unknown request, KVD_ERR_RANGE for more external
+ * tokens than matched or fewer block ids than the load needs.
+ */
+KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
+    kvd_leader_t *leader, const char *request_id, const uint32_t *block_ids,
+    size_t num_block_ids, uint64_t num_external_tokens);
+
+/*
+ * The engine scheduled `request_id` this step: `new_block_ids` were added to
+ * its block table, `new_tokens` to its token sequence (decode output; NULL
+ * when none), and after this step `num_computed_tokens` tokens will be in
+ * its KV cache. Full blocks that become computed are planned for saving
+ * (unless the store already has them). `new_hashes` adds engine block
+ * hashes for requests created with hashes (NULL otherwise). Errors:
+ * KVD_ERR_NOT_FOUND, KVD_ERR_INVALID, KVD_ERR_NOMEM.
+ */
+KVD_API kvd_status_t kvd_leader_request_scheduled(
+    kvd_leader_t *leader, const char *request_id, const uint32_t *new_block_ids,
+    size_t num_new_blocks, const uint32_t *new_tokens, size_t num_new_tokens,
+    const kvd_block_hash_t *new_hashes, size_t num_new_hashes,
+    uint64_t num_computed_tokens);
+
+/*
+ * vLLM build_connector_meta: packs this step's plan (every request touched
+ * since the last call: loads, saves, preemptions) into a new buffer
+ * (*plan_out, *len_out; free() it) and drains the per-step state. Errors:
+ * KVD_ERR_INVALID, KVD_ERR_NOMEM, KVD_ERR_PROTO (a plan over the protocol's
+ * limits; the step state is kept).
+ */
+KVD_API kvd_status_t kvd_leader_build_connector_meta(kvd_leader_t *leader,
+                                                     uint8_t **plan_out,
+                                                     size_t *len_out);
+
+/*
+ * vLLM update_connector_output: applies one worker's packed WorkerReport
+ * (untrusted bytes). A request's saves (loads) finish when num_workers
+ * reports named it; a failed load releases the request's leases and
+ * queues its block id for kvd_leader_take_failed_blocks. Errors:
+ * KVD_ERR_PROTO (malformed report; nothing applied), KVD_ERR_INVALID.
+ * Unknown request ids are ignored (already finished or aborted).
+ */
+KVD_API kvd_status_t kvd_leader_update_connector_output(kvd_leader_t *leader,
+                                                        const void *report,
+                                                        size_t len);
+
+/* Moves up to `max` engine block ids whose load failed into `block_ids`
+ * and returns how many (vLLM invalid_block_ids / kv_load_failure_policy). */
+KVD_API size_t kvd_leader_take_failed_blocks(kvd_leader_t *leader,
+                                             uint32_t *block_ids, size_t max);
+
+/* Moves up to `max` ids of requests whose async loads finished into `out`
+ * (pointers valid until the next leader call) and returns how many. */
+KVD_API size_t kvd_leader_take_finished_loads(kvd_leader_t *leader,
+                                              const char **out, size_t max);
+
+/*
+ * The engine preempted the request: its leases are released, its pending
+ * loads dropped, and it is listed in the next plan so workers finish its
+ * in-flight saves before its blocks are reused. Its lookup is forgotten: a
+ * resumed request asks get_num_new_matched_tokens again.
+ */
+KVD_API kvd_status_t kvd_leader_request_preempted(kvd_leader_t *leader,
+                                                  const char *request_id);
+
+/*
+ * vLLM request_finished (also for aborts): releases the request's leases
+ * and writes into *delay_free_out whether the engine must keep its blocks
+ * until the workers report its saves finished (they then stay tracked
+ * until that report). KVD_ERR_NOT_FOUND for an unknown request.
+ */
+KVD_API kvd_status_t kvd_leader_request_finished(kvd_leader_t *leader,
+                                                 const char *request_id,
+                                                 bool *delay_free_out);
+
+typedef struct kvd_leader_stats {
+    uint64_t requests;       /* tracked now */
+    uint64_t leases;         /* held now */
+    uint64_t lookups;        /* backend lookups made */
+    uint64_t matched_blocks; /* blocks promised to the engine */
+    uint64_t planned_loads;
+    uint64_t planned_saves;
+    uint64_t failed_loads;
+    uint64_t not_yet; /* answers "not yet" */
+} kvd_leader_stats_t;
+
+KVD_API kvd_status_t kvd_leader_stats(kvd_leader_t *leader,
+                                      kvd_leader_stats_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVDEPOT_LEADER_H */
