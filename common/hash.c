@@ -13,6 +13,7 @@
  * freeing it from a destructor could race OpenSSL's own atexit cleanup.
  */
 #include <pthread.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include <openssl/err.h>
@@ -48,9 +49,39 @@ static kvd_status_t kvd_openssl_status(const char *what)
     return KVD_ERR_INTERNAL;
 }
 
+/* One digest context per thread, reused: EVP_Digest would allocate and
+ * free a context per call, which costs as much as hashing a block's 100
+ * bytes. The key's destructor frees a thread's context when it exits. */
+static pthread_key_t kvd_sha256_ctx_key;
+static bool kvd_sha256_ctx_key_ok;
+
+static void kvd_sha256_ctx_free(void *ctx)
+{
+    EVP_MD_CTX_free(ctx);
+}
+
 static void kvd_sha256_md_fetch(void)
 {
     kvd_sha256_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    kvd_sha256_ctx_key_ok =
+        pthread_key_create(&kvd_sha256_ctx_key, kvd_sha256_ctx_free) == 0;
+}
+
+/* This thread's context, or NULL (then the caller uses EVP_Digest). */
+static EVP_MD_CTX *kvd_sha256_ctx(void)
+{
+    if (!kvd_sha256_ctx_key_ok) {
+        return NULL;
+    }
+    EVP_MD_CTX *ctx = pthread_getspecific(kvd_sha256_ctx_key);
+    if (ctx == NULL) {
+        ctx = EVP_MD_CTX_new();
+        if (ctx != NULL && pthread_setspecific(kvd_sha256_ctx_key, ctx) != 0) {
+            EVP_MD_CTX_free(ctx);
+            ctx = NULL;
+        }
+    }
+    return ctx;
 }
 
 KVD_API kvd_status_t kvd_sha256(const void *data, size_t len,
@@ -73,8 +104,14 @@ KVD_API kvd_status_t kvd_sha256(const void *data, size_t len,
     if (KVD_FAILPOINT("hash.sha256") != 0) {
         return kvd_openssl_status("EVP_Digest(SHA256) (failpoint hash.sha256)");
     }
-    if (EVP_Digest(data != NULL ? data : empty, len, digest, &digest_len,
-                   kvd_sha256_md, NULL) != 1) {
+    const void *in = data != NULL ? data : empty;
+    EVP_MD_CTX *ctx = kvd_sha256_ctx();
+    int ok = ctx != NULL ? EVP_DigestInit_ex2(ctx, kvd_sha256_md, NULL) == 1 &&
+                               EVP_DigestUpdate(ctx, in, len) == 1 &&
+                               EVP_DigestFinal_ex(ctx, digest, &digest_len) == 1
+                         : EVP_Digest(in, len, digest, &digest_len,
+                                      kvd_sha256_md, NULL) == 1;
+    if (!ok) {
         return kvd_openssl_status("EVP_Digest(SHA256)");
     }
     if (digest_len != KVD_SHA256_BYTES) {
