@@ -9,6 +9,7 @@
 #define KVDEPOT_COMMON_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -296,6 +297,36 @@ typedef struct kvd_block_hash {
 typedef struct kvd_namespace {
     uint8_t bytes[KVD_NAMESPACE_BYTES];
 } kvd_namespace_t;
+
+/*
+ * What makes stored bytes incompatible (DESIGN.md §3), the fields of
+ * kvdepot.v1.NamespaceDescriptor: dtype and codecs are that schema's enum
+ * numbers (Dtype, Codec), v_codec 0 when kv_combined.
+ */
+typedef struct kvd_namespace_desc {
+    const char *model_id; /* 1..256 bytes of UTF-8 */
+    uint32_t dtype;
+    uint32_t k_codec, v_codec;
+    uint32_t num_layers, first_layer;
+    uint32_t num_kv_heads, head_start, total_kv_heads;
+    uint32_t head_dim;
+    uint32_t block_size;
+    uint32_t tp_size, tp_rank;
+    bool kv_combined;
+} kvd_namespace_desc_t;
+
+/*
+ * The namespace digest: the first 16 bytes of SHA-256 over the canonical
+ * CBOR array ["kvdepot-namespace-v1", model_id, dtype, k_codec, v_codec,
+ * num_layers, first_layer, num_kv_heads, head_start, total_kv_heads,
+ * head_dim, block_size, tp_size, tp_rank, kv_combined] (docs/protocol.md).
+ * Any process, in any language, that encodes the same fields gets the same
+ * digest. KVD_ERR_INVALID for NULL arguments, an empty or over-long
+ * model_id, a zero count (layers, heads, head_dim, block_size, tp_size),
+ * head_start + num_kv_heads > total_kv_heads or tp_rank >= tp_size.
+ */
+KVD_API kvd_status_t kvd_namespace_digest(const kvd_namespace_desc_t *desc,
+                                          kvd_namespace_t *ns_out);
 
 /*
  * One multimodal input overlapping a block, as vLLM's
