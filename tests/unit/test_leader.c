@@ -190,18 +190,26 @@ static void ids(uint32_t *out, size_t n, uint32_t base)
     }
 }
 
+/* A leader over an empty scripted store, and a prompt of `n` tokens with
+ * its block hashes in `h`. */
+static kvd_leader_t *scene(fake_t *f, uint32_t workers, uint32_t *tok, size_t n,
+                           uint32_t seed, kvd_block_hash_t *h)
+{
+    memset(f, 0, sizeof *f);
+    prompt(tok, n, seed);
+    assert_int_equal(chain(tok, n, NULL, h), n / BS);
+    return leader_on(f, workers);
+}
+
 /* ---- sequences ----------------------------------------------------------- */
 
 static void test_no_hit_saves_and_delays_free(void **state)
 {
     (void)state;
-    fake_t f = {0};
-    kvd_leader_t *ld = leader_on(&f, 1);
+    fake_t f;
     uint32_t tok[100], blocks[7];
     kvd_block_hash_t h[8];
-    prompt(tok, 100, 1);
-    size_t nh = chain(tok, 100, NULL, h);
-    assert_int_equal(nh, 6);
+    kvd_leader_t *ld = scene(&f, 1, tok, 100, 1, h); /* 6 full blocks */
     uint64_t m = 99;
     bool async = true;
     assert_int_equal(match(ld, "a", tok, 100, NULL, 0, &m, &async), KVD_OK);
@@ -246,12 +254,10 @@ static void test_no_hit_saves_and_delays_free(void **state)
 static void test_full_hit_never_claims_last_block(void **state)
 {
     (void)state;
-    fake_t f = {0};
-    kvd_leader_t *ld = leader_on(&f, 1);
+    fake_t f;
     uint32_t tok[112], blocks[7];
     kvd_block_hash_t h[8];
-    prompt(tok, 112, 2);
-    assert_int_equal(chain(tok, 112, NULL, h), 7);
+    kvd_leader_t *ld = scene(&f, 1, tok, 112, 2, h);
     fake_store(&f, h, 7, KVD_STORE_TIER_HOST);
     uint64_t m = 0;
     bool async = true;
@@ -300,12 +306,10 @@ static void test_full_hit_never_claims_last_block(void **state)
 static void test_partial_hit_and_fewer_blocks_taken(void **state)
 {
     (void)state;
-    fake_t f = {0};
-    kvd_leader_t *ld = leader_on(&f, 1);
+    fake_t f;
     uint32_t tok[112], blocks[7];
     kvd_block_hash_t h[8];
-    prompt(tok, 112, 3);
-    chain(tok, 112, NULL, h);
+    kvd_leader_t *ld = scene(&f, 1, tok, 112, 3, h);
     fake_store(&f, h, 3, KVD_STORE_TIER_HOST);
     uint64_t m = 0;
     bool async = true;
@@ -336,12 +340,10 @@ static void test_partial_hit_and_fewer_blocks_taken(void **state)
 static void test_chunked_prefill_and_decode(void **state)
 {
     (void)state;
-    fake_t f = {0};
-    kvd_leader_t *ld = leader_on(&f, 1);
+    fake_t f;
     uint32_t tok[176], blocks[12];
     kvd_block_hash_t h[16];
-    prompt(tok, 176, 4);
-    assert_int_equal(chain(tok, 176, NULL, h), 11);
+    kvd_leader_t *ld = scene(&f, 1, tok, 176, 4, h);
     uint64_t m = 0;
     bool async = false;
     assert_int_equal(match(ld, "d", tok, 165, NULL, 0, &m, &async), KVD_OK);
@@ -394,12 +396,10 @@ static void test_chunked_prefill_and_decode(void **state)
 static void test_preempt_and_abort_release_everything(void **state)
 {
     (void)state;
-    fake_t f = {0};
-    kvd_leader_t *ld = leader_on(&f, 1);
+    fake_t f;
     uint32_t tok[80], blocks[5];
     kvd_block_hash_t h[8];
-    prompt(tok, 80, 5);
-    chain(tok, 80, NULL, h);
+    kvd_leader_t *ld = scene(&f, 1, tok, 80, 5, h);
     fake_store(&f, h, 5, KVD_STORE_TIER_HOST);
     uint64_t m = 0;
     bool async = false;
@@ -434,12 +434,10 @@ static void test_preempt_and_abort_release_everything(void **state)
 static void test_async_load_failure(void **state)
 {
     (void)state;
-    fake_t f = {0};
-    kvd_leader_t *ld = leader_on(&f, 1);
+    fake_t f;
     uint32_t tok[80], blocks[5];
     kvd_block_hash_t h[8];
-    prompt(tok, 80, 6);
-    chain(tok, 80, NULL, h);
+    kvd_leader_t *ld = scene(&f, 1, tok, 80, 6, h);
     fake_store(&f, h, 2, KVD_STORE_TIER_HOST);
     fake_store(&f, h + 2, 3, KVD_STORE_TIER_DISK);
     uint64_t m = 0;
@@ -473,12 +471,10 @@ static void test_async_load_failure(void **state)
 static void test_shared_prefix_loaded_once(void **state)
 {
     (void)state;
-    fake_t f = {0};
-    kvd_leader_t *ld = leader_on(&f, 1);
+    fake_t f;
     uint32_t tok[80], blocks[5];
     kvd_block_hash_t h[8];
-    prompt(tok, 80, 7);
-    chain(tok, 80, NULL, h);
+    kvd_leader_t *ld = scene(&f, 1, tok, 80, 7, h);
     fake_store(&f, h, 5, KVD_STORE_TIER_DISK);
     uint64_t m = 0;
     bool async = false;
