@@ -103,6 +103,9 @@ struct kvd_leader {
     size_t num_done, cap_done;
     char (*taken)[LEADER_ID_MAX + 1];
     size_t cap_taken;
+    char node_id[LEADER_ID_MAX + 1];
+    kvd_block_hash_t *handoff; /* last hand-off's hashes */
+    size_t cap_handoff;
     kvd_leader_stats_t st;
 };
 
@@ -375,6 +378,9 @@ KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
     }
     ld->cfg = *cfg;
     ld->be = *backend;
+    snprintf(ld->node_id, sizeof ld->node_id, "%s",
+             cfg->node_id != NULL ? cfg->node_id : "");
+    ld->cfg.node_id = ld->node_id;
     *leader_out = ld;
     return KVD_OK;
 }
@@ -399,6 +405,7 @@ KVD_API void kvd_leader_destroy(kvd_leader_t *leader)
     }
     free(leader->failed);
     free(leader->taken);
+    free(leader->handoff);
     free(leader->done_ids);
     free(leader);
 }
@@ -959,6 +966,41 @@ KVD_API kvd_status_t kvd_leader_request_finished(kvd_leader_t *leader,
     bool delay = r->saves_inflight;
     req_maybe_drop(leader, r);
     *delay_free_out = delay;
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_leader_request_finished_transfer(
+    kvd_leader_t *leader, const char *request_id, bool *delay_free_out,
+    kvd_leader_transfer_t *transfer_out)
+{
+    if (leader == NULL || !id_ok(request_id) || delay_free_out == NULL ||
+        transfer_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    lreq_t *r = req_find(leader, request_id);
+    if (r == NULL) {
+        return KVD_ERR_NOT_FOUND;
+    }
+    /* Full blocks stored or sent to the workers for saving; saves not yet
+     * in a plan are dropped by finishing, so they are not handed off. */
+    size_t n = r->save_from;
+    if (n > 0 && !grow((void **)&leader->handoff, &leader->cap_handoff, n,
+                       sizeof *leader->handoff)) {
+        return KVD_ERR_NOMEM;
+    }
+    if (n > 0) {
+        memcpy(leader->handoff, r->hashes, n * sizeof *r->hashes);
+    }
+    kvd_status_t s =
+        kvd_leader_request_finished(leader, request_id, delay_free_out);
+    if (s != KVD_OK) {
+        return s;
+    }
+    transfer_out->node_id = leader->node_id;
+    transfer_out->ns = leader->cfg.ns;
+    transfer_out->hashes = n > 0 ? leader->handoff : NULL;
+    transfer_out->num_hashes = n;
+    transfer_out->num_tokens = (uint64_t)n * leader->cfg.block_size;
     return KVD_OK;
 }
 

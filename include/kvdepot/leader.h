@@ -75,6 +75,7 @@ typedef struct kvd_leader_config {
     uint32_t num_workers;  /* reports that finish a request, >= 1 */
     bool layerwise;        /* plan loads/saves layer by layer */
     bool async_host_loads; /* report HOST-tier loads as async too */
+    const char *node_id;   /* this node, for hand-offs (copied; NULL: "") */
 } kvd_leader_config_t;
 
 /*
@@ -196,6 +197,29 @@ KVD_API kvd_status_t kvd_leader_request_preempted(kvd_leader_t *leader,
 KVD_API kvd_status_t kvd_leader_request_finished(kvd_leader_t *leader,
                                                  const char *request_id,
                                                  bool *delay_free_out);
+
+/* What a decode node needs to take over a request whose prefill ran here
+ * (prefill -> decode hand-off; vLLM kv_transfer_params). */
+typedef struct kvd_leader_transfer {
+    const char *node_id;            /* config node_id: where the blocks are */
+    kvd_namespace_t ns;             /* their namespace */
+    const kvd_block_hash_t *hashes; /* the request's full blocks, in order */
+    size_t num_hashes;
+    uint64_t num_tokens; /* tokens those blocks hold */
+} kvd_leader_transfer_t;
+
+/*
+ * kvd_leader_request_finished for a request whose KV a decode node will
+ * load (vLLM do_remote_decode): as well as releasing its leases, writes the
+ * hand-off into *transfer_out (pointers valid until the next call on the
+ * leader) and keeps *delay_free_out true while the request's saves are in
+ * flight, since the decode node can only load what is stored. The blocks
+ * handed off are the full blocks computed so far. Errors: as
+ * kvd_leader_request_finished.
+ */
+KVD_API kvd_status_t kvd_leader_request_finished_transfer(
+    kvd_leader_t *leader, const char *request_id, bool *delay_free_out,
+    kvd_leader_transfer_t *transfer_out);
 
 typedef struct kvd_leader_stats {
     uint64_t requests;       /* tracked now */

@@ -654,6 +654,51 @@ static void test_embedded_store(void **state)
     kvd_store_close(st);
 }
 
+static void test_prefill_handoff(void **state)
+{
+    (void)state;
+    fake_t f;
+    uint32_t tok[100], blocks[7];
+    kvd_block_hash_t h[8];
+    memset(&f, 0, sizeof f);
+    prompt(tok, 100, 11);
+    chain(tok, 100, NULL, h);
+    kvd_leader_config_t c = config(1);
+    c.node_id = "prefill-node-a";
+    kvd_leader_backend_t be = {&f, fake_lookup, fake_release};
+    kvd_leader_t *ld = NULL;
+    assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
+    uint64_t m = 0;
+    bool async = false;
+    assert_int_equal(match(ld, "p", tok, 100, NULL, 0, &m, &async), KVD_OK);
+    ids(blocks, 7, 0);
+    assert_int_equal(kvd_leader_update_state_after_alloc(ld, "p", blocks, 7, 0),
+                     KVD_OK);
+    assert_int_equal(
+        kvd_leader_request_scheduled(ld, "p", NULL, 0, NULL, 0, NULL, 0, 100),
+        KVD_OK);
+    kvd_proto_step_plan_free(plan_of(ld));
+    bool delay = false;
+    kvd_leader_transfer_t t;
+    assert_int_equal(kvd_leader_request_finished_transfer(ld, "p", &delay, &t),
+                     KVD_OK);
+    assert_true(delay); /* the decode node needs the saves to land */
+    assert_string_equal(t.node_id, "prefill-node-a");
+    assert_memory_equal(t.ns.bytes, c.ns.bytes, 16);
+    assert_int_equal(t.num_hashes, 6);
+    assert_int_equal(t.num_tokens, 96);
+    assert_memory_equal(t.hashes, h, 6 * sizeof h[0]);
+    report(ld, 1, "p", NULL, NULL, 0);
+    kvd_leader_stats_t st;
+    assert_int_equal(kvd_leader_stats(ld, &st), KVD_OK);
+    assert_int_equal(st.requests, 0);
+    assert_int_equal(kvd_leader_request_finished_transfer(ld, "p", &delay, &t),
+                     KVD_ERR_NOT_FOUND);
+    assert_int_equal(kvd_leader_request_finished_transfer(ld, "p", NULL, &t),
+                     KVD_ERR_INVALID);
+    kvd_leader_destroy(ld);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -710,6 +755,7 @@ int main(void)
         cmocka_unit_test(test_every_worker_must_report),
         cmocka_unit_test(test_engine_hashes),
         cmocka_unit_test(test_embedded_store),
+        cmocka_unit_test(test_prefill_handoff),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
