@@ -412,6 +412,19 @@ KVD_API void kvd_leader_destroy(kvd_leader_t *leader)
 
 /* ---- matching ----------------------------------------------------------- */
 
+/* Records a lookup that promises nothing: blocks the engine holds itself
+ * were saved when it computed them. */
+static kvd_status_t req_answer_miss(lreq_t *r, size_t first,
+                                    uint64_t *matched_out, bool *async_out)
+{
+    r->looked_up = true;
+    r->first_block = first;
+    r->saved_upto = r->save_from = first;
+    *matched_out = 0;
+    *async_out = false;
+    return KVD_OK;
+}
+
 KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     kvd_leader_t *leader, const kvd_leader_request_t *req,
     uint64_t num_computed_tokens, uint64_t *matched_out, bool *async_out)
@@ -444,20 +457,20 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     }
     size_t first = (size_t)(num_computed_tokens / bs);
     if (first >= cap) {
-        /* Blocks the engine holds itself were saved when it computed
-         * them. */
-        r->looked_up = true;
-        r->first_block = first;
-        r->saved_upto = r->save_from = first;
-        *matched_out = 0;
-        *async_out = false;
-        return KVD_OK;
+        return req_answer_miss(r, first, matched_out, async_out);
     }
     for (size_t i = first; i < cap; i++) {
         if (loading_has(ld, &r->hashes[i])) {
-            ld->st.not_yet++;
-            return KVD_INPROGRESS;
+            if (!ld->cfg.no_retry) {
+                ld->st.not_yet++;
+                return KVD_INPROGRESS;
+            }
+            cap = i; /* load only what nobody is loading */
+            break;
         }
+    }
+    if (first >= cap) {
+        return req_answer_miss(r, first, matched_out, async_out);
     }
     kvd_store_lease_t *leases = calloc(cap, sizeof *leases);
     if (leases == NULL) {
@@ -467,6 +480,12 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     ld->st.lookups++;
     kvd_status_t s =
         ld->be.lookup(ld->be.ctx, &ld->cfg.ns, r->hashes, cap, leases, &m);
+    if (s == KVD_INPROGRESS && ld->cfg.no_retry) {
+        /* Not ready and the engine cannot wait: a miss, asked again only
+         * if the request comes back (preemption). */
+        free(leases);
+        return req_answer_miss(r, first, matched_out, async_out);
+    }
     if (s != KVD_OK) {
         free(leases);
         if (s == KVD_INPROGRESS) {

@@ -75,7 +75,11 @@ typedef struct kvd_leader_config {
     uint32_t num_workers;  /* reports that finish a request, >= 1 */
     bool layerwise;        /* plan loads/saves layer by layer */
     bool async_host_loads; /* report HOST-tier loads as async too */
-    const char *node_id;   /* this node, for hand-offs (copied; NULL: "") */
+    /* The engine has no "retry later" (TensorRT-LLM): instead of "not
+     * yet", the match stops before a block another request is loading,
+     * and a backend that is not ready counts as a miss. */
+    bool no_retry;
+    const char *node_id; /* this node, for hand-offs (copied; NULL: "") */
 } kvd_leader_config_t;
 
 /*

@@ -699,6 +699,83 @@ static void test_prefill_handoff(void **state)
     kvd_leader_destroy(ld);
 }
 
+/* TensorRT-LLM's order and rules: integer request ids, no "retry later"
+ * (a block another request is loading is simply not promised), the whole
+ * match taken at allocation, request_finished answering only a bool. */
+static void test_trtllm_sequence(void **state)
+{
+    (void)state;
+    fake_t f;
+    uint32_t tok[80], blocks[5];
+    kvd_block_hash_t h[8];
+    memset(&f, 0, sizeof f);
+    prompt(tok, 80, 12);
+    chain(tok, 80, NULL, h);
+    fake_store(&f, h, 2, KVD_STORE_TIER_DISK);
+    fake_store(&f, h + 2, 3, KVD_STORE_TIER_HOST);
+    kvd_leader_config_t c = config(2); /* every rank must report */
+    c.no_retry = true;
+    kvd_leader_backend_t be = {&f, fake_lookup, fake_release};
+    kvd_leader_t *ld = NULL;
+    assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
+
+    /* Request 17: async load of 4 blocks (2 on NVMe). */
+    uint64_t m = 0;
+    bool async = false;
+    assert_int_equal(match(ld, "17", tok, 80, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 64);
+    assert_true(async);
+    ids(blocks, 5, 0);
+    assert_int_equal(
+        kvd_leader_update_state_after_alloc(ld, "17", blocks, 5, m), KVD_OK);
+    kvd_pb_step_plan_t *p = plan_of(ld);
+    const kvd_pb_step_request_t *q = plan_req(p, "17");
+    assert_int_equal(q->n_loads, 4);
+    assert_true(q->async_load);
+    kvd_proto_step_plan_free(p);
+
+    /* Request 18, same prompt, arrives while 17 loads: never "not yet";
+     * the blocks 17 is loading are not promised. */
+    assert_int_equal(match(ld, "18", tok, 80, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 0);
+    assert_false(async);
+
+    /* Both ranks report 17's load; only then is it finished. */
+    report(ld, 1, NULL, "17", NULL, 0);
+    const char *done[2];
+    assert_int_equal(kvd_leader_take_finished_loads(ld, done, 2), 0);
+    report(ld, 1, NULL, "17", NULL, 0);
+    assert_int_equal(kvd_leader_take_finished_loads(ld, done, 2), 1);
+    assert_string_equal(done[0], "17");
+    assert_int_equal(f.leases, 0);
+
+    /* The last block is computed, saved, reported by both ranks. */
+    assert_int_equal(
+        kvd_leader_request_scheduled(ld, "17", NULL, 0, NULL, 0, NULL, 0, 80),
+        KVD_OK);
+    p = plan_of(ld);
+    assert_int_equal(plan_req(p, "17")->n_saves, 1);
+    kvd_proto_step_plan_free(p);
+    bool delay = false;
+    assert_int_equal(kvd_leader_request_finished(ld, "17", &delay), KVD_OK);
+    assert_true(delay);
+    report(ld, 2, "17", NULL, NULL, 0);
+    report(ld, 2, "17", NULL, NULL, 0);
+    assert_int_equal(kvd_leader_request_finished(ld, "18", &delay), KVD_OK);
+    assert_false(delay);
+    kvd_leader_stats_t st;
+    assert_int_equal(kvd_leader_stats(ld, &st), KVD_OK);
+    assert_int_equal(st.requests, 0);
+    assert_int_equal(st.not_yet, 0);
+    /* A backend that is not ready is a miss, not a wait. */
+    f.busy = 1;
+    assert_int_equal(match(ld, "19", tok, 80, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 0);
+    f.busy = 0;
+    kvd_leader_destroy(ld);
+    assert_int_equal(f.leases, 0);
+}
+
 static void test_bad_input(void **state)
 {
     (void)state;
@@ -756,6 +833,7 @@ int main(void)
         cmocka_unit_test(test_engine_hashes),
         cmocka_unit_test(test_embedded_store),
         cmocka_unit_test(test_prefill_handoff),
+        cmocka_unit_test(test_trtllm_sequence),
         cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
