@@ -13,19 +13,32 @@
  * the one that served the previous allocation, which spreads consecutive
  * writes over the files (and their disks, when they sit on several).
  *
- * io_uring engine. One ring of queue_depth entries. Submitters take
- * `sq_mu`, fill SQEs and call io_uring_submit once per batch; the number
- * of operations in flight never exceeds queue_depth, so an SQE is always
- * free and the CQ (twice the SQ) never overflows. The completion thread
- * waits on the CQ, continues short transfers with a new SQE, and calls
- * `done` when an operation has moved all its bytes or failed. An injected
- * failure is submitted as a NOP, so it completes on the completion thread
- * like a real error. close() waits until nothing is in flight, then posts a
- * NOP carrying a sentinel that stops the thread.
+ * Descriptors. An accepted operation holds one of queue_depth descriptors
+ * allocated at open, so submission never allocates and at most queue_depth
+ * operations are in flight whatever the engine.
  *
- * Thread engine. A bounded queue (queue_depth operations) served by
- * cfg.threads workers doing pread/pwrite; same accounting and callbacks.
+ * io_uring engine. One ring of queue_depth entries. Every SQE belongs to a
+ * held descriptor and every holder of `sq_mu` leaves the SQ empty, so an
+ * SQE is always free and the CQ (twice the SQ) never overflows. Submitters
+ * fill their batch's SQEs under `sq_mu` and call io_uring_submit once. The
+ * completion thread waits on the CQ, continues short transfers (and those
+ * longer than one SQE may carry) with a new SQE, and finishes an operation
+ * when it has moved all its bytes or failed. An injected failure is
+ * submitted as a NOP, so it completes on the completion thread like a real
+ * error.
+ *
+ * Thread engine. Accepted descriptors wait in a FIFO (bounded by the
+ * descriptors) for cfg.threads workers doing pread/pwrite.
+ *
+ * Completion. An operation gives its descriptor back just before its
+ * callback runs, so the callback may submit the next operation even into a
+ * queue of one; it stays counted in `pending` (the stats' inflight) until
+ * the callback returns. close() refuses new submissions, waits for
+ * `pending` to reach zero -- every callback has returned -- and only then
+ * stops the workers or posts the NOP whose sentinel ends the completion
+ * thread, so no internal thread touches the tier after it is freed.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <liburing.h>
@@ -43,6 +56,13 @@
 #define NVME_BUFFERS_MAX 16384u
 #define NVME_QUEUE_DEPTH_MAX 4096
 #define NVME_THREADS_MAX 64
+/* Longest transfer one SQE carries (its length field is 32 bits); longer
+ * operations continue like short transfers. */
+#define NVME_SQE_BYTES_MAX (1u << 30)
+/* EAGAIN / EINTR results retried per operation before it fails. */
+#define NVME_RETRIES_MAX 16u
+/* io_uring_submit attempts while the kernel answers EAGAIN / EBUSY. */
+#define NVME_SUBMIT_TRIES 1000
 
 /* ---- settings ----------------------------------------------------------- */
 
@@ -100,19 +120,24 @@ struct nvme_run {
     nvme_run_t *left, *right;
 };
 
-/* One accepted operation, owned by the tier until its callback ran. */
-typedef struct nvme_op {
+/* An operation's descriptor: on the free list, or held by an accepted
+ * operation until just before its callback runs. */
+typedef struct nvme_op nvme_op_t;
+struct nvme_op {
     kvd_nvme_io_t io;
     int fd;
+    bool fixed;           /* READ_FIXED / WRITE_FIXED */
+    int inject;           /* errno injected by a failpoint, or 0 */
+    unsigned retries;     /* EAGAIN / EINTR results so far */
     uint64_t file_offset; /* where the next byte goes or comes from */
     uint64_t done_bytes;
-    int inject; /* errno injected by a failpoint, or 0 */
     /* Written with release before the SQE is submitted and read with
      * acquire when its CQE arrives: the kernel carries the op from one
      * thread to the other, and this pair is what makes the hand-over
      * visible to the memory model (and to ThreadSanitizer). */
     int published;
-} nvme_op_t;
+    nvme_op_t *next; /* free list, a batch, or the thread engine's FIFO */
+};
 
 struct kvd_nvme {
     kvd_nvme_config_t cfg;
@@ -128,28 +153,33 @@ struct kvd_nvme {
     uint32_t next_file;
     uint64_t rng;
 
-    pthread_mutex_t mu; /* inflight, closing, the thread engine's queue */
-    pthread_cond_t idle_cv;
-    pthread_cond_t work_cv;
-    uint64_t inflight;
-    bool closing;
+    /* `mu` guards the fields below down to q_tail. It is never held
+     * together with `sq_mu`. */
+    pthread_mutex_t mu;
+    pthread_cond_t idle_cv; /* pending reached 0 */
+    pthread_cond_t work_cv; /* FIFO not empty, or stop */
+    nvme_op_t *op_pool;     /* queue_depth descriptors */
+    nvme_op_t *free_ops;
+    uint64_t held;      /* descriptors held, <= queue_depth */
+    uint64_t pending;   /* accepted, callback not yet returned */
+    bool closing;       /* submissions refused */
+    bool stop;          /* workers leave: nothing is pending */
+    struct iovec *bufs; /* registered fixed buffers */
+    uint32_t num_bufs;
+    nvme_op_t *q_head, *q_tail; /* thread engine's FIFO */
 
     /* io_uring */
     struct io_uring ring;
     bool ring_up;
-    pthread_mutex_t sq_mu;
+    pthread_mutex_t sq_mu; /* the SQ */
     pthread_t cq_thread;
     bool cq_thread_up;
-    struct iovec *bufs;
-    uint32_t num_bufs;
 
     /* threads */
     pthread_t workers[NVME_THREADS_MAX];
     uint32_t num_workers;
-    nvme_op_t **queue; /* ring of queue_depth pointers */
-    uint32_t q_head, q_len;
 
-    kvd_nvme_stats_t st; /* atomics, relaxed */
+    kvd_nvme_stats_t st; /* relaxed atomics; inflight unused (= pending) */
 };
 
 /* Sentinel user_data that stops the completion thread. */
@@ -383,7 +413,10 @@ static kvd_status_t nvme_range(const kvd_nvme_t *nvme, uint32_t extent,
                                uint64_t size_bytes, uint32_t *file_out,
                                uint32_t *start_out, uint32_t *blocks_out)
 {
-    if (size_bytes == 0 || extent == KVD_NVME_EXTENT_INVALID) {
+    /* The size bound comes first: it keeps the rounding below from
+     * wrapping around for sizes near 2^64. */
+    if (size_bytes == 0 || size_bytes > nvme->file_bytes ||
+        extent == KVD_NVME_EXTENT_INVALID) {
         return KVD_ERR_INVALID;
     }
     uint64_t blocks =
@@ -496,85 +529,52 @@ kvd_status_t kvd_nvme_extent_from_location(const kvd_nvme_t *nvme,
 
 /* ---- operations --------------------------------------------------------- */
 
-/* Calls the operation's callback and retires it. */
+/* Counts the result, gives the descriptor back, runs the callback and then
+ * retires the operation (the order is explained at the top). */
 static void nvme_op_finish(kvd_nvme_t *nvme, nvme_op_t *op, kvd_status_t status)
 {
-    bool write = op->io.op == KVD_NVME_OP_WRITE;
+    kvd_nvme_io_t io = op->io;
+    bool write = io.op == KVD_NVME_OP_WRITE;
     if (status == KVD_OK) {
         __atomic_fetch_add(write ? &nvme->st.writes : &nvme->st.reads, 1,
                            __ATOMIC_RELAXED);
         __atomic_fetch_add(write ? &nvme->st.bytes_written
                                  : &nvme->st.bytes_read,
-                           op->io.len, __ATOMIC_RELAXED);
+                           io.len, __ATOMIC_RELAXED);
     } else {
         __atomic_fetch_add(write ? &nvme->st.write_errors
                                  : &nvme->st.read_errors,
                            1, __ATOMIC_RELAXED);
         KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
                             "nvme: %s of extent %u (%llu bytes) failed: %s",
-                            write ? "write" : "read", op->io.extent,
-                            (unsigned long long)op->io.len,
-                            kvd_status_str(status));
+                            write ? "write" : "read", io.extent,
+                            (unsigned long long)io.len, kvd_status_str(status));
     }
-    kvd_nvme_done_fn done = op->io.done;
-    void *arg = op->io.arg;
-    free(op);
-    done(arg, status);
     pthread_mutex_lock(&nvme->mu);
-    if (--nvme->inflight == 0) {
+    op->next = nvme->free_ops;
+    nvme->free_ops = op;
+    nvme->held--;
+    pthread_mutex_unlock(&nvme->mu);
+    io.done(io.arg, status);
+    pthread_mutex_lock(&nvme->mu);
+    if (--nvme->pending == 0) {
         pthread_cond_broadcast(&nvme->idle_cv);
     }
     pthread_mutex_unlock(&nvme->mu);
 }
 
-/* Fills an SQE for the rest of `op` (sq_mu held). */
-static void nvme_sqe_fill(kvd_nvme_t *nvme, struct io_uring_sqe *sqe,
-                          nvme_op_t *op)
-{
-    uint8_t *buf = (uint8_t *)op->io.buf + op->done_bytes;
-    unsigned len = (unsigned)(op->io.len - op->done_bytes);
-    off_t off = (off_t)op->file_offset;
-    bool fixed = op->io.buf_index >= 0 && nvme->num_bufs > 0;
-    if (op->inject != 0) {
-        io_uring_prep_nop(sqe);
-    } else if (op->io.op == KVD_NVME_OP_WRITE) {
-        if (fixed) {
-            io_uring_prep_write_fixed(sqe, op->fd, buf, len, off,
-                                      op->io.buf_index);
-        } else {
-            io_uring_prep_write(sqe, op->fd, buf, len, off);
-        }
-    } else if (fixed) {
-        io_uring_prep_read_fixed(sqe, op->fd, buf, len, off, op->io.buf_index);
-    } else {
-        io_uring_prep_read(sqe, op->fd, buf, len, off);
-    }
-    io_uring_sqe_set_data(sqe, op);
-    __atomic_store_n(&op->published, 1, __ATOMIC_RELEASE);
-}
-
-/* Continues a short transfer; false when no SQE could be had. */
-static bool nvme_resubmit(kvd_nvme_t *nvme, nvme_op_t *op)
-{
-    pthread_mutex_lock(&nvme->sq_mu);
-    struct io_uring_sqe *sqe = io_uring_get_sqe(&nvme->ring);
-    if (sqe != NULL) {
-        nvme_sqe_fill(nvme, sqe, op);
-        if (io_uring_submit(&nvme->ring) < 1) {
-            sqe = NULL;
-        }
-    }
-    pthread_mutex_unlock(&nvme->sq_mu);
-    return sqe != NULL;
-}
-
-/* Accounts `res` bytes (or an error) of `op`; returns true when the
- * operation is over and `*status_out` holds its result. */
+/* Accounts `res` (bytes moved or -errno) of `op`; returns true when the
+ * operation is over and `*status_out` holds its result, false when the
+ * rest must be issued again. */
 static bool nvme_progress(nvme_op_t *op, long res, kvd_status_t *status_out)
 {
     if (op->inject != 0) {
         *status_out = kvd_status_from_errno(op->inject);
         return true;
+    }
+    if ((res == -EAGAIN || res == -EINTR) && op->retries < NVME_RETRIES_MAX) {
+        op->retries++;
+        return false;
     }
     if (res < 0) {
         *status_out = kvd_status_from_errno((int)-res);
@@ -595,17 +595,96 @@ static bool nvme_progress(nvme_op_t *op, long res, kvd_status_t *status_out)
     return false;
 }
 
+/* Fills an SQE for the rest of `op`, at most NVME_SQE_BYTES_MAX (sq_mu
+ * held). */
+static void nvme_sqe_fill(struct io_uring_sqe *sqe, nvme_op_t *op)
+{
+    uint8_t *buf = (uint8_t *)op->io.buf + op->done_bytes;
+    uint64_t rest = op->io.len - op->done_bytes;
+    unsigned len =
+        rest < NVME_SQE_BYTES_MAX ? (unsigned)rest : NVME_SQE_BYTES_MAX;
+    off_t off = (off_t)op->file_offset;
+    if (op->inject != 0) {
+        io_uring_prep_nop(sqe);
+    } else if (op->io.op == KVD_NVME_OP_WRITE) {
+        if (op->fixed) {
+            io_uring_prep_write_fixed(sqe, op->fd, buf, len, off,
+                                      op->io.buf_index);
+        } else {
+            io_uring_prep_write(sqe, op->fd, buf, len, off);
+        }
+    } else if (op->fixed) {
+        io_uring_prep_read_fixed(sqe, op->fd, buf, len, off, op->io.buf_index);
+    } else {
+        io_uring_prep_read(sqe, op->fd, buf, len, off);
+    }
+    io_uring_sqe_set_data(sqe, op);
+    __atomic_store_n(&op->published, 1, __ATOMIC_RELEASE);
+}
+
+/* A free SQE (sq_mu held). Never NULL: the SQ has at least queue_depth
+ * entries, each queued SQE belongs to a different held descriptor (or is
+ * the stop NOP, posted when none is held), and every holder of sq_mu
+ * hands its SQEs to the kernel before letting go. */
+static struct io_uring_sqe *nvme_sqe_get(kvd_nvme_t *nvme)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&nvme->ring);
+    assert(sqe != NULL);
+    return sqe;
+}
+
+/* Hands every queued SQE to the kernel (sq_mu held): one io_uring_submit,
+ * more only when the kernel refuses for the moment or takes part of the
+ * batch. What a hard error leaves queued goes with the next submission. */
+static void nvme_sq_flush(kvd_nvme_t *nvme)
+{
+    int rc = 0;
+    for (int tries = 0;
+         io_uring_sq_ready(&nvme->ring) > 0 && tries < NVME_SUBMIT_TRIES;
+         tries++) {
+        rc = io_uring_submit(&nvme->ring);
+        if (rc == -EAGAIN || rc == -EBUSY) {
+            usleep(50);
+        } else if (rc < 0 && rc != -EINTR) {
+            break;
+        }
+    }
+    if (io_uring_sq_ready(&nvme->ring) > 0) {
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_ERROR, 1000,
+                            "nvme: io_uring_submit: %s; %u SQEs wait for "
+                            "the next submission",
+                            strerror(rc < 0 ? -rc : EAGAIN),
+                            io_uring_sq_ready(&nvme->ring));
+    }
+}
+
+/* Issues a batch chained through `next` (io_uring engine). */
+static void nvme_uring_issue(kvd_nvme_t *nvme, nvme_op_t *batch)
+{
+    pthread_mutex_lock(&nvme->sq_mu);
+    for (nvme_op_t *op = batch, *next; op != NULL; op = next) {
+        /* `next` is read before the SQE publishes the op: from then on
+         * the op belongs to the completion thread (a queued SQE may go to
+         * the kernel with an earlier batch's retry). */
+        next = op->next;
+        nvme_sqe_fill(nvme_sqe_get(nvme), op);
+    }
+    nvme_sq_flush(nvme);
+    pthread_mutex_unlock(&nvme->sq_mu);
+}
+
 static void *nvme_cq_main(void *arg)
 {
     kvd_nvme_t *nvme = arg;
     for (;;) {
         struct io_uring_cqe *cqe = NULL;
         int rc = io_uring_wait_cqe(&nvme->ring, &cqe);
-        if (rc == -EINTR) {
-            continue;
-        }
         if (rc < 0) {
-            KVD_LOG_ERROR("nvme: io_uring_wait_cqe: %s", strerror(-rc));
+            if (rc != -EINTR) {
+                KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_ERROR, 1000,
+                                    "nvme: io_uring_wait_cqe: %s",
+                                    strerror(-rc));
+            }
             continue;
         }
         void *data = io_uring_cqe_get_data(cqe);
@@ -618,34 +697,57 @@ static void *nvme_cq_main(void *arg)
         (void)__atomic_load_n(&op->published, __ATOMIC_ACQUIRE);
         kvd_status_t status = KVD_OK;
         if (!nvme_progress(op, res, &status)) {
-            if (nvme_resubmit(nvme, op)) {
-                continue;
-            }
-            status = KVD_ERR_IO;
+            /* The op still holds its descriptor, so an SQE is free. */
+            op->next = NULL;
+            nvme_uring_issue(nvme, op);
+            continue;
         }
         nvme_op_finish(nvme, op, status);
     }
 }
 
+/* Queues a batch chained through `next`, ending at `last` (threads). */
+static void nvme_threads_issue(kvd_nvme_t *nvme, nvme_op_t *batch,
+                               nvme_op_t *last)
+{
+    pthread_mutex_lock(&nvme->mu);
+    if (nvme->q_tail != NULL) {
+        nvme->q_tail->next = batch;
+    } else {
+        nvme->q_head = batch;
+    }
+    nvme->q_tail = last;
+    pthread_cond_broadcast(&nvme->work_cv);
+    pthread_mutex_unlock(&nvme->mu);
+}
+
+/* Next queued op; NULL when the worker is to leave. */
+static nvme_op_t *nvme_worker_next(kvd_nvme_t *nvme)
+{
+    pthread_mutex_lock(&nvme->mu);
+    while (nvme->q_head == NULL && !nvme->stop) {
+        pthread_cond_wait(&nvme->work_cv, &nvme->mu);
+    }
+    nvme_op_t *op = nvme->q_head;
+    if (op != NULL) {
+        nvme->q_head = op->next;
+        if (nvme->q_head == NULL) {
+            nvme->q_tail = NULL;
+        }
+    }
+    pthread_mutex_unlock(&nvme->mu);
+    return op;
+}
+
 static void *nvme_worker_main(void *arg)
 {
     kvd_nvme_t *nvme = arg;
-    for (;;) {
-        pthread_mutex_lock(&nvme->mu);
-        while (nvme->q_len == 0 && !nvme->closing) {
-            pthread_cond_wait(&nvme->work_cv, &nvme->mu);
-        }
-        if (nvme->q_len == 0) {
-            pthread_mutex_unlock(&nvme->mu);
-            return NULL;
-        }
-        nvme_op_t *op = nvme->queue[nvme->q_head];
-        nvme->q_head = (nvme->q_head + 1) % (uint32_t)nvme->cfg.queue_depth;
-        nvme->q_len--;
-        pthread_mutex_unlock(&nvme->mu);
+    nvme_op_t *op;
+    while ((op = nvme_worker_next(nvme)) != NULL) {
         kvd_status_t status = KVD_OK;
-        for (;;) {
-            long res = 0;
+        long res;
+        do {
+            res = 0;
             if (op->inject == 0) {
                 void *buf = (uint8_t *)op->io.buf + op->done_bytes;
                 size_t len = (size_t)(op->io.len - op->done_bytes);
@@ -654,18 +756,14 @@ static void *nvme_worker_main(void *arg)
                         ? pwrite(op->fd, buf, len, (off_t)op->file_offset)
                         : pread(op->fd, buf, len, (off_t)op->file_offset);
                 res = n < 0 ? -(long)errno : (long)n;
-                if (res == -EINTR) {
-                    continue;
-                }
             }
-            if (nvme_progress(op, res, &status)) {
-                break;
-            }
-        }
+        } while (!nvme_progress(op, res, &status));
         nvme_op_finish(nvme, op, status);
     }
+    return NULL;
 }
 
+/* What can be checked without the lock. */
 static kvd_status_t nvme_io_check(const kvd_nvme_t *nvme,
                                   const kvd_nvme_io_t *io)
 {
@@ -678,18 +776,59 @@ static kvd_status_t nvme_io_check(const kvd_nvme_t *nvme,
             KVD_OK) {
         return KVD_ERR_INVALID;
     }
-    if (io->buf_index >= 0 && nvme->engine == KVD_NVME_ENGINE_URING) {
-        if ((uint32_t)io->buf_index >= nvme->num_bufs) {
-            return nvme->num_bufs == 0 ? KVD_OK : KVD_ERR_INVALID;
-        }
-        const struct iovec *b = &nvme->bufs[io->buf_index];
-        uintptr_t lo = (uintptr_t)b->iov_base;
-        uintptr_t p = (uintptr_t)io->buf;
-        if (p < lo || io->len > b->iov_len || p - lo > b->iov_len - io->len) {
-            return KVD_ERR_INVALID;
+    return KVD_OK;
+}
+
+/* buf_index against the registered buffers (mu held). The threads engine
+ * ignores buf_index. */
+static bool nvme_io_buffer_ok(const kvd_nvme_t *nvme, const kvd_nvme_io_t *io)
+{
+    if (io->buf_index < 0 || nvme->engine != KVD_NVME_ENGINE_URING) {
+        return true;
+    }
+    if ((uint32_t)io->buf_index >= nvme->num_bufs) {
+        return false;
+    }
+    const struct iovec *b = &nvme->bufs[io->buf_index];
+    uintptr_t lo = (uintptr_t)b->iov_base;
+    uintptr_t p = (uintptr_t)io->buf;
+    return p >= lo && io->len <= b->iov_len && p - lo <= b->iov_len - io->len;
+}
+
+/* Takes descriptors for as many of `ios` as the queue has room for and
+ * chains them (in order) into `*batch_out`; `*take_out` says how many. */
+static kvd_status_t nvme_ops_reserve(kvd_nvme_t *nvme, const kvd_nvme_io_t *ios,
+                                     size_t num, nvme_op_t **batch_out,
+                                     size_t *take_out)
+{
+    kvd_status_t status = KVD_OK;
+    pthread_mutex_lock(&nvme->mu);
+    if (nvme->closing) {
+        status = KVD_ERR_STATE;
+    }
+    for (size_t i = 0; status == KVD_OK && i < num; i++) {
+        if (!nvme_io_buffer_ok(nvme, &ios[i])) {
+            status = KVD_ERR_INVALID;
         }
     }
-    return KVD_OK;
+    size_t take = 0;
+    nvme_op_t **tail = batch_out;
+    if (status == KVD_OK) {
+        uint64_t room = nvme->cfg.queue_depth - nvme->held;
+        take = num < room ? num : (size_t)room;
+        for (size_t i = 0; i < take; i++) {
+            nvme_op_t *op = nvme->free_ops;
+            nvme->free_ops = op->next;
+            *tail = op;
+            tail = &op->next;
+        }
+        nvme->held += take;
+        nvme->pending += take;
+    }
+    *tail = NULL;
+    pthread_mutex_unlock(&nvme->mu);
+    *take_out = take;
+    return status;
 }
 
 kvd_status_t kvd_nvme_submit(kvd_nvme_t *nvme, const kvd_nvme_io_t *ios,
@@ -703,99 +842,45 @@ kvd_status_t kvd_nvme_submit(kvd_nvme_t *nvme, const kvd_nvme_io_t *ios,
             return KVD_ERR_INVALID;
         }
     }
-    pthread_mutex_lock(&nvme->mu);
-    if (nvme->closing) {
-        pthread_mutex_unlock(&nvme->mu);
-        return KVD_ERR_STATE;
+    nvme_op_t *batch = NULL;
+    size_t take = 0;
+    kvd_status_t status = nvme_ops_reserve(nvme, ios, num, &batch, &take);
+    if (status != KVD_OK) {
+        return status;
     }
-    uint64_t room = nvme->cfg.queue_depth - nvme->inflight;
-    size_t take = num < room ? num : (size_t)room;
-    nvme->inflight += take;
-    pthread_mutex_unlock(&nvme->mu);
-    if (num > 0 && take == 0) {
+    if (take == 0 && num > 0) {
         return KVD_ERR_BUSY;
     }
-    nvme_op_t *ops[64];
-    size_t done = 0;
-    while (done < take) {
-        size_t n = take - done < 64 ? take - done : 64;
-        size_t made = 0;
-        for (; made < n; made++) {
-            const kvd_nvme_io_t *io = &ios[done + made];
-            nvme_op_t *op = calloc(1, sizeof *op);
-            if (op == NULL) {
-                break;
-            }
-            op->io = *io;
-            op->fd = nvme->fds[io->extent / nvme->blocks_per_file];
-            op->file_offset = (uint64_t)(io->extent % nvme->blocks_per_file) *
-                              KVD_NVME_BLOCK_BYTES;
-            op->inject = KVD_FAILPOINT(
-                io->op == KVD_NVME_OP_WRITE ? "nvme.write" : "nvme.read");
-            ops[made] = op;
-        }
+    nvme_op_t *last = NULL;
+    size_t i = 0;
+    for (nvme_op_t *op = batch; op != NULL; op = op->next, i++) {
+        const kvd_nvme_io_t *io = &ios[i];
+        op->io = *io;
+        op->fd = nvme->fds[io->extent / nvme->blocks_per_file];
+        op->fixed = nvme->engine == KVD_NVME_ENGINE_URING && io->buf_index >= 0;
+        op->retries = 0;
+        op->done_bytes = 0;
+        op->file_offset = (uint64_t)(io->extent % nvme->blocks_per_file) *
+                          KVD_NVME_BLOCK_BYTES;
+        op->inject = KVD_FAILPOINT(io->op == KVD_NVME_OP_WRITE ? "nvme.write"
+                                                               : "nvme.read");
+        last = op;
+    }
+    if (batch != NULL) {
         if (nvme->engine == KVD_NVME_ENGINE_URING) {
-            pthread_mutex_lock(&nvme->sq_mu);
-            for (size_t i = 0; i < made; i++) {
-                /* inflight <= queue_depth = SQ size, so an SQE is free. */
-                nvme_sqe_fill(nvme, io_uring_get_sqe(&nvme->ring), ops[i]);
-            }
-            int rc = io_uring_submit(&nvme->ring);
-            pthread_mutex_unlock(&nvme->sq_mu);
-            if (rc < 0) {
-                KVD_LOG_ERROR("nvme: io_uring_submit: %s", strerror(-rc));
-            }
+            nvme_uring_issue(nvme, batch);
         } else {
-            pthread_mutex_lock(&nvme->mu);
-            uint32_t qd = (uint32_t)nvme->cfg.queue_depth;
-            for (size_t i = 0; i < made; i++) {
-                nvme->queue[(nvme->q_head + nvme->q_len) % qd] = ops[i];
-                nvme->q_len++;
-            }
-            pthread_cond_broadcast(&nvme->work_cv);
-            pthread_mutex_unlock(&nvme->mu);
-        }
-        done += made;
-        if (made < n) {
-            break;
+            nvme_threads_issue(nvme, batch, last);
         }
     }
-    if (done < take) {
-        pthread_mutex_lock(&nvme->mu);
-        nvme->inflight -= take - done;
-        if (nvme->inflight == 0) {
-            pthread_cond_broadcast(&nvme->idle_cv);
-        }
-        pthread_mutex_unlock(&nvme->mu);
-        if (done == 0) {
-            return KVD_ERR_NOMEM;
-        }
-    }
-    *accepted_out = done;
+    *accepted_out = take;
     return KVD_OK;
 }
 
-kvd_status_t kvd_nvme_buffers_register(kvd_nvme_t *nvme,
-                                       const struct iovec *iov, size_t num)
+/* Replaces the registration (mu held, nothing pending). */
+static kvd_status_t nvme_buffers_swap(kvd_nvme_t *nvme, const struct iovec *iov,
+                                      size_t num)
 {
-    if (nvme == NULL || (num > 0 && iov == NULL) || num > NVME_BUFFERS_MAX) {
-        return KVD_ERR_INVALID;
-    }
-    for (size_t i = 0; i < num; i++) {
-        if ((uintptr_t)iov[i].iov_base % KVD_NVME_BLOCK_BYTES != 0 ||
-            iov[i].iov_len % KVD_NVME_BLOCK_BYTES != 0 || iov[i].iov_len == 0) {
-            return KVD_ERR_INVALID;
-        }
-    }
-    if (nvme->engine != KVD_NVME_ENGINE_URING) {
-        return KVD_OK;
-    }
-    pthread_mutex_lock(&nvme->mu);
-    bool busy = nvme->inflight > 0;
-    pthread_mutex_unlock(&nvme->mu);
-    if (busy) {
-        return KVD_ERR_STATE;
-    }
     if (nvme->num_bufs > 0) {
         (void)io_uring_unregister_buffers(&nvme->ring);
         free(nvme->bufs);
@@ -823,6 +908,30 @@ kvd_status_t kvd_nvme_buffers_register(kvd_nvme_t *nvme,
     return KVD_OK;
 }
 
+kvd_status_t kvd_nvme_buffers_register(kvd_nvme_t *nvme,
+                                       const struct iovec *iov, size_t num)
+{
+    if (nvme == NULL || (num > 0 && iov == NULL) || num > NVME_BUFFERS_MAX) {
+        return KVD_ERR_INVALID;
+    }
+    for (size_t i = 0; i < num; i++) {
+        if ((uintptr_t)iov[i].iov_base % KVD_NVME_BLOCK_BYTES != 0 ||
+            iov[i].iov_len % KVD_NVME_BLOCK_BYTES != 0 || iov[i].iov_len == 0) {
+            return KVD_ERR_INVALID;
+        }
+    }
+    if (nvme->engine != KVD_NVME_ENGINE_URING) {
+        return KVD_OK;
+    }
+    /* Under `mu` so that no submission checks buf_index against a
+     * registration being replaced. */
+    pthread_mutex_lock(&nvme->mu);
+    kvd_status_t status =
+        nvme->pending > 0 ? KVD_ERR_STATE : nvme_buffers_swap(nvme, iov, num);
+    pthread_mutex_unlock(&nvme->mu);
+    return status;
+}
+
 kvd_status_t kvd_nvme_sync(kvd_nvme_t *nvme)
 {
     if (nvme == NULL) {
@@ -847,15 +956,18 @@ kvd_status_t kvd_nvme_query(kvd_nvme_t *nvme, kvd_nvme_info_t *info_out)
     if (nvme == NULL || info_out == NULL) {
         return KVD_ERR_INVALID;
     }
-    memset(info_out, 0, sizeof *info_out);
-    info_out->engine = nvme->engine;
-    info_out->num_files = nvme->num_files;
-    info_out->file_bytes = nvme->file_bytes;
-    info_out->total_bytes = nvme->file_bytes * nvme->num_files;
-    info_out->queue_depth = (uint32_t)nvme->cfg.queue_depth;
-    info_out->buffers = nvme->num_bufs;
+    kvd_nvme_info_t info;
+    memset(&info, 0, sizeof info);
+    info.engine = nvme->engine;
+    info.num_files = nvme->num_files;
+    info.file_bytes = nvme->file_bytes;
+    info.total_bytes = nvme->file_bytes * nvme->num_files;
+    info.queue_depth = (uint32_t)nvme->cfg.queue_depth;
+    pthread_mutex_lock(&nvme->mu);
+    info.buffers = nvme->num_bufs;
+    pthread_mutex_unlock(&nvme->mu);
     pthread_mutex_lock(&nvme->alloc_mu);
-    info_out->free_bytes = nvme->free_blocks * KVD_NVME_BLOCK_BYTES;
+    info.free_bytes = nvme->free_blocks * KVD_NVME_BLOCK_BYTES;
     uint32_t largest = 0;
     for (uint32_t f = 0; f < nvme->num_files; f++) {
         if (run_max(nvme->runs[f]) > largest) {
@@ -863,7 +975,8 @@ kvd_status_t kvd_nvme_query(kvd_nvme_t *nvme, kvd_nvme_info_t *info_out)
         }
     }
     pthread_mutex_unlock(&nvme->alloc_mu);
-    info_out->largest_free = (uint64_t)largest * KVD_NVME_BLOCK_BYTES;
+    info.largest_free = (uint64_t)largest * KVD_NVME_BLOCK_BYTES;
+    *info_out = info;
     return KVD_OK;
 }
 
@@ -872,19 +985,18 @@ kvd_status_t kvd_nvme_stats(kvd_nvme_t *nvme, kvd_nvme_stats_t *stats_out)
     if (nvme == NULL || stats_out == NULL) {
         return KVD_ERR_INVALID;
     }
-    stats_out->reads = __atomic_load_n(&nvme->st.reads, __ATOMIC_RELAXED);
-    stats_out->writes = __atomic_load_n(&nvme->st.writes, __ATOMIC_RELAXED);
-    stats_out->bytes_read =
-        __atomic_load_n(&nvme->st.bytes_read, __ATOMIC_RELAXED);
-    stats_out->bytes_written =
+    kvd_nvme_stats_t st;
+    st.reads = __atomic_load_n(&nvme->st.reads, __ATOMIC_RELAXED);
+    st.writes = __atomic_load_n(&nvme->st.writes, __ATOMIC_RELAXED);
+    st.bytes_read = __atomic_load_n(&nvme->st.bytes_read, __ATOMIC_RELAXED);
+    st.bytes_written =
         __atomic_load_n(&nvme->st.bytes_written, __ATOMIC_RELAXED);
-    stats_out->read_errors =
-        __atomic_load_n(&nvme->st.read_errors, __ATOMIC_RELAXED);
-    stats_out->write_errors =
-        __atomic_load_n(&nvme->st.write_errors, __ATOMIC_RELAXED);
+    st.read_errors = __atomic_load_n(&nvme->st.read_errors, __ATOMIC_RELAXED);
+    st.write_errors = __atomic_load_n(&nvme->st.write_errors, __ATOMIC_RELAXED);
     pthread_mutex_lock(&nvme->mu);
-    stats_out->inflight = nvme->inflight;
+    st.inflight = nvme->pending;
     pthread_mutex_unlock(&nvme->mu);
+    *stats_out = st;
     return KVD_OK;
 }
 
@@ -932,23 +1044,44 @@ static kvd_status_t nvme_file_open(kvd_nvme_t *nvme, uint32_t i)
     return KVD_OK;
 }
 
+/* Sets up the ring and its completion thread; -errno when io_uring cannot
+ * be had (nothing to undo), else 0 or a positive errno of pthread_create. */
+static int nvme_uring_start(kvd_nvme_t *nvme)
+{
+    int inject = KVD_FAILPOINT("nvme.uring_init");
+    if (inject != 0) {
+        return -inject;
+    }
+    unsigned entries = (unsigned)nvme->cfg.queue_depth;
+    /* SUBMIT_ALL (5.18) keeps one bad SQE from holding back the rest of a
+     * batch; older kernels refuse the flag. */
+    int rc = io_uring_queue_init(entries, &nvme->ring, IORING_SETUP_SUBMIT_ALL);
+    if (rc == -EINVAL) {
+        rc = io_uring_queue_init(entries, &nvme->ring, 0);
+    }
+    if (rc < 0) {
+        return rc;
+    }
+    nvme->ring_up = true;
+    nvme->engine = KVD_NVME_ENGINE_URING;
+    rc = pthread_create(&nvme->cq_thread, NULL, nvme_cq_main, nvme);
+    if (rc != 0) {
+        return rc;
+    }
+    nvme->cq_thread_up = true;
+    return 0;
+}
+
 static kvd_status_t nvme_engine_start(kvd_nvme_t *nvme)
 {
     kvd_nvme_engine_t want = (kvd_nvme_engine_t)nvme->cfg.engine;
     if (want != KVD_NVME_ENGINE_THREADS) {
-        int inject = KVD_FAILPOINT("nvme.uring_init");
-        int rc = inject != 0
-                     ? -inject
-                     : io_uring_queue_init((unsigned)nvme->cfg.queue_depth,
-                                           &nvme->ring, 0);
+        int rc = nvme_uring_start(nvme);
+        if (rc > 0) {
+            KVD_LOG_ERROR("nvme: completion thread: %s", strerror(rc));
+            return kvd_status_from_errno(rc);
+        }
         if (rc == 0) {
-            nvme->ring_up = true;
-            nvme->engine = KVD_NVME_ENGINE_URING;
-            rc = pthread_create(&nvme->cq_thread, NULL, nvme_cq_main, nvme);
-            if (rc != 0) {
-                return kvd_status_from_errno(rc);
-            }
-            nvme->cq_thread_up = true;
             return KVD_OK;
         }
         if (want == KVD_NVME_ENGINE_URING) {
@@ -960,14 +1093,11 @@ static kvd_status_t nvme_engine_start(kvd_nvme_t *nvme)
                      strerror(-rc), (unsigned long long)nvme->cfg.threads);
     }
     nvme->engine = KVD_NVME_ENGINE_THREADS;
-    nvme->queue = calloc(nvme->cfg.queue_depth, sizeof *nvme->queue);
-    if (nvme->queue == NULL) {
-        return KVD_ERR_NOMEM;
-    }
     for (uint32_t i = 0; i < nvme->cfg.threads; i++) {
         int rc =
             pthread_create(&nvme->workers[i], NULL, nvme_worker_main, nvme);
         if (rc != 0) {
+            KVD_LOG_ERROR("nvme: worker thread: %s", strerror(rc));
             return kvd_status_from_errno(rc);
         }
         nvme->num_workers++;
@@ -975,25 +1105,43 @@ static kvd_status_t nvme_engine_start(kvd_nvme_t *nvme)
     return KVD_OK;
 }
 
-kvd_status_t kvd_nvme_open(const kvd_nvme_config_t *cfg, kvd_nvme_t **nvme_out)
+static kvd_status_t nvme_config_check(const kvd_nvme_config_t *cfg,
+                                      uint64_t *file_bytes_out)
 {
-    if (cfg == NULL || nvme_out == NULL || cfg->path[0] == '\0' ||
-        cfg->num_files < 1 || cfg->num_files > KVD_NVME_FILES_MAX ||
-        cfg->queue_depth < 1 || cfg->queue_depth > NVME_QUEUE_DEPTH_MAX ||
-        cfg->threads < 1 || cfg->threads > NVME_THREADS_MAX ||
-        cfg->engine < KVD_NVME_ENGINE_AUTO ||
+    if (cfg->path[0] == '\0' || cfg->num_files < 1 ||
+        cfg->num_files > KVD_NVME_FILES_MAX || cfg->queue_depth < 1 ||
+        cfg->queue_depth > NVME_QUEUE_DEPTH_MAX || cfg->threads < 1 ||
+        cfg->threads > NVME_THREADS_MAX || cfg->engine < KVD_NVME_ENGINE_AUTO ||
         cfg->engine > KVD_NVME_ENGINE_THREADS) {
         return KVD_ERR_INVALID;
     }
     uint64_t file_bytes = cfg->size_bytes / cfg->num_files /
                           KVD_NVME_BLOCK_BYTES * KVD_NVME_BLOCK_BYTES;
+    /* Ids are uint32 and UINT32_MAX is KVD_NVME_EXTENT_INVALID, so at most
+     * 2^32 - 1 blocks (ids 0 .. 2^32 - 2). */
     if (file_bytes < KVD_NVME_BLOCK_BYTES ||
-        file_bytes / KVD_NVME_BLOCK_BYTES * cfg->num_files >= UINT32_MAX) {
+        file_bytes / KVD_NVME_BLOCK_BYTES * cfg->num_files > UINT32_MAX) {
         return KVD_ERR_RANGE;
     }
+    *file_bytes_out = file_bytes;
+    return KVD_OK;
+}
+
+/* The parts of the tier that cannot fail, and its descriptors. */
+static kvd_nvme_t *nvme_new(const kvd_nvme_config_t *cfg, uint64_t file_bytes)
+{
     kvd_nvme_t *nvme = calloc(1, sizeof *nvme);
     if (nvme == NULL) {
-        return KVD_ERR_NOMEM;
+        return NULL;
+    }
+    nvme->op_pool = calloc(cfg->queue_depth, sizeof *nvme->op_pool);
+    if (nvme->op_pool == NULL) {
+        free(nvme);
+        return NULL;
+    }
+    for (uint64_t i = cfg->queue_depth; i-- > 0;) {
+        nvme->op_pool[i].next = nvme->free_ops;
+        nvme->free_ops = &nvme->op_pool[i];
     }
     nvme->cfg = *cfg;
     nvme->num_files = (uint32_t)cfg->num_files;
@@ -1008,30 +1156,45 @@ kvd_status_t kvd_nvme_open(const kvd_nvme_config_t *cfg, kvd_nvme_t **nvme_out)
     pthread_mutex_init(&nvme->sq_mu, NULL);
     pthread_cond_init(&nvme->idle_cv, NULL);
     pthread_cond_init(&nvme->work_cv, NULL);
+    return nvme;
+}
 
-    kvd_status_t status = KVD_OK;
+kvd_status_t kvd_nvme_open(const kvd_nvme_config_t *cfg, kvd_nvme_t **nvme_out)
+{
+    uint64_t file_bytes = 0;
+    if (cfg == NULL || nvme_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t status = nvme_config_check(cfg, &file_bytes);
+    if (status != KVD_OK) {
+        return status;
+    }
+    kvd_nvme_t *nvme = nvme_new(cfg, file_bytes);
+    if (nvme == NULL) {
+        return KVD_ERR_NOMEM;
+    }
     int inject = KVD_FAILPOINT("nvme.open");
     if (inject != 0 || (mkdir(cfg->path, 0700) != 0 && errno != EEXIST)) {
         int e = inject != 0 ? inject : errno;
         KVD_LOG_ERROR("nvme: mkdir %s: %s", cfg->path, strerror(e));
         status = kvd_status_from_errno(e);
-        goto err;
+        goto err_close;
     }
     for (uint32_t i = 0; i < nvme->num_files; i++) {
         status = nvme_file_open(nvme, i);
         if (status != KVD_OK) {
-            goto err;
+            goto err_close;
         }
         nvme->runs[i] = run_new(nvme, 0, nvme->blocks_per_file);
         if (nvme->runs[i] == NULL) {
             status = KVD_ERR_NOMEM;
-            goto err;
+            goto err_close;
         }
     }
     nvme->free_blocks = (uint64_t)nvme->blocks_per_file * nvme->num_files;
     status = nvme_engine_start(nvme);
     if (status != KVD_OK) {
-        goto err;
+        goto err_close;
     }
     KVD_LOG_INFO(
         "nvme: %u file(s) of %llu MiB in %s, %s, queue depth %llu",
@@ -1040,21 +1203,31 @@ kvd_status_t kvd_nvme_open(const kvd_nvme_config_t *cfg, kvd_nvme_t **nvme_out)
         (unsigned long long)cfg->queue_depth);
     *nvme_out = nvme;
     return KVD_OK;
-err:
+err_close:
+    /* close() undoes whatever part of the tier exists. */
     kvd_nvme_close(nvme);
     return status;
 }
 
-void kvd_nvme_close(kvd_nvme_t *nvme)
+/* Waits until every accepted operation's callback has returned, then lets
+ * the internal threads go. */
+static void nvme_drain(kvd_nvme_t *nvme)
 {
-    if (nvme == NULL) {
-        return;
-    }
     pthread_mutex_lock(&nvme->mu);
     nvme->closing = true;
-    while (nvme->inflight > 0) {
+    pthread_mutex_unlock(&nvme->mu);
+    if (nvme->ring_up) {
+        /* SQEs a failed io_uring_submit left queued must reach the kernel
+         * for the wait below to end. */
+        pthread_mutex_lock(&nvme->sq_mu);
+        nvme_sq_flush(nvme);
+        pthread_mutex_unlock(&nvme->sq_mu);
+    }
+    pthread_mutex_lock(&nvme->mu);
+    while (nvme->pending > 0) {
         pthread_cond_wait(&nvme->idle_cv, &nvme->mu);
     }
+    nvme->stop = true;
     pthread_cond_broadcast(&nvme->work_cv);
     pthread_mutex_unlock(&nvme->mu);
     for (uint32_t i = 0; i < nvme->num_workers; i++) {
@@ -1062,16 +1235,25 @@ void kvd_nvme_close(kvd_nvme_t *nvme)
     }
     if (nvme->cq_thread_up) {
         pthread_mutex_lock(&nvme->sq_mu);
-        struct io_uring_sqe *sqe = io_uring_get_sqe(&nvme->ring);
-        if (sqe != NULL) {
-            io_uring_prep_nop(sqe);
-            io_uring_sqe_set_data(sqe, &nvme_stop_token);
-            (void)io_uring_submit(&nvme->ring);
-        }
+        struct io_uring_sqe *sqe = nvme_sqe_get(nvme);
+        io_uring_prep_nop(sqe);
+        io_uring_sqe_set_data(sqe, &nvme_stop_token);
+        nvme_sq_flush(nvme);
         pthread_mutex_unlock(&nvme->sq_mu);
         pthread_join(nvme->cq_thread, NULL);
     }
+}
+
+void kvd_nvme_close(kvd_nvme_t *nvme)
+{
+    if (nvme == NULL) {
+        return;
+    }
+    nvme_drain(nvme);
     if (nvme->ring_up) {
+        if (nvme->num_bufs > 0) {
+            (void)io_uring_unregister_buffers(&nvme->ring);
+        }
         io_uring_queue_exit(&nvme->ring);
     }
     for (uint32_t i = 0; i < KVD_NVME_FILES_MAX; i++) {
@@ -1081,7 +1263,7 @@ void kvd_nvme_close(kvd_nvme_t *nvme)
         run_free_all(nvme->runs[i]);
     }
     free(nvme->bufs);
-    free(nvme->queue);
+    free(nvme->op_pool);
     pthread_cond_destroy(&nvme->work_cv);
     pthread_cond_destroy(&nvme->idle_cv);
     pthread_mutex_destroy(&nvme->sq_mu);
