@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/kvd_testcache_int.h"
 #include "tests/unit/kvd_testdata_int.h"
 
 #include "kernels/ref/ref_int.h"
@@ -35,174 +36,6 @@ static uint64_t g_seed;
 static unsigned rnd(uint64_t *s, unsigned n)
 {
     return (unsigned)(kvd_test_rng(s) % n);
-}
-
-typedef enum engine_layout {
-    LAYOUT_VLLM_NHD,
-    LAYOUT_VLLM_HND,
-    LAYOUT_FLASHINFER,
-    LAYOUT_MLA,
-    LAYOUT_TRTLLM_POOL,
-    LAYOUT_HND_PADDED,
-    LAYOUT_COUNT
-} engine_layout_t;
-
-static const char *const layout_names[LAYOUT_COUNT] = {
-    "vllm-nhd", "vllm-hnd", "flashinfer", "mla", "trtllm-pool", "hnd-padded",
-};
-
-/* A cache in host memory: one allocation holding every layer. */
-typedef struct test_cache {
-    engine_layout_t kind;
-    uint32_t layers, planes, blocks, bs, heads, dim;
-    size_t elt;
-    size_t bytes;
-    unsigned char *mem;
-    void *bases[8];
-    kvd_kv_layout_t layout;
-} test_cache_t;
-
-/* Padding of the padded variant, in elements. */
-#define PAD_ROW 3
-#define PAD_BLOCK 5
-
-/* Element index of (layer, plane, block, token, head, channel) in the whole
- * allocation, straight from each engine's tensor shape. */
-static size_t flat_index(const test_cache_t *c, uint32_t l, uint32_t p,
-                         uint32_t b, uint32_t t, uint32_t h, uint32_t ch)
-{
-    size_t L = c->layers, NB = c->blocks, BS = c->bs, NH = c->heads,
-           HS = c->dim;
-    switch (c->kind) {
-    case LAYOUT_VLLM_NHD: /* per layer [2, NB, BS, NH, HS] */
-        return l * 2 * NB * BS * NH * HS + ((p * NB + b) * BS + t) * NH * HS +
-               h * HS + ch;
-    case LAYOUT_VLLM_HND: /* per layer [2, NB, NH, BS, HS] */
-        return l * 2 * NB * NH * BS * HS + ((p * NB + b) * NH + h) * BS * HS +
-               t * HS + ch;
-    case LAYOUT_FLASHINFER: /* per layer [NB, 2, BS, NH, HS] */
-        return l * NB * 2 * BS * NH * HS + ((b * 2 + p) * BS + t) * NH * HS +
-               h * HS + ch;
-    case LAYOUT_MLA: /* per layer [NB, BS, HS] */
-        return l * NB * BS * HS + (b * BS + t) * HS + ch;
-    case LAYOUT_TRTLLM_POOL: /* [NB, L, 2, NH, BS, HS] */
-        return ((((b * L + l) * 2 + p) * NH + h) * BS + t) * HS + ch;
-    case LAYOUT_HND_PADDED: {
-        /* [L][2][NB][NH][BS][HS + PAD_ROW] with PAD_BLOCK elements after
-         * every block. */
-        size_t row = HS + PAD_ROW;
-        size_t block = NH * BS * row + PAD_BLOCK;
-        return l * 2 * NB * block + (p * NB + b) * block + (h * BS + t) * row +
-               ch;
-    }
-    case LAYOUT_COUNT: break;
-    }
-    return 0;
-}
-
-static size_t total_elems(const test_cache_t *c)
-{
-    size_t L = c->layers, NB = c->blocks, BS = c->bs, NH = c->heads,
-           HS = c->dim;
-    if (c->kind == LAYOUT_MLA) {
-        return L * NB * BS * HS;
-    }
-    if (c->kind == LAYOUT_HND_PADDED) {
-        return L * 2 * NB * (NH * BS * (HS + PAD_ROW) + PAD_BLOCK);
-    }
-    return L * 2 * NB * BS * NH * HS;
-}
-
-/* Strides as an engine integration would derive them from the tensor's
- * shape; the only place the test speaks in strides. */
-static void cache_describe(test_cache_t *c)
-{
-    int64_t e = (int64_t)c->elt, NB = c->blocks, BS = c->bs, NH = c->heads,
-            HS = c->dim, L = c->layers;
-    kvd_kv_layout_t *lo = &c->layout;
-    size_t layer_elems = 0;
-
-    memset(lo, 0, sizeof(*lo));
-    lo->num_blocks = c->blocks;
-    switch (c->kind) {
-    case LAYOUT_VLLM_NHD:
-        lo->stride_head = HS * e;
-        lo->stride_token = NH * HS * e;
-        lo->stride_block = BS * NH * HS * e;
-        lo->stride_plane = NB * BS * NH * HS * e;
-        layer_elems = (size_t)(2 * NB * BS * NH * HS);
-        break;
-    case LAYOUT_VLLM_HND:
-        lo->stride_token = HS * e;
-        lo->stride_head = BS * HS * e;
-        lo->stride_block = NH * BS * HS * e;
-        lo->stride_plane = NB * NH * BS * HS * e;
-        layer_elems = (size_t)(2 * NB * BS * NH * HS);
-        break;
-    case LAYOUT_FLASHINFER:
-        lo->stride_head = HS * e;
-        lo->stride_token = NH * HS * e;
-        lo->stride_plane = BS * NH * HS * e;
-        lo->stride_block = 2 * BS * NH * HS * e;
-        layer_elems = (size_t)(2 * NB * BS * NH * HS);
-        break;
-    case LAYOUT_MLA:
-        lo->stride_token = HS * e;
-        lo->stride_block = BS * HS * e;
-        layer_elems = (size_t)(NB * BS * HS);
-        break;
-    case LAYOUT_TRTLLM_POOL:
-        lo->stride_token = HS * e;
-        lo->stride_head = BS * HS * e;
-        lo->stride_plane = NH * BS * HS * e;
-        lo->stride_block = L * 2 * NH * BS * HS * e;
-        layer_elems = (size_t)(2 * NH * BS * HS); /* layer offset in pool */
-        break;
-    case LAYOUT_HND_PADDED:
-        lo->stride_token = (HS + PAD_ROW) * e;
-        lo->stride_head = BS * (HS + PAD_ROW) * e;
-        lo->stride_block = (NH * BS * (HS + PAD_ROW) + PAD_BLOCK) * e;
-        lo->stride_plane = NB * lo->stride_block;
-        layer_elems = (size_t)(2 * NB * (NH * BS * (HS + PAD_ROW) + PAD_BLOCK));
-        break;
-    case LAYOUT_COUNT: break;
-    }
-    for (uint32_t l = 0; l < c->layers; l++) {
-        c->bases[l] = c->mem + l * layer_elems * c->elt;
-    }
-    lo->layer_base = c->bases;
-}
-
-static void cache_init(test_cache_t *c, engine_layout_t kind, size_t elt,
-                       uint32_t layers, uint32_t blocks, uint32_t bs,
-                       uint32_t heads, uint32_t dim)
-{
-    memset(c, 0, sizeof(*c));
-    c->kind = kind;
-    c->elt = elt;
-    c->layers = layers;
-    c->planes = kind == LAYOUT_MLA ? 1 : 2;
-    c->blocks = blocks;
-    c->bs = bs;
-    c->heads = kind == LAYOUT_MLA ? 1 : heads;
-    c->dim = dim;
-    c->bytes = total_elems(c) * elt;
-    c->mem = malloc(c->bytes);
-    assert_non_null(c->mem);
-    cache_describe(c);
-}
-
-static void cache_cleanup(test_cache_t *c)
-{
-    free(c->mem);
-}
-
-static kvd_object_format_t cache_format(const test_cache_t *c,
-                                        kvd_dtype_t dtype, kvd_codec_t codec)
-{
-    kvd_object_format_t f = {dtype,  c->layers, c->planes,      c->heads,
-                             c->dim, c->bs,     {codec, codec}, 7};
-    return f;
 }
 
 static size_t round16(size_t n)
@@ -320,7 +153,7 @@ static void raw_round_trip(engine_layout_t kind, kvd_dtype_t dtype,
     kvd_object_format_t fmt = cache_format(&src, dtype, KVD_CODEC_RAW);
     char why[160] = "";
     if (kvd_kv_layout_check(&src.layout, &fmt, why, sizeof(why)) != KVD_OK) {
-        fail_msg("%s: layout rejected: %s", layout_names[kind], why);
+        fail_msg("%s: layout rejected: %s", layout_name(kind), why);
     }
     size_t n = 1 + rnd(s, blocks);
     uint32_t valid_last = 1 + rnd(s, bs);
@@ -343,7 +176,7 @@ static void raw_round_trip(engine_layout_t kind, kvd_dtype_t dtype,
         if (memcmp(want, objs[i], obj_bytes) != 0) {
             fail_msg("%s: object %zu (block %d) differs from the expected "
                      "layout",
-                     layout_names[kind], i, ids[i]);
+                     layout_name(kind), i, ids[i]);
         }
         free(want);
     }
@@ -359,7 +192,7 @@ static void raw_round_trip(engine_layout_t kind, kvd_dtype_t dtype,
         unsigned char want = mask[i] ? src.mem[i] : POISON;
         if (dst.mem[i] != want) {
             fail_msg("%s: cache byte %zu is 0x%02x, want 0x%02x (%s)",
-                     layout_names[kind], i, dst.mem[i], want,
+                     layout_name(kind), i, dst.mem[i], want,
                      mask[i] ? "scattered" : "must stay poison");
         }
     }
@@ -481,7 +314,8 @@ static void test_codec_gather_scatter(void **state)
                 if (!mask[i] && dst.mem[i] != POISON) {
                     fail_msg("%s/%s: byte %zu outside the listed slots "
                              "changed",
-                             layout_names[lk], kvd_codec_name(codecs[k]), i);
+                             layout_name((engine_layout_t)lk),
+                             kvd_codec_name(codecs[k]), i);
                 }
             }
             free(mask);
