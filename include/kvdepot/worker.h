@@ -1,0 +1,245 @@
+/*
+ * kvdepot worker: the engine-process side of the connector (DESIGN.md §8).
+ *
+ * A worker executes the leader's step plans (packed kvdepot.v1.StepPlan)
+ * against the engine's paged KV cache, layer by layer, without blocking the
+ * forward pass longer than the data it needs. It mirrors the worker role of
+ * vLLM's KVConnectorBase_V1 and TensorRT-LLM's KvCacheConnectorWorker; one
+ * engine step, in the engine's order:
+ *
+ *   bind_metadata        (the step's plan)
+ *   start_load_kv        (starts every load of the plan)
+ *   per layer l:  wait_for_layer_load(l) ... attention ... save_kv_layer(l)
+ *   wait_for_save        (saves copied out of the cache and committed)
+ *   get_finished         (what finished since the last call -> the report
+ *                         for the leader's update_connector_output)
+ *   clear_metadata
+ *
+ * Loads. Each block to load is resolved in the store by its key: the worker
+ * takes its own lease (the leader's lease only kept the block until now),
+ * brings a DISK-tier object into the host arena (kvd_store_get_submit), then
+ * decodes it layer by layer into the listed engine block (CPU reference
+ * kernels, kernels.h). A request whose plan says `async_load` loads in the
+ * background, across steps, and is reported in finished_loading when all its
+ * blocks are in place; the engine runs it only after that. A synchronous
+ * load must be in place before the layer that reads it: with `layerwise`,
+ * wait_for_layer_load(l) returns once layer l of every synchronous load of
+ * the step is written; without it, start_load_kv returns once all are.
+ * A block that cannot be loaded (not stored any more, bad checksum, I/O
+ * error) is reported in failed_loads with its status, and its engine block
+ * is left as it was; the request's other blocks still load.
+ *
+ * Saves. bind_metadata reserves an arena slot for every block to save
+ * (a key stored already is skipped; a full arena or tenant quota drops the
+ * save and counts it). save_kv_layer(l) copies layer l of every saved block
+ * out of the cache, encoding it with the format's codecs, in the
+ * background. wait_for_save copies the layers not copied yet, waits until
+ * every copy of the step is done (after it returns the engine may reuse the
+ * blocks), commits the objects and queues the requests as finished_saving.
+ *
+ * Device backends. KVD_WORKER_DEVICE_HOST: the cache is in host memory and
+ * a pool of threads runs the CPU reference kernels (what CI, the demo and
+ * the Python tests use). `stream` arguments are the engine's device stream
+ * for a device backend and are ignored by the host backend.
+ *
+ * The store. An embedded store (store.h) serves one worker: the worker is
+ * its only kvd_store_poll caller (a second worker on the same store is
+ * refused). Engines with several worker processes use the daemon.
+ *
+ * Completion model (STYLE.md): submitting says "accepted"; what finished is
+ * drained with kvd_worker_get_finished (non-blocking); kvd_worker_fd is
+ * readable when something may be ready. Every accepted load and save
+ * finishes exactly once: done, failed, or canceled by kvd_worker_destroy.
+ *
+ * Threading: one engine thread calls a worker at a time (the engine's
+ * forward thread); the worker's own threads never call user code. Distinct
+ * workers are independent.
+ */
+#ifndef KVDEPOT_WORKER_H
+#define KVDEPOT_WORKER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvdepot/common.h"
+#include "kvdepot/kernels.h"
+#include "kvdepot/store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvd_worker kvd_worker_t;
+
+typedef enum kvd_worker_device {
+    KVD_WORKER_DEVICE_HOST = 0 /* host memory, CPU reference kernels */
+} kvd_worker_device_t;
+
+/* Most threads of the host backend. */
+#define KVD_WORKER_MAX_THREADS 64u
+
+typedef struct kvd_worker_config {
+    kvd_store_t *store; /* embedded store, borrowed: open until destroy */
+    kvd_namespace_t ns; /* every key of a plan must be in this namespace */
+    /* How this worker's share of one block is stored: dtype, layers,
+     * planes, heads, head_dim, block_size, codecs (kernels.h). */
+    kvd_object_format_t format;
+    uint32_t worker_rank; /* written into reports */
+    uint32_t tenant;      /* quota domain of the saves (store.h) */
+    uint32_t num_threads; /* host backend threads, 0 = 2 */
+    kvd_worker_device_t device;
+} kvd_worker_config_t;
+
+/*
+ * Creates a worker and starts its threads. The format is checked
+ * (kvd_object_format_check) and its codec tables built. Errors, with a
+ * reason in `err` (at most err_len bytes; may be NULL when err_len is 0):
+ * KVD_ERR_INVALID (NULL store or out, bad format, num_threads too large),
+ * KVD_ERR_UNSUPPORTED (device), KVD_ERR_STATE (another worker uses the
+ * store), KVD_ERR_NOMEM.
+ */
+KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
+                                       kvd_worker_t **worker_out, char *err,
+                                       size_t err_len);
+
+/*
+ * Shuts the worker down: loads not started yet are canceled (their blocks
+ * are not written), running copies finish, promotions in flight are
+ * drained, reservations not committed are aborted and every lease is given
+ * back; then the threads stop and everything is freed. The engine's cache
+ * is not touched after it returns. NULL is accepted.
+ */
+KVD_API void kvd_worker_destroy(kvd_worker_t *worker);
+
+/*
+ * Registers the engine's cache: per-layer base pointers and byte strides
+ * (kvd_kv_layout_t; the array of bases is copied). Checked against the
+ * format with kvd_kv_layout_check: overlapping or out-of-range strides are
+ * refused with the reason in `err`. May be called again to replace the
+ * layout when no plan is bound and no asynchronous load is in flight
+ * (else KVD_ERR_STATE). Errors: KVD_ERR_INVALID.
+ */
+KVD_API kvd_status_t kvd_worker_register_kv_caches(
+    kvd_worker_t *worker, const kvd_kv_layout_t *layout, char *err,
+    size_t err_len);
+
+/*
+ * Binds the plan of the next step (packed StepPlan bytes, untrusted: they
+ * are unpacked and validated, and every key must be in the worker's
+ * namespace, the block size the format's, every block id inside the
+ * registered cache). A plan still bound is finished first as
+ * kvd_worker_clear_metadata does. Reserves the arena slots of the plan's
+ * saves. Errors (nothing of the plan is done; the reason in `err`):
+ * KVD_ERR_INVALID (NULL), KVD_ERR_STATE (no cache registered),
+ * KVD_ERR_PROTO (malformed plan or a key of another namespace),
+ * KVD_ERR_RANGE (a block id outside the cache), KVD_ERR_NOMEM.
+ */
+KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
+                                              const void *plan, size_t len,
+                                              char *err, size_t err_len);
+
+/*
+ * Starts every load of the bound plan. Returns at once when every request
+ * with synchronous loads is `layerwise`; otherwise when the synchronous
+ * loads are in place. No plan bound: nothing to do, KVD_OK.
+ */
+KVD_API kvd_status_t kvd_worker_start_load_kv(kvd_worker_t *worker,
+                                              void *stream);
+
+/*
+ * Returns once layer `layer` of every synchronous load of the step is in
+ * the cache (or failed). Starts the loads if start_load_kv was not called.
+ * Errors: KVD_ERR_RANGE (layer >= num_layers).
+ */
+KVD_API kvd_status_t kvd_worker_wait_for_layer_load(kvd_worker_t *worker,
+                                                    uint32_t layer,
+                                                    void *stream);
+
+/*
+ * Starts copying layer `layer` of every block the step saves out of the
+ * cache (the engine has computed that layer). Returns at once. Calling it
+ * twice for a layer copies once. Errors: KVD_ERR_RANGE.
+ */
+KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
+                                              uint32_t layer, void *stream);
+
+/*
+ * Copies the layers save_kv_layer was not called for, waits until every
+ * copy and synchronous load of the step is done, and commits the saved
+ * objects. After it returns the worker reads no block of this step's saves
+ * again. KVD_OK also when some saves failed (they are counted in stats and
+ * logged; the request is still reported as finished saving, since nothing
+ * of it is in flight).
+ */
+KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
+                                              void *stream);
+
+/* Finishes the bound step (as wait_for_save does) and unbinds the plan.
+ * Asynchronous loads go on. No plan bound: KVD_OK. */
+KVD_API kvd_status_t kvd_worker_clear_metadata(kvd_worker_t *worker);
+
+/* One block whose load failed. */
+typedef struct kvd_worker_failed_load {
+    const char *request_id;
+    int32_t block_id;
+    kvd_status_t status; /* why: KVD_ERR_NOT_FOUND, KVD_ERR_CHECKSUM, ... */
+} kvd_worker_failed_load_t;
+
+/* What finished since the previous kvd_worker_get_finished. Every pointer
+ * stays valid until the next kvd_worker_get_finished or destroy. */
+typedef struct kvd_worker_finished {
+    uint64_t step; /* step of the plan bound last (the report's step) */
+    /* Requests whose saves of a step all completed. */
+    const char *const *finished_saving;
+    size_t num_finished_saving;
+    /* Requests whose loads of a step all completed, synchronous or not;
+     * loading_async[i] says which (the engine waits only for those). */
+    const char *const *finished_loading;
+    const bool *loading_async;
+    size_t num_finished_loading;
+    /* Blocks whose load failed; reported no later than their request's
+     * finished_loading. */
+    const kvd_worker_failed_load_t *failed_loads;
+    size_t num_failed_loads;
+    /* The same as a packed kvdepot.v1.WorkerReport for the leader's
+     * kvd_leader_update_connector_output. */
+    const uint8_t *report;
+    size_t report_len;
+} kvd_worker_finished_t;
+
+/*
+ * Drains what finished (non-blocking) into `*out`. `finished_req_ids`
+ * (may be NULL when num is 0) names the requests the engine has finished
+ * since the last call: asynchronous loads of theirs that have not started
+ * copying are canceled (reported with KVD_ERR_CANCELED). Errors:
+ * KVD_ERR_INVALID, KVD_ERR_NOMEM (nothing drained).
+ */
+KVD_API kvd_status_t kvd_worker_get_finished(
+    kvd_worker_t *worker, const char *const *finished_req_ids,
+    size_t num_finished_req_ids, kvd_worker_finished_t *out);
+
+/* An eventfd readable when kvd_worker_get_finished may have something new;
+ * get_finished clears it. Owned by the worker. */
+KVD_API int kvd_worker_fd(kvd_worker_t *worker);
+
+typedef struct kvd_worker_stats {
+    uint64_t blocks_loaded;      /* blocks written into the cache */
+    uint64_t load_errors;        /* blocks reported in failed_loads */
+    uint64_t promotions;         /* DISK-tier objects brought into the arena */
+    uint64_t blocks_saved;       /* objects committed */
+    uint64_t saves_skipped;      /* stored already */
+    uint64_t saves_dropped;      /* no slot, quota, or copy error */
+    uint64_t bytes_loaded;       /* object bytes decoded */
+    uint64_t bytes_saved;        /* object bytes written */
+    uint64_t async_loads_active; /* requests loading in the background */
+} kvd_worker_stats_t;
+
+KVD_API kvd_status_t kvd_worker_stats(kvd_worker_t *worker,
+                                      kvd_worker_stats_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVDEPOT_WORKER_H */

@@ -1,0 +1,1023 @@
+/*
+ * The worker (include/kvdepot/worker.h): its life cycle, the plan of each
+ * step, the engine's per-layer calls, and the reports.
+ *
+ * A plan is untrusted bytes. bind_metadata unpacks and validates it, checks
+ * every key's namespace and block id against this worker, and only then
+ * builds the step: one wreq per request with its blocks, the step's
+ * synchronous loads, and an arena reservation for every save. Room in the
+ * finished queues for everything the step can report is reserved here too,
+ * so the background threads never allocate to report.
+ *
+ * The engine's calls then only queue work and wait on counters (exec.c):
+ * wait_for_layer_load(l) on the layer's load tasks, wait_for_save on all
+ * of the step's copies. Committing happens on the engine thread in
+ * wait_for_save, after the last copy, so an object becomes visible to
+ * lookups only once all its layers are written.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "common/log_int.h"
+#include "proto/kvd_proto.h"
+#include "worker/worker_int.h"
+
+#define WORKER_DEFAULT_THREADS 2u
+
+static void set_err(char *err, size_t err_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_err(char *err, size_t err_len, const char *fmt, ...)
+{
+    if (err == NULL || err_len == 0) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- stores in use: one worker per embedded store ----------------------- */
+
+static pthread_mutex_t g_stores_mu = PTHREAD_MUTEX_INITIALIZER;
+static kvd_store_t *g_stores[64];
+
+static bool store_claim(kvd_store_t *store)
+{
+    bool ok = true;
+    size_t free_at = sizeof g_stores / sizeof *g_stores;
+    pthread_mutex_lock(&g_stores_mu);
+    for (size_t i = 0; i < sizeof g_stores / sizeof *g_stores; i++) {
+        if (g_stores[i] == store) {
+            ok = false;
+        } else if (g_stores[i] == NULL &&
+                   free_at == sizeof g_stores / sizeof *g_stores) {
+            free_at = i;
+        }
+    }
+    if (ok && free_at < sizeof g_stores / sizeof *g_stores) {
+        g_stores[free_at] = store;
+    } else {
+        ok = false;
+    }
+    pthread_mutex_unlock(&g_stores_mu);
+    return ok;
+}
+
+static void store_unclaim(kvd_store_t *store)
+{
+    pthread_mutex_lock(&g_stores_mu);
+    for (size_t i = 0; i < sizeof g_stores / sizeof *g_stores; i++) {
+        if (g_stores[i] == store) {
+            g_stores[i] = NULL;
+        }
+    }
+    pthread_mutex_unlock(&g_stores_mu);
+}
+
+/* ---- queues -------------------------------------------------------------- */
+
+static bool queue_reserve(wqueue_t *q, size_t more)
+{
+    size_t need = q->num + q->reserved + more;
+    if (need > q->cap) {
+        size_t cap = need < 16 ? 16 : need * 2;
+        void *p = realloc(q->items, cap * q->item_bytes);
+        if (p == NULL) {
+            return false;
+        }
+        q->items = p;
+        q->cap = cap;
+    }
+    q->reserved += more;
+    return true;
+}
+
+/* Gives back room reserved and not used (mu held). */
+static void queue_unreserve(wqueue_t *q, size_t n)
+{
+    q->reserved -= n < q->reserved ? n : q->reserved;
+}
+
+void kvd_worker_queue_push(kvd_worker_t *w, wqueue_t *q, const void *item)
+{
+    (void)w;
+    if (q->reserved == 0 || q->num == q->cap) {
+        /* Unreachable while reservations hold; never write past. */
+        KVD_LOG_ERROR("worker: no room reserved for a report");
+        return;
+    }
+    memcpy((char *)q->items + q->num * q->item_bytes, item, q->item_bytes);
+    q->num++;
+    q->reserved--;
+}
+
+void kvd_worker_notify(kvd_worker_t *w)
+{
+    uint64_t one = 1;
+    ssize_t n = write(w->efd, &one, sizeof one);
+    (void)n; /* EAGAIN: the counter is already non-zero, readable anyway */
+}
+
+/* ---- requests and steps ------------------------------------------------- */
+
+void kvd_worker_req_free(wreq_t *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    free(r->loads);
+    free(r->saves);
+    free(r->ids);
+    free(r->objs);
+    free(r);
+}
+
+static void step_free(wstep_t *s)
+{
+    if (s == NULL) {
+        return;
+    }
+    for (size_t i = 0; i < s->n_reqs; i++) {
+        kvd_worker_req_free(s->reqs[i]);
+    }
+    free(s->reqs);
+    free(s->sync);
+    free(s->load_ids);
+    free(s->load_objs);
+    free(s->load_blocks);
+    free(s->layer_left);
+    free(s->saves);
+    free(s->save_ids);
+    free(s->save_objs);
+    free(s->save_issued);
+    free(s->tasks);
+    free(s);
+}
+
+/* ---- create / destroy --------------------------------------------------- */
+
+static bool format_uses_tq(const kvd_object_format_t *f)
+{
+    for (uint32_t p = 0; p < f->num_planes && p < 2; p++) {
+        if (f->codec[p] >= KVD_CODEC_TQ4 && f->codec[p] <= KVD_CODEC_TQ2) {
+            return true;
+        }
+    }
+    return false;
+}
+
+KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
+                                       kvd_worker_t **worker_out, char *err,
+                                       size_t err_len)
+{
+    if (cfg == NULL || worker_out == NULL || cfg->store == NULL) {
+        set_err(err, err_len, "worker: NULL config, store or out");
+        return KVD_ERR_INVALID;
+    }
+    if (cfg->device != KVD_WORKER_DEVICE_HOST) {
+        set_err(err, err_len, "worker: device %d is not built",
+                (int)cfg->device);
+        return KVD_ERR_UNSUPPORTED;
+    }
+    if (cfg->num_threads > KVD_WORKER_MAX_THREADS) {
+        set_err(err, err_len, "worker: num_threads %u > %u", cfg->num_threads,
+                KVD_WORKER_MAX_THREADS);
+        return KVD_ERR_INVALID;
+    }
+    char why[200] = "";
+    kvd_status_t s = kvd_object_format_check(&cfg->format, why, sizeof why);
+    if (s != KVD_OK) {
+        set_err(err, err_len, "worker: format: %s", why);
+        return s;
+    }
+    kvd_worker_t *w = calloc(1, sizeof *w);
+    if (w == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    w->cfg = *cfg;
+    w->store = cfg->store;
+    w->object_bytes = kvd_object_bytes(&cfg->format);
+    w->num_threads =
+        cfg->num_threads != 0 ? cfg->num_threads : WORKER_DEFAULT_THREADS;
+    w->fin_save.item_bytes = sizeof(wfin_t);
+    w->fin_load.item_bytes = sizeof(wfin_t);
+    w->failed.item_bytes = sizeof(wfail_t);
+    w->efd = -1;
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->task_cv, NULL);
+    pthread_cond_init(&w->done_cv, NULL);
+    pthread_cond_init(&w->poll_cv, NULL);
+
+    if (format_uses_tq(&cfg->format)) {
+        s = kvd_codec_tables_create(&cfg->format, &w->tables);
+        if (s != KVD_OK) {
+            set_err(err, err_len, "worker: codec tables: %s",
+                    kvd_status_str(s));
+            goto err_free;
+        }
+    }
+    w->bases = calloc(cfg->format.num_layers, sizeof *w->bases);
+    w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (w->bases == NULL || w->efd < 0) {
+        s = w->bases == NULL ? KVD_ERR_NOMEM : kvd_status_from_errno(errno);
+        set_err(err, err_len, "worker: %s", kvd_status_str(s));
+        goto err_free;
+    }
+    if (!store_claim(cfg->store)) {
+        set_err(err, err_len, "worker: the store already serves a worker");
+        s = KVD_ERR_STATE;
+        goto err_free;
+    }
+    s = kvd_worker_exec_start(w);
+    if (s != KVD_OK) {
+        set_err(err, err_len, "worker: threads not started");
+        kvd_worker_exec_stop(w);
+        store_unclaim(cfg->store);
+        goto err_free;
+    }
+    *worker_out = w;
+    return KVD_OK;
+
+err_free:
+    if (w->efd >= 0) {
+        close(w->efd);
+    }
+    free(w->threads);
+    free(w->bases);
+    kvd_codec_tables_destroy(w->tables);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->task_cv);
+    pthread_cond_destroy(&w->done_cv);
+    pthread_cond_destroy(&w->poll_cv);
+    free(w);
+    return s;
+}
+
+KVD_API void kvd_worker_destroy(kvd_worker_t *worker)
+{
+    if (worker == NULL) {
+        return;
+    }
+    kvd_worker_t *w = worker;
+    (void)kvd_worker_clear_metadata(w);
+    kvd_worker_exec_stop(w);
+    store_unclaim(w->store);
+    close(w->efd);
+    free(w->threads);
+    free(w->bases);
+    free(w->backlog);
+    free(w->fin_save.items);
+    free(w->fin_load.items);
+    free(w->failed.items);
+    free(w->taken_save);
+    free(w->taken_load);
+    free(w->taken_failed);
+    free(w->out_save);
+    free(w->out_load);
+    free(w->out_async);
+    free(w->out_failed);
+    free(w->report);
+    kvd_codec_tables_destroy(w->tables);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->task_cv);
+    pthread_cond_destroy(&w->done_cv);
+    pthread_cond_destroy(&w->poll_cv);
+    free(w);
+}
+
+KVD_API kvd_status_t kvd_worker_register_kv_caches(
+    kvd_worker_t *worker, const kvd_kv_layout_t *layout, char *err,
+    size_t err_len)
+{
+    if (worker == NULL || layout == NULL || layout->layer_base == NULL) {
+        set_err(err, err_len, "worker: NULL layout");
+        return KVD_ERR_INVALID;
+    }
+    kvd_worker_t *w = worker;
+    char why[200] = "";
+    kvd_status_t s =
+        kvd_kv_layout_check(layout, &w->cfg.format, why, sizeof why);
+    if (s != KVD_OK) {
+        set_err(err, err_len, "worker: layout: %s", why);
+        return s;
+    }
+    pthread_mutex_lock(&w->mu);
+    bool busy = w->step != NULL || w->async_active > 0;
+    pthread_mutex_unlock(&w->mu);
+    if (busy) {
+        set_err(err, err_len, "worker: a plan is bound or loads are in flight");
+        return KVD_ERR_STATE;
+    }
+    memcpy(w->bases, layout->layer_base,
+           w->cfg.format.num_layers * sizeof *w->bases);
+    w->layout = *layout;
+    w->layout.layer_base = w->bases;
+    w->registered = true;
+    return KVD_OK;
+}
+
+/* ---- bind ------------------------------------------------------------- */
+
+/* Checks one key and block id of the plan; copies the hash into `b`. */
+static kvd_status_t plan_block(kvd_worker_t *w, const kvd_pb_object_key_t *key,
+                               uint32_t block_id, wreq_t *r, wblock_t *b,
+                               char *err, size_t err_len)
+{
+    if (memcmp(key->namespace_id.data, w->cfg.ns.bytes, KVD_NAMESPACE_BYTES) !=
+        0) {
+        set_err(err, err_len,
+                "worker: plan: request %s block %u: key of another namespace",
+                r->id, block_id);
+        return KVD_ERR_PROTO;
+    }
+    if (block_id >= w->layout.num_blocks) {
+        set_err(err, err_len,
+                "worker: plan: request %s block %u outside the cache (%u "
+                "blocks)",
+                r->id, block_id, w->layout.num_blocks);
+        return KVD_ERR_RANGE;
+    }
+    b->req = r;
+    b->block_id = (int32_t)block_id;
+    memcpy(b->hash.bytes, key->block_hash.data, KVD_SHA256_BYTES);
+    b->status = KVD_OK;
+    return KVD_OK;
+}
+
+static kvd_status_t req_build(kvd_worker_t *w, const kvd_pb_step_request_t *q,
+                              wreq_t **out, char *err, size_t err_len)
+{
+    wreq_t *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    snprintf(r->id, sizeof r->id, "%s", q->request_id);
+    r->async_load = q->async_load;
+    r->layerwise = q->layerwise;
+    r->n_loads = q->n_loads;
+    r->n_saves = q->n_saves;
+    r->loads = calloc(q->n_loads + 1, sizeof *r->loads);
+    r->saves = calloc(q->n_saves + 1, sizeof *r->saves);
+    if (r->async_load) {
+        r->ids = calloc(q->n_loads + 1, sizeof *r->ids);
+        r->objs = calloc(q->n_loads + 1, sizeof *r->objs);
+    }
+    kvd_status_t s = KVD_OK;
+    if (r->loads == NULL || r->saves == NULL ||
+        (r->async_load && (r->ids == NULL || r->objs == NULL))) {
+        s = KVD_ERR_NOMEM;
+    }
+    for (size_t i = 0; s == KVD_OK && i < q->n_loads; i++) {
+        s = plan_block(w, q->loads[i]->key, q->loads[i]->block_id, r,
+                       &r->loads[i], err, err_len);
+    }
+    for (size_t i = 0; s == KVD_OK && i < q->n_saves; i++) {
+        s = plan_block(w, q->saves[i]->key, q->saves[i]->block_id, r,
+                       &r->saves[i], err, err_len);
+    }
+    if (s != KVD_OK) {
+        kvd_worker_req_free(r);
+        return s;
+    }
+    *out = r;
+    return KVD_OK;
+}
+
+/* Reserves arena slots for the saves of every request; keeps the granted
+ * ones in the step. */
+static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
+                                 size_t err_len)
+{
+    size_t total = 0, most = 0;
+    for (size_t i = 0; i < s->n_reqs; i++) {
+        total += s->reqs[i]->n_saves;
+        most = s->reqs[i]->n_saves > most ? s->reqs[i]->n_saves : most;
+    }
+    s->saves = calloc(total + 1, sizeof *s->saves);
+    s->save_ids = calloc(total + 1, sizeof *s->save_ids);
+    s->save_objs = calloc(total + 1, sizeof *s->save_objs);
+    kvd_block_hash_t *hashes = calloc(most + 1, sizeof *hashes);
+    kvd_store_reservation_t *res = calloc(most + 1, sizeof *res);
+    kvd_status_t st = KVD_OK;
+    if (s->saves == NULL || s->save_ids == NULL || s->save_objs == NULL ||
+        hashes == NULL || res == NULL) {
+        st = KVD_ERR_NOMEM;
+    }
+    for (size_t i = 0; st == KVD_OK && i < s->n_reqs; i++) {
+        wreq_t *r = s->reqs[i];
+        if (r->n_saves == 0) {
+            continue;
+        }
+        for (size_t b = 0; b < r->n_saves; b++) {
+            hashes[b] = r->saves[b].hash;
+        }
+        st = kvd_store_reserve(w->store, &w->cfg.ns, hashes, r->n_saves,
+                               w->object_bytes, w->cfg.tenant, res);
+        if (st != KVD_OK) {
+            set_err(err, err_len,
+                    "worker: reserving %zu objects of %zu "
+                    "bytes: %s",
+                    r->n_saves, w->object_bytes, kvd_status_str(st));
+            break;
+        }
+        for (size_t b = 0; b < r->n_saves; b++) {
+            wblock_t *blk = &r->saves[b];
+            if (res[b].status == KVD_OK) {
+                blk->arena_offset = res[b].arena_offset;
+                blk->obj = kvd_store_arena_ptr(w->store, blk->arena_offset,
+                                               w->object_bytes);
+                s->saves[s->n_saves] = blk;
+                s->save_ids[s->n_saves] = blk->block_id;
+                s->save_objs[s->n_saves] = blk->obj;
+                s->n_saves++;
+            } else if (res[b].status == KVD_ERR_EXISTS) {
+                blk->status = KVD_ERR_EXISTS;
+                w->st.saves_skipped++;
+            } else {
+                blk->status = res[b].status;
+                w->st.saves_dropped++;
+                KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
+                                    "worker: block %d of request %s not "
+                                    "saved: %s",
+                                    blk->block_id, r->id,
+                                    kvd_status_str(res[b].status));
+            }
+        }
+    }
+    free(hashes);
+    free(res);
+    return st;
+}
+
+/* Commits (or aborts) the step's reserved objects. */
+static void step_commit(kvd_worker_t *w, wstep_t *s)
+{
+    kvd_store_key_t key;
+    key.ns = w->cfg.ns;
+    for (size_t i = 0; i < s->n_saves; i++) {
+        wblock_t *b = s->saves[i];
+        key.hash = b->hash;
+        kvd_status_t st = b->status == KVD_OK
+                              ? kvd_store_commit(w->store, &key, 1, NULL)
+                              : kvd_store_abort(w->store, &key, 1, NULL);
+        if (b->status == KVD_OK && st == KVD_OK) {
+            w->st.blocks_saved++;
+            w->st.bytes_saved += w->object_bytes;
+        } else {
+            w->st.saves_dropped++;
+            if (st != KVD_OK) {
+                KVD_LOG_WARN("worker: block %d of request %s: %s: %s",
+                             b->block_id, b->req->id,
+                             b->status == KVD_OK ? "commit" : "abort",
+                             kvd_status_str(st));
+            }
+        }
+    }
+}
+
+/* Aborts every reservation of a step that will not run (bind failed). */
+static void step_abort(kvd_worker_t *w, wstep_t *s)
+{
+    for (size_t i = 0; i < s->n_saves; i++) {
+        s->saves[i]->status = KVD_ERR_CANCELED;
+    }
+    step_commit(w, s);
+}
+
+static size_t chunks_for(const kvd_worker_t *w, size_t n)
+{
+    return n < w->num_threads ? n : w->num_threads;
+}
+
+/* The step's synchronous loads, per-layer counters and task storage. */
+static kvd_status_t step_arrays(kvd_worker_t *w, wstep_t *s)
+{
+    uint32_t layers = w->cfg.format.num_layers;
+    for (size_t i = 0; i < s->n_reqs; i++) {
+        wreq_t *r = s->reqs[i];
+        if (!r->async_load) {
+            s->n_sync += r->n_loads;
+            s->any_sync_whole |= r->n_loads > 0 && !r->layerwise;
+        }
+    }
+    s->sync = calloc(s->n_sync + 1, sizeof *s->sync);
+    s->load_ids = calloc(s->n_sync + 1, sizeof *s->load_ids);
+    s->load_objs = calloc(s->n_sync + 1, sizeof *s->load_objs);
+    s->load_blocks = calloc(s->n_sync + 1, sizeof *s->load_blocks);
+    s->layer_left = calloc(layers, sizeof *s->layer_left);
+    s->save_issued = calloc(layers, sizeof *s->save_issued);
+    if (s->sync == NULL || s->load_ids == NULL || s->load_objs == NULL ||
+        s->load_blocks == NULL || s->layer_left == NULL ||
+        s->save_issued == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    size_t n = 0;
+    for (size_t i = 0; i < s->n_reqs; i++) {
+        wreq_t *r = s->reqs[i];
+        for (size_t b = 0; !r->async_load && b < r->n_loads; b++) {
+            s->sync[n++] = &r->loads[b];
+        }
+    }
+    return KVD_OK;
+}
+
+/* Room in the finished queues for everything the step can report. */
+static bool step_queue_room(kvd_worker_t *w, const wstep_t *s, bool take)
+{
+    size_t loads = 0, load_reqs = 0, save_reqs = 0;
+    for (size_t i = 0; i < s->n_reqs; i++) {
+        loads += s->reqs[i]->n_loads;
+        load_reqs += s->reqs[i]->n_loads > 0;
+        save_reqs += s->reqs[i]->n_saves > 0;
+    }
+    pthread_mutex_lock(&w->mu);
+    bool ok = true;
+    if (take) {
+        ok = queue_reserve(&w->fin_load, load_reqs) &&
+             queue_reserve(&w->fin_save, save_reqs) &&
+             queue_reserve(&w->failed, loads);
+        if (!ok) {
+            take = false; /* give back what was taken */
+        }
+    }
+    if (!take) {
+        queue_unreserve(&w->fin_load, load_reqs);
+        queue_unreserve(&w->fin_save, save_reqs);
+        queue_unreserve(&w->failed, loads);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return ok;
+}
+
+/* Splits the plan into requests. An asynchronous request's saves (a plan
+ * may carry both) go into a request of their own, so the step never points
+ * into a request the background may free. */
+static kvd_status_t step_requests(kvd_worker_t *w, wstep_t *s,
+                                  const kvd_pb_step_plan_t *plan, char *err,
+                                  size_t err_len)
+{
+    s->reqs = calloc(2 * plan->n_requests + 1, sizeof *s->reqs);
+    if (s->reqs == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < plan->n_requests; i++) {
+        const kvd_pb_step_request_t *q = plan->requests[i];
+        wreq_t *r = NULL;
+        kvd_status_t st = req_build(w, q, &r, err, err_len);
+        if (st != KVD_OK) {
+            return st;
+        }
+        s->reqs[s->n_reqs++] = r;
+        if (r->async_load && r->n_saves > 0) {
+            kvd_pb_step_request_t saves_only = *q;
+            saves_only.n_loads = 0;
+            saves_only.async_load = false;
+            st = req_build(w, &saves_only, &s->reqs[s->n_reqs], err, err_len);
+            if (st != KVD_OK) {
+                return st;
+            }
+            s->n_reqs++;
+            r->n_saves = 0;
+        }
+    }
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
+                                              const void *plan, size_t len,
+                                              char *err, size_t err_len)
+{
+    if (worker == NULL || (plan == NULL && len > 0)) {
+        set_err(err, err_len, "worker: NULL plan");
+        return KVD_ERR_INVALID;
+    }
+    kvd_worker_t *w = worker;
+    if (!w->registered) {
+        set_err(err, err_len, "worker: no KV cache registered");
+        return KVD_ERR_STATE;
+    }
+    if (w->step != NULL) {
+        KVD_LOG_DEBUG("worker: step %llu still bound: finishing it",
+                      (unsigned long long)w->step->step);
+        (void)kvd_worker_clear_metadata(w);
+    }
+    char why[256] = "";
+    kvd_pb_step_plan_t *msg = NULL;
+    kvd_status_t st =
+        kvd_proto_step_plan_unpack(plan, len, &msg, why, sizeof why);
+    if (st != KVD_OK) {
+        set_err(err, err_len, "worker: plan: %s", why);
+        return st;
+    }
+    if (msg->block_size != w->cfg.format.block_size) {
+        set_err(err, err_len, "worker: plan: block_size %u, the cache's %u",
+                msg->block_size, w->cfg.format.block_size);
+        kvd_proto_step_plan_free(msg);
+        return KVD_ERR_PROTO;
+    }
+    wstep_t *s = calloc(1, sizeof *s);
+    if (s == NULL) {
+        kvd_proto_step_plan_free(msg);
+        return KVD_ERR_NOMEM;
+    }
+    s->step = msg->step;
+    st = step_requests(w, s, msg, err, err_len);
+    kvd_proto_step_plan_free(msg);
+    if (st == KVD_OK) {
+        st = step_arrays(w, s);
+    }
+    if (st != KVD_OK) {
+        goto err_step;
+    }
+    if (!step_queue_room(w, s, true)) {
+        st = KVD_ERR_NOMEM;
+        goto err_step;
+    }
+    pthread_mutex_lock(&w->mu);
+    st = step_reserve(w, s, err, err_len);
+    pthread_mutex_unlock(&w->mu);
+    if (st == KVD_OK) {
+        size_t per_layer = chunks_for(w, s->n_sync) + chunks_for(w, s->n_saves);
+        s->n_tasks = per_layer * w->cfg.format.num_layers;
+        s->tasks = calloc(s->n_tasks + 1, sizeof *s->tasks);
+        st = s->tasks == NULL ? KVD_ERR_NOMEM : KVD_OK;
+    }
+    if (st != KVD_OK) {
+        goto err_reserved;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->step = s;
+    w->last_step = s->step;
+    pthread_mutex_unlock(&w->mu);
+    return KVD_OK;
+
+err_reserved:
+    pthread_mutex_lock(&w->mu);
+    step_abort(w, s);
+    pthread_mutex_unlock(&w->mu);
+    (void)step_queue_room(w, s, false);
+err_step:
+    if (st == KVD_ERR_NOMEM) {
+        set_err(err, err_len, "worker: out of memory binding a plan");
+    }
+    step_free(s);
+    return st;
+}
+
+/* ---- the engine's per-step calls ----------------------------------------- */
+
+KVD_API kvd_status_t kvd_worker_start_load_kv(kvd_worker_t *worker,
+                                              void *stream)
+{
+    (void)stream;
+    if (worker == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_worker_t *w = worker;
+    wstep_t *s = w->step;
+    if (s == NULL) {
+        return KVD_OK;
+    }
+    if (!s->loads_started) {
+        kvd_worker_loads_start(w, s);
+    }
+    if (s->any_sync_whole) {
+        pthread_mutex_lock(&w->mu);
+        while (!s->loads_done) {
+            pthread_cond_wait(&w->done_cv, &w->mu);
+        }
+        pthread_mutex_unlock(&w->mu);
+    }
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_worker_wait_for_layer_load(kvd_worker_t *worker,
+                                                    uint32_t layer,
+                                                    void *stream)
+{
+    (void)stream;
+    if (worker == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_worker_t *w = worker;
+    if (layer >= w->cfg.format.num_layers) {
+        return KVD_ERR_RANGE;
+    }
+    wstep_t *s = w->step;
+    if (s == NULL) {
+        return KVD_OK;
+    }
+    if (!s->loads_started) {
+        kvd_worker_loads_start(w, s);
+    }
+    pthread_mutex_lock(&w->mu);
+    while (!s->loads_done && !(s->loads_issued && s->layer_left[layer] == 0)) {
+        pthread_cond_wait(&w->done_cv, &w->mu);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
+                                              uint32_t layer, void *stream)
+{
+    (void)stream;
+    if (worker == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_worker_t *w = worker;
+    if (layer >= w->cfg.format.num_layers) {
+        return KVD_ERR_RANGE;
+    }
+    wstep_t *s = w->step;
+    if (s == NULL || s->saves_done) {
+        return KVD_OK;
+    }
+    pthread_mutex_lock(&w->mu);
+    kvd_worker_saves_issue(w, s, layer);
+    pthread_mutex_unlock(&w->mu);
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
+                                              void *stream)
+{
+    (void)stream;
+    if (worker == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_worker_t *w = worker;
+    wstep_t *s = w->step;
+    if (s == NULL || s->saves_done) {
+        return KVD_OK;
+    }
+    if (!s->loads_started) {
+        kvd_worker_loads_start(w, s);
+    }
+    pthread_mutex_lock(&w->mu);
+    for (uint32_t l = 0; l < w->cfg.format.num_layers; l++) {
+        kvd_worker_saves_issue(w, s, l);
+    }
+    while (s->save_tasks_left > 0 || !s->loads_done) {
+        pthread_cond_wait(&w->done_cv, &w->mu);
+    }
+    step_commit(w, s);
+    for (size_t i = 0; i < s->n_reqs; i++) {
+        wreq_t *r = s->reqs[i];
+        if (r != NULL && r->n_saves > 0) {
+            wfin_t f;
+            memcpy(f.id, r->id, sizeof f.id);
+            f.async = false;
+            kvd_worker_queue_push(w, &w->fin_save, &f);
+        }
+    }
+    s->saves_done = true;
+    kvd_worker_notify(w);
+    pthread_mutex_unlock(&w->mu);
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_worker_clear_metadata(kvd_worker_t *worker)
+{
+    if (worker == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_worker_t *w = worker;
+    wstep_t *s = w->step;
+    if (s == NULL) {
+        return KVD_OK;
+    }
+    (void)kvd_worker_wait_for_save(w, NULL);
+    pthread_mutex_lock(&w->mu);
+    w->step = NULL;
+    pthread_mutex_unlock(&w->mu);
+    step_free(s);
+    return KVD_OK;
+}
+
+/* ---- reports ----------------------------------------------------------- */
+
+static int fin_cmp(const void *a, const void *b)
+{
+    return strcmp(((const wfin_t *)a)->id, ((const wfin_t *)b)->id);
+}
+
+static int fail_cmp(const void *a, const void *b)
+{
+    const wfail_t *x = a, *y = b;
+    int c = strcmp(x->id, y->id);
+    return c != 0 ? c
+                  : (x->block_id > y->block_id) - (x->block_id < y->block_id);
+}
+
+/* Sorts and merges entries for the same request (a request finishing in
+ * two steps is reported once); returns the new count. */
+static size_t fin_unique(wfin_t *v, size_t n)
+{
+    qsort(v, n, sizeof *v, fin_cmp);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (k > 0 && strcmp(v[k - 1].id, v[i].id) == 0) {
+            v[k - 1].async |= v[i].async;
+        } else {
+            v[k++] = v[i];
+        }
+    }
+    return k;
+}
+
+static size_t fail_unique(wfail_t *v, size_t n)
+{
+    qsort(v, n, sizeof *v, fail_cmp);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (k == 0 || fail_cmp(&v[k - 1], &v[i]) != 0) {
+            v[k++] = v[i];
+        }
+    }
+    return k;
+}
+
+static bool grow(void **p, size_t *cap, size_t need, size_t item)
+{
+    if (need <= *cap) {
+        return true;
+    }
+    void *q = realloc(*p, need * item);
+    if (q == NULL) {
+        return false;
+    }
+    *p = q;
+    *cap = need;
+    return true;
+}
+
+/* Moves up to `max` items from the front of `q` into `dst` (mu held). */
+static size_t queue_take(wqueue_t *q, void *dst, size_t max)
+{
+    size_t n = q->num < max ? q->num : max;
+    if (n == 0) {
+        return 0; /* items may still be NULL */
+    }
+    memcpy(dst, q->items, n * q->item_bytes);
+    memmove(q->items, (char *)q->items + n * q->item_bytes,
+            (q->num - n) * q->item_bytes);
+    q->num -= n;
+    return n;
+}
+
+static kvd_status_t report_pack(kvd_worker_t *w, kvd_worker_finished_t *out)
+{
+    kvd_pb_worker_report_t rep = KVDEPOT__V1__WORKER_REPORT__INIT;
+    rep.step = out->step;
+    rep.worker_rank = w->cfg.worker_rank;
+    rep.n_finished_saving = out->num_finished_saving;
+    rep.finished_saving = (char **)out->finished_saving;
+    rep.n_finished_loading = out->num_finished_loading;
+    rep.finished_loading = (char **)out->finished_loading;
+    size_t nf = out->num_failed_loads;
+    kvd_pb_failed_load_t *fl = calloc(nf + 1, sizeof *fl);
+    kvd_pb_failed_load_t **flp = calloc(nf + 1, sizeof *flp);
+    kvd_status_t st = KVD_ERR_NOMEM;
+    if (fl != NULL && flp != NULL) {
+        for (size_t i = 0; i < nf; i++) {
+            kvd_pb_failed_load_t init = KVDEPOT__V1__FAILED_LOAD__INIT;
+            fl[i] = init;
+            fl[i].request_id = (char *)out->failed_loads[i].request_id;
+            fl[i].block_id = (uint32_t)out->failed_loads[i].block_id;
+            fl[i].status = out->failed_loads[i].status;
+            flp[i] = &fl[i];
+        }
+        rep.n_failed_loads = nf;
+        rep.failed_loads = flp;
+        char why[200] = "";
+        free(w->report);
+        w->report = NULL;
+        size_t len = 0;
+        st = kvd_proto_worker_report_pack_alloc(&rep, &w->report, &len, why,
+                                                sizeof why);
+        if (st != KVD_OK) {
+            KVD_LOG_ERROR("worker: report not packed: %s", why);
+        } else {
+            out->report = w->report;
+            out->report_len = len;
+        }
+    }
+    free(fl);
+    free(flp);
+    return st;
+}
+
+KVD_API kvd_status_t kvd_worker_get_finished(
+    kvd_worker_t *worker, const char *const *finished_req_ids,
+    size_t num_finished_req_ids, kvd_worker_finished_t *out)
+{
+    if (worker == NULL || out == NULL ||
+        (finished_req_ids == NULL && num_finished_req_ids > 0)) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_worker_t *w = worker;
+    uint64_t drained;
+    ssize_t rd = read(w->efd, &drained, sizeof drained);
+    (void)rd; /* EAGAIN: nothing was signalled */
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < num_finished_req_ids; i++) {
+        for (wreq_t *r = w->async; r != NULL && finished_req_ids[i] != NULL;
+             r = r->next) {
+            if (!r->running && strcmp(r->id, finished_req_ids[i]) == 0) {
+                r->canceled = true;
+            }
+        }
+    }
+    size_t ns = w->fin_save.num < KVD_PROTO_MAX_REQUESTS
+                    ? w->fin_save.num
+                    : KVD_PROTO_MAX_REQUESTS;
+    size_t nl = w->fin_load.num < KVD_PROTO_MAX_REQUESTS
+                    ? w->fin_load.num
+                    : KVD_PROTO_MAX_REQUESTS;
+    size_t nf = w->failed.num < KVD_PROTO_MAX_BLOCKS_PER_PLAN
+                    ? w->failed.num
+                    : KVD_PROTO_MAX_BLOCKS_PER_PLAN;
+    bool ok = grow((void **)&w->taken_save, &w->cap_taken_save, ns + 1,
+                   sizeof *w->taken_save) &&
+              grow((void **)&w->taken_load, &w->cap_taken_load, nl + 1,
+                   sizeof *w->taken_load) &&
+              grow((void **)&w->taken_failed, &w->cap_taken_failed, nf + 1,
+                   sizeof *w->taken_failed);
+    ok = ok &&
+         grow((void **)&w->out_save, &w->cap_out_save, ns + 1,
+              sizeof *w->out_save) &&
+         grow((void **)&w->out_load, &w->cap_out_load, nl + 1,
+              sizeof *w->out_load) &&
+         grow((void **)&w->out_async, &w->cap_out_async, nl + 1,
+              sizeof *w->out_async) &&
+         grow((void **)&w->out_failed, &w->cap_out_failed, nf + 1,
+              sizeof *w->out_failed);
+    if (!ok) {
+        pthread_mutex_unlock(&w->mu);
+        return KVD_ERR_NOMEM;
+    }
+    ns = queue_take(&w->fin_save, w->taken_save, ns);
+    nl = queue_take(&w->fin_load, w->taken_load, nl);
+    nf = queue_take(&w->failed, w->taken_failed, nf);
+    uint64_t step = w->last_step;
+    if (w->fin_save.num + w->fin_load.num + w->failed.num > 0) {
+        kvd_worker_notify(w); /* more than one report's worth */
+    }
+    pthread_mutex_unlock(&w->mu);
+
+    ns = fin_unique(w->taken_save, ns);
+    nl = fin_unique(w->taken_load, nl);
+    nf = fail_unique(w->taken_failed, nf);
+    for (size_t i = 0; i < ns; i++) {
+        w->out_save[i] = w->taken_save[i].id;
+    }
+    for (size_t i = 0; i < nl; i++) {
+        w->out_load[i] = w->taken_load[i].id;
+        w->out_async[i] = w->taken_load[i].async;
+    }
+    for (size_t i = 0; i < nf; i++) {
+        w->out_failed[i].request_id = w->taken_failed[i].id;
+        w->out_failed[i].block_id = w->taken_failed[i].block_id;
+        w->out_failed[i].status = w->taken_failed[i].status;
+    }
+    kvd_worker_finished_t f = {0};
+    f.step = step;
+    f.finished_saving = w->out_save;
+    f.num_finished_saving = ns;
+    f.finished_loading = w->out_load;
+    f.loading_async = w->out_async;
+    f.num_finished_loading = nl;
+    f.failed_loads = w->out_failed;
+    f.num_failed_loads = nf;
+    kvd_status_t st = report_pack(w, &f);
+    if (st != KVD_OK) {
+        return st;
+    }
+    *out = f;
+    return KVD_OK;
+}
+
+KVD_API int kvd_worker_fd(kvd_worker_t *worker)
+{
+    return worker == NULL ? -1 : worker->efd;
+}
+
+KVD_API kvd_status_t kvd_worker_stats(kvd_worker_t *worker,
+                                      kvd_worker_stats_t *out)
+{
+    if (worker == NULL || out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    pthread_mutex_lock(&worker->mu);
+    *out = worker->st;
+    pthread_mutex_unlock(&worker->mu);
+    return KVD_OK;
+}

@@ -1,0 +1,195 @@
+/*
+ * The worker's state, shared by worker.c (API, plans, reports) and exec.c
+ * (threads, promotions, the copies).
+ *
+ * One mutex, `mu`, guards everything below that more than one thread
+ * touches: the task queue, the promotion backlog, the step's counters, the
+ * asynchronous requests, the finished queues and the stats. Copies run
+ * without it. Lock order: mu, then the store's locks (the store never calls
+ * back). A block's fields are written by one thread at a time: the engine
+ * thread while resolving, the poller when its promotion completes, then
+ * tasks (status only, under mu).
+ */
+#ifndef KVD_WORKER_INT_H
+#define KVD_WORKER_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvdepot/worker.h"
+
+#define WORKER_ID_BYTES 257 /* KVD_PROTO_MAX_ID_BYTES + NUL */
+
+typedef struct wreq wreq_t;
+typedef struct wstep wstep_t;
+
+/* One engine block to load or save. */
+typedef struct wblock {
+    wreq_t *req;
+    int32_t block_id;
+    kvd_block_hash_t hash;
+    kvd_store_lease_t lease; /* load: valid while `leased` */
+    bool leased;
+    uint64_t arena_offset; /* save: the reservation's slot */
+    void *obj;             /* the object's bytes in the arena */
+    kvd_status_t status;   /* first error, or KVD_OK */
+} wblock_t;
+
+typedef enum wtask_kind {
+    WTASK_LOAD, /* one layer of a chunk of the step's synchronous loads */
+    WTASK_SAVE, /* one layer of a chunk of the step's saves */
+    WTASK_ASYNC /* every layer of one asynchronous request */
+} wtask_kind_t;
+
+typedef struct wtask wtask_t;
+struct wtask {
+    wtask_t *next;
+    wtask_kind_t kind;
+    wstep_t *step; /* WTASK_LOAD, WTASK_SAVE */
+    uint32_t layer;
+    size_t first, count; /* range of the step's arrays */
+    wreq_t *req;         /* WTASK_ASYNC */
+};
+
+/* One request's part of a plan. Synchronous requests live as long as their
+ * step; asynchronous ones move to the worker's list and live until their
+ * loads finish. */
+struct wreq {
+    wreq_t *next; /* the worker's asynchronous list */
+    char id[WORKER_ID_BYTES];
+    bool async_load, layerwise;
+    wblock_t *loads;
+    size_t n_loads;
+    wblock_t *saves;
+    size_t n_saves;
+    /* Asynchronous loads. */
+    size_t gets_pending; /* promotions not completed */
+    bool canceled;       /* the engine finished the request */
+    bool running;        /* the copy task started */
+    wtask_t task;
+    int32_t *ids; /* n_loads: the blocks the copy writes */
+    void **objs;
+};
+
+struct wstep {
+    uint64_t step;
+    wreq_t **reqs;
+    size_t n_reqs;
+    /* Synchronous loads. */
+    wblock_t **sync;
+    size_t n_sync;
+    bool any_sync_whole; /* some request is not layerwise */
+    bool loads_started;
+    size_t gets_pending;
+    bool loads_issued; /* resolved; tasks queued (or none needed) */
+    bool loads_done;   /* every task ran, leases given back */
+    int32_t *load_ids;
+    void **load_objs;
+    wblock_t **load_blocks;
+    size_t n_load_ok;
+    uint32_t *layer_left; /* per layer: load tasks not finished */
+    size_t load_tasks_left;
+    /* Saves: the reserved ones. */
+    wblock_t **saves;
+    int32_t *save_ids;
+    void **save_objs;
+    size_t n_saves;
+    bool *save_issued; /* per layer */
+    size_t save_tasks_left;
+    bool saves_done;
+    /* Task storage: layers * (load chunks + save chunks), used in order. */
+    wtask_t *tasks;
+    size_t n_tasks, used_tasks;
+};
+
+typedef struct wfin {
+    char id[WORKER_ID_BYTES];
+    bool async;
+} wfin_t;
+
+typedef struct wfail {
+    char id[WORKER_ID_BYTES];
+    int32_t block_id;
+    kvd_status_t status;
+} wfail_t;
+
+/* A queue whose room is reserved before the work that fills it starts, so
+ * pushing never allocates (and never loses a report). */
+typedef struct wqueue {
+    void *items;
+    size_t num, cap, reserved, item_bytes;
+} wqueue_t;
+
+struct kvd_worker {
+    kvd_worker_config_t cfg;
+    kvd_store_t *store;
+    kvd_codec_tables_t *tables;
+    size_t object_bytes;
+    uint32_t num_threads;
+
+    bool registered;
+    kvd_kv_layout_t layout;
+    void **bases;
+
+    wstep_t *step; /* bound plan, or NULL */
+    uint64_t last_step;
+
+    pthread_mutex_t mu;
+    pthread_cond_t task_cv; /* the task queue is not empty */
+    pthread_cond_t done_cv; /* a task, promotion or request finished */
+    pthread_cond_t poll_cv; /* promotions to submit or to poll */
+    wtask_t *q_head, *q_tail;
+    wreq_t *async; /* asynchronous requests not finished */
+    size_t async_active;
+    bool stopping; /* destroy: cancel what has not started */
+    bool quit;     /* threads leave once idle */
+
+    /* Promotions: submitted and not polled, and not yet accepted. */
+    size_t gets_outstanding;
+    kvd_store_get_t *backlog;
+    size_t n_backlog, cap_backlog;
+
+    wqueue_t fin_save, fin_load, failed;
+    /* What the last get_finished handed out. */
+    wfin_t *taken_save, *taken_load;
+    wfail_t *taken_failed;
+    size_t cap_taken_save, cap_taken_load, cap_taken_failed;
+    size_t cap_out_save, cap_out_load, cap_out_async, cap_out_failed;
+    const char **out_save, **out_load;
+    bool *out_async;
+    kvd_worker_failed_load_t *out_failed;
+    uint8_t *report;
+
+    int efd;
+    kvd_worker_stats_t st;
+
+    pthread_t *threads;
+    uint32_t threads_started;
+    pthread_t poller;
+    bool poller_started;
+};
+
+/* ---- worker.c ----------------------------------------------------------- */
+
+/* Appends to a queue whose room was reserved (mu held). */
+void kvd_worker_queue_push(kvd_worker_t *w, wqueue_t *q, const void *item);
+/* Wakes kvd_worker_fd sleepers (mu held or not). */
+void kvd_worker_notify(kvd_worker_t *w);
+
+/* ---- exec.c ------------------------------------------------------------- */
+
+kvd_status_t kvd_worker_exec_start(kvd_worker_t *w);
+/* Cancels what has not started, drains the rest and stops the threads. */
+void kvd_worker_exec_stop(kvd_worker_t *w);
+
+/* Starts the step's loads: resolves every block in the store, queues the
+ * synchronous copies and hands asynchronous requests to the background
+ * (engine thread, mu not held). */
+void kvd_worker_loads_start(kvd_worker_t *w, wstep_t *s);
+/* Queues the copies of layer `layer` of the step's saves (mu held). */
+void kvd_worker_saves_issue(kvd_worker_t *w, wstep_t *s, uint32_t layer);
+/* Frees a request (its blocks must hold no lease). */
+void kvd_worker_req_free(wreq_t *r);
+
+#endif /* KVD_WORKER_INT_H */
