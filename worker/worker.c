@@ -156,6 +156,9 @@ static void step_free(wstep_t *s)
     free(s->saves);
     free(s->save_ids);
     free(s->save_objs);
+    free(s->save_keys);
+    free(s->save_order);
+    free(s->save_status);
     free(s->save_issued);
     free(s->tasks);
     free(s);
@@ -403,11 +406,15 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
     s->saves = calloc(total + 1, sizeof *s->saves);
     s->save_ids = calloc(total + 1, sizeof *s->save_ids);
     s->save_objs = calloc(total + 1, sizeof *s->save_objs);
+    s->save_keys = calloc(total + 1, sizeof *s->save_keys);
+    s->save_order = calloc(total + 1, sizeof *s->save_order);
+    s->save_status = calloc(total + 1, sizeof *s->save_status);
     kvd_block_hash_t *hashes = calloc(most + 1, sizeof *hashes);
     kvd_store_reservation_t *res = calloc(most + 1, sizeof *res);
     kvd_status_t st = KVD_OK;
     if (s->saves == NULL || s->save_ids == NULL || s->save_objs == NULL ||
-        hashes == NULL || res == NULL) {
+        s->save_keys == NULL || s->save_order == NULL ||
+        s->save_status == NULL || hashes == NULL || res == NULL) {
         st = KVD_ERR_NOMEM;
     }
     for (size_t i = 0; st == KVD_OK && i < s->n_reqs; i++) {
@@ -459,25 +466,36 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
 /* Commits (or aborts) the step's reserved objects. */
 static void step_commit(kvd_worker_t *w, wstep_t *s)
 {
-    kvd_store_key_t key;
-    key.ns = w->cfg.ns;
+    /* One commit call for the copied objects and one abort call for the
+     * others, in the step's key array (ok ones first, then the rest). */
+    size_t ok = 0, bad = s->n_saves;
     for (size_t i = 0; i < s->n_saves; i++) {
         wblock_t *b = s->saves[i];
-        key.hash = b->hash;
-        kvd_status_t st = b->status == KVD_OK
-                              ? kvd_store_commit(w->store, &key, 1, NULL)
-                              : kvd_store_abort(w->store, &key, 1, NULL);
-        if (b->status == KVD_OK && st == KVD_OK) {
+        size_t at = b->status == KVD_OK ? ok++ : --bad;
+        s->save_keys[at].ns = w->cfg.ns;
+        s->save_keys[at].hash = b->hash;
+        s->save_order[at] = b;
+    }
+    if (ok > 0) {
+        (void)kvd_store_commit(w->store, s->save_keys, ok, s->save_status);
+    }
+    if (ok < s->n_saves) {
+        (void)kvd_store_abort(w->store, s->save_keys + ok, s->n_saves - ok,
+                              s->save_status + ok);
+    }
+    for (size_t i = 0; i < s->n_saves; i++) {
+        wblock_t *b = s->save_order[i];
+        kvd_status_t st = s->save_status[i];
+        if (i < ok && st == KVD_OK) {
             w->st.blocks_saved++;
             w->st.bytes_saved += w->object_bytes;
-        } else {
-            w->st.saves_dropped++;
-            if (st != KVD_OK) {
-                KVD_LOG_WARN("worker: block %d of request %s: %s: %s",
-                             b->block_id, b->req->id,
-                             b->status == KVD_OK ? "commit" : "abort",
-                             kvd_status_str(st));
-            }
+            continue;
+        }
+        w->st.saves_dropped++;
+        if (st != KVD_OK) {
+            KVD_LOG_WARN("worker: block %d of request %s: %s: %s", b->block_id,
+                         b->req->id, i < ok ? "commit" : "abort",
+                         kvd_status_str(st));
         }
     }
 }

@@ -95,6 +95,9 @@ struct wstep {
     int32_t *save_ids;
     void **save_objs;
     size_t n_saves;
+    kvd_store_key_t *save_keys; /* n_saves: for the commit */
+    wblock_t **save_order;
+    kvd_status_t *save_status;
     bool *save_issued; /* per layer */
     size_t save_tasks_left;
     bool saves_done;

@@ -2,7 +2,8 @@
  * Paged gather/scatter for one layer (kvdepot/kernels.h): walks the
  * engine's strided cache for each listed block, stages one plane at a time
  * in [head][token][channel] order, and runs it through plane.c into or out
- * of the object at kvd_object_layer_offset.
+ * of the object at kvd_object_layer_offset. Raw planes are copied row by
+ * row without the stage.
  *
  * All arguments are validated before the first byte moves, and the one
  * allocation (staging plus codec scratch, sized for one plane) happens
@@ -138,6 +139,46 @@ static unsigned char *kvd_cache_row(const kvd_kv_layout_t *layout,
            (size_t)head * (uint64_t)layout->stride_head;
 }
 
+/*
+ * Raw planes skip the staging copy: rows go straight between the cache and
+ * the object's data region ([head][token][channel], no metadata), so each
+ * byte is copied once. The bytes are those kvd_ref_plane_encode writes:
+ * rows of tokens >= valid and the region's padding are zero.
+ */
+static void raw_gather(const kvd_kv_layout_t *layout,
+                       const kvd_object_format_t *fmt, unsigned layer,
+                       unsigned plane, int32_t block, uint32_t valid,
+                       unsigned char *data)
+{
+    size_t row = (size_t)fmt->head_dim * kvd_dtype_size(fmt->dtype);
+    size_t head_bytes = (size_t)fmt->block_size * row;
+    for (uint32_t h = 0; h < fmt->num_heads; h++) {
+        unsigned char *out = data + h * head_bytes;
+        for (uint32_t t = 0; t < valid; t++) {
+            memcpy(out + t * row,
+                   kvd_cache_row(layout, layer, plane, block, t, h), row);
+        }
+        memset(out + valid * row, 0, (fmt->block_size - valid) * row);
+    }
+    size_t used = fmt->num_heads * head_bytes;
+    memset(data + used, 0, kvd_object_plane_data_bytes(fmt, plane) - used);
+}
+
+static void raw_scatter(const kvd_kv_layout_t *layout,
+                        const kvd_object_format_t *fmt, unsigned layer,
+                        unsigned plane, int32_t block, uint32_t valid,
+                        const unsigned char *data)
+{
+    size_t row = (size_t)fmt->head_dim * kvd_dtype_size(fmt->dtype);
+    size_t head_bytes = (size_t)fmt->block_size * row;
+    for (uint32_t h = 0; h < fmt->num_heads; h++) {
+        for (uint32_t t = 0; t < valid; t++) {
+            memcpy(kvd_cache_row(layout, layer, plane, block, t, h),
+                   data + h * head_bytes + t * row, row);
+        }
+    }
+}
+
 kvd_status_t kvd_ref_gather_layer(
     const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
     const kvd_codec_tables_t *tables, unsigned layer, const int32_t *block_ids,
@@ -162,6 +203,11 @@ kvd_status_t kvd_ref_gather_layer(
             i + 1 == num_blocks ? num_valid_tokens_last : fmt->block_size;
         unsigned char *obj = (unsigned char *)objects[i] + r.layer_off;
         for (unsigned p = 0; p < fmt->num_planes; p++) {
+            if (fmt->codec[p] == KVD_CODEC_RAW) {
+                raw_gather(layout, fmt, layer, p, block_ids[i], valid,
+                           obj + r.data_off[p]);
+                continue;
+            }
             for (uint32_t h = 0; h < fmt->num_heads; h++) {
                 for (uint32_t t = 0; t < valid; t++) {
                     size_t at = ((size_t)h * fmt->block_size + t) * row_bytes;
@@ -207,6 +253,11 @@ kvd_status_t kvd_ref_scatter_layer(const kvd_kv_layout_t *layout,
         const unsigned char *obj =
             (const unsigned char *)objects[i] + r.layer_off;
         for (unsigned p = 0; p < fmt->num_planes; p++) {
+            if (fmt->codec[p] == KVD_CODEC_RAW) {
+                raw_scatter(layout, fmt, layer, p, block_ids[i], valid,
+                            obj + r.data_off[p]);
+                continue;
+            }
             kvd_ref_plane_decode_buf(fmt, tables, p, obj + r.data_off[p],
                                      obj + r.meta_off[p], valid, scratch.stage,
                                      scratch.floats);

@@ -28,6 +28,7 @@
 #include "tests/unit/kvd_testcache_int.h"
 #include "tests/unit/kvd_testdata_int.h"
 #include "tests/unit/kvd_testdir_int.h"
+#include "tests/unit/kvd_testplan_int.h"
 
 #include "common/failpoint_int.h"
 #include "kernels/ref/ref_int.h"
@@ -101,71 +102,30 @@ static uint8_t *plan_pack(uint64_t step, uint32_t block_size,
                           const kvd_namespace_t *ns, const treq_t *reqs,
                           size_t n, size_t *len_out)
 {
-    kvd_pb_step_request_t rq[4], *rqp[4];
-    kvd_pb_block_load_t ld[4][BLOCKS], *ldp[4][BLOCKS];
-    kvd_pb_block_save_t sv[4][BLOCKS], *svp[4][BLOCKS];
-    kvd_pb_block_source_t src[4][BLOCKS];
-    kvd_pb_object_key_t keys[4][2 * BLOCKS];
-    kvd_block_hash_t hashes[4][2 * BLOCKS];
+    kvd_testplan_req_t tr[4];
+    kvd_block_hash_t lh[4][BLOCKS], sh[4][BLOCKS];
     assert_true(n <= 4);
     for (size_t i = 0; i < n; i++) {
-        kvd_pb_step_request_t init = KVDEPOT__V1__STEP_REQUEST__INIT;
-        rq[i] = init;
-        rqp[i] = &rq[i];
-        rq[i].request_id = (char *)reqs[i].id;
-        rq[i].async_load = reqs[i].async;
-        rq[i].layerwise = reqs[i].layerwise;
-        size_t k = 0;
-        for (size_t b = 0; b < reqs[i].n_loads; b++, k++) {
-            kvd_pb_block_load_t li = KVDEPOT__V1__BLOCK_LOAD__INIT;
-            kvd_pb_block_source_t si = KVDEPOT__V1__BLOCK_SOURCE__INIT;
-            kvd_pb_object_key_t ki = KVDEPOT__V1__OBJECT_KEY__INIT;
-            hashes[i][k] = key_hash(reqs[i].load_keys[b]);
-            keys[i][k] = ki;
-            keys[i][k].namespace_id.len = KVD_NAMESPACE_BYTES;
-            keys[i][k].namespace_id.data = (uint8_t *)ns->bytes;
-            keys[i][k].block_hash.len = KVD_SHA256_BYTES;
-            keys[i][k].block_hash.data = hashes[i][k].bytes;
-            src[i][b] = si;
-            src[i][b].tier = KVDEPOT__V1__TIER__TIER_HOST;
-            ld[i][b] = li;
-            ld[i][b].block_id = (uint32_t)reqs[i].load_ids[b];
-            ld[i][b].key = &keys[i][k];
-            ld[i][b].source = &src[i][b];
-            ldp[i][b] = &ld[i][b];
+        for (size_t b = 0; b < reqs[i].n_loads; b++) {
+            lh[i][b] = key_hash(reqs[i].load_keys[b]);
         }
-        for (size_t b = 0; b < reqs[i].n_saves; b++, k++) {
-            kvd_pb_block_save_t vi = KVDEPOT__V1__BLOCK_SAVE__INIT;
-            kvd_pb_object_key_t ki = KVDEPOT__V1__OBJECT_KEY__INIT;
-            hashes[i][k] = key_hash(reqs[i].save_keys[b]);
-            keys[i][k] = ki;
-            keys[i][k].namespace_id.len = KVD_NAMESPACE_BYTES;
-            keys[i][k].namespace_id.data = (uint8_t *)ns->bytes;
-            keys[i][k].block_hash.len = KVD_SHA256_BYTES;
-            keys[i][k].block_hash.data = hashes[i][k].bytes;
-            sv[i][b] = vi;
-            sv[i][b].block_id = (uint32_t)reqs[i].save_ids[b];
-            sv[i][b].key = &keys[i][k];
-            svp[i][b] = &sv[i][b];
+        for (size_t b = 0; b < reqs[i].n_saves; b++) {
+            sh[i][b] = key_hash(reqs[i].save_keys[b]);
         }
-        rq[i].n_loads = reqs[i].n_loads;
-        rq[i].loads = ldp[i];
-        rq[i].num_load_tokens = (uint32_t)(reqs[i].n_loads * block_size);
-        rq[i].n_saves = reqs[i].n_saves;
-        rq[i].saves = svp[i];
+        tr[i] = (kvd_testplan_req_t){
+            .id = reqs[i].id,
+            .async = reqs[i].async,
+            .layerwise = reqs[i].layerwise,
+            .n_loads = reqs[i].n_loads,
+            .n_saves = reqs[i].n_saves,
+            .load_ids = reqs[i].load_ids,
+            .load_hashes = lh[i],
+            .save_ids = reqs[i].save_ids,
+            .save_hashes = sh[i],
+        };
     }
-    kvd_pb_step_plan_t plan = KVDEPOT__V1__STEP_PLAN__INIT;
-    plan.step = step;
-    plan.block_size = block_size;
-    plan.n_requests = n;
-    plan.requests = rqp;
-    uint8_t *buf = NULL;
-    char why[256] = "";
-    kvd_status_t s =
-        kvd_proto_step_plan_pack_alloc(&plan, &buf, len_out, why, sizeof why);
-    if (s != KVD_OK) {
-        fail_msg("plan not packed: %s", why);
-    }
+    uint8_t *buf = kvd_testplan_pack(step, block_size, ns, tr, n, len_out);
+    assert_non_null(buf);
     return buf;
 }
 
