@@ -14,14 +14,17 @@
  *            to the measured per-layer load time, the hardest case: wall
  *            time over max(total load, total compute).
  *
- * Best of five passes for throughput, median of five for overlap.
- * KVDEPOT_BENCH_THREADS sets the worker's threads (default: its own).
+ * Seven passes; the headlines are medians of per-pass ratios. The
+ * overlap runs on a worker with one thread fewer than the machine's cores
+ * (the engine thread keeps one). KVDEPOT_BENCH_THREADS sets the worker's
+ * threads for both parts (default: the worker's own, 2).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvdepot/worker.h"
 #include "tests/unit/kvd_testplan_int.h"
@@ -32,7 +35,7 @@
 #define BS 16u
 #define NB 128u
 #define N_IO 64u
-#define PASSES 5
+#define PASSES 7
 
 static double now_s(void)
 {
@@ -209,7 +212,11 @@ int main(void)
         return 1;
     }
 
+    /* Each pass times memcpy, a save step and a load step back to back;
+     * the headlines are the medians of the per-pass ratios, so a noisy
+     * moment of the machine weighs on both sides of one ratio. */
     double best_copy = 1e9, best_save = 1e9, best_load = 1e9;
+    double save_ratio[PASSES], load_ratio[PASSES];
     for (int p = 0; p < PASSES; p++) {
         double t0 = now_s();
         memcpy(c, a, io_bytes);
@@ -223,7 +230,11 @@ int main(void)
         }
         best_save = s < best_save ? s : best_save;
         best_load = l < best_load ? l : best_load;
+        save_ratio[p] = t / s;
+        load_ratio[p] = t / l;
     }
+    qsort(save_ratio, PASSES, sizeof *save_ratio, cmp_double);
+    qsort(load_ratio, PASSES, sizeof *load_ratio, cmp_double);
     double gb = (double)io_bytes / 1e9;
     printf("worker host backend: %u layers, %u blocks of %zu bytes per step, "
            "%u threads\n",
@@ -239,7 +250,34 @@ int main(void)
      * Timer slack 1 ns keeps that overshoot small, so compute stays close
      * to the load: the case where overlap matters most. */
     (void)prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-    double compute = best_load / LAYERS, ratios[PASSES];
+    /* The engine's forward thread needs a core of its own (on a GPU
+     * machine it has one): the overlap worker gets one thread fewer than
+     * the machine has cores, and its load alone is measured again. */
+    kvd_worker_stats_t ws;
+    (void)kvd_worker_stats(b.w, &ws);
+    printf("stats    %llu blocks saved, %llu loaded, %llu errors\n",
+           (unsigned long long)ws.blocks_saved,
+           (unsigned long long)ws.blocks_loaded,
+           (unsigned long long)ws.load_errors);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    kvd_worker_destroy(b.w);
+    wc.num_threads = ncpu > 2 ? (uint32_t)(ncpu - 1) : 1;
+    if (th != NULL) {
+        wc.num_threads = (uint32_t)atoi(th);
+    }
+    if (kvd_worker_create(&wc, &b.w, err, sizeof err) != KVD_OK ||
+        kvd_worker_register_kv_caches(b.w, &lo, err, sizeof err) != KVD_OK) {
+        fprintf(stderr, "overlap worker: %s\n", err);
+        return 1;
+    }
+    double ov_load = 1e9;
+    for (int p = 0; p < PASSES; p++) {
+        double l = load_pass(&b, (uint32_t)(PASSES - 1), 0);
+        ov_load = l > 0 && l < ov_load ? l : ov_load;
+    }
+    printf("overlap  worker with %u threads, load alone %.1f ms\n",
+           wc.num_threads, ov_load * 1e3);
+    double compute = ov_load / LAYERS, ratios[PASSES];
     for (int p = 0; p < PASSES; p++) {
         double t0 = now_s();
         for (uint32_t l = 0; l < LAYERS; l++) {
@@ -251,28 +289,22 @@ int main(void)
             fprintf(stderr, "overlap pass %d failed\n", p);
             return 1;
         }
-        double bound = best_load > alone ? best_load : alone;
+        double bound = ov_load > alone ? ov_load : alone;
         ratios[p] = t / bound;
         printf("overlap  pass %d: %.1f ms for %.1f ms load and %.1f ms "
                "compute\n",
-               p, t * 1e3, best_load * 1e3, alone * 1e3);
+               p, t * 1e3, ov_load * 1e3, alone * 1e3);
     }
     qsort(ratios, PASSES, sizeof *ratios, cmp_double);
-    kvd_worker_stats_t ws;
-    (void)kvd_worker_stats(b.w, &ws);
-    printf("stats    %llu blocks saved, %llu loaded, %llu errors\n",
-           (unsigned long long)ws.blocks_saved,
-           (unsigned long long)ws.blocks_loaded,
-           (unsigned long long)ws.load_errors);
     kvd_worker_destroy(b.w);
     kvd_store_close(b.store);
     free(cache);
     free(a);
     free(c);
     printf("BENCH worker: host save vs memcpy = %.3g (target >= 0.8)\n",
-           best_copy / best_save);
+           save_ratio[PASSES / 2]);
     printf("BENCH worker: host load vs memcpy = %.3g (target >= 0.8)\n",
-           best_copy / best_load);
+           load_ratio[PASSES / 2]);
     printf("BENCH worker: load+compute over max(load, compute) = %.3g "
            "(target <= 1.15)\n",
            ratios[PASSES / 2]);
