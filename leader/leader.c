@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "common/log_int.h"
+#include "common/time_int.h"
 #include "kvdepot/leader.h"
 #include "proto/kvd_proto.h"
 
@@ -39,6 +40,7 @@ struct lreq {
     lreq_t *next_touched; /* plan list */
     bool touched;
     char id[LEADER_ID_MAX + 1];
+    uint64_t not_yet_since_ns; /* first "not yet" answer, 0: none */
 
     /* Identity. */
     bool hashes_mode;
@@ -381,6 +383,9 @@ KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
     snprintf(ld->node_id, sizeof ld->node_id, "%s",
              cfg->node_id != NULL ? cfg->node_id : "");
     ld->cfg.node_id = ld->node_id;
+    if (ld->cfg.lookup_timeout_ms == 0) {
+        ld->cfg.lookup_timeout_ms = KVD_LEADER_DEFAULT_LOOKUP_TIMEOUT_MS;
+    }
     *leader_out = ld;
     return KVD_OK;
 }
@@ -459,9 +464,26 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     if (first >= cap) {
         return req_answer_miss(r, first, matched_out, async_out);
     }
+    /* "Not yet" is bounded: past lookup_timeout_ms of waiting, the request
+     * is served like an engine without retries (TensorRT-LLM). */
+    uint64_t now = kvd_time_now_ns();
+    bool may_wait = !ld->cfg.no_retry &&
+                    (r->not_yet_since_ns == 0 ||
+                     now - r->not_yet_since_ns <
+                         (uint64_t)ld->cfg.lookup_timeout_ms * 1000000u);
+    if (!may_wait && !ld->cfg.no_retry) {
+        ld->st.timeouts++;
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
+                            "leader: request %s waited %u ms for its prefix; "
+                            "matching what is ready",
+                            r->id, ld->cfg.lookup_timeout_ms);
+    }
     for (size_t i = first; i < cap; i++) {
         if (loading_has(ld, &r->hashes[i])) {
-            if (!ld->cfg.no_retry) {
+            if (may_wait) {
+                if (r->not_yet_since_ns == 0) {
+                    r->not_yet_since_ns = now;
+                }
                 ld->st.not_yet++;
                 return KVD_INPROGRESS;
             }
@@ -480,7 +502,7 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     ld->st.lookups++;
     kvd_status_t s =
         ld->be.lookup(ld->be.ctx, &ld->cfg.ns, r->hashes, cap, leases, &m);
-    if (s == KVD_INPROGRESS && ld->cfg.no_retry) {
+    if (s == KVD_INPROGRESS && !may_wait) {
         /* Not ready and the engine cannot wait: a miss, asked again only
          * if the request comes back (preemption). */
         free(leases);
@@ -490,6 +512,9 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
         free(leases);
         if (s == KVD_INPROGRESS) {
             ld->st.not_yet++;
+            if (r->not_yet_since_ns == 0) {
+                r->not_yet_since_ns = now;
+            }
         }
         return s;
     }
@@ -958,6 +983,7 @@ KVD_API kvd_status_t kvd_leader_request_preempted(kvd_leader_t *leader,
     }
     req_end_loads(leader, r);
     r->looked_up = false;
+    r->not_yet_since_ns = 0;
     r->matched_tokens = 0;
     r->load_blocks = 0;
     r->num_block_ids = 0; /* the engine frees the blocks */

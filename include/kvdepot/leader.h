@@ -80,7 +80,14 @@ typedef struct kvd_leader_config {
      * and a backend that is not ready counts as a miss. */
     bool no_retry;
     const char *node_id; /* this node, for hand-offs (copied; NULL: "") */
+    /* How long one request may be answered "not yet" (a lookup in flight
+     * in a remote backend, or blocks another request is loading) before
+     * it is matched against what is ready, as with no_retry. 0: the
+     * default, KVD_LEADER_DEFAULT_LOOKUP_TIMEOUT_MS. */
+    uint32_t lookup_timeout_ms;
 } kvd_leader_config_t;
+
+#define KVD_LEADER_DEFAULT_LOOKUP_TIMEOUT_MS 2000u
 
 /*
  * Creates a leader. `cfg` and `backend` are copied. Errors: KVD_ERR_INVALID
@@ -116,8 +123,11 @@ typedef struct kvd_leader_request {
  * *matched_out and whether the load is asynchronous into *async_out.
  * Returns KVD_OK, or KVD_INPROGRESS for "not yet" (vLLM's None): a block of
  * the prefix is being loaded for another request right now, or the backend
- * asked to be called again. Errors: KVD_ERR_INVALID (NULL, bad id, neither
- * tokens nor hashes), KVD_ERR_NOMEM, the backend's errors.
+ * asked to be called again. A request is answered "not yet" for at most
+ * lookup_timeout_ms from the first such answer; after that it is matched
+ * against what is ready (up to the first block another request is loading;
+ * a backend still not ready counts as a miss). Errors: KVD_ERR_INVALID (NULL,
+ * bad id, neither tokens nor hashes), KVD_ERR_NOMEM, the backend's errors.
  */
 KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     kvd_leader_t *leader, const kvd_leader_request_t *req,
@@ -233,7 +243,8 @@ typedef struct kvd_leader_stats {
     uint64_t planned_loads;
     uint64_t planned_saves;
     uint64_t failed_loads;
-    uint64_t not_yet; /* answers "not yet" */
+    uint64_t not_yet;  /* answers "not yet" */
+    uint64_t timeouts; /* requests that stopped waiting (lookup_timeout_ms) */
 } kvd_leader_stats_t;
 
 KVD_API kvd_status_t kvd_leader_stats(kvd_leader_t *leader,

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -508,6 +509,57 @@ static void test_shared_prefix_loaded_once(void **state)
     assert_int_equal(f.leases, 0);
 }
 
+/* "Not yet" lasts lookup_timeout_ms at most; then the request is matched
+ * against what is ready, as for an engine without retries. */
+static void test_not_yet_is_bounded(void **state)
+{
+    (void)state;
+    fake_t f;
+    uint32_t tok[80], blocks[5];
+    kvd_block_hash_t h[8];
+    memset(&f, 0, sizeof f);
+    prompt(tok, 80, 8);
+    chain(tok, 80, NULL, h);
+    fake_store(&f, h, 5, KVD_STORE_TIER_DISK);
+    kvd_leader_config_t c = config(1);
+    c.lookup_timeout_ms = 20;
+    kvd_leader_backend_t be = {&f, fake_lookup, fake_release};
+    kvd_leader_t *ld = NULL;
+    assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
+    uint64_t m = 0;
+    bool async = false;
+    assert_int_equal(match(ld, "t1", tok, 80, NULL, 0, &m, &async), KVD_OK);
+    ids(blocks, 5, 0);
+    assert_int_equal(
+        kvd_leader_update_state_after_alloc(ld, "t1", blocks, 5, 64), KVD_OK);
+    kvd_proto_step_plan_free(plan_of(ld));
+    /* t2 waits for t1's loads, but not forever. */
+    assert_int_equal(match(ld, "t2", tok, 80, NULL, 0, &m, &async),
+                     KVD_INPROGRESS);
+    assert_int_equal(match(ld, "t2", tok, 80, NULL, 0, &m, &async),
+                     KVD_INPROGRESS);
+    struct timespec nap = {0, 30 * 1000000L};
+    nanosleep(&nap, NULL);
+    assert_int_equal(match(ld, "t2", tok, 80, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 0); /* every block it could load is t1's */
+    /* A backend that never gets ready: a miss after the timeout. */
+    uint32_t other[80];
+    prompt(other, 80, 9);
+    f.busy = 1;
+    assert_int_equal(match(ld, "t3", other, 80, NULL, 0, &m, &async),
+                     KVD_INPROGRESS);
+    nanosleep(&nap, NULL);
+    assert_int_equal(match(ld, "t3", other, 80, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 0);
+    f.busy = 0;
+    kvd_leader_stats_t st;
+    assert_int_equal(kvd_leader_stats(ld, &st), KVD_OK);
+    assert_int_equal(st.timeouts, 2);
+    assert_int_equal(st.not_yet, 3);
+    kvd_leader_destroy(ld);
+    assert_int_equal(f.leases, 0);
+}
+
 static void test_tenant_salt_isolates(void **state)
 {
     (void)state;
@@ -828,6 +880,7 @@ int main(void)
         cmocka_unit_test(test_preempt_and_abort_release_everything),
         cmocka_unit_test(test_async_load_failure),
         cmocka_unit_test(test_shared_prefix_loaded_once),
+        cmocka_unit_test(test_not_yet_is_bounded),
         cmocka_unit_test(test_tenant_salt_isolates),
         cmocka_unit_test(test_every_worker_must_report),
         cmocka_unit_test(test_engine_hashes),
