@@ -51,8 +51,11 @@ struct lreq {
     char *lora, *salt;
     size_t prompt_tokens;
 
-    /* Lookup: blocks [first_block, first_block + num_leases) are leased. */
+    /* Lookup: blocks [first_block, first_block + num_leases) are leased.
+     * The answer holds for answered_computed tokens held by the engine. */
     bool looked_up;
+    bool allocated; /* update_state_after_alloc took the answer */
+    uint64_t answered_computed;
     size_t first_block;
     kvd_store_lease_t *leases;
     size_t num_leases;
@@ -448,11 +451,22 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
             return s;
         }
     }
+    if (r->looked_up && num_computed_tokens != r->answered_computed) {
+        if (r->allocated) {
+            return KVD_ERR_STATE; /* the engine acted on the answer */
+        }
+        /* The engine's own prefix changed since the answer (grown from
+         * another request, or evicted): the promised blocks are not the
+         * same ones, so look up again. */
+        req_release_leases(ld, r);
+        r->looked_up = false;
+    }
     if (r->looked_up) {
         *matched_out = r->matched_tokens;
         *async_out = r->async;
         return KVD_OK;
     }
+    r->answered_computed = num_computed_tokens;
     size_t bs = ld->cfg.block_size;
     /* Never the block holding the last prompt token: the engine must
      * compute at least one token to sample from. */
@@ -582,6 +596,7 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
         memcpy(r->block_ids, block_ids, num_block_ids * sizeof *block_ids);
     }
     r->num_block_ids = num_block_ids;
+    r->allocated = true;
     /* Leases beyond what the engine takes go back now. */
     if (blocks < r->num_leases) {
         (void)ld->be.release(ld->be.ctx, r->leases + blocks,
@@ -983,6 +998,7 @@ KVD_API kvd_status_t kvd_leader_request_preempted(kvd_leader_t *leader,
     }
     req_end_loads(leader, r);
     r->looked_up = false;
+    r->allocated = false;
     r->not_yet_since_ns = 0;
     r->matched_tokens = 0;
     r->load_blocks = 0;

@@ -509,6 +509,42 @@ static void test_shared_prefix_loaded_once(void **state)
     assert_int_equal(f.leases, 0);
 }
 
+/* Asked again with a different num_computed_tokens (the engine's own
+ * prefix grew or shrank before it allocated), the answer is for the new
+ * prefix: never past the last token, never a block the engine has. */
+static void test_answer_follows_engine_prefix(void **state)
+{
+    (void)state;
+    fake_t f;
+    uint32_t tok[112], blocks[7];
+    kvd_block_hash_t h[8];
+    kvd_leader_t *ld = scene(&f, 1, tok, 112, 12, h);
+    fake_store(&f, h, 7, KVD_STORE_TIER_HOST);
+    uint64_t m = 0;
+    bool async = true;
+    assert_int_equal(match(ld, "p", tok, 112, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 96);
+    assert_int_equal(f.leases, 6);
+    assert_int_equal(match(ld, "p", tok, 112, NULL, 32, &m, &async), KVD_OK);
+    assert_int_equal(m, 64); /* blocks 2..5: 32 + 64 < 112 */
+    assert_int_equal(f.leases, 4);
+    assert_int_equal(match(ld, "p", tok, 112, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 96);
+    assert_int_equal(f.leases, 6);
+    ids(blocks, 7, 0);
+    assert_int_equal(
+        kvd_leader_update_state_after_alloc(ld, "p", blocks, 7, 96), KVD_OK);
+    /* Once the engine acted on the answer, it cannot change. */
+    assert_int_equal(match(ld, "p", tok, 112, NULL, 16, &m, &async),
+                     KVD_ERR_STATE);
+    assert_int_equal(match(ld, "p", tok, 112, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 96);
+    bool delay = false;
+    assert_int_equal(kvd_leader_request_finished(ld, "p", &delay), KVD_OK);
+    kvd_leader_destroy(ld);
+    assert_int_equal(f.leases, 0);
+}
+
 /* "Not yet" lasts lookup_timeout_ms at most; then the request is matched
  * against what is ready, as for an engine without retries. */
 static void test_not_yet_is_bounded(void **state)
@@ -880,6 +916,7 @@ int main(void)
         cmocka_unit_test(test_preempt_and_abort_release_everything),
         cmocka_unit_test(test_async_load_failure),
         cmocka_unit_test(test_shared_prefix_loaded_once),
+        cmocka_unit_test(test_answer_follows_engine_prefix),
         cmocka_unit_test(test_not_yet_is_bounded),
         cmocka_unit_test(test_tenant_salt_isolates),
         cmocka_unit_test(test_every_worker_must_report),
