@@ -596,6 +596,11 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
         memcpy(r->block_ids, block_ids, num_block_ids * sizeof *block_ids);
     }
     r->num_block_ids = num_block_ids;
+    if (r->allocated) {
+        /* A second call (vLLM, when an asynchronous load has completed):
+         * the block table only. The loads were planned by the first. */
+        return KVD_OK;
+    }
     r->allocated = true;
     /* Leases beyond what the engine takes go back now. */
     if (blocks < r->num_leases) {
