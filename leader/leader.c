@@ -428,6 +428,8 @@ static kvd_status_t req_answer_miss(lreq_t *r, size_t first,
     r->looked_up = true;
     r->first_block = first;
     r->saved_upto = r->save_from = first;
+    r->matched_tokens = 0; /* an earlier answer may have promised some */
+    r->async = false;
     *matched_out = 0;
     *async_out = false;
     return KVD_OK;
