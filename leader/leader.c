@@ -462,6 +462,8 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
          * same ones, so look up again. */
         req_release_leases(ld, r);
         r->looked_up = false;
+        r->matched_tokens = 0;
+        r->async = false;
     }
     if (r->looked_up) {
         *matched_out = r->matched_tokens;
@@ -581,6 +583,9 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
     lreq_t *r = req_find(ld, request_id);
     if (r == NULL) {
         return KVD_ERR_NOT_FOUND;
+    }
+    if (num_external_tokens > 0 && !r->looked_up) {
+        return KVD_ERR_STATE; /* no answer stands: nothing was promised */
     }
     if (num_external_tokens > r->matched_tokens) {
         return KVD_ERR_RANGE;
