@@ -101,6 +101,7 @@ typedef struct slot {
     size_t num_blocks;
     uint64_t matched;
     bool live;
+    uint8_t given[1000]; /* engine block ids the leader accepted for it */
 } slot_t;
 
 typedef struct world {
@@ -124,12 +125,14 @@ static slot_t *slot_by_id(world_t *w, const char *id)
 
 static bool has_block(const slot_t *s, uint32_t b)
 {
-    for (size_t i = 0; i < s->num_blocks; i++) {
-        if (s->blocks[i] == b) {
-            return true;
-        }
+    return b < sizeof s->given && s->given[b];
+}
+
+static void give(slot_t *s, const uint32_t *ids, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        s->given[ids[i] % sizeof s->given] = 1;
     }
-    return false;
 }
 
 /* Every plan must survive the protocol's validation and name only what
@@ -242,8 +245,10 @@ static void op(world_t *w, prog_t *g)
             s->blocks[i] = w->next_block++ % 1000u;
         }
         uint64_t ext = (next(g) & 1u) ? s->matched : 0;
-        (void)kvd_leader_update_state_after_alloc(w->ld, s->id, s->blocks, n,
-                                                  ext);
+        if (kvd_leader_update_state_after_alloc(w->ld, s->id, s->blocks, n,
+                                                ext) == KVD_OK) {
+            give(s, s->blocks, n);
+        }
         break;
     }
     case 2: { /* request_scheduled: all or part of the prompt computed */
@@ -263,8 +268,11 @@ static void op(world_t *w, prog_t *g)
                 s->blocks[s->num_blocks++] = nb;
                 nbn = 1;
             }
-            (void)kvd_leader_request_scheduled(w->ld, s->id, &nb, nbn, &t, 1,
-                                               NULL, 0, s->num_tokens);
+            if (kvd_leader_request_scheduled(w->ld, s->id, &nb, nbn, &t, 1,
+                                             NULL, 0,
+                                             s->num_tokens) == KVD_OK) {
+                give(s, &nb, nbn);
+            }
         }
         break;
     }
