@@ -452,6 +452,10 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
         if (s != KVD_OK) {
             return s;
         }
+    } else if (r->finished) {
+        /* The id belongs to a finished request whose saves are still in
+         * flight: a new request may not reuse it yet. */
+        return KVD_ERR_EXISTS;
     }
     if (r->looked_up && num_computed_tokens != r->answered_computed) {
         if (r->allocated) {
@@ -584,6 +588,9 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
     if (r == NULL) {
         return KVD_ERR_NOT_FOUND;
     }
+    if (r->finished) {
+        return KVD_ERR_STATE; /* kept only until its saves finish */
+    }
     if (num_external_tokens > 0 && !r->looked_up) {
         return KVD_ERR_STATE; /* no answer stands: nothing was promised */
     }
@@ -646,6 +653,9 @@ KVD_API kvd_status_t kvd_leader_request_scheduled(
     lreq_t *r = req_find(ld, request_id);
     if (r == NULL) {
         return KVD_ERR_NOT_FOUND;
+    }
+    if (r->finished) {
+        return KVD_ERR_STATE;
     }
     if (!grow((void **)&r->block_ids, &r->cap_block_ids,
               r->num_block_ids + num_new_blocks, sizeof *r->block_ids) ||
@@ -1007,6 +1017,9 @@ KVD_API kvd_status_t kvd_leader_request_preempted(kvd_leader_t *leader,
     lreq_t *r = req_find(leader, request_id);
     if (r == NULL) {
         return KVD_ERR_NOT_FOUND;
+    }
+    if (r->finished) {
+        return KVD_ERR_STATE;
     }
     req_end_loads(leader, r);
     r->looked_up = false;

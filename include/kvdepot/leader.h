@@ -206,7 +206,10 @@ KVD_API kvd_status_t kvd_leader_request_preempted(kvd_leader_t *leader,
  * vLLM request_finished (also for aborts): releases the request's leases
  * and writes into *delay_free_out whether the engine must keep its blocks
  * until the workers report its saves finished (they then stay tracked
- * until that report). KVD_ERR_NOT_FOUND for an unknown request.
+ * until that report). KVD_ERR_NOT_FOUND for an unknown request. While a
+ * finished request is kept, its id is taken: get_num_new_matched_tokens
+ * with it answers KVD_ERR_EXISTS, and update_state_after_alloc,
+ * request_scheduled and request_preempted KVD_ERR_STATE.
  */
 KVD_API kvd_status_t kvd_leader_request_finished(kvd_leader_t *leader,
                                                  const char *request_id,
