@@ -298,6 +298,16 @@ static bool block_is_poison(const test_cache_t *c, uint32_t blk)
     return true;
 }
 
+/* Destroys the worker, checks that it left no lease, closes the store. */
+static void worker_store_close(kvd_worker_t *w, kvd_store_t *st)
+{
+    kvd_worker_destroy(w);
+    kvd_store_stats_t ss;
+    assert_int_equal(kvd_store_stats(st, &ss), KVD_OK);
+    assert_int_equal(ss.leases, 0);
+    kvd_store_close(st);
+}
+
 /* ---- round trips -------------------------------------------------------- */
 
 static const int32_t save_blocks[] = {1, 3, 4, 6};
@@ -384,11 +394,7 @@ static void round_trip(engine_layout_t kind, kvd_codec_t ck, kvd_codec_t cv,
     assert_int_equal(ws.blocks_saved, 4);
     assert_int_equal(ws.blocks_loaded, 4);
     assert_int_equal(ws.load_errors, 0);
-    kvd_worker_destroy(w);
-    kvd_store_stats_t ss;
-    assert_int_equal(kvd_store_stats(st, &ss), KVD_OK);
-    assert_int_equal(ss.leases, 0);
-    kvd_store_close(st);
+    worker_store_close(w, st);
     kvd_codec_tables_destroy(tables);
     cache_cleanup(&src);
     cache_cleanup(&dst);
@@ -488,11 +494,7 @@ static void test_async_load_from_disk_after_restart(void **state)
     assert_int_equal(ws.promotions, 4);
     assert_int_equal(ws.blocks_loaded, 4);
     assert_int_equal(ws.async_loads_active, 0);
-    kvd_worker_destroy(w);
-    kvd_store_stats_t ss;
-    assert_int_equal(kvd_store_stats(st, &ss), KVD_OK);
-    assert_int_equal(ss.leases, 0);
-    kvd_store_close(st);
+    worker_store_close(w, st);
     cache_cleanup(&src);
     cache_cleanup(&dst);
     kvd_test_dir_remove(&d);
@@ -566,11 +568,7 @@ static void test_failed_blocks_only(void **state)
     assert_int_equal(kvd_worker_stats(w, &ws), KVD_OK);
     assert_int_equal(ws.blocks_loaded, 2);
     assert_int_equal(ws.load_errors, 2);
-    kvd_worker_destroy(w);
-    kvd_store_stats_t ss;
-    assert_int_equal(kvd_store_stats(st, &ss), KVD_OK);
-    assert_int_equal(ss.leases, 0);
-    kvd_store_close(st);
+    worker_store_close(w, st);
     cache_cleanup(&src);
     cache_cleanup(&dst);
     cache_cleanup(&exp);
