@@ -5,7 +5,8 @@
 #   make test            deps, format check, build (-Werror), every ctest test,
 #                        then the address+undefined and thread sanitizer suites
 #   make build           configure and build the default (dev) tree
-#   make demo            the persistence round-trip demo (see README status)
+#   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
+#                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
 #   make fuzz NAME=x     run one libFuzzer target for FUZZ_SECONDS (clang)
 #   make fmt / lint      clang-format in place / format check + clang-tidy
@@ -50,12 +51,7 @@ test-tsan:
 	@$(CTEST) --test-dir build/tsan -LE 'gpu|python|fuzz'
 
 demo: build
-	@if [ -x build/dev/demo/kvdepot-demo ]; then \
-	    build/dev/demo/kvdepot-demo; \
-	else \
-	    echo "make demo: the persistence round-trip demo is not built yet" \
-	         "(see README.md, Status)"; exit 2; \
-	fi
+	@build/dev/demo/kvdepot-demo $(DEMO_ARGS)
 
 bench: build
 	@if [ -z "$(NAME)" ]; then \

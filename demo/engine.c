@@ -1,0 +1,441 @@
+/*
+ * The demo's engine (demo/engine_int.h): one request through the model
+ * with the leader, the worker and the embedded store, as vLLM would drive
+ * a KV connector.
+ *
+ * Every engine step is the same few calls: the leader builds the plan, the
+ * worker binds it and starts its loads, the model runs (or not, while the
+ * request waits for an asynchronous load) with wait_for_layer_load before
+ * and save_kv_layer after each layer, wait_for_save, then the worker's
+ * report goes back to the leader. Saves are written through to the NVMe
+ * tier, so everything the process computed is on disk when it exits; a new
+ * process finds it there, loads it asynchronously, and computes only the
+ * rest.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "demo/engine_int.h"
+#include "kvdepot/leader.h"
+#include "kvdepot/worker.h"
+
+#define REQ_ID "demo"
+#define MAX_STEPS 100000
+
+static const char demo_text[] =
+    "An inference engine keeps the attention keys and values of every "
+    "token it has seen in a paged cache on the GPU. When memory runs out, "
+    "it throws blocks away and computes them again the next time the same "
+    "prefix comes back: a long system prompt, a shared document, the "
+    "history of a conversation. kvdepot keeps those blocks instead, in "
+    "host memory and on NVMe, names them by a hash of their tokens, and "
+    "gives them back to any process that asks for the same prefix, so the "
+    "engine skips the prefill it has already paid for. ";
+
+void kvd_demo_prompt(uint32_t prompt_tokens, const char *question,
+                     uint32_t *tokens_out)
+{
+    size_t qlen = question != NULL ? strlen(question) : 0;
+    if (qlen > prompt_tokens) {
+        qlen = prompt_tokens;
+    }
+    size_t body = prompt_tokens - qlen, tlen = sizeof demo_text - 1;
+    for (size_t i = 0; i < body; i++) {
+        tokens_out[i] = (unsigned char)demo_text[i % tlen];
+    }
+    for (size_t i = 0; i < qlen; i++) {
+        tokens_out[body + i] = (unsigned char)question[i];
+    }
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Proto enum numbers for the namespace (kvdepot.v1 Codec = ours + 1). */
+#define PROTO_DTYPE_FP16 1u
+
+typedef struct engine {
+    const kvd_demo_opts_t *o;
+    kvd_demo_model_t model;
+    kvd_demo_cache_t cache;
+    kvd_store_t *store;
+    kvd_leader_t *leader;
+    kvd_worker_t *worker;
+    uint32_t *table; /* engine block table: block i of the request */
+    uint32_t num_blocks;
+    char *err;
+    size_t err_len;
+} engine_t;
+
+/* ---- set-up ------------------------------------------------------------- */
+
+static kvd_status_t open_store(engine_t *e)
+{
+    kvd_config_t *cfg = NULL;
+    kvd_status_t st = kvd_config_create(&cfg);
+    static const char *const kv[] = {
+        "store.arena_size",     "64m",     "store.arena_chunk",    "1m",
+        "store.arena_prefault", "false",   "store.disk_size",      "256m",
+        "store.disk_write",     "through", "store.disk_admission", "all",
+        "store.sync_interval",  "0"};
+    for (size_t i = 0; st == KVD_OK && i < sizeof kv / sizeof *kv; i += 2) {
+        st = kvd_config_set(cfg, kv[i], kv[i + 1]);
+    }
+    if (st == KVD_OK) {
+        st = kvd_config_set(cfg, "store.disk_path", e->o->store_dir);
+    }
+    if (st == KVD_OK) {
+        st = kvd_store_open(cfg, &e->store, e->err, e->err_len);
+    }
+    kvd_config_destroy(cfg);
+    return st;
+}
+
+kvd_status_t kvd_demo_namespace(const kvd_demo_opts_t *o,
+                                const kvd_demo_model_t *m, kvd_namespace_t *ns)
+{
+    const kvd_demo_config_t *c = &m->cfg;
+    char model_id[200];
+    snprintf(model_id, sizeof model_id,
+             "kvdepot-demo/%s/d%u-h%u-kv%u-f%u-l%u-v%u-seed%llu",
+             o->checkpoint != NULL ? o->checkpoint : "seeded", c->dim,
+             c->num_heads, c->num_kv_heads, c->hidden_dim, c->num_layers,
+             c->vocab_size, (unsigned long long)o->seed);
+    kvd_namespace_desc_t d = {0};
+    d.model_id = model_id;
+    d.dtype = PROTO_DTYPE_FP16;
+    d.k_codec = d.v_codec = (uint32_t)o->codec + 1u;
+    d.num_layers = c->num_layers;
+    d.num_kv_heads = d.total_kv_heads = c->num_kv_heads;
+    d.head_dim = m->head_dim;
+    d.block_size = KVD_DEMO_BLOCK_SIZE;
+    d.tp_size = 1;
+    return kvd_namespace_digest(&d, ns);
+}
+
+static kvd_status_t open_connector(engine_t *e)
+{
+    const kvd_demo_config_t *c = &e->model.cfg;
+    kvd_namespace_t ns;
+    kvd_status_t st = kvd_demo_namespace(e->o, &e->model, &ns);
+    if (st != KVD_OK) {
+        snprintf(e->err, e->err_len, "namespace: %s", kvd_status_str(st));
+        return st;
+    }
+
+    kvd_leader_config_t lc = {0};
+    lc.block_size = KVD_DEMO_BLOCK_SIZE;
+    lc.ns = ns;
+    lc.num_workers = 1;
+    lc.layerwise = true;
+    st = kvd_block_hash_seed(KVD_BLOCK_HASH_DEFAULT_SEED, &lc.root);
+    kvd_leader_backend_t be;
+    kvd_leader_backend_embedded(e->store, &be);
+    if (st == KVD_OK) {
+        st = kvd_leader_create(&lc, &be, &e->leader);
+    }
+    if (st != KVD_OK) {
+        snprintf(e->err, e->err_len, "leader: %s", kvd_status_str(st));
+        return st;
+    }
+
+    kvd_worker_config_t wc = {0};
+    wc.store = e->store;
+    wc.ns = ns;
+    wc.format = (kvd_object_format_t){KVD_DTYPE_FP16,
+                                      c->num_layers,
+                                      2,
+                                      c->num_kv_heads,
+                                      e->model.head_dim,
+                                      KVD_DEMO_BLOCK_SIZE,
+                                      {e->o->codec, e->o->codec},
+                                      0x6b76646570u};
+    st = kvd_worker_create(&wc, &e->worker, e->err, e->err_len);
+    if (st != KVD_OK) {
+        return st;
+    }
+    int64_t el = 2, kvd = (int64_t)c->num_kv_heads * e->model.head_dim;
+    kvd_kv_layout_t lo = {(void *const *)e->cache.layer,
+                          e->cache.num_blocks,
+                          (int64_t)e->cache.num_blocks * KVD_DEMO_BLOCK_SIZE *
+                              kvd * el,
+                          (int64_t)KVD_DEMO_BLOCK_SIZE * kvd * el,
+                          kvd * el,
+                          (int64_t)e->model.head_dim * el};
+    return kvd_worker_register_kv_caches(e->worker, &lo, e->err, e->err_len);
+}
+
+static void engine_close(engine_t *e)
+{
+    kvd_worker_destroy(e->worker);
+    kvd_leader_destroy(e->leader);
+    if (e->store != NULL) {
+        (void)kvd_store_flush(e->store, 10000);
+        kvd_store_close(e->store);
+    }
+    kvd_demo_cache_free(&e->cache);
+    kvd_demo_model_free(&e->model);
+    free(e->table);
+}
+
+/* ---- one engine step ---------------------------------------------------- */
+
+typedef struct step_forward {
+    const uint32_t *tokens;
+    size_t n;
+    uint32_t pos0;
+    uint32_t next;
+} step_forward_t;
+
+static void hook_before(void *ctx, uint32_t layer)
+{
+    (void)kvd_worker_wait_for_layer_load(ctx, layer, NULL);
+}
+
+static void hook_after(void *ctx, uint32_t layer)
+{
+    (void)kvd_worker_save_kv_layer(ctx, layer, NULL);
+}
+
+/* Plan, worker, model (when `fw` is not NULL), report. The block ids whose
+ * load failed this step are added to *failed_min (lowest request block
+ * index). */
+static kvd_status_t engine_step(engine_t *e, step_forward_t *fw,
+                                uint32_t *failed_min)
+{
+    uint8_t *plan = NULL;
+    size_t len = 0;
+    kvd_status_t st = kvd_leader_build_connector_meta(e->leader, &plan, &len);
+    if (st == KVD_OK) {
+        st = kvd_worker_bind_metadata(e->worker, plan, len, e->err, e->err_len);
+    }
+    free(plan);
+    if (st != KVD_OK) {
+        return st;
+    }
+    (void)kvd_worker_start_load_kv(e->worker, NULL);
+    if (fw != NULL) {
+        kvd_demo_hooks_t hooks = {e->worker, hook_before, hook_after};
+        st = kvd_demo_forward(&e->model, &e->cache, e->table, fw->tokens, fw->n,
+                              fw->pos0, &hooks, &fw->next);
+    }
+    (void)kvd_worker_wait_for_save(e->worker, NULL);
+    kvd_worker_finished_t f;
+    kvd_status_t rs = kvd_worker_get_finished(e->worker, NULL, 0, &f);
+    if (rs == KVD_OK) {
+        rs = kvd_leader_update_connector_output(e->leader, f.report,
+                                                f.report_len);
+    }
+    (void)kvd_worker_clear_metadata(e->worker);
+    uint32_t ids[64];
+    size_t n;
+    while ((n = kvd_leader_take_failed_blocks(e->leader, ids, 64)) > 0) {
+        for (size_t i = 0; i < n; i++) {
+            for (uint32_t b = 0; b < e->num_blocks; b++) {
+                if (e->table[b] == ids[i] && b < *failed_min) {
+                    *failed_min = b;
+                }
+            }
+        }
+    }
+    if (st == KVD_OK && rs != KVD_OK) {
+        snprintf(e->err, e->err_len, "report: %s", kvd_status_str(rs));
+        st = rs;
+    }
+    return st;
+}
+
+/* ---- the request -------------------------------------------------------- */
+
+/* Matches the prompt and brings what is stored into the cache; returns the
+ * number of prompt tokens the cache now holds. */
+static kvd_status_t admit(engine_t *e, const uint32_t *prompt, uint32_t n,
+                          kvd_demo_result_t *r, uint32_t *have_out)
+{
+    kvd_leader_request_t q = {
+        .request_id = REQ_ID, .tokens = prompt, .num_tokens = n};
+    uint64_t m = 0;
+    bool async = false;
+    kvd_status_t st = KVD_INPROGRESS;
+    for (int i = 0; i < MAX_STEPS && st == KVD_INPROGRESS; i++) {
+        st =
+            kvd_leader_get_num_new_matched_tokens(e->leader, &q, 0, &m, &async);
+    }
+    if (st != KVD_OK) {
+        snprintf(e->err, e->err_len, "match: %s", kvd_status_str(st));
+        return st;
+    }
+    r->matched_tokens = (uint32_t)m;
+    uint32_t prompt_blocks =
+        (n + KVD_DEMO_BLOCK_SIZE - 1) / KVD_DEMO_BLOCK_SIZE;
+    st = kvd_leader_update_state_after_alloc(e->leader, REQ_ID, e->table,
+                                             prompt_blocks, m);
+    if (st != KVD_OK) {
+        snprintf(e->err, e->err_len, "alloc: %s", kvd_status_str(st));
+        return st;
+    }
+    uint32_t failed = UINT32_MAX;
+    if (async) {
+        /* The request waits while the worker brings its blocks from NVMe;
+         * the engine keeps stepping (other requests would run here). */
+        const char *done[1];
+        bool loaded = false;
+        for (int i = 0; i < MAX_STEPS && !loaded && st == KVD_OK; i++) {
+            st = engine_step(e, NULL, &failed);
+            loaded = kvd_leader_take_finished_loads(e->leader, done, 1) == 1;
+            if (!loaded) {
+                struct timespec nap = {0, 200000};
+                nanosleep(&nap, NULL);
+            }
+        }
+        if (st == KVD_OK && !loaded) {
+            snprintf(e->err, e->err_len, "the load never finished");
+            st = KVD_ERR_TIMEOUT;
+        }
+    }
+    uint32_t have = (uint32_t)m;
+    if (failed != UINT32_MAX && failed * KVD_DEMO_BLOCK_SIZE < have) {
+        r->failed_blocks = have / KVD_DEMO_BLOCK_SIZE - failed;
+        have = failed * KVD_DEMO_BLOCK_SIZE;
+    }
+    *have_out = have;
+    return st;
+}
+
+/* Prefills prompt[have..n) (synchronous loads, if any, arrive in the same
+ * step); computes again from a block whose load failed. */
+static kvd_status_t prefill(engine_t *e, const uint32_t *prompt, uint32_t n,
+                            uint32_t have, kvd_demo_result_t *r,
+                            uint32_t *first_out)
+{
+    kvd_status_t st = kvd_leader_request_scheduled(e->leader, REQ_ID, NULL, 0,
+                                                   NULL, 0, NULL, 0, n);
+    for (int round = 0; st == KVD_OK && round < 2; round++) {
+        uint32_t failed = UINT32_MAX;
+        step_forward_t fw = {prompt + have, n - have, have, 0};
+        st = engine_step(e, &fw, &failed);
+        r->computed_tokens += n - have;
+        *first_out = fw.next;
+        if (failed == UINT32_MAX || failed * KVD_DEMO_BLOCK_SIZE >= have) {
+            return st;
+        }
+        /* A synchronous load failed under the forward pass: what came
+         * after it is wrong, compute from the failed block on. */
+        r->failed_blocks += have / KVD_DEMO_BLOCK_SIZE - failed;
+        have = failed * KVD_DEMO_BLOCK_SIZE;
+    }
+    return st;
+}
+
+static kvd_status_t decode(engine_t *e, uint32_t n, uint32_t first,
+                           kvd_demo_result_t *r)
+{
+    uint32_t tok = first;
+    r->tokens[0] = first;
+    r->num_tokens = 1;
+    kvd_status_t st = KVD_OK;
+    for (uint32_t i = 1; i < e->o->gen_tokens && st == KVD_OK; i++) {
+        uint32_t pos = n + i - 1; /* where `tok` goes */
+        uint32_t blk = pos / KVD_DEMO_BLOCK_SIZE, new_block = 0;
+        size_t num_new = 0;
+        if (pos % KVD_DEMO_BLOCK_SIZE == 0) {
+            new_block = e->table[blk];
+            num_new = 1;
+        }
+        st = kvd_leader_request_scheduled(e->leader, REQ_ID, &new_block,
+                                          num_new, &tok, 1, NULL, 0, pos + 1);
+        uint32_t failed = UINT32_MAX;
+        step_forward_t fw = {&tok, 1, pos, 0};
+        if (st == KVD_OK) {
+            st = engine_step(e, &fw, &failed);
+        }
+        tok = fw.next;
+        r->tokens[r->num_tokens++] = tok;
+    }
+    return st;
+}
+
+kvd_status_t kvd_demo_run(const kvd_demo_opts_t *o, kvd_demo_result_t *r,
+                          char *err, size_t err_len)
+{
+    memset(r, 0, sizeof *r);
+    if (o->gen_tokens == 0 || o->gen_tokens > KVD_DEMO_MAX_GEN ||
+        o->prompt_tokens < 2) {
+        snprintf(err, err_len, "gen_tokens 1..%u, prompt_tokens >= 2",
+                 KVD_DEMO_MAX_GEN);
+        return KVD_ERR_INVALID;
+    }
+    engine_t e = {0};
+    e.o = o;
+    e.err = err;
+    e.err_len = err_len;
+    kvd_status_t st =
+        o->checkpoint != NULL
+            ? kvd_demo_model_load(o->checkpoint, &e.model, err, err_len)
+            : kvd_demo_model_init(&o->model, o->seed, &e.model);
+    uint32_t n = o->prompt_tokens;
+    if (st == KVD_OK && (size_t)n + o->gen_tokens > e.model.cfg.max_seq) {
+        snprintf(err, err_len, "prompt + generation exceed max_seq %u",
+                 e.model.cfg.max_seq);
+        st = KVD_ERR_RANGE;
+    }
+    e.num_blocks =
+        (n + o->gen_tokens + KVD_DEMO_BLOCK_SIZE - 1) / KVD_DEMO_BLOCK_SIZE;
+    uint32_t *prompt = calloc(n, sizeof *prompt);
+    e.table = calloc(e.num_blocks, sizeof *e.table);
+    if (st == KVD_OK && (prompt == NULL || e.table == NULL)) {
+        st = KVD_ERR_NOMEM;
+    }
+    if (st == KVD_OK) {
+        /* Blocks in a scattered order, as an engine's free list gives. */
+        for (uint32_t i = 0; i < e.num_blocks; i++) {
+            e.table[i] = (i * 7u + 3u) % e.num_blocks;
+        }
+        if (e.num_blocks % 7u == 0) {
+            for (uint32_t i = 0; i < e.num_blocks; i++) {
+                e.table[i] = e.num_blocks - 1 - i;
+            }
+        }
+        kvd_demo_prompt(n, o->question, prompt);
+        st = kvd_demo_cache_init(&e.model, e.num_blocks, KVD_DEMO_BLOCK_SIZE,
+                                 &e.cache);
+    }
+    if (st == KVD_OK) {
+        st = open_store(&e);
+    }
+    if (st == KVD_OK) {
+        st = open_connector(&e);
+    }
+    double t0 = now_ms();
+    uint32_t have = 0, first = 0;
+    if (st == KVD_OK) {
+        st = admit(&e, prompt, n, r, &have);
+    }
+    if (st == KVD_OK) {
+        st = prefill(&e, prompt, n, have, r, &first);
+    }
+    r->ttft_ms = now_ms() - t0;
+    r->prompt_tokens = n;
+    if (st == KVD_OK) {
+        st = decode(&e, n, first, r);
+    }
+    bool delay = false;
+    if (st == KVD_OK) {
+        st = kvd_leader_request_finished(e.leader, REQ_ID, &delay);
+    }
+    r->total_ms = now_ms() - t0;
+    kvd_worker_stats_t ws;
+    if (e.worker != NULL && kvd_worker_stats(e.worker, &ws) == KVD_OK) {
+        r->bytes_loaded = ws.bytes_loaded;
+        r->bytes_stored = ws.bytes_saved;
+    }
+    engine_close(&e);
+    free(prompt);
+    return st;
+}

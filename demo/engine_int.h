@@ -1,0 +1,60 @@
+/*
+ * The demo's engine: one request served by the model with kvdepot as its
+ * KV connector, in one process, on the embedded store (host arena + NVMe
+ * tier in a directory). It drives the leader and the worker in vLLM's call
+ * order: match, allocate, wait for an asynchronous load if there is one,
+ * prefill what was not loaded (layer by layer, with the worker's per-layer
+ * load waits and saves around each layer), then decode, saving each block
+ * as it fills. Blocks whose load failed are computed again.
+ */
+#ifndef KVD_DEMO_ENGINE_INT_H
+#define KVD_DEMO_ENGINE_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "demo/model_int.h"
+#include "kvdepot/kernels.h"
+
+#define KVD_DEMO_MAX_GEN 256u
+#define KVD_DEMO_BLOCK_SIZE 16u
+
+typedef struct kvd_demo_opts {
+    const char *store_dir;  /* NVMe tier and index live here */
+    kvd_codec_t codec;      /* for K and V */
+    uint32_t prompt_tokens; /* prompt length, question included */
+    const char *question;   /* the prompt's last words */
+    uint32_t gen_tokens;    /* 1..KVD_DEMO_MAX_GEN */
+    kvd_demo_config_t model;
+    uint64_t seed;
+    const char *checkpoint; /* llama2.c file, or NULL: seeded weights */
+} kvd_demo_opts_t;
+
+typedef struct kvd_demo_result {
+    uint32_t tokens[KVD_DEMO_MAX_GEN];
+    uint32_t num_tokens;
+    uint32_t prompt_tokens;
+    uint32_t matched_tokens;  /* the leader's answer */
+    uint32_t computed_tokens; /* prompt tokens the model computed */
+    uint32_t failed_blocks;   /* loads that failed and were computed */
+    double ttft_ms;           /* request in -> first token out */
+    double total_ms;
+    uint64_t bytes_loaded, bytes_stored;
+} kvd_demo_result_t;
+
+/* The prompt: a fixed text repeated up to prompt_tokens - len(question)
+ * bytes, then the question. Writes prompt_tokens byte tokens. */
+void kvd_demo_prompt(uint32_t prompt_tokens, const char *question,
+                     uint32_t *tokens_out);
+
+/* The namespace of the request's objects: model (checkpoint or seeded
+ * sizes and seed), fp16, the codec, the shape, block size 16, TP 1. */
+kvd_status_t kvd_demo_namespace(const kvd_demo_opts_t *opts,
+                                const kvd_demo_model_t *model,
+                                kvd_namespace_t *ns_out);
+
+/* Serves one request; `err` gets the reason of a failure. */
+kvd_status_t kvd_demo_run(const kvd_demo_opts_t *opts,
+                          kvd_demo_result_t *result, char *err, size_t err_len);
+
+#endif /* KVD_DEMO_ENGINE_INT_H */
