@@ -18,8 +18,9 @@ pkgs+=(
     libucx-dev liburing-dev liblmdb-dev libprotobuf-c-dev libgrpc-dev
     libssl-dev libxxhash-dev libyaml-dev libmicrohttpd-dev libcmocka-dev
 )
-# Tests: block-hash vectors are checked against Python's cbor2 + hashlib.
-pkgs+=(python3 python3-cbor2 python3-pytest)
+# Tests: block-hash vectors are checked against Python's cbor2 + hashlib;
+# the vLLM connector shim is driven with real torch CPU tensors.
+pkgs+=(python3 python3-cbor2 python3-pytest python3-torch python3-numpy)
 # Benchmarks run their peers in the same run (bench/README.md): fio for NVMe.
 pkgs+=(fio)
 

@@ -1,0 +1,472 @@
+"""ctypes bindings to libkvdepot.so: the embedded store, the leader and the
+worker (include/kvdepot/{store,leader,worker}.h). Thin wrappers only: each
+class owns one C handle, raises KvdepotError on a failed call, and frees the
+handle in close(). The structures mirror the C headers field for field.
+
+The library is found through KVDEPOT_LIB (a path), then next to this package
+(an installed copy), then the build trees of a source checkout, then the
+system linker path.
+"""
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from pathlib import Path
+
+KVD_OK = 0
+KVD_INPROGRESS = 1
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+class KvdepotError(RuntimeError):
+    """A kvdepot call failed; .status is the kvd_status_t."""
+
+    def __init__(self, what, status, reason=""):
+        self.status = status
+        text = status_str(status)
+        super().__init__(f"{what}: {text}" + (f" ({reason})" if reason else ""))
+
+
+def _candidates():
+    env = os.environ.get("KVDEPOT_LIB")
+    if env:
+        yield Path(env)
+    here = Path(__file__).resolve().parent
+    yield here / "libkvdepot.so"
+    root = here.parent.parent
+    for tree in ("dev", "ci", "release", "asan"):
+        yield root / "build" / tree / "libkvdepot.so"
+    found = ctypes.util.find_library("kvdepot")
+    if found:
+        yield Path(found)
+
+
+def lib():
+    """The loaded library, with argument types declared (once)."""
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            errors = []
+            for path in _candidates():
+                try:
+                    handle = ctypes.CDLL(str(path))
+                except OSError as e:
+                    errors.append(f"{path}: {e}")
+                    continue
+                _declare(handle)
+                _lib = handle
+                break
+            else:
+                raise OSError("libkvdepot.so not found; set KVDEPOT_LIB "
+                              "(tried: " + "; ".join(errors or ["nothing"]) + ")")
+        return _lib
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"))
+_libc.free.argtypes = [ctypes.c_void_p]
+
+
+def status_str(status):
+    try:
+        return lib().kvd_status_str(status).decode()
+    except OSError:
+        return f"status {status}"
+
+
+# ---- structures (the C headers' field order) -------------------------------
+
+class Namespace(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint8 * 16)]
+
+
+class BlockHash(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint8 * 32)]
+
+
+class NamespaceDesc(ctypes.Structure):
+    _fields_ = [("model_id", ctypes.c_char_p), ("dtype", ctypes.c_uint32),
+                ("k_codec", ctypes.c_uint32), ("v_codec", ctypes.c_uint32),
+                ("num_layers", ctypes.c_uint32),
+                ("first_layer", ctypes.c_uint32),
+                ("num_kv_heads", ctypes.c_uint32),
+                ("head_start", ctypes.c_uint32),
+                ("total_kv_heads", ctypes.c_uint32),
+                ("head_dim", ctypes.c_uint32), ("block_size", ctypes.c_uint32),
+                ("tp_size", ctypes.c_uint32), ("tp_rank", ctypes.c_uint32),
+                ("kv_combined", ctypes.c_bool)]
+
+
+class LeaderBackend(ctypes.Structure):
+    _fields_ = [("ctx", ctypes.c_void_p), ("lookup", ctypes.c_void_p),
+                ("release", ctypes.c_void_p)]
+
+
+class LeaderConfig(ctypes.Structure):
+    _fields_ = [("block_size", ctypes.c_uint32), ("ns", Namespace),
+                ("root", BlockHash), ("num_workers", ctypes.c_uint32),
+                ("layerwise", ctypes.c_bool),
+                ("async_host_loads", ctypes.c_bool),
+                ("no_retry", ctypes.c_bool), ("node_id", ctypes.c_char_p),
+                ("lookup_timeout_ms", ctypes.c_uint32)]
+
+
+class LeaderRequest(ctypes.Structure):
+    _fields_ = [("request_id", ctypes.c_char_p),
+                ("tokens", ctypes.POINTER(ctypes.c_uint32)),
+                ("num_tokens", ctypes.c_size_t),
+                ("hashes", ctypes.POINTER(BlockHash)),
+                ("num_hashes", ctypes.c_size_t),
+                ("lora_name", ctypes.c_char_p), ("cache_salt", ctypes.c_char_p)]
+
+
+class ObjectFormat(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("num_layers", ctypes.c_uint32),
+                ("num_planes", ctypes.c_uint32), ("num_heads", ctypes.c_uint32),
+                ("head_dim", ctypes.c_uint32), ("block_size", ctypes.c_uint32),
+                ("codec", ctypes.c_int * 2), ("tq_seed", ctypes.c_uint64)]
+
+
+class KvLayout(ctypes.Structure):
+    _fields_ = [("layer_base", ctypes.POINTER(ctypes.c_void_p)),
+                ("num_blocks", ctypes.c_uint32),
+                ("stride_plane", ctypes.c_int64),
+                ("stride_block", ctypes.c_int64),
+                ("stride_token", ctypes.c_int64),
+                ("stride_head", ctypes.c_int64)]
+
+
+class WorkerConfig(ctypes.Structure):
+    _fields_ = [("store", ctypes.c_void_p), ("ns", Namespace),
+                ("format", ObjectFormat), ("worker_rank", ctypes.c_uint32),
+                ("tenant", ctypes.c_uint32), ("num_threads", ctypes.c_uint32),
+                ("device", ctypes.c_int)]
+
+
+class FailedLoad(ctypes.Structure):
+    _fields_ = [("request_id", ctypes.c_char_p), ("block_id", ctypes.c_int32),
+                ("status", ctypes.c_int)]
+
+
+class WorkerFinished(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_uint64),
+                ("finished_saving", ctypes.POINTER(ctypes.c_char_p)),
+                ("num_finished_saving", ctypes.c_size_t),
+                ("finished_loading", ctypes.POINTER(ctypes.c_char_p)),
+                ("loading_async", ctypes.POINTER(ctypes.c_bool)),
+                ("num_finished_loading", ctypes.c_size_t),
+                ("failed_loads", ctypes.POINTER(FailedLoad)),
+                ("num_failed_loads", ctypes.c_size_t),
+                ("report", ctypes.POINTER(ctypes.c_uint8)),
+                ("report_len", ctypes.c_size_t)]
+
+
+class WorkerStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "blocks_loaded", "load_errors", "promotions", "blocks_saved",
+        "saves_skipped", "saves_dropped", "bytes_loaded", "bytes_saved",
+        "async_loads_active")]
+
+
+def _declare(h):
+    vp, sz, u32, u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, \
+        ctypes.c_uint64
+    cp, st = ctypes.c_char_p, ctypes.c_int
+    P = ctypes.POINTER
+    sigs = {
+        "kvd_status_str": (cp, [st]),
+        "kvd_config_create": (st, [P(vp)]),
+        "kvd_config_destroy": (None, [vp]),
+        "kvd_config_set": (st, [vp, cp, cp]),
+        "kvd_store_open": (st, [vp, P(vp), cp, sz]),
+        "kvd_store_close": (None, [vp]),
+        "kvd_store_flush": (st, [vp, ctypes.c_int]),
+        "kvd_codec_parse": (st, [cp, P(ctypes.c_int)]),
+        "kvd_namespace_digest": (st, [P(NamespaceDesc), P(Namespace)]),
+        "kvd_block_hash_seed": (st, [cp, P(BlockHash)]),
+        "kvd_leader_backend_embedded": (None, [vp, P(LeaderBackend)]),
+        "kvd_leader_create": (st, [P(LeaderConfig), P(LeaderBackend),
+                                   P(vp)]),
+        "kvd_leader_destroy": (None, [vp]),
+        "kvd_leader_get_num_new_matched_tokens": (
+            st, [vp, P(LeaderRequest), u64, P(u64), P(ctypes.c_bool)]),
+        "kvd_leader_update_state_after_alloc": (st, [vp, cp, P(u32), sz,
+                                                     u64]),
+        "kvd_leader_request_scheduled": (
+            st, [vp, cp, P(u32), sz, P(u32), sz, P(BlockHash), sz, u64]),
+        "kvd_leader_build_connector_meta": (st, [vp, P(vp), P(sz)]),
+        "kvd_leader_update_connector_output": (st, [vp, ctypes.c_char_p,
+                                                    sz]),
+        "kvd_leader_take_failed_blocks": (sz, [vp, P(u32), sz]),
+        "kvd_leader_take_finished_loads": (sz, [vp, P(cp), sz]),
+        "kvd_leader_request_preempted": (st, [vp, cp]),
+        "kvd_leader_request_finished": (st, [vp, cp, P(ctypes.c_bool)]),
+        "kvd_worker_create": (st, [P(WorkerConfig), P(vp), cp, sz]),
+        "kvd_worker_destroy": (None, [vp]),
+        "kvd_worker_register_kv_caches": (st, [vp, P(KvLayout), cp, sz]),
+        "kvd_worker_bind_metadata": (st, [vp, ctypes.c_char_p, sz, cp, sz]),
+        "kvd_worker_start_load_kv": (st, [vp, vp]),
+        "kvd_worker_wait_for_layer_load": (st, [vp, u32, vp]),
+        "kvd_worker_save_kv_layer": (st, [vp, u32, vp]),
+        "kvd_worker_wait_for_save": (st, [vp, vp]),
+        "kvd_worker_clear_metadata": (st, [vp]),
+        "kvd_worker_get_finished": (st, [vp, P(cp), sz, P(WorkerFinished)]),
+        "kvd_worker_stats": (st, [vp, P(WorkerStats)]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(h, name)
+        fn.restype = res
+        fn.argtypes = args
+
+
+def _check(what, status, reason=b""):
+    if status != KVD_OK:
+        if isinstance(reason, (bytes, bytearray)):
+            reason = bytes(reason).split(b"\0", 1)[0].decode(errors="replace")
+        raise KvdepotError(what, status, reason)
+
+
+def codec_id(name):
+    out = ctypes.c_int(0)
+    _check(f"codec {name!r}", lib().kvd_codec_parse(name.encode(),
+                                                      ctypes.byref(out)))
+    return out.value
+
+
+def namespace(model_id, dtype, codec_k, codec_v, num_layers, num_kv_heads,
+              head_dim, block_size, tp_size=1, tp_rank=0, kv_combined=False):
+    """The namespace digest (common.h); dtype and codecs as kvdepot.v1 enum
+    numbers (Codec = kvd_codec_t + 1)."""
+    d = NamespaceDesc(model_id=model_id.encode(), dtype=dtype,
+                      k_codec=codec_k + 1,
+                      v_codec=0 if kv_combined else codec_v + 1,
+                      num_layers=num_layers, first_layer=0,
+                      num_kv_heads=num_kv_heads, head_start=0,
+                      total_kv_heads=num_kv_heads * tp_size,
+                      head_dim=head_dim, block_size=block_size,
+                      tp_size=tp_size, tp_rank=tp_rank,
+                      kv_combined=kv_combined)
+    ns = Namespace()
+    _check("namespace", lib().kvd_namespace_digest(ctypes.byref(d),
+                                                    ctypes.byref(ns)))
+    return ns
+
+
+# ---- the store -------------------------------------------------------------
+
+class Store:
+    """An embedded store (store.h) opened with `settings` (store.* keys)."""
+
+    def __init__(self, settings):
+        L = lib()
+        cfg = ctypes.c_void_p()
+        _check("config", L.kvd_config_create(ctypes.byref(cfg)))
+        try:
+            for k, v in settings.items():
+                _check(f"setting {k}", L.kvd_config_set(cfg, k.encode(),
+                                                        str(v).encode()))
+            self.handle = ctypes.c_void_p()
+            err = ctypes.create_string_buffer(256)
+            _check("store open", L.kvd_store_open(cfg, ctypes.byref(
+                self.handle), err, len(err)), err.raw)
+        finally:
+            L.kvd_config_destroy(cfg)
+
+    def flush(self, timeout_ms=10000):
+        _check("store flush", lib().kvd_store_flush(self.handle, timeout_ms))
+
+    def close(self):
+        if self.handle:
+            lib().kvd_store_flush(self.handle, 10000)
+            lib().kvd_store_close(self.handle)
+            self.handle = None
+
+
+# ---- the leader ------------------------------------------------------------
+
+class Leader:
+    """One kvd_leader_t over an embedded store (leader.h)."""
+
+    def __init__(self, store, block_size, ns, num_workers=1, layerwise=True,
+                 lookup_timeout_ms=0, seed=b"kvdepot"):
+        L = lib()
+        cfg = LeaderConfig(block_size=block_size, ns=ns,
+                           num_workers=num_workers, layerwise=layerwise,
+                           lookup_timeout_ms=lookup_timeout_ms)
+        _check("block hash seed", L.kvd_block_hash_seed(seed,
+                                                        ctypes.byref(cfg.root)))
+        self._backend = LeaderBackend()
+        L.kvd_leader_backend_embedded(store.handle, ctypes.byref(self._backend))
+        self.handle = ctypes.c_void_p()
+        _check("leader create", L.kvd_leader_create(
+            ctypes.byref(cfg), ctypes.byref(self._backend),
+            ctypes.byref(self.handle)))
+
+    def match(self, request_id, tokens, num_computed, lora_name=None,
+              cache_salt=None):
+        """(matched, is_async), or None for "not yet"."""
+        toks = (ctypes.c_uint32 * len(tokens))(*tokens)
+        q = LeaderRequest(request_id=request_id.encode(), tokens=toks,
+                          num_tokens=len(tokens),
+                          lora_name=lora_name.encode() if lora_name else None,
+                          cache_salt=cache_salt.encode() if cache_salt
+                          else None)
+        m, a = ctypes.c_uint64(0), ctypes.c_bool(False)
+        s = lib().kvd_leader_get_num_new_matched_tokens(
+            self.handle, ctypes.byref(q), num_computed, ctypes.byref(m),
+            ctypes.byref(a))
+        if s == KVD_INPROGRESS:
+            return None
+        _check("get_num_new_matched_tokens", s)
+        return m.value, a.value
+
+    def update_state_after_alloc(self, request_id, block_ids, num_external):
+        ids = (ctypes.c_uint32 * max(1, len(block_ids)))(*block_ids)
+        _check("update_state_after_alloc",
+               lib().kvd_leader_update_state_after_alloc(
+                   self.handle, request_id.encode(), ids, len(block_ids),
+                   num_external))
+
+    def request_scheduled(self, request_id, new_block_ids, new_tokens,
+                          num_computed):
+        b = (ctypes.c_uint32 * max(1, len(new_block_ids)))(*new_block_ids)
+        t = (ctypes.c_uint32 * max(1, len(new_tokens)))(*new_tokens)
+        _check("request_scheduled", lib().kvd_leader_request_scheduled(
+            self.handle, request_id.encode(), b, len(new_block_ids), t,
+            len(new_tokens), None, 0, num_computed))
+
+    def build_connector_meta(self):
+        buf, n = ctypes.c_void_p(), ctypes.c_size_t(0)
+        _check("build_connector_meta", lib().kvd_leader_build_connector_meta(
+            self.handle, ctypes.byref(buf), ctypes.byref(n)))
+        try:
+            return ctypes.string_at(buf, n.value)
+        finally:
+            _libc.free(buf)
+
+    def update_connector_output(self, report):
+        _check("update_connector_output",
+               lib().kvd_leader_update_connector_output(self.handle, report,
+                                                        len(report)))
+
+    def take_failed_blocks(self):
+        out, arr = [], (ctypes.c_uint32 * 256)()
+        while True:
+            n = lib().kvd_leader_take_failed_blocks(self.handle, arr, 256)
+            out.extend(arr[:n])
+            if n < 256:
+                return out
+
+    def take_finished_loads(self):
+        out, arr = [], (ctypes.c_char_p * 256)()
+        while True:
+            n = lib().kvd_leader_take_finished_loads(self.handle, arr, 256)
+            out.extend(arr[i].decode() for i in range(n))
+            if n < 256:
+                return out
+
+    def request_preempted(self, request_id):
+        s = lib().kvd_leader_request_preempted(self.handle,
+                                               request_id.encode())
+        if s not in (KVD_OK, -2):  # KVD_ERR_NOT_FOUND: never seen
+            _check("request_preempted", s)
+
+    def request_finished(self, request_id):
+        """True when the engine must keep the blocks until the saves are
+        reported (vLLM's delay_free)."""
+        d = ctypes.c_bool(False)
+        s = lib().kvd_leader_request_finished(self.handle,
+                                              request_id.encode(),
+                                              ctypes.byref(d))
+        if s == -2:  # KVD_ERR_NOT_FOUND: the leader never saw it
+            return False
+        _check("request_finished", s)
+        return d.value
+
+    def close(self):
+        if self.handle:
+            lib().kvd_leader_destroy(self.handle)
+            self.handle = None
+
+
+# ---- the worker ------------------------------------------------------------
+
+class Worker:
+    """One kvd_worker_t on the host backend (worker.h)."""
+
+    def __init__(self, store, ns, fmt, rank=0, threads=0):
+        cfg = WorkerConfig(store=store.handle, ns=ns, format=fmt,
+                           worker_rank=rank, num_threads=threads)
+        self.handle = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(256)
+        _check("worker create", lib().kvd_worker_create(
+            ctypes.byref(cfg), ctypes.byref(self.handle), err, len(err)),
+            err.raw)
+        self._bases = None
+
+    def register_kv_caches(self, bases, num_blocks, strides):
+        """bases: one address per layer; strides: (plane, block, token, head)
+        in bytes."""
+        self._bases = (ctypes.c_void_p * len(bases))(*bases)
+        lo = KvLayout(layer_base=self._bases, num_blocks=num_blocks,
+                      stride_plane=strides[0], stride_block=strides[1],
+                      stride_token=strides[2], stride_head=strides[3])
+        err = ctypes.create_string_buffer(256)
+        _check("register_kv_caches", lib().kvd_worker_register_kv_caches(
+            self.handle, ctypes.byref(lo), err, len(err)), err.raw)
+
+    def bind_metadata(self, plan):
+        err = ctypes.create_string_buffer(256)
+        _check("bind_connector_metadata", lib().kvd_worker_bind_metadata(
+            self.handle, plan, len(plan), err, len(err)), err.raw)
+
+    def start_load_kv(self):
+        _check("start_load_kv", lib().kvd_worker_start_load_kv(self.handle,
+                                                               None))
+
+    def wait_for_layer_load(self, layer):
+        _check("wait_for_layer_load", lib().kvd_worker_wait_for_layer_load(
+            self.handle, layer, None))
+
+    def save_kv_layer(self, layer):
+        _check("save_kv_layer", lib().kvd_worker_save_kv_layer(
+            self.handle, layer, None))
+
+    def wait_for_save(self):
+        _check("wait_for_save", lib().kvd_worker_wait_for_save(self.handle,
+                                                               None))
+
+    def clear_metadata(self):
+        _check("clear_connector_metadata",
+               lib().kvd_worker_clear_metadata(self.handle))
+
+    def get_finished(self, finished_req_ids=()):
+        """(saving ids, [(loading id, is_async)], [(id, block, status)],
+        report bytes)."""
+        ids = [i.encode() for i in finished_req_ids]
+        arr = (ctypes.c_char_p * max(1, len(ids)))(*ids)
+        f = WorkerFinished()
+        _check("get_finished", lib().kvd_worker_get_finished(
+            self.handle, arr, len(ids), ctypes.byref(f)))
+        saving = [f.finished_saving[i].decode()
+                  for i in range(f.num_finished_saving)]
+        loading = [(f.finished_loading[i].decode(), bool(f.loading_async[i]))
+                   for i in range(f.num_finished_loading)]
+        failed = [(f.failed_loads[i].request_id.decode(),
+                   f.failed_loads[i].block_id, f.failed_loads[i].status)
+                  for i in range(f.num_failed_loads)]
+        return saving, loading, failed, ctypes.string_at(f.report,
+                                                         f.report_len)
+
+    def stats(self):
+        s = WorkerStats()
+        _check("worker stats", lib().kvd_worker_stats(self.handle,
+                                                      ctypes.byref(s)))
+        return {name: getattr(s, name) for name, _ in WorkerStats._fields_}
+
+    def close(self):
+        if self.handle:
+            lib().kvd_worker_destroy(self.handle)
+            self.handle = None

@@ -1,0 +1,81 @@
+"""The connector's settings, from vLLM's kv_connector_extra_config (a dict).
+
+Every key is listed here with its default and meaning; an unknown key is an
+error naming the keys that exist, so a typo never silently turns a feature
+off. Store sizes take the C library's suffixes ("64g", "512m")."""
+
+from dataclasses import dataclass, field, fields
+
+KV_LAYOUTS = ("auto", "flash", "flashinfer", "cpu", "mla")
+
+
+@dataclass
+class Settings:
+    store_mode: str = "embedded"   # "embedded" (in-process store)
+    store_dir: str = ""            # NVMe tier directory; "" = host arena only
+    arena_size: str = "4g"         # host arena
+    disk_size: str = "64g"         # NVMe tier, when store_dir is set
+    disk_write: str = "back"       # "back" (on eviction) or "through"
+    codec: str = "raw"             # K and V codec, unless codec_k/codec_v
+    codec_k: str = ""
+    codec_v: str = ""
+    model_id: str = ""             # namespace model id; "" = vLLM's model
+    kv_layout: str = "auto"        # how to read register_kv_caches tensors
+    layerwise: bool = True         # per-layer loads and saves
+    lookup_timeout_ms: int = 2000  # longest "not yet" for one request
+    threads: int = 0               # worker threads, 0 = library default
+    store_settings: dict = field(default_factory=dict)  # raw store.* keys
+
+    @property
+    def codecs(self):
+        return (self.codec_k or self.codec, self.codec_v or self.codec)
+
+
+def parse(extra):
+    """Settings from kv_connector_extra_config; ValueError on a bad key or
+    value."""
+    extra = dict(extra or {})
+    known = {f.name: f for f in fields(Settings)}
+    unknown = sorted(set(extra) - set(known))
+    if unknown:
+        raise ValueError(
+            f"kvdepot: unknown kv_connector_extra_config key(s) {unknown}; "
+            f"known keys: {sorted(known)}")
+    s = Settings()
+    for k, v in extra.items():
+        want = type(getattr(s, k))
+        if want is bool and not isinstance(v, bool):
+            raise ValueError(f"kvdepot: {k} must be true or false, not {v!r}")
+        if want is int and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"kvdepot: {k} must be an integer, not {v!r}")
+        if want is dict and not isinstance(v, dict):
+            raise ValueError(f"kvdepot: {k} must be a mapping, not {v!r}")
+        if want is str and not isinstance(v, str):
+            raise ValueError(f"kvdepot: {k} must be a string, not {v!r}")
+        setattr(s, k, v)
+    if s.store_mode != "embedded":
+        raise ValueError(f"kvdepot: store_mode {s.store_mode!r}: only "
+                         "'embedded' exists in this version (the kvdepotd "
+                         "daemon is not released yet)")
+    if s.kv_layout not in KV_LAYOUTS:
+        raise ValueError(f"kvdepot: kv_layout {s.kv_layout!r}, one of "
+                         f"{KV_LAYOUTS}")
+    if s.disk_write not in ("back", "through"):
+        raise ValueError(f"kvdepot: disk_write {s.disk_write!r}: 'back' or "
+                         "'through'")
+    for k in s.store_settings:
+        if not str(k).startswith("store."):
+            raise ValueError(f"kvdepot: store_settings key {k!r} must start "
+                             "with 'store.'")
+    return s
+
+
+def store_settings(s):
+    """The store.* settings of an embedded store."""
+    out = {"store.arena_size": s.arena_size}
+    if s.store_dir:
+        out.update({"store.disk_path": s.store_dir,
+                    "store.disk_size": s.disk_size,
+                    "store.disk_write": s.disk_write})
+    out.update({str(k): v for k, v in s.store_settings.items()})
+    return out

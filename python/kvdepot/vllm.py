@@ -1,0 +1,452 @@
+"""kvdepot as a vLLM KV connector (KVConnectorBase_V1, vLLM 0.19).
+
+    --kv-transfer-config '{"kv_connector": "KvdepotConnector",
+      "kv_connector_module_path": "kvdepot.vllm", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"store_dir": "/nvme/kvdepot"}}'
+
+The scheduler role drives the C leader (which blocks to load and save,
+packed into a StepPlan), the worker role the C worker (the copies, layer by
+layer). Everything here is translation between vLLM's objects and the C
+calls; the decisions are made in C (docs/vllm.md).
+
+Plans travel to the workers inside KvdepotConnectorMetadata (picklable: the
+plan's bytes and the ids of requests whose blocks vLLM keeps for us). The
+workers' reports travel back inside KvdepotWorkerMetadata
+(build_connector_worker_meta, aggregated across workers), and the leader
+reads them in update_connector_output.
+
+The embedded store lives in the process: both roles of one vLLM process
+(TP 1, the in-process executor) share it. When vLLM is not importable the
+module still imports, over minimal stand-ins for its base classes, so the
+logic can be tested without it.
+"""
+
+import logging
+import threading
+
+from kvdepot import _lib, config
+
+log = logging.getLogger("kvdepot.vllm")
+
+try:  # vLLM present: subclass the real thing
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole)
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import \
+            KVConnectorWorkerMetadata
+    except ImportError:  # older vLLM: no worker metadata channel
+        KVConnectorWorkerMetadata = object
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import \
+            SupportsHMA
+    except ImportError:
+        SupportsHMA = object
+    HAVE_VLLM = True
+except ImportError:
+    import enum
+
+    HAVE_VLLM = False
+
+    class KVConnectorRole(enum.Enum):
+        SCHEDULER = 0
+        WORKER = 1
+
+    class KVConnectorMetadata:
+        """Stand-in for vLLM's (no fields)."""
+
+    class KVConnectorWorkerMetadata:
+        """Stand-in for vLLM's (aggregate across workers)."""
+
+    class SupportsHMA:
+        """Stand-in for vLLM's hybrid-allocator marker."""
+
+    class KVConnectorBase_V1:
+        """Stand-in for vLLM's base: keeps the bound metadata."""
+
+        def __init__(self, vllm_config, role, kv_cache_config=None):
+            self._vllm_config = vllm_config
+            self._role = role
+            self._connector_metadata = None
+
+        @property
+        def role(self):
+            return self._role
+
+        def bind_connector_metadata(self, connector_metadata):
+            self._connector_metadata = connector_metadata
+
+        def clear_connector_metadata(self):
+            self._connector_metadata = None
+
+        def _get_connector_metadata(self):
+            return self._connector_metadata
+
+
+class KvdepotConnectorMetadata(KVConnectorMetadata):
+    """One step's plan for the workers: the packed kvdepot.v1.StepPlan and
+    the requests whose blocks vLLM keeps until the workers say so."""
+
+    def __init__(self, plan=b"", delayed=()):
+        self.plan = bytes(plan)
+        self.delayed = tuple(delayed)
+
+
+class KvdepotWorkerMetadata(KVConnectorWorkerMetadata):
+    """The workers' packed kvdepot.v1.WorkerReports for the leader."""
+
+    def __init__(self, reports=()):
+        self.reports = list(reports)
+
+    def aggregate(self, other):
+        return KvdepotWorkerMetadata(self.reports + list(other.reports))
+
+
+# kvdepot.v1.Dtype numbers for the namespace.
+_DTYPES = {"float16": 1, "bfloat16": 2, "float8_e4m3fn": 4}
+# kernels.h kvd_dtype_t for the object format.
+_KVD_DTYPES = {"float16": 1, "bfloat16": 2, "float8_e4m3fn": 3}
+
+
+def _dtype_name(dtype):
+    return str(dtype).replace("torch.", "")
+
+
+# ---- the in-process store ---------------------------------------------------
+
+_stores = {}
+_stores_lock = threading.Lock()
+
+
+def _store_acquire(settings):
+    key = tuple(sorted(settings.items()))
+    with _stores_lock:
+        entry = _stores.get(key)
+        if entry is None:
+            entry = [_lib.Store(settings), 0]
+            _stores[key] = entry
+        entry[1] += 1
+        return key, entry[0]
+
+
+def _store_release(key):
+    with _stores_lock:
+        entry = _stores.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            entry[0].close()
+            del _stores[key]
+
+
+# ---- layouts ----------------------------------------------------------------
+
+def _layout_of(t, kind, num_heads):
+    """(num_blocks, (plane, block, token, head) byte strides, planes, heads,
+    head_dim) of one layer's KV tensor."""
+    shape, st, e = tuple(t.shape), t.stride(), t.element_size()
+    if kind == "auto":
+        if len(shape) == 3:
+            kind = "mla"
+        elif len(shape) == 5 and shape[0] == 2 and shape[1] != 2:
+            kind = "cpu" if shape[2] == num_heads and shape[3] != num_heads \
+                else "flash"
+        elif len(shape) == 5 and shape[1] == 2:
+            kind = "flashinfer"
+        else:
+            raise ValueError(f"kvdepot: cannot tell the layout of a KV "
+                             f"tensor of shape {shape}; set kv_layout")
+    if kind == "mla":
+        if len(shape) != 3:
+            raise ValueError(f"kvdepot: MLA tensor of shape {shape}")
+        return shape[0], (0, st[0] * e, st[1] * e, 0), 1, 1, shape[2]
+    if len(shape) != 5:
+        raise ValueError(f"kvdepot: {kind} tensor of shape {shape}")
+    dims = {"flash": (0, 1, 2, 3), "flashinfer": (1, 0, 2, 3),
+            "cpu": (0, 1, 3, 2)}[kind]
+    p, b, tk, h = dims
+    return (shape[b], (st[p] * e, st[b] * e, st[tk] * e, st[h] * e), 2,
+            shape[h], shape[4])
+
+
+# ---- the connector -------------------------------------------------------------
+
+class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
+    """vLLM KV connector backed by kvdepot (both roles)."""
+
+    def __init__(self, vllm_config, role, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role,
+                         kv_cache_config=kv_cache_config)
+        ktc = vllm_config.kv_transfer_config
+        self.settings = config.parse(
+            getattr(ktc, "kv_connector_extra_config", None))
+        mc, pc = vllm_config.model_config, vllm_config.parallel_config
+        if getattr(pc, "tensor_parallel_size", 1) != 1 or \
+                getattr(pc, "pipeline_parallel_size", 1) != 1:
+            raise ValueError("kvdepot: the embedded store serves one worker; "
+                             "tensor or pipeline parallelism needs the "
+                             "kvdepotd daemon, not released yet")
+        self.block_size = vllm_config.cache_config.block_size
+        self.num_layers = mc.get_num_layers(pc)
+        self.num_kv_heads = mc.get_num_kv_heads(pc)
+        self.head_dim = mc.get_head_size()
+        self.mla = bool(getattr(mc, "use_mla", False))
+        dt = _dtype_name(mc.dtype)
+        if dt not in _DTYPES:
+            raise ValueError(f"kvdepot: KV dtype {dt} is not supported")
+        self.dtype = dt
+        ck, cv = (_lib.codec_id(c) for c in self.settings.codecs)
+        self.codecs = (ck, cv)
+        model_id = self.settings.model_id or str(mc.model)
+        self.ns = _lib.namespace(model_id, _DTYPES[dt], ck, cv,
+                                 self.num_layers,
+                                 1 if self.mla else self.num_kv_heads,
+                                 self.head_dim, self.block_size,
+                                 kv_combined=self.mla)
+        self._store_key, self.store = _store_acquire(
+            config.store_settings(self.settings))
+        self.leader = self.worker = None
+        is_scheduler = role == KVConnectorRole.SCHEDULER or \
+            getattr(role, "name", "") == "SCHEDULER"
+        if is_scheduler:
+            self.leader = _lib.Leader(
+                self.store, self.block_size, self.ns,
+                layerwise=self.settings.layerwise,
+                lookup_timeout_ms=self.settings.lookup_timeout_ms)
+            self._requests = {}   # id -> [request, tokens given]
+            self._delayed = []    # kept blocks, for the next plan
+        else:
+            self._layer_index = {}
+            self._delayed = set()    # vLLM keeps their blocks for us
+            self._finished = set()   # vLLM finished them
+            self._invalid = set()
+            self._report = b""
+
+    # ---- scheduler role ----------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        tokens = list(request.prompt_token_ids)
+        lora = getattr(request, "lora_request", None)
+        try:
+            r = self.leader.match(request.request_id, tokens,
+                                  num_computed_tokens,
+                                  lora_name=getattr(lora, "lora_name", None),
+                                  cache_salt=getattr(request, "cache_salt",
+                                                     None))
+        except _lib.KvdepotError as e:
+            log.warning("kvdepot: request %s: %s; computing it",
+                        request.request_id, e)
+            return 0, False
+        if r is None:
+            return None, False
+        self._requests[request.request_id] = [request, len(tokens)]
+        matched, is_async = r
+        return matched, is_async and matched > 0
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+        ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
+        self.leader.update_state_after_alloc(request.request_id, ids,
+                                             num_external_tokens)
+
+    def _scheduled(self, req_id, new_blocks, computed):
+        entry = self._requests.get(req_id)
+        if entry is None:
+            return
+        request, given = entry
+        tokens = list(request.all_token_ids[given:computed]) \
+            if computed > given else []
+        self.leader.request_scheduled(req_id, new_blocks, tokens, computed)
+        entry[1] = max(given, computed)
+
+    def build_connector_meta(self, scheduler_output):
+        so = scheduler_output
+        for rid in getattr(so, "preempted_req_ids", None) or ():
+            self.leader.request_preempted(rid)
+        for new in so.scheduled_new_reqs:
+            n = so.num_scheduled_tokens.get(new.req_id, 0)
+            self._scheduled(new.req_id, [], new.num_computed_tokens + n)
+        cached = so.scheduled_cached_reqs
+        for i, rid in enumerate(getattr(cached, "req_ids", ())):
+            nb = cached.new_block_ids[i]
+            blocks = list(nb[0]) if nb is not None else []
+            n = so.num_scheduled_tokens.get(rid, 0)
+            self._scheduled(rid, blocks, cached.num_computed_tokens[i] + n)
+        plan = self.leader.build_connector_meta()
+        meta = KvdepotConnectorMetadata(plan, self._delayed)
+        self._delayed = []
+        return meta
+
+    def update_connector_output(self, connector_output):
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        for report in getattr(meta, "reports", ()):
+            try:
+                self.leader.update_connector_output(report)
+            except _lib.KvdepotError as e:
+                log.warning("kvdepot: worker report refused: %s", e)
+        # vLLM learns these from the workers directly; drain our copies.
+        self.leader.take_failed_blocks()
+        self.leader.take_finished_loads()
+
+    def request_finished(self, request, block_ids):
+        self._requests.pop(request.request_id, None)
+        delay = self.leader.request_finished(request.request_id)
+        if delay:
+            self._delayed.append(request.request_id)
+        return delay, None
+
+    def request_finished_all_groups(self, request, block_ids):
+        return self.request_finished(request, block_ids[0] if block_ids
+                                     else [])
+
+    def take_events(self):
+        return ()
+
+    def get_finished_count(self):
+        return None
+
+    # ---- worker role -------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches):
+        names = list(kv_caches)
+        if len(names) != self.num_layers:
+            raise ValueError(f"kvdepot: {len(names)} KV tensors for "
+                             f"{self.num_layers} layers")
+        first = kv_caches[names[0]]
+        lay = _layout_of(first, self.settings.kv_layout, self.num_kv_heads)
+        for n in names[1:]:
+            t = kv_caches[n]
+            if tuple(t.shape) != tuple(first.shape) or \
+                    t.stride() != first.stride() or t.dtype != first.dtype:
+                raise ValueError(f"kvdepot: layer {n} is shaped unlike "
+                                 f"{names[0]}")
+        self._layer_index = {n: i for i, n in enumerate(names)}
+        self._open_worker(first, lay, [kv_caches[n].data_ptr()
+                                       for n in names])
+
+    def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
+        per_layer = kv_cache[0]
+        lay = _layout_of(per_layer, self.settings.kv_layout,
+                         self.num_kv_heads)
+        step = kv_cache.stride(0) * kv_cache.element_size()
+        self._layer_index = {}
+        self._open_worker(per_layer, lay, [kv_cache.data_ptr() + i * step
+                                           for i in range(kv_cache.shape[0])])
+
+    def _open_worker(self, t, lay, bases):
+        num_blocks, strides, planes, heads, head_dim = lay
+        dt = _dtype_name(t.dtype)
+        if dt != self.dtype or head_dim != self.head_dim or \
+                (not self.mla and heads != self.num_kv_heads):
+            raise ValueError(f"kvdepot: KV tensor ({dt}, {heads} heads x "
+                             f"{head_dim}) differs from the model config "
+                             f"({self.dtype}, {self.num_kv_heads} x "
+                             f"{self.head_dim})")
+        fmt = _lib.ObjectFormat(dtype=_KVD_DTYPES[dt],
+                                num_layers=len(bases), num_planes=planes,
+                                num_heads=heads, head_dim=head_dim,
+                                block_size=self.block_size,
+                                tq_seed=0x6b76646570)
+        fmt.codec[0], fmt.codec[1] = self.codecs
+        self.worker = _lib.Worker(self.store, self.ns, fmt,
+                                  threads=self.settings.threads)
+        self.worker.register_kv_caches(bases, num_blocks, strides)
+
+    def _layer(self, layer_name):
+        i = self._layer_index.get(layer_name)
+        if i is None:  # cross-layer registration: names in call order
+            i = len(self._layer_index)
+            self._layer_index[layer_name] = i
+        return i
+
+    def bind_connector_metadata(self, connector_metadata):
+        super().bind_connector_metadata(connector_metadata)
+        self._delayed.update(connector_metadata.delayed)
+        self.worker.bind_metadata(connector_metadata.plan)
+
+    def clear_connector_metadata(self):
+        self.worker.clear_metadata()
+        super().clear_connector_metadata()
+
+    def handle_preemptions(self, kv_connector_metadata):
+        pass  # saves never outlive their step (wait_for_save)
+
+    def start_load_kv(self, forward_context, **kwargs):
+        self.worker.start_load_kv()
+
+    def wait_for_layer_load(self, layer_name):
+        self.worker.wait_for_layer_load(self._layer(layer_name))
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        self.worker.save_kv_layer(self._layer(layer_name))
+
+    def wait_for_save(self):
+        self.worker.wait_for_save()
+
+    def get_finished(self, finished_req_ids):
+        self._finished.update(finished_req_ids)
+        saving, loading, failed, report = self.worker.get_finished(
+            sorted(finished_req_ids))
+        self._report = report
+        for _, block, _status in failed:
+            self._invalid.add(block)
+        recving = {rid for rid, is_async in loading if is_async}
+        # Saves are complete when wait_for_save returns: a request whose
+        # blocks vLLM kept for us can go as soon as vLLM finished it.
+        sending = self._delayed & self._finished
+        self._delayed -= sending
+        # A finished request not kept by now never will be: its metadata
+        # was bound before this call.
+        self._finished &= self._delayed
+        return (sending or None), (recving or None)
+
+    def get_block_ids_with_load_errors(self):
+        out, self._invalid = self._invalid, set()
+        return out
+
+    def build_connector_worker_meta(self):
+        if not self._report:
+            return None
+        meta, self._report = KvdepotWorkerMetadata([self._report]), b""
+        return meta
+
+    def get_kv_connector_stats(self):
+        return None
+
+    def get_kv_connector_kv_cache_events(self):
+        return None
+
+    def get_handshake_metadata(self):
+        return None  # no out-of-band handshake: keys name the blocks
+
+    def set_host_xfer_buffer_ops(self, copy_operation):
+        pass  # the worker copies with its own kernels
+
+    def bind_gpu_block_pool(self, block_pool):
+        pass
+
+    def set_xfer_handshake_metadata(self, metadata):
+        pass
+
+    def reset_cache(self):
+        return None  # the store outlives vLLM's prefix cache on purpose
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        return None  # any layout: strides are read from the tensors
+
+    def kvdepot_stats(self):
+        """The C worker's counters (blocks loaded/saved, errors, bytes)."""
+        return self.worker.stats() if self.worker else {}
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        return True  # the layer hooks do real work
+
+    def shutdown(self):
+        for obj in (self.worker, self.leader):
+            if obj is not None:
+                obj.close()
+        self.worker = self.leader = None
+        if self._store_key is not None:
+            _store_release(self._store_key)
+            self._store_key = None

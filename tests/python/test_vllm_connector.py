@@ -1,0 +1,378 @@
+"""kvdepot.vllm driven in vLLM 0.19's call order (connector-apis.md §1.3)
+with real torch CPU tensors, on the host backend and the embedded store.
+
+An engine computes a prompt (its KV: random tensors), the connector saves
+it; the connector pair is shut down and a new pair created on the same
+store directory, as after an engine restart; the same prompt is matched
+(asynchronously, from NVMe), loaded, and the blocks compared bit for bit
+with the first engine's, in every layout vLLM hands to register_kv_caches
+(FlashAttention NHD and HND views, FlashInfer, the CPU backend, MLA, the
+cross-layer tensor). Also: the class defines every method of vLLM 0.19's
+KVConnectorBase_V1 with compatible parameters, the metadata pickles, load
+errors surface through get_block_ids_with_load_errors, and bad settings are
+refused with a clear message.
+
+Runs under /usr/bin/python3 (Debian's python3-torch); skipped without
+torch or without a built libkvdepot.so.
+"""
+
+import inspect
+import os
+import pickle
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+
+from kvdepot import _lib, vllm as kv  # noqa: E402
+
+try:
+    _lib.lib()
+except OSError as e:  # pragma: no cover
+    pytest.skip(f"libkvdepot.so not built: {e}", allow_module_level=True)
+
+BS, LAYERS, HEADS, DIM, NB = 16, 3, 2, 64, 24
+PROMPT = 100  # 6 full blocks, the 7th holds the last token
+
+
+class ModelConfig:
+    def __init__(self, mla=False):
+        self.model = "test/tiny-llama"
+        self.dtype = torch.float16
+        self.use_mla = mla
+
+    def get_num_layers(self, pc):
+        return LAYERS
+
+    def get_num_kv_heads(self, pc):
+        return 1 if self.use_mla else HEADS
+
+    def get_head_size(self):
+        return DIM
+
+
+def vllm_config(store_dir, mla=False, **extra):
+    extra = {"store_dir": store_dir, "arena_size": "64m",
+             "disk_size": "64m", "disk_write": "through", **extra}
+    return NS(model_config=ModelConfig(mla),
+              parallel_config=NS(tensor_parallel_size=1,
+                                 pipeline_parallel_size=1),
+              cache_config=NS(block_size=BS),
+              kv_transfer_config=NS(kv_connector_extra_config=extra))
+
+
+class Request:
+    def __init__(self, rid, tokens):
+        self.request_id = rid
+        self.prompt_token_ids = list(tokens)
+        self.all_token_ids = list(tokens)
+        self.lora_request = None
+        self.cache_salt = None
+
+
+class Blocks:
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def get_block_ids(self):
+        return (self.ids,)
+
+
+def sched_output(new=(), cached=(), tokens=None, finished=()):
+    """new: [(request, num_computed)], cached: [(id, new_blocks, computed)]."""
+    tokens = tokens or {}
+    return NS(
+        scheduled_new_reqs=[NS(req_id=r.request_id, num_computed_tokens=c)
+                            for r, c in new],
+        scheduled_cached_reqs=NS(
+            req_ids=[c[0] for c in cached],
+            new_block_ids=[(c[1],) if c[1] else None for c in cached],
+            num_computed_tokens=[c[2] for c in cached]),
+        num_scheduled_tokens=tokens, finished_req_ids=set(finished),
+        preempted_req_ids=set())
+
+
+def caches(kind, fill):
+    """Per-layer tensors (or the cross-layer one) as vLLM builds them."""
+    g = torch.Generator().manual_seed(1234)
+
+    def make(shape, order=None):
+        phys = [shape[i] for i in order] if order else list(shape)
+        t = torch.empty(phys, dtype=torch.float16)
+        if fill:
+            t.copy_(torch.randn(phys, generator=g).to(torch.float16))
+        else:
+            t.fill_(-1.0)
+        if order:  # the logical shape, with the physical strides
+            t = t.permute([order.index(i) for i in range(len(order))])
+        return t
+
+    if kind == "cross":
+        t = make((NB, LAYERS, 2, BS, HEADS, DIM))
+        return t.permute(1, 2, 0, 3, 4, 5)  # (L, 2, NB, BS, H, D)
+    shapes = {"flash": ((2, NB, BS, HEADS, DIM), None),
+              "hnd": ((2, NB, BS, HEADS, DIM), [0, 1, 3, 2, 4]),
+              "flashinfer": ((NB, 2, BS, HEADS, DIM), None),
+              "cpu": ((2, NB, HEADS, BS, DIM), None),
+              "mla": ((NB, BS, DIM), None)}
+    shape, order = shapes[kind]
+    return {f"model.layers.{i}.self_attn": make(shape, order)
+            for i in range(LAYERS)}
+
+
+def block_of(kind, kv, layer, block):
+    """One block's K and V (or latent) of one layer, as a tensor."""
+    if kind == "cross":
+        return kv[layer][:, block]
+    t = list(kv.values())[layer]
+    if kind == "flashinfer":
+        return t[block]
+    if kind == "mla":
+        return t[block]
+    return t[:, block]
+
+
+def worker_step(w, meta, kvs, names, finished=()):
+    """The worker's side of one step, as the model runner calls it."""
+    meta = pickle.loads(pickle.dumps(meta))  # crosses a process in vLLM
+    w.bind_connector_metadata(meta)
+    w.start_load_kv(None)
+    for name in names:
+        w.wait_for_layer_load(name)
+        w.save_kv_layer(name, None, None)
+    w.wait_for_save()
+    sending, recving = w.get_finished(set(finished))
+    invalid = w.get_block_ids_with_load_errors()
+    wmeta = w.build_connector_worker_meta()
+    w.clear_connector_metadata()
+    return NS(finished_sending=sending, finished_recving=recving,
+              invalid_block_ids=invalid, kv_connector_worker_meta=wmeta)
+
+
+def connector_pair(cfg, kvs):
+    s = kv.KvdepotConnector(cfg, kv.KVConnectorRole.SCHEDULER)
+    w = kv.KvdepotConnector(cfg, kv.KVConnectorRole.WORKER)
+    if isinstance(kvs, dict):
+        w.register_kv_caches(kvs)
+        names = list(kvs)
+    else:
+        w.register_cross_layers_kv_cache(kvs, None)
+        names = [f"model.layers.{i}.self_attn" for i in range(LAYERS)]
+    return s, w, names
+
+
+@pytest.mark.parametrize("kind", ["flash", "hnd", "flashinfer", "cpu", "mla",
+                                  "cross"])
+def test_save_restart_load(kind):
+    with tempfile.TemporaryDirectory() as d:
+        cfg = vllm_config(d, mla=kind == "mla")
+        tokens = [(i * 31 + 7) % 32000 for i in range(PROMPT)]
+        a_blocks = [3, 9, 1, 12, 5, 20, 7]
+
+        # Engine A: computes the prompt; every full block is saved.
+        kv_a = caches(kind, fill=True)
+        s, w, names = connector_pair(cfg, kv_a)
+        req = Request("req-a", tokens)
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, Blocks(a_blocks), 0)
+        meta = s.build_connector_meta(
+            sched_output(new=[(req, 0)], tokens={"req-a": PROMPT}))
+        out = worker_step(w, meta, kv_a, names)
+        s.update_connector_output(out)
+        assert s.request_finished(req, a_blocks) == (False, None)
+        assert w.kvdepot_stats()["blocks_saved"] == 6
+        s.shutdown()
+        w.shutdown()
+
+        # Engine B, restarted: same prompt, the blocks come from NVMe.
+        kv_b = caches(kind, fill=False)
+        s, w, names = connector_pair(cfg, kv_b)
+        req = Request("req-b", tokens)
+        n, is_async = s.get_num_new_matched_tokens(req, 0)
+        assert (n, is_async) == (96, True)
+        b_blocks = [11, 13, 15, 17, 19, 21, 23]
+        s.update_state_after_alloc(req, Blocks(b_blocks), 96)
+        recving = None
+        for _ in range(500):
+            meta = s.build_connector_meta(sched_output())
+            out = worker_step(w, meta, kv_b, names)
+            s.update_connector_output(out)
+            recving = out.finished_recving
+            if recving:
+                break
+        assert recving == {"req-b"}
+        assert out.invalid_block_ids == set()
+        for layer in range(LAYERS):
+            for i in range(6):
+                assert torch.equal(block_of(kind, kv_a, layer, a_blocks[i]),
+                                   block_of(kind, kv_b, layer, b_blocks[i]))
+            # The block of the last token was not loaded: B computes it.
+            assert torch.all(block_of(kind, kv_b, layer, b_blocks[6]) == -1)
+        # Then the request runs: its prompt's last token, then one decode
+        # step that fills nothing new.
+        meta = s.build_connector_meta(sched_output(
+            new=[(req, 96)], tokens={"req-b": PROMPT - 96}))
+        s.update_connector_output(worker_step(w, meta, kv_b, names))
+        assert s.request_finished(req, b_blocks)[0] is False
+        s.shutdown()
+        w.shutdown()
+
+
+def test_decode_saves_and_delayed_free():
+    with tempfile.TemporaryDirectory() as d:
+        cfg = vllm_config(d)
+        kvs = caches("flash", fill=True)
+        s, w, names = connector_pair(cfg, kvs)
+        tokens = list(range(40, 40 + 30))  # 1 full block + 14
+        req = Request("r", tokens)
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, Blocks([4, 6]), 0)
+        meta = s.build_connector_meta(sched_output(new=[(req, 0)],
+                                                   tokens={"r": 30}))
+        out = worker_step(w, meta, kvs, names)
+        # Decode two tokens: the second block fills at 32 tokens.
+        for pos in (30, 31):
+            req.all_token_ids.append(1000 + pos)
+            meta = s.build_connector_meta(sched_output(
+                cached=[("r", None, pos)], tokens={"r": 1}))
+            s.update_connector_output(out)
+            out = worker_step(w, meta, kvs, names)
+        # The request finishes before the last step's report arrives: vLLM
+        # keeps its blocks until the workers say so.
+        delay, params = s.request_finished(req, [4, 6])
+        assert params is None
+        s.update_connector_output(out)
+        meta = s.build_connector_meta(sched_output())
+        out = worker_step(w, meta, kvs, names, finished={"r"})
+        if delay:
+            assert out.finished_sending == {"r"}
+        else:
+            assert out.finished_sending is None
+        s.update_connector_output(out)
+        assert w.kvdepot_stats()["blocks_saved"] == 2
+        s.shutdown()
+        w.shutdown()
+
+
+def test_load_errors_surface():
+    with tempfile.TemporaryDirectory() as d:
+        cfg = vllm_config(d)
+        tokens = [(i * 7) % 500 for i in range(PROMPT)]
+        kvs = caches("flash", fill=True)
+        s, w, names = connector_pair(cfg, kvs)
+        req = Request("a", tokens)
+        s.get_num_new_matched_tokens(req, 0)
+        s.update_state_after_alloc(req, Blocks(range(7)), 0)
+        meta = s.build_connector_meta(sched_output(new=[(req, 0)],
+                                                   tokens={"a": PROMPT}))
+        s.update_connector_output(worker_step(w, meta, kvs, names))
+        s.request_finished(req, list(range(7)))
+        s.shutdown()
+        w.shutdown()
+        # Corrupt the stored objects on disk: their checksums fail.
+        with open(Path(d) / "kvd-data-000.dat", "r+b") as f:
+            f.write(b"\x5a" * (1 << 16))
+        s, w, names = connector_pair(cfg, caches("flash", fill=False))
+        req = Request("b", tokens)
+        n, is_async = s.get_num_new_matched_tokens(req, 0)
+        assert n == 96 and is_async
+        s.update_state_after_alloc(req, Blocks(range(10, 17)), 96)
+        invalid, recving = set(), None
+        for _ in range(500):
+            meta = s.build_connector_meta(sched_output())
+            out = worker_step(w, meta, None, names)
+            invalid |= out.invalid_block_ids
+            s.update_connector_output(out)
+            if out.finished_recving:
+                recving = out.finished_recving
+                break
+        assert recving == {"b"}
+        assert invalid and invalid <= set(range(10, 16))
+        s.request_finished(req, list(range(10, 17)))
+        s.shutdown()
+        w.shutdown()
+
+
+def test_metadata_pickles_and_aggregates():
+    m = kv.KvdepotConnectorMetadata(b"\x08\x01", ["x"])
+    back = pickle.loads(pickle.dumps(m))
+    assert back.plan == b"\x08\x01" and back.delayed == ("x",)
+    a, b = kv.KvdepotWorkerMetadata([b"1"]), kv.KvdepotWorkerMetadata([b"2"])
+    assert pickle.loads(pickle.dumps(a.aggregate(b))).reports == [b"1", b"2"]
+
+
+def test_bad_settings_are_refused():
+    with tempfile.TemporaryDirectory() as d:
+        with pytest.raises(ValueError, match="unknown.*'codek'"):
+            kv.KvdepotConnector(vllm_config(d, codek="fp8_e4m3"),
+                                kv.KVConnectorRole.SCHEDULER)
+        with pytest.raises(ValueError, match="layerwise must be true"):
+            kv.KvdepotConnector(vllm_config(d, layerwise="yes"),
+                                kv.KVConnectorRole.SCHEDULER)
+        with pytest.raises(ValueError, match="daemon"):
+            kv.KvdepotConnector(vllm_config(d, store_mode="daemon"),
+                                kv.KVConnectorRole.SCHEDULER)
+        with pytest.raises(_lib.KvdepotError, match="codec"):
+            kv.KvdepotConnector(vllm_config(d, codec="fp7"),
+                                kv.KVConnectorRole.SCHEDULER)
+        cfg = vllm_config(d)
+        cfg.parallel_config.tensor_parallel_size = 2
+        with pytest.raises(ValueError, match="tensor or pipeline"):
+            kv.KvdepotConnector(cfg, kv.KVConnectorRole.WORKER)
+
+
+# vLLM 0.19 KVConnectorBase_V1 (connector-apis.md §1.4): method -> the
+# parameter names after self.
+VLLM_019 = {
+    "start_load_kv": ["forward_context", "kwargs"],
+    "wait_for_layer_load": ["layer_name"],
+    "save_kv_layer": ["layer_name", "kv_layer", "attn_metadata", "kwargs"],
+    "wait_for_save": [],
+    "get_num_new_matched_tokens": ["request", "num_computed_tokens"],
+    "update_state_after_alloc": ["request", "blocks", "num_external_tokens"],
+    "build_connector_meta": ["scheduler_output"],
+    "register_kv_caches": ["kv_caches"],
+    "register_cross_layers_kv_cache": ["kv_cache", "attn_backend"],
+    "set_host_xfer_buffer_ops": ["copy_operation"],
+    "handle_preemptions": ["kv_connector_metadata"],
+    "get_finished": ["finished_req_ids"],
+    "get_block_ids_with_load_errors": [],
+    "get_handshake_metadata": [],
+    "build_connector_worker_meta": [],
+    "get_kv_connector_stats": [],
+    "get_kv_connector_kv_cache_events": [],
+    "shutdown": [],
+    "update_connector_output": ["connector_output"],
+    "request_finished": ["request", "block_ids"],
+    "request_finished_all_groups": ["request", "block_ids"],
+    "take_events": [],
+    "bind_gpu_block_pool": ["block_pool"],
+    "set_xfer_handshake_metadata": ["metadata"],
+    "reset_cache": [],
+    "get_finished_count": [],
+    "bind_connector_metadata": ["connector_metadata"],
+    "clear_connector_metadata": [],
+}
+VLLM_019_CLASS = {"requires_piecewise_for_cudagraph": ["extra_config"],
+                  "get_required_kvcache_layout": ["vllm_config"]}
+
+
+def test_every_vllm_method_is_there():
+    cls = kv.KvdepotConnector
+    init = list(inspect.signature(cls.__init__).parameters)[1:]
+    assert init == ["vllm_config", "role", "kv_cache_config"]
+    for name, params in {**VLLM_019, **VLLM_019_CLASS}.items():
+        fn = getattr(cls, name, None)
+        assert fn is not None, name
+        sig = inspect.signature(fn)
+        got = [p for p in sig.parameters if p != "self"]
+        if name in VLLM_019_CLASS:
+            assert isinstance(inspect.getattr_static(cls, name),
+                              classmethod), name
+        assert got == params, (name, got, params)
