@@ -56,11 +56,16 @@ demo: build
 bench: build
 	@if [ -z "$(NAME)" ]; then \
 	    echo "benchmarks:"; ls build/dev/bench 2>/dev/null | sed -n 's/^bench_/  /p'; \
+	    ls bench/*.py 2>/dev/null | sed 's|bench/\(.*\)\.py|  \1|'; \
 	    echo "usage: make bench NAME=<name>"; exit 2; \
 	fi
-	@test -x build/dev/bench/bench_$(NAME) || \
-	    { echo "no benchmark named '$(NAME)'"; exit 2; }
-	@build/dev/bench/bench_$(NAME)
+	@if [ -f bench/$(NAME).py ]; then \
+	    KVDEPOT_LIB=$(CURDIR)/build/dev/libkvdepot.so /usr/bin/python3 bench/$(NAME).py; \
+	elif [ -x build/dev/bench/bench_$(NAME) ]; then \
+	    build/dev/bench/bench_$(NAME); \
+	else \
+	    echo "no benchmark named '$(NAME)'"; exit 2; \
+	fi
 
 fuzz: deps
 	@test -n "$(NAME)" || { echo "usage: make fuzz NAME=<target>"; \
