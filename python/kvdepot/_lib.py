@@ -290,10 +290,11 @@ class Leader:
     """One kvd_leader_t over an embedded store (leader.h)."""
 
     def __init__(self, store, block_size, ns, num_workers=1, layerwise=True,
-                 lookup_timeout_ms=0, seed=b"kvdepot"):
+                 lookup_timeout_ms=0, no_retry=False, seed=b"kvdepot"):
         L = lib()
         cfg = LeaderConfig(block_size=block_size, ns=ns,
                            num_workers=num_workers, layerwise=layerwise,
+                           no_retry=no_retry,
                            lookup_timeout_ms=lookup_timeout_ms)
         _check("block hash seed", L.kvd_block_hash_seed(seed,
                                                         ctypes.byref(cfg.root)))
