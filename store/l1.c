@@ -59,6 +59,7 @@ struct l1_entry {
     uint8_t freq;
     bool pinned;
     bool to_main; /* S3-FIFO: admitted from the ghost, commit into M */
+    bool doomed;  /* bad bytes: never matched again, removed when free */
 };
 
 /* A hash chain's head (a struct, not a bare pointer array, so that the
@@ -822,7 +823,8 @@ kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_l1_key_t *keys,
     pthread_mutex_lock(&l1->lock);
     for (; m < n; m++) {
         l1_entry_t *e = l1_find_live(l1, &keys[m]);
-        if (e == NULL || e->state != L1_READY || e->refs == UINT32_MAX) {
+        if (e == NULL || e->state != L1_READY || e->refs == UINT32_MAX ||
+            e->doomed) {
             break;
         }
         l1_lease_take(l1, e);
@@ -874,7 +876,7 @@ kvd_status_t kvd_l1_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key,
     kvd_status_t status = KVD_OK;
     pthread_mutex_lock(&l1->lock);
     l1_entry_t *e = l1_find_live(l1, key);
-    if (e == NULL) {
+    if (e == NULL || e->doomed) {
         status = KVD_ERR_NOT_FOUND;
         goto out;
     }
@@ -885,6 +887,25 @@ kvd_status_t kvd_l1_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key,
     l1_lease_take(l1, e);
     *slot_out = e->slot;
 out:
+    pthread_mutex_unlock(&l1->lock);
+    return status;
+}
+
+kvd_status_t kvd_l1_doom(kvd_l1_t *l1, const kvd_l1_key_t *key)
+{
+    if (l1 == NULL || key == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t status = KVD_OK;
+    pthread_mutex_lock(&l1->lock);
+    l1_entry_t *e = l1_find_live(l1, key);
+    if (e == NULL) {
+        status = KVD_ERR_NOT_FOUND;
+    } else if (e->state != L1_READY) {
+        status = KVD_ERR_STATE;
+    } else {
+        e->doomed = true;
+    }
     pthread_mutex_unlock(&l1->lock);
     return status;
 }
@@ -902,6 +923,7 @@ kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_l1_key_t *key,
         status = KVD_ERR_NOT_FOUND;
     } else {
         info_out->ready = e->state == L1_READY;
+        info_out->doomed = e->doomed;
         info_out->pinned = e->pinned;
         info_out->refs = e->refs;
         info_out->slot = e->slot;

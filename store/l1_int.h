@@ -283,13 +283,23 @@ kvd_status_t kvd_l1_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key,
 
 /* An entry as it is now, for kvd_l1_peek. */
 typedef struct kvd_l1_entry_info {
-    bool ready; /* false: reserved */
+    bool ready;  /* false: reserved */
+    bool doomed; /* kvd_l1_doom: no longer matched */
     bool pinned;
     uint32_t refs; /* leases held (ready entries) */
     uint32_t slot;
     uint32_t tenant;
     uint64_t size_bytes;
 } kvd_l1_entry_info_t;
+
+/*
+ * Marks the READY entry `key` as holding bad bytes: lookups and acquires no
+ * longer match it (as if it were gone), leases already held stay valid
+ * until released, and delete or eviction removes it once it is free. For
+ * an object whose checksum failed while other readers held it. Errors:
+ * KVD_ERR_INVALID (NULL), KVD_ERR_NOT_FOUND, KVD_ERR_STATE (reserved).
+ */
+kvd_status_t kvd_l1_doom(kvd_l1_t *l1, const kvd_l1_key_t *key);
 
 /* Writes `key`'s entry into *info_out without side effects (no lease, no
  * hit). Errors: KVD_ERR_INVALID (NULL), KVD_ERR_NOT_FOUND. */

@@ -867,6 +867,12 @@ KVD_API kvd_status_t kvd_store_release(kvd_store_t *store,
             s = kvd_l1_release(store->l1, &lk);
         } else if (leases[i].tier == KVD_STORE_TIER_DISK && store->l2 != NULL) {
             s = kvd_l1_release(store->l2, &lk);
+            kvd_l1_entry_info_t info;
+            if (s == KVD_OK && kvd_l1_peek(store->l2, &lk, &info) == KVD_OK &&
+                info.doomed && info.refs == 0) {
+                /* The last reader of a doomed object: remove it now. */
+                store_forget_corrupt(store, &leases[i].key);
+            }
         } else {
             s = KVD_ERR_INVALID;
         }

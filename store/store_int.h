@@ -175,6 +175,10 @@ void store_queue_push(store_queue_t *q, store_job_t *job);
 /* Moves every job of `q` into a list returned to the caller (`mu` held). */
 store_job_t *store_queue_take(store_queue_t *q);
 
+/* Removes (or, while leased, dooms) an NVMe object whose bytes failed
+ * their checksum. Any thread, `mu` not held. */
+void store_forget_corrupt(kvd_store_t *st, const kvd_store_key_t *key);
+
 /* I/O thread body (store_io.c), started by kvd_store_open. */
 void *store_io_main(void *arg);
 

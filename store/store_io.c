@@ -300,8 +300,6 @@ static void store_writes_complete(kvd_store_t *st, store_job_t *list)
 
 /* ---- reads -------------------------------------------------------------- */
 
-static void store_forget_corrupt(kvd_store_t *st, const kvd_store_key_t *key);
-
 /* Ends a get: gives the caller's NVMe lease back, removes an object whose
  * bytes failed their checksum (before the caller can see the completion
  * and look the key up again), then publishes the completion. */
@@ -352,16 +350,20 @@ static void store_drop_corrupt(kvd_store_t *st, store_job_t *job)
     store_count(&st->n.disk_errors, 1);
 }
 
-/* After the caller's lease is gone, removes a dropped object from `l2` (if
- * no other reader holds it; otherwise its missing record fails their reads
- * and eviction removes it later). */
-static void store_forget_corrupt(kvd_store_t *st, const kvd_store_key_t *key)
+/* After the caller's lease is gone, removes a dropped object from `l2`. If
+ * other readers still hold it, it is doomed instead: no lookup matches it
+ * again (an engine would load it, fail, recompute and ask again forever),
+ * and the last release removes it (kvd_store_release). */
+void store_forget_corrupt(kvd_store_t *st, const kvd_store_key_t *key)
 {
     kvd_l1_key_t lk;
     kvd_l1_victim_t v;
     store_key_to_l1(key, &lk);
-    if (kvd_l1_delete(st->l2, &lk, &v) == KVD_OK) {
+    kvd_status_t s = kvd_l1_delete(st->l2, &lk, &v);
+    if (s == KVD_OK) {
         store_l2_victims_dispose(st, &v, 1);
+    } else if (s == KVD_ERR_BUSY) {
+        (void)kvd_l1_doom(st->l2, &lk);
     }
 }
 

@@ -437,6 +437,55 @@ static void test_checksum_mismatch_drops_object(void **state)
 
 /* ---- injected failures -------------------------------------------------- */
 
+/* A corrupt object that another reader still holds (an engine's leader
+ * leased it when it matched the prefix): it must not be matched again, or
+ * the engine would load it, fail, recompute and match it forever; the
+ * other reader's release removes it, and the key can be saved again. */
+static void test_corrupt_object_held_by_another_reader(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
+    kvd_store_t *st = NULL;
+    assert_int_equal(
+        store_open_kv(&d, &st, "store.disk_write", "through", NULL), KVD_OK);
+    assert_int_equal(put_one(st, 0), KVD_OK);
+    assert_int_equal(kvd_store_flush(st, 10000), KVD_OK);
+    kvd_store_close(st);
+    char file[300];
+    snprintf(file, sizeof file, "%s/kvd-data-000.dat", d.path);
+    int fd = open(file, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b = 0;
+    assert_int_equal(pread(fd, &b, 1, 100), 1);
+    b ^= 0xff;
+    assert_int_equal(pwrite(fd, &b, 1, 100), 1);
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+
+    assert_int_equal(store_open_kv(&d, &st, NULL), KVD_OK);
+    kvd_namespace_t ns = test_ns();
+    kvd_block_hash_t h = hash_of(0);
+    kvd_store_lease_t held;
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, &ns, &h, 1, &held, &m), KVD_OK);
+    assert_int_equal(m, 1); /* the other reader's lease */
+    assert_int_equal(get_one(st, 0, NULL, NULL), KVD_ERR_CHECKSUM);
+    kvd_store_lease_t l;
+    assert_int_equal(kvd_store_lookup(st, &ns, &h, 1, &l, &m), KVD_OK);
+    assert_int_equal(m, 0);
+    assert_int_equal(get_one(st, 0, NULL, NULL), KVD_ERR_NOT_FOUND);
+    assert_int_equal(stats_of(st).disk.objects, 1); /* still held */
+    assert_int_equal(kvd_store_release(st, &held, 1), KVD_OK);
+    kvd_store_stats_t s = stats_of(st);
+    assert_int_equal(s.disk.objects, 0);
+    assert_int_equal(s.leases, 0);
+    assert_int_equal(put_one(st, 0), KVD_OK);
+    assert_int_equal(get_one(st, 0, NULL, NULL), KVD_OK);
+    kvd_store_close(st);
+    kvd_test_dir_remove(&d);
+}
+
 static void run_injected_write_error(const char *spec, kvd_status_t want)
 {
     (void)want;
@@ -663,6 +712,7 @@ int main(void)
         cmocka_unit_test(test_write_through_reopen),
         cmocka_unit_test(test_crash_keeps_whole_objects),
         cmocka_unit_test(test_checksum_mismatch_drops_object),
+        cmocka_unit_test(test_corrupt_object_held_by_another_reader),
         cmocka_unit_test(test_write_eio),
         cmocka_unit_test(test_write_enospc),
         cmocka_unit_test(test_read_eio),
