@@ -231,6 +231,19 @@ static void req_end_loads(kvd_leader_t *ld, lreq_t *r)
     req_release_leases(ld, r);
 }
 
+/* Ends the request's loads and forgets its answer: the engine asks again
+ * (after a preemption, or a load that failed) and gets a fresh lookup. */
+static void req_forget_answer(kvd_leader_t *ld, lreq_t *r)
+{
+    req_end_loads(ld, r);
+    r->looked_up = false;
+    r->allocated = false;
+    r->not_yet_since_ns = 0;
+    r->matched_tokens = 0;
+    r->async = false;
+    r->load_blocks = 0;
+}
+
 static void req_free(lreq_t *r)
 {
     free(r->tokens);
@@ -932,9 +945,17 @@ KVD_API kvd_status_t kvd_leader_update_connector_output(kvd_leader_t *leader,
         ld->st.failed_loads++;
         if (r != NULL && r->loads_inflight) {
             /* The engine recomputes from the first bad block: nothing of
-             * this load is needed any more. */
-            req_end_loads(ld, r);
-            if (r->async) {
+             * this load is needed any more. vLLM may put the request back
+             * in its queue and ask again: that is a new lookup (the bad
+             * objects are gone from the store), and the blocks it computes
+             * again are saved again (stored ones answer EXISTS). */
+            bool was_async = r->async;
+            req_forget_answer(ld, r);
+            if (r->save_from == r->saved_upto &&
+                r->saved_upto > r->first_block) {
+                r->saved_upto = r->save_from = r->first_block;
+            }
+            if (was_async) {
                 (void)done_push(ld, r->id);
             }
             req_maybe_drop(ld, r);
@@ -1021,12 +1042,7 @@ KVD_API kvd_status_t kvd_leader_request_preempted(kvd_leader_t *leader,
     if (r->finished) {
         return KVD_ERR_STATE;
     }
-    req_end_loads(leader, r);
-    r->looked_up = false;
-    r->allocated = false;
-    r->not_yet_since_ns = 0;
-    r->matched_tokens = 0;
-    r->load_blocks = 0;
+    req_forget_answer(leader, r);
     r->num_block_ids = 0; /* the engine frees the blocks */
     r->saved_upto = r->save_from;
     r->preempted = true;

@@ -464,6 +464,27 @@ static void test_async_load_failure(void **state)
     assert_int_equal(kvd_leader_take_finished_loads(ld, done, 4), 1);
     assert_string_equal(done[0], "f");
     assert_int_equal(f.leases, 0);
+    /* vLLM's "recompute" policy puts the request back in its queue and
+     * asks again: a fresh lookup, not the answer that failed (the store
+     * dropped the bad object). */
+    kvd_leader_stats_t st;
+    assert_int_equal(kvd_leader_stats(ld, &st), KVD_OK);
+    uint64_t lookups = st.lookups;
+    f.num_stored = 2; /* blocks 2..4 are gone */
+    assert_int_equal(match(ld, "f", tok, 80, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 32);
+    assert_false(async);
+    assert_int_equal(kvd_leader_stats(ld, &st), KVD_OK);
+    assert_int_equal(st.lookups, lookups + 1);
+    assert_int_equal(
+        kvd_leader_update_state_after_alloc(ld, "f", blocks, 5, 32), KVD_OK);
+    p = plan_of(ld);
+    q = plan_req(p, "f");
+    assert_non_null(q);
+    assert_int_equal(q->n_loads, 2);
+    kvd_proto_step_plan_free(p);
+    report(ld, 2, NULL, "f", NULL, 0);
+    assert_int_equal(f.leases, 0);
     bool delay = true;
     assert_int_equal(kvd_leader_request_finished(ld, "f", &delay), KVD_OK);
     kvd_leader_destroy(ld);
