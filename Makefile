@@ -5,6 +5,7 @@
 #   make test            deps, format check, build (-Werror), every ctest test,
 #                        then the address+undefined and thread sanitizer suites
 #   make build           configure and build the default (dev) tree
+#   make test-vllm       vLLM's real scheduler drives the connector (PyPI vLLM)
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
 #                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
@@ -19,7 +20,7 @@ FUZZ_SECONDS ?= 60
 CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all deps build test test-ci test-asan test-tsan demo bench fuzz fmt \
+.PHONY: all deps build test test-ci test-asan test-tsan test-vllm demo bench fuzz fmt \
         format-check lint install clean
 
 all: build
@@ -49,6 +50,13 @@ test-tsan:
 	@cmake --preset tsan >/dev/null
 	@cmake --build --preset tsan -j $(JOBS)
 	@$(CTEST) --test-dir build/tsan -LE 'gpu|python|fuzz'
+
+# vLLM's real scheduler driving the connector (PyPI vLLM in a venv under
+# build/; not part of `make test`).
+test-vllm: build
+	@scripts/install-engines.sh build/engines-venv
+	@PYTHONPATH=$(CURDIR)/python KVDEPOT_LIB=$(CURDIR)/build/dev/libkvdepot.so \
+	    build/engines-venv/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm
 
 demo: build
 	@build/dev/demo/kvdepot-demo $(DEMO_ARGS)
