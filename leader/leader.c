@@ -72,6 +72,7 @@ struct lreq {
     uint64_t load_tokens; /* num_external_tokens the engine took */
     bool plan_loads;
     bool loads_inflight;
+    bool loading_marked; /* its async blocks are in `loading` */
     uint64_t load_step;
     uint32_t load_reports;
 
@@ -220,10 +221,11 @@ static void req_release_leases(kvd_leader_t *ld, lreq_t *r)
 /* Ends the request's loads (finished, failed or dropped). */
 static void req_end_loads(kvd_leader_t *ld, lreq_t *r)
 {
-    if (r->loads_inflight && r->async) {
+    if (r->loading_marked) {
         for (size_t i = 0; i < r->load_blocks; i++) {
             loading_remove(ld, &r->hashes[r->first_block + i]);
         }
+        r->loading_marked = false;
     }
     r->loads_inflight = false;
     r->plan_loads = false;
@@ -642,6 +644,20 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
     r->load_blocks = blocks;
     r->load_tokens = num_external_tokens;
     r->plan_loads = blocks > 0;
+    if (r->async && blocks > 0) {
+        /* From now on another request matching these blocks waits for this
+         * load: in vLLM it is matched in this same schedule() pass, before
+         * any plan exists, and would load them a second time. */
+        bool ok = true;
+        for (size_t b = 0; b < blocks; b++) {
+            ok = loading_add(ld, &r->hashes[r->first_block + b]) && ok;
+        }
+        if (!ok) {
+            KVD_LOG_WARN("leader: no memory to track a load; a shared "
+                         "prefix may be loaded twice");
+        }
+        r->loading_marked = true;
+    }
     if (r->plan_loads) {
         req_touch(ld, r);
     }
@@ -859,14 +875,6 @@ KVD_API kvd_status_t kvd_leader_build_connector_meta(kvd_leader_t *leader,
     for (lreq_t *r = ld->touched, *next; r != NULL; r = next) {
         next = r->next_touched;
         if (r->plan_loads && r->load_blocks > 0) {
-            bool ok = true;
-            for (size_t b = 0; b < r->load_blocks && r->async; b++) {
-                ok = loading_add(ld, &r->hashes[r->first_block + b]) && ok;
-            }
-            if (!ok) {
-                KVD_LOG_WARN("leader: no memory to track a load; a shared "
-                             "prefix may be loaded twice");
-            }
             r->loads_inflight = true;
             r->load_step = step;
             r->load_reports = 0;
