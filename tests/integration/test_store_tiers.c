@@ -389,6 +389,24 @@ static void test_crash_keeps_whole_objects(void **state)
 
 /* ---- damaged bytes ------------------------------------------------------ */
 
+/* Flips one byte inside each of the first `n` objects' extents in the
+ * first data file (objects are written from its start, OBJ apart). */
+static void flip_bytes(const kvd_test_dir_t *d, unsigned n)
+{
+    char file[300];
+    snprintf(file, sizeof file, "%s/kvd-data-000.dat", d->path);
+    int fd = open(file, O_RDWR);
+    assert_true(fd >= 0);
+    for (uint64_t off = 100; off < (uint64_t)n * OBJ; off += OBJ) {
+        uint8_t b = 0;
+        assert_int_equal(pread(fd, &b, 1, (off_t)off), 1);
+        b ^= 0xff;
+        assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
+    }
+    assert_int_equal(fsync(fd), 0);
+    close(fd);
+}
+
 static void test_checksum_mismatch_drops_object(void **state)
 {
     (void)state;
@@ -404,18 +422,7 @@ static void test_checksum_mismatch_drops_object(void **state)
     kvd_store_close(st);
 
     /* Flip one byte in each of the first objects' extents. */
-    char file[300];
-    snprintf(file, sizeof file, "%s/kvd-data-000.dat", d.path);
-    int fd = open(file, O_RDWR);
-    assert_true(fd >= 0);
-    for (uint64_t off = 100; off < 4 * OBJ; off += OBJ) {
-        uint8_t b = 0;
-        assert_int_equal(pread(fd, &b, 1, (off_t)off), 1);
-        b ^= 0xff;
-        assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
-    }
-    assert_int_equal(fsync(fd), 0);
-    close(fd);
+    flip_bytes(&d, 4);
 
     assert_int_equal(store_open_kv(&d, &st, NULL), KVD_OK);
     assert_int_equal(stats_of(st).disk.objects, 4);
@@ -452,16 +459,7 @@ static void test_corrupt_object_held_by_another_reader(void **state)
     assert_int_equal(put_one(st, 0), KVD_OK);
     assert_int_equal(kvd_store_flush(st, 10000), KVD_OK);
     kvd_store_close(st);
-    char file[300];
-    snprintf(file, sizeof file, "%s/kvd-data-000.dat", d.path);
-    int fd = open(file, O_RDWR);
-    assert_true(fd >= 0);
-    uint8_t b = 0;
-    assert_int_equal(pread(fd, &b, 1, 100), 1);
-    b ^= 0xff;
-    assert_int_equal(pwrite(fd, &b, 1, 100), 1);
-    assert_int_equal(fsync(fd), 0);
-    close(fd);
+    flip_bytes(&d, 1);
 
     assert_int_equal(store_open_kv(&d, &st, NULL), KVD_OK);
     kvd_namespace_t ns = test_ns();

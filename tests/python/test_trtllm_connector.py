@@ -14,23 +14,19 @@ import inspect
 import json
 import os
 import pickle
-import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace as NS
 
 import pytest
 
 torch = pytest.importorskip("torch")
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
 
+from conftest import require_lib  # noqa: E402
 from kvdepot import _lib, trtllm as kt  # noqa: E402
 
-try:
-    _lib.lib()
-except OSError as e:  # pragma: no cover
-    pytest.skip(f"libkvdepot.so not built: {e}", allow_module_level=True)
+require_lib()
 
 BS, LAYERS, HEADS, DIM, NB = 32, 4, 2, 64, 16
 PROMPT = 150  # 4 full blocks, the 5th holds the last token
@@ -121,7 +117,9 @@ def test_save_restart_load(env):
     b_blocks = [15, 14, 13, 12, 1]
     s.update_state_after_alloc(req, b_blocks)
     recving = []
-    for _ in range(500):
+    deadline = time.monotonic() + 20  # the load runs on other threads
+    while time.monotonic() < deadline:
+        time.sleep(0.001)
         _, recving = iteration(s, w, NS(new_requests=[], cached_requests=[]),
                                loading=[8])
         if recving:
