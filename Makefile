@@ -10,6 +10,7 @@
 #                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
 #   make fuzz NAME=x     run one libFuzzer target for FUZZ_SECONDS (clang)
+#   make fuzz-all        every target for FUZZ_SECONDS, with a summary
 #   make fmt / lint      clang-format in place / format check + clang-tidy
 #   make install PREFIX=/usr/local
 
@@ -20,7 +21,8 @@ FUZZ_SECONDS ?= 60
 CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all deps build test test-ci test-asan test-tsan test-vllm demo bench fuzz fmt \
+.PHONY: all deps build test test-ci test-asan test-tsan test-vllm demo bench fuzz \
+        fuzz-all fmt \
         format-check lint install clean
 
 all: build
@@ -83,6 +85,10 @@ fuzz: deps
 	@mkdir -p build/fuzz/corpus/$(NAME)
 	@build/fuzz/tests/fuzz/fuzz_$(NAME)_libfuzzer -max_total_time=$(FUZZ_SECONDS) \
 	    build/fuzz/corpus/$(NAME) tests/fuzz/corpus/$(NAME)
+
+# Every fuzz target for FUZZ_SECONDS each, with a summary table.
+fuzz-all: deps
+	@scripts/fuzz-all.sh $(FUZZ_SECONDS)
 
 fmt:
 	@clang-format -i $(SOURCES)
