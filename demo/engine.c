@@ -379,6 +379,14 @@ kvd_status_t kvd_demo_run(const kvd_demo_opts_t *o, kvd_demo_result_t *r,
         o->checkpoint != NULL
             ? kvd_demo_model_load(o->checkpoint, &e.model, err, err_len)
             : kvd_demo_model_init(&o->model, o->seed, &e.model);
+    if (st != KVD_OK && o->checkpoint == NULL) {
+        snprintf(err, err_len,
+                 "model sizes: dim %u, %u heads, %u kv heads, hidden %u, "
+                 "%u layers (heads must divide dim, kv heads divide heads, "
+                 "head_dim even)",
+                 o->model.dim, o->model.num_heads, o->model.num_kv_heads,
+                 o->model.hidden_dim, o->model.num_layers);
+    }
     uint32_t n = o->prompt_tokens;
     if (st == KVD_OK && (size_t)n + o->gen_tokens > e.model.cfg.max_seq) {
         snprintf(err, err_len, "prompt + generation exceed max_seq %u",

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/grow_int.h"
 #include "common/log_int.h"
 #include "common/time_int.h"
 #include "kvdepot/leader.h"
@@ -116,24 +117,6 @@ struct kvd_leader {
 };
 
 /* ---- small containers --------------------------------------------------- */
-
-static bool grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap) {
-        return true;
-    }
-    size_t c = *cap < 16 ? 16 : *cap;
-    while (c < need) {
-        c *= 2;
-    }
-    void *q = realloc(*p, c * elem);
-    if (q == NULL) {
-        return false;
-    }
-    *p = q;
-    *cap = c;
-    return true;
-}
 
 static size_t id_bucket(const char *id)
 {
@@ -283,7 +266,8 @@ static kvd_status_t req_extend_hashes(kvd_leader_t *ld, lreq_t *r)
     if (r->hashes_mode || full <= r->num_hashes) {
         return KVD_OK;
     }
-    if (!grow((void **)&r->hashes, &r->cap_hashes, full, sizeof *r->hashes)) {
+    if (!kvd_grow((void **)&r->hashes, &r->cap_hashes, full,
+                  sizeof *r->hashes)) {
         return KVD_ERR_NOMEM;
     }
     kvd_block_extras_t first = {.lora_name = r->lora, .cache_salt = r->salt};
@@ -325,15 +309,15 @@ static kvd_status_t req_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
     r->salt = dup_or_null(q->cache_salt, &ok);
     r->hashes_mode = q->hashes != NULL;
     if (ok && r->hashes_mode) {
-        ok = grow((void **)&r->hashes, &r->cap_hashes, q->num_hashes,
-                  sizeof *r->hashes);
+        ok = kvd_grow((void **)&r->hashes, &r->cap_hashes, q->num_hashes,
+                      sizeof *r->hashes);
         if (ok && q->num_hashes > 0) {
             memcpy(r->hashes, q->hashes, q->num_hashes * sizeof *r->hashes);
             r->num_hashes = q->num_hashes;
         }
     } else if (ok && q->num_tokens > 0) {
-        ok = grow((void **)&r->tokens, &r->cap_tokens, q->num_tokens,
-                  sizeof *r->tokens);
+        ok = kvd_grow((void **)&r->tokens, &r->cap_tokens, q->num_tokens,
+                      sizeof *r->tokens);
         if (ok) {
             memcpy(r->tokens, q->tokens, q->num_tokens * sizeof *r->tokens);
             r->num_tokens = q->num_tokens;
@@ -617,8 +601,8 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
     if (blocks > 0 && r->first_block + blocks > num_block_ids) {
         return KVD_ERR_RANGE;
     }
-    if (!grow((void **)&r->block_ids, &r->cap_block_ids, num_block_ids,
-              sizeof *r->block_ids)) {
+    if (!kvd_grow((void **)&r->block_ids, &r->cap_block_ids, num_block_ids,
+                  sizeof *r->block_ids)) {
         return KVD_ERR_NOMEM;
     }
     if (num_block_ids > 0) {
@@ -686,14 +670,14 @@ KVD_API kvd_status_t kvd_leader_request_scheduled(
     if (r->finished) {
         return KVD_ERR_STATE;
     }
-    if (!grow((void **)&r->block_ids, &r->cap_block_ids,
-              r->num_block_ids + num_new_blocks, sizeof *r->block_ids) ||
+    if (!kvd_grow((void **)&r->block_ids, &r->cap_block_ids,
+                  r->num_block_ids + num_new_blocks, sizeof *r->block_ids) ||
         (num_new_tokens > 0 &&
-         !grow((void **)&r->tokens, &r->cap_tokens,
-               r->num_tokens + num_new_tokens, sizeof *r->tokens)) ||
+         !kvd_grow((void **)&r->tokens, &r->cap_tokens,
+                   r->num_tokens + num_new_tokens, sizeof *r->tokens)) ||
         (num_new_hashes > 0 &&
-         !grow((void **)&r->hashes, &r->cap_hashes,
-               r->num_hashes + num_new_hashes, sizeof *r->hashes))) {
+         !kvd_grow((void **)&r->hashes, &r->cap_hashes,
+                   r->num_hashes + num_new_hashes, sizeof *r->hashes))) {
         return KVD_ERR_NOMEM;
     }
     if (num_new_blocks > 0) {
@@ -902,8 +886,8 @@ KVD_API kvd_status_t kvd_leader_build_connector_meta(kvd_leader_t *leader,
 
 static bool done_push(kvd_leader_t *ld, const char *id)
 {
-    if (!grow((void **)&ld->done_ids, &ld->cap_done, ld->num_done + 1,
-              sizeof *ld->done_ids)) {
+    if (!kvd_grow((void **)&ld->done_ids, &ld->cap_done, ld->num_done + 1,
+                  sizeof *ld->done_ids)) {
         return false;
     }
     snprintf(ld->done_ids[ld->num_done++], LEADER_ID_MAX + 1, "%s", id);
@@ -912,8 +896,8 @@ static bool done_push(kvd_leader_t *ld, const char *id)
 
 static void failed_push(kvd_leader_t *ld, uint32_t block_id)
 {
-    if (grow((void **)&ld->failed, &ld->cap_failed, ld->num_failed + 1,
-             sizeof *ld->failed)) {
+    if (kvd_grow((void **)&ld->failed, &ld->cap_failed, ld->num_failed + 1,
+                 sizeof *ld->failed)) {
         ld->failed[ld->num_failed++] = block_id;
     } else {
         KVD_LOG_ERROR("leader: no memory to report failed block %u", block_id);
@@ -1021,8 +1005,8 @@ KVD_API size_t kvd_leader_take_finished_loads(kvd_leader_t *leader,
         return 0;
     }
     size_t n = leader->num_done < max ? leader->num_done : max;
-    if (n == 0 || !grow((void **)&leader->taken, &leader->cap_taken, n,
-                        sizeof *leader->taken)) {
+    if (n == 0 || !kvd_grow((void **)&leader->taken, &leader->cap_taken, n,
+                            sizeof *leader->taken)) {
         return 0;
     }
     memcpy(leader->taken, leader->done_ids, n * sizeof *leader->taken);
@@ -1094,8 +1078,8 @@ KVD_API kvd_status_t kvd_leader_request_finished_transfer(
     /* Full blocks stored or sent to the workers for saving; saves not yet
      * in a plan are dropped by finishing, so they are not handed off. */
     size_t n = r->save_from;
-    if (n > 0 && !grow((void **)&leader->handoff, &leader->cap_handoff, n,
-                       sizeof *leader->handoff)) {
+    if (n > 0 && !kvd_grow((void **)&leader->handoff, &leader->cap_handoff, n,
+                           sizeof *leader->handoff)) {
         return KVD_ERR_NOMEM;
     }
     if (n > 0) {

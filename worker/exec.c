@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/grow_int.h"
 #include "common/log_int.h"
 #include "worker/worker_int.h"
 
@@ -247,21 +248,14 @@ static void gets_submit(kvd_worker_t *w, const kvd_store_get_t *gets, size_t n)
     w->gets_outstanding += accepted;
     size_t rest = n - accepted;
     if (rest > 0) {
-        size_t need = w->n_backlog + rest;
-        if (need > w->cap_backlog) {
-            size_t cap = need * 2;
-            void *p = realloc(w->backlog, cap * sizeof *w->backlog);
-            if (p == NULL) {
-                for (size_t i = accepted; i < n; i++) {
-                    wblock_t *b = (wblock_t *)(uintptr_t)gets[i].user_data;
-                    (void)kvd_store_release(w->store, &b->lease, 1);
-                    promotion_done(w, b, KVD_ERR_NOMEM, NULL);
-                }
-                rest = 0;
-            } else {
-                w->backlog = p;
-                w->cap_backlog = cap;
+        if (!kvd_grow((void **)&w->backlog, &w->cap_backlog,
+                      w->n_backlog + rest, sizeof *w->backlog)) {
+            for (size_t i = accepted; i < n; i++) {
+                wblock_t *b = (wblock_t *)(uintptr_t)gets[i].user_data;
+                (void)kvd_store_release(w->store, &b->lease, 1);
+                promotion_done(w, b, KVD_ERR_NOMEM, NULL);
             }
+            rest = 0;
         }
         if (rest > 0) {
             memcpy(w->backlog + w->n_backlog, gets + accepted,

@@ -23,6 +23,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "common/grow_int.h"
 #include "common/log_int.h"
 #include "proto/kvd_proto.h"
 #include "worker/worker_int.h"
@@ -85,15 +86,9 @@ static void store_unclaim(kvd_store_t *store)
 
 static bool queue_reserve(wqueue_t *q, size_t more)
 {
-    size_t need = q->num + q->reserved + more;
-    if (need > q->cap) {
-        size_t cap = need < 16 ? 16 : need * 2;
-        void *p = realloc(q->items, cap * q->item_bytes);
-        if (p == NULL) {
-            return false;
-        }
-        q->items = p;
-        q->cap = cap;
+    if (!kvd_grow(&q->items, &q->cap, q->num + q->reserved + more,
+                  q->item_bytes)) {
+        return false;
     }
     q->reserved += more;
     return true;
@@ -234,7 +229,10 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
         goto err_free;
     }
     if (!store_claim(cfg->store)) {
-        set_err(err, err_len, "worker: the store already serves a worker");
+        set_err(err, err_len,
+                "worker: the store already serves a worker "
+                "(or %zu stores are in use)",
+                sizeof g_stores / sizeof *g_stores);
         s = KVD_ERR_STATE;
         goto err_free;
     }
@@ -863,20 +861,6 @@ static size_t fail_unique(wfail_t *v, size_t n)
     return k;
 }
 
-static bool grow(void **p, size_t *cap, size_t need, size_t item)
-{
-    if (need <= *cap) {
-        return true;
-    }
-    void *q = realloc(*p, need * item);
-    if (q == NULL) {
-        return false;
-    }
-    *p = q;
-    *cap = need;
-    return true;
-}
-
 /* Moves up to `max` items from the front of `q` into `dst` (mu held). */
 static size_t queue_take(wqueue_t *q, void *dst, size_t max)
 {
@@ -963,21 +947,21 @@ KVD_API kvd_status_t kvd_worker_get_finished(
     size_t nf = w->failed.num < KVD_PROTO_MAX_BLOCKS_PER_PLAN
                     ? w->failed.num
                     : KVD_PROTO_MAX_BLOCKS_PER_PLAN;
-    bool ok = grow((void **)&w->taken_save, &w->cap_taken_save, ns + 1,
-                   sizeof *w->taken_save) &&
-              grow((void **)&w->taken_load, &w->cap_taken_load, nl + 1,
-                   sizeof *w->taken_load) &&
-              grow((void **)&w->taken_failed, &w->cap_taken_failed, nf + 1,
-                   sizeof *w->taken_failed);
+    bool ok = kvd_grow((void **)&w->taken_save, &w->cap_taken_save, ns + 1,
+                       sizeof *w->taken_save) &&
+              kvd_grow((void **)&w->taken_load, &w->cap_taken_load, nl + 1,
+                       sizeof *w->taken_load) &&
+              kvd_grow((void **)&w->taken_failed, &w->cap_taken_failed, nf + 1,
+                       sizeof *w->taken_failed);
     ok = ok &&
-         grow((void **)&w->out_save, &w->cap_out_save, ns + 1,
-              sizeof *w->out_save) &&
-         grow((void **)&w->out_load, &w->cap_out_load, nl + 1,
-              sizeof *w->out_load) &&
-         grow((void **)&w->out_async, &w->cap_out_async, nl + 1,
-              sizeof *w->out_async) &&
-         grow((void **)&w->out_failed, &w->cap_out_failed, nf + 1,
-              sizeof *w->out_failed);
+         kvd_grow((void **)&w->out_save, &w->cap_out_save, ns + 1,
+                  sizeof *w->out_save) &&
+         kvd_grow((void **)&w->out_load, &w->cap_out_load, nl + 1,
+                  sizeof *w->out_load) &&
+         kvd_grow((void **)&w->out_async, &w->cap_out_async, nl + 1,
+                  sizeof *w->out_async) &&
+         kvd_grow((void **)&w->out_failed, &w->cap_out_failed, nf + 1,
+                  sizeof *w->out_failed);
     if (!ok) {
         pthread_mutex_unlock(&w->mu);
         return KVD_ERR_NOMEM;

@@ -213,7 +213,10 @@ typedef struct kvd_worker_finished {
  * (may be NULL when num is 0) names the requests the engine has finished
  * since the last call: asynchronous loads of theirs that have not started
  * copying are canceled (reported with KVD_ERR_CANCELED). Errors:
- * KVD_ERR_INVALID, KVD_ERR_NOMEM (nothing drained).
+ * KVD_ERR_INVALID; KVD_ERR_NOMEM: nothing drained, except when packing the
+ * report itself runs out of memory after the draining (then this call's
+ * entries are lost and logged; the leader's lookup timeout and the
+ * engine's own timeouts cover what they would have reported).
  */
 KVD_API kvd_status_t kvd_worker_get_finished(
     kvd_worker_t *worker, const char *const *finished_req_ids,

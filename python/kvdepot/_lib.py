@@ -16,6 +16,7 @@ from pathlib import Path
 
 KVD_OK = 0
 KVD_INPROGRESS = 1
+KVD_ERR_NOT_FOUND = -2
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -371,7 +372,7 @@ class Leader:
     def request_preempted(self, request_id):
         s = lib().kvd_leader_request_preempted(self.handle,
                                                request_id.encode())
-        if s not in (KVD_OK, -2):  # KVD_ERR_NOT_FOUND: never seen
+        if s not in (KVD_OK, KVD_ERR_NOT_FOUND):  # never seen: nothing held
             _check("request_preempted", s)
 
     def request_finished(self, request_id):
@@ -381,7 +382,7 @@ class Leader:
         s = lib().kvd_leader_request_finished(self.handle,
                                               request_id.encode(),
                                               ctypes.byref(d))
-        if s == -2:  # KVD_ERR_NOT_FOUND: the leader never saw it
+        if s == KVD_ERR_NOT_FOUND:  # the leader never saw it
             return False
         _check("request_finished", s)
         return d.value
