@@ -21,8 +21,11 @@ pkgs+=(
 # Tests: block-hash vectors are checked against Python's cbor2 + hashlib;
 # the vLLM connector shim is driven with real torch CPU tensors.
 pkgs+=(python3 python3-cbor2 python3-pytest python3-torch python3-numpy)
-# Benchmarks run their peers in the same run (bench/README.md): fio for NVMe.
-pkgs+=(fio)
+# kvdepotd's interop test: a Python gRPC client generated from the .proto.
+pkgs+=(python3-grpcio python3-protobuf protobuf-compiler)
+# Benchmarks run their peers in the same run (bench/README.md): fio for NVMe,
+# redis-server (driven through hiredis) for the daemon.
+pkgs+=(fio redis-server libhiredis-dev)
 
 missing=()
 for p in "${pkgs[@]}"; do

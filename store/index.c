@@ -25,6 +25,7 @@
 
 #include <lmdb.h>
 
+#include "common/endian_int.h"
 #include "common/failpoint_int.h"
 #include "common/log_int.h"
 #include "store/index_int.h"
@@ -103,38 +104,6 @@ static kvd_status_t index_status(int rc, const char *what)
 /* Record format                                                            */
 /* ------------------------------------------------------------------------ */
 
-static void put_le32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static void put_le64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) {
-        p[i] = (uint8_t)(v >> (8 * i));
-    }
-}
-
-static uint32_t get_le32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
-static uint64_t get_le64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) {
-        v = (v << 8) | p[i];
-    }
-    return v;
-}
-
 /* XXH3 over key || record[0..56): the key is part of what is checked, so a
  * valid record stored under the wrong key is caught too. */
 static uint64_t record_check(const kvd_index_key_t *key, const uint8_t *rec)
@@ -170,14 +139,14 @@ kvd_status_t kvd_index_record_pack(const kvd_index_entry_t *entry,
     rec[2] = entry->codec_k;
     rec[3] = entry->codec_v;
     rec[4] = entry->flags;
-    put_le32(rec + 8, entry->tenant_id);
-    put_le32(rec + 12, entry->file_id);
-    put_le64(rec + 16, entry->offset);
-    put_le64(rec + 24, entry->size_bytes);
-    put_le64(rec + 32, entry->checksum);
-    put_le64(rec + 40, entry->created_unix_ms);
-    put_le64(rec + 48, entry->last_access_unix_ms);
-    put_le64(rec + 56, record_check(&entry->key, rec));
+    kvd_put_le32(rec + 8, entry->tenant_id);
+    kvd_put_le32(rec + 12, entry->file_id);
+    kvd_put_le64(rec + 16, entry->offset);
+    kvd_put_le64(rec + 24, entry->size_bytes);
+    kvd_put_le64(rec + 32, entry->checksum);
+    kvd_put_le64(rec + 40, entry->created_unix_ms);
+    kvd_put_le64(rec + 48, entry->last_access_unix_ms);
+    kvd_put_le64(rec + 56, record_check(&entry->key, rec));
     memcpy(record_out, rec, sizeof(rec));
     return KVD_OK;
 }
@@ -198,7 +167,7 @@ kvd_status_t kvd_index_record_unpack(const kvd_index_key_t *key,
     if (rec[5] != 0 || rec[6] != 0 || rec[7] != 0) {
         return KVD_ERR_CORRUPT;
     }
-    if (get_le64(rec + 56) != record_check(key, rec)) {
+    if (kvd_get_le64(rec + 56) != record_check(key, rec)) {
         return KVD_ERR_CORRUPT;
     }
     memset(&e, 0, sizeof(e));
@@ -207,13 +176,13 @@ kvd_status_t kvd_index_record_unpack(const kvd_index_key_t *key,
     e.codec_k = rec[2];
     e.codec_v = rec[3];
     e.flags = rec[4];
-    e.tenant_id = get_le32(rec + 8);
-    e.file_id = get_le32(rec + 12);
-    e.offset = get_le64(rec + 16);
-    e.size_bytes = get_le64(rec + 24);
-    e.checksum = get_le64(rec + 32);
-    e.created_unix_ms = get_le64(rec + 40);
-    e.last_access_unix_ms = get_le64(rec + 48);
+    e.tenant_id = kvd_get_le32(rec + 8);
+    e.file_id = kvd_get_le32(rec + 12);
+    e.offset = kvd_get_le64(rec + 16);
+    e.size_bytes = kvd_get_le64(rec + 24);
+    e.checksum = kvd_get_le64(rec + 32);
+    e.created_unix_ms = kvd_get_le64(rec + 40);
+    e.last_access_unix_ms = kvd_get_le64(rec + 48);
     /* A matching check proves the bytes are what some writer produced, not
      * that the writer was right: validate the fields as well. */
     if (!entry_is_valid(&e)) {

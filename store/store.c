@@ -24,6 +24,7 @@
 #include "common/config_int.h"
 #include "common/log_int.h"
 #include "common/time_int.h"
+#include "store/client/client_int.h"
 #include "store/store_int.h"
 
 _Static_assert(sizeof(kvd_store_key_t) == 48, "store key is 48 bytes");
@@ -61,10 +62,26 @@ void store_key_from_l1(const kvd_l1_key_t *key, kvd_store_key_t *out)
 static const char *const l1_policy_names[] = {"s3fifo", "lru", NULL};
 static const char *const disk_write_names[] = {"back", "through", NULL};
 static const char *const admission_names[] = {"all", "second", NULL};
+static const char *const mode_names[] = {"embedded", "daemon", NULL};
 
 #define STORE_OFF(m) offsetof(store_settings_t, m)
 
 static const kvd_config_field_t store_own_fields[] = {
+    {"store.mode", "embedded",
+     "embedded (the store lives in this process) or daemon (a kvdepotd on "
+     "this node, at store.address)",
+     kvd_config_parse_enum, STORE_OFF(mode), 0, 0, mode_names},
+    {"store.address", "unix:/run/kvdepot/kvdepotd.sock",
+     "daemon mode: the kvdepotd socket, unix:PATH", kvd_config_parse_string,
+     STORE_OFF(address), 0, 0, NULL},
+    {"store.timeout", "2s",
+     "daemon mode: deadline of every call (a dead daemon costs this, then "
+     "the engine recomputes)",
+     kvd_config_parse_duration_ms, STORE_OFF(timeout_ms), 1, 600000, NULL},
+    {"store.lease_ttl", "30s",
+     "daemon mode: how long the daemon keeps a lookup's blocks for this "
+     "process before reclaiming them",
+     kvd_config_parse_duration_ms, STORE_OFF(lease_ttl_ms), 1, 3600000, NULL},
     {"store.l1_policy", "s3fifo",
      "eviction policy of the host arena: s3fifo or lru", kvd_config_parse_enum,
      STORE_OFF(l1_policy), 0, 0, l1_policy_names},
@@ -456,6 +473,7 @@ static kvd_status_t store_disk_open(kvd_store_t *st, char *err, size_t err_len)
 
 static void store_free(kvd_store_t *st)
 {
+    kvd_client_close(st->client);
     if (st->io_thread_started) {
         pthread_mutex_lock(&st->mu);
         st->stopping = true;
@@ -512,6 +530,20 @@ KVD_API kvd_status_t kvd_store_open(const kvd_config_t *config,
     kvd_status_t status = store_settings_load(config, &st->cfg, err, err_len);
     if (status != KVD_OK) {
         goto err;
+    }
+    if (st->cfg.mode == STORE_MODE_DAEMON) {
+        kvd_client_config_t ccfg = {
+            .address = st->cfg.address,
+            .timeout_ms = st->cfg.timeout_ms,
+            .lease_ttl_ms = st->cfg.lease_ttl_ms,
+            .get_queue = (size_t)st->cfg.get_queue,
+        };
+        status = kvd_client_open(&ccfg, &st->client, err, err_len);
+        if (status != KVD_OK) {
+            goto err;
+        }
+        *store_out = st;
+        return KVD_OK;
     }
     st->sight = calloc(STORE_SIGHT_BUCKETS, 1);
     if (st->sight == NULL) {
@@ -576,6 +608,9 @@ KVD_API void kvd_store_close(kvd_store_t *store)
 KVD_API void *kvd_store_arena_ptr(kvd_store_t *store, uint64_t arena_offset,
                                   uint64_t len)
 {
+    if (store != NULL && store->client != NULL) {
+        return kvd_client_arena_ptr(store->client, arena_offset, len);
+    }
     if (store == NULL || len == 0 ||
         arena_offset >= store->arena_info.size_bytes ||
         len > store->arena_info.size_bytes - arena_offset) {
@@ -589,6 +624,9 @@ KVD_API kvd_status_t kvd_store_arena_export(kvd_store_t *store,
 {
     if (store == NULL || out == NULL) {
         return KVD_ERR_INVALID;
+    }
+    if (store->client != NULL) {
+        return kvd_client_arena_export(store->client, out);
     }
     kvd_arena_export_t exp;
     kvd_status_t status = kvd_arena_export(store->arena, &exp);
@@ -657,7 +695,14 @@ KVD_API kvd_status_t kvd_store_reserve(kvd_store_t *store,
 {
     if (store == NULL || ns == NULL ||
         (num_hashes > 0 && (hashes == NULL || out == NULL)) ||
-        object_bytes == 0 || object_bytes > store->arena_info.chunk_bytes) {
+        object_bytes == 0) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->client != NULL) {
+        return kvd_client_reserve(store->client, ns, hashes, num_hashes,
+                                  object_bytes, tenant, out);
+    }
+    if (object_bytes > store->arena_info.chunk_bytes) {
         return KVD_ERR_INVALID;
     }
     uint32_t class_id;
@@ -710,6 +755,9 @@ KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,
     if (store == NULL || (num > 0 && keys == NULL)) {
         return KVD_ERR_INVALID;
     }
+    if (store->client != NULL) {
+        return kvd_client_commit(store->client, keys, num, statuses_out);
+    }
     bool through =
         store->nvme != NULL && store->cfg.disk_write == STORE_WRITE_THROUGH;
     kvd_status_t first = KVD_OK;
@@ -737,6 +785,9 @@ KVD_API kvd_status_t kvd_store_abort(kvd_store_t *store,
 {
     if (store == NULL || (num > 0 && keys == NULL)) {
         return KVD_ERR_INVALID;
+    }
+    if (store->client != NULL) {
+        return kvd_client_abort(store->client, keys, num, statuses_out);
     }
     kvd_status_t first = KVD_OK;
     bool freed = false;
@@ -819,6 +870,10 @@ KVD_API kvd_status_t kvd_store_lookup(kvd_store_t *store,
         (num_hashes > 0 && (hashes == NULL || leases_out == NULL))) {
         return KVD_ERR_INVALID;
     }
+    if (store->client != NULL) {
+        return kvd_client_lookup(store->client, ns, hashes, num_hashes,
+                                 leases_out, matched_out);
+    }
     size_t m = 0;
     for (size_t i = 0; i < num_hashes; i++) {
         kvd_store_key_t key = {.ns = *ns, .hash = hashes[i]};
@@ -858,6 +913,9 @@ KVD_API kvd_status_t kvd_store_release(kvd_store_t *store,
     if (store == NULL || (num > 0 && leases == NULL)) {
         return KVD_ERR_INVALID;
     }
+    if (store->client != NULL) {
+        return kvd_client_release(store->client, leases, num);
+    }
     kvd_status_t first = KVD_OK;
     for (size_t i = 0; i < num; i++) {
         kvd_l1_key_t lk;
@@ -889,6 +947,9 @@ KVD_API kvd_status_t kvd_store_get_submit(kvd_store_t *store,
 {
     if (store == NULL || accepted_out == NULL || (num > 0 && gets == NULL)) {
         return KVD_ERR_INVALID;
+    }
+    if (store->client != NULL) {
+        return kvd_client_get_submit(store->client, gets, num, accepted_out);
     }
     for (size_t i = 0; i < num; i++) {
         uint32_t tier = gets[i].lease.tier;
@@ -952,6 +1013,9 @@ KVD_API size_t kvd_store_poll(kvd_store_t *store, kvd_store_completion_t *out,
     if (store == NULL || out == NULL) {
         return 0;
     }
+    if (store->client != NULL) {
+        return kvd_client_poll(store->client, out, max);
+    }
     size_t n = kvd_ring_pop(store->cq, out, max);
     if (n > 0) {
         __atomic_fetch_sub(&store->gets_outstanding, n, __ATOMIC_RELAXED);
@@ -964,11 +1028,17 @@ KVD_API kvd_status_t kvd_store_wait(kvd_store_t *store, int timeout_ms)
     if (store == NULL) {
         return KVD_ERR_INVALID;
     }
+    if (store->client != NULL) {
+        return kvd_client_wait(store->client, timeout_ms);
+    }
     return kvd_ring_wait(store->cq, timeout_ms);
 }
 
 KVD_API int kvd_store_fd(kvd_store_t *store)
 {
+    if (store != NULL && store->client != NULL) {
+        return kvd_client_fd(store->client);
+    }
     return store == NULL ? -1 : kvd_ring_fd(store->cq);
 }
 
@@ -1027,6 +1097,11 @@ KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
     if (store == NULL || (num > 0 && keys == NULL)) {
         return KVD_ERR_INVALID;
     }
+    if (store->client != NULL) {
+        /* The daemon owns its objects and quotas: its config and
+         * operator tools change them, not an engine. */
+        return KVD_ERR_UNSUPPORTED;
+    }
     size_t deleted = 0;
     bool busy = false;
     kvd_l1_victim_t l2v[STORE_EVICT_BATCH];
@@ -1075,6 +1150,11 @@ KVD_API kvd_status_t kvd_store_tenant_set_quota(kvd_store_t *store,
     if (store == NULL) {
         return KVD_ERR_INVALID;
     }
+    if (store->client != NULL) {
+        /* The daemon owns its objects and quotas: its config and
+         * operator tools change them, not an engine. */
+        return KVD_ERR_UNSUPPORTED;
+    }
     return kvd_l1_tenant_set_quota(store->l1, tenant, max_bytes);
 }
 
@@ -1082,6 +1162,9 @@ KVD_API kvd_status_t kvd_store_flush(kvd_store_t *store, int timeout_ms)
 {
     if (store == NULL) {
         return KVD_ERR_INVALID;
+    }
+    if (store->client != NULL) {
+        return kvd_client_flush(store->client, timeout_ms);
     }
     uint64_t deadline = kvd_time_deadline_ns(timeout_ms);
     kvd_status_t status = KVD_OK;
@@ -1114,6 +1197,9 @@ KVD_API kvd_status_t kvd_store_stats(kvd_store_t *store, kvd_store_stats_t *out)
 {
     if (store == NULL || out == NULL) {
         return KVD_ERR_INVALID;
+    }
+    if (store->client != NULL) {
+        return kvd_client_stats(store->client, out);
     }
     memset(out, 0, sizeof *out);
     kvd_l1_stats_t s1;

@@ -51,8 +51,17 @@ enum store_admission {
     STORE_ADMIT_SECOND = 1 /* only objects seen at least twice */
 };
 
+enum store_mode {
+    STORE_MODE_EMBEDDED = 0, /* this process owns the store */
+    STORE_MODE_DAEMON = 1    /* calls go to kvdepotd (store/client) */
+};
+
 /* The `store.*` settings, one struct so one table can be applied. */
 typedef struct store_settings {
+    int mode; /* enum store_mode */
+    char address[KVD_CONFIG_STRING_MAX];
+    uint64_t timeout_ms;
+    uint64_t lease_ttl_ms;
     kvd_arena_config_t arena;
     kvd_nvme_config_t nvme;
     int l1_policy;            /* kvd_l1_policy_t */
@@ -100,6 +109,8 @@ typedef struct store_queue {
 
 struct kvd_store {
     store_settings_t cfg;
+    /* Daemon mode: every call goes here; nothing below is used. */
+    struct kvd_client *client;
 
     kvd_arena_t *arena;
     kvd_arena_info_t arena_info;

@@ -1,0 +1,86 @@
+/*
+ * The store client (DESIGN.md §6): the calls of include/kvdepot/store.h
+ * served by a kvdepotd on this node instead of an embedded store. store.c
+ * hands every call of a store opened with `store.mode: daemon` to the
+ * functions here, so the leader and the worker switch by configuration.
+ *
+ * Control over gRPC (the unix socket in store.address), data through the
+ * daemon's arena mapped in this process (the memfd comes over the hand-off
+ * socket, store/handoff_int.h). Every call has a deadline (store.timeout):
+ * a dead daemon turns into errors the caller already handles (lookups find
+ * nothing, reserves are rejected, gets fail), never a hang. After a daemon
+ * restart the client maps the new arena and goes on; ids taken from the
+ * old daemon (leases, reservations) are gone with it and report
+ * KVD_ERR_NOT_FOUND.
+ *
+ * Leases: the daemon leases a Lookup's blocks under one id; the client
+ * counts the blocks of each id it has handed out (in the lease's
+ * `reserved` word) and releases the id when the last one is released.
+ *
+ * Threading: as store.h (every call thread-safe; poll/wait from one thread).
+ * One internal thread drives gets of disk-tier blocks to completion.
+ */
+#ifndef KVD_STORE_CLIENT_CLIENT_INT_H
+#define KVD_STORE_CLIENT_CLIENT_INT_H
+
+#include <stdint.h>
+
+#include "kvdepot/store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvd_client kvd_client_t;
+
+typedef struct kvd_client_config {
+    const char *address;   /* "unix:/run/kvdepot/kvdepotd.sock" */
+    uint64_t timeout_ms;   /* per call */
+    uint64_t lease_ttl_ms; /* asked of Lookup and Get */
+    size_t get_queue;      /* gets accepted and not yet polled */
+} kvd_client_config_t;
+
+/* Connects, maps the daemon's arena and checks the daemon answers.
+ * Errors (nothing left open, reason in `err`): KVD_ERR_INVALID (address not
+ * unix:PATH), KVD_ERR_UNREACHABLE (no daemon), KVD_ERR_PROTO (bad hand-off),
+ * KVD_ERR_TIMEOUT, KVD_ERR_NOMEM. */
+kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
+                             kvd_client_t **client_out, char *err,
+                             size_t err_len);
+void kvd_client_close(kvd_client_t *c);
+
+void *kvd_client_arena_ptr(kvd_client_t *c, uint64_t offset, uint64_t len);
+kvd_status_t kvd_client_arena_export(kvd_client_t *c,
+                                     kvd_store_arena_export_t *out);
+kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
+                                const kvd_block_hash_t *hashes, size_t n,
+                                uint64_t object_bytes, uint32_t tenant,
+                                kvd_store_reservation_t *out);
+kvd_status_t kvd_client_commit(kvd_client_t *c, const kvd_store_key_t *keys,
+                               size_t n, kvd_status_t *statuses_out);
+kvd_status_t kvd_client_abort(kvd_client_t *c, const kvd_store_key_t *keys,
+                              size_t n, kvd_status_t *statuses_out);
+kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
+                               const kvd_block_hash_t *hashes, size_t n,
+                               kvd_store_lease_t *leases_out,
+                               size_t *matched_out);
+kvd_status_t kvd_client_release(kvd_client_t *c,
+                                const kvd_store_lease_t *leases, size_t n);
+kvd_status_t kvd_client_get_submit(kvd_client_t *c, const kvd_store_get_t *g,
+                                   size_t n, size_t *accepted_out);
+size_t kvd_client_poll(kvd_client_t *c, kvd_store_completion_t *out,
+                       size_t max);
+kvd_status_t kvd_client_wait(kvd_client_t *c, int timeout_ms);
+int kvd_client_fd(kvd_client_t *c);
+kvd_status_t kvd_client_flush(kvd_client_t *c, int timeout_ms);
+kvd_status_t kvd_client_stats(kvd_client_t *c, kvd_store_stats_t *out);
+
+/* Admin ping: the daemon's version and node id (for the CLI). */
+kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,
+                             char *node_id, size_t node_len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVD_STORE_CLIENT_CLIENT_INT_H */

@@ -1,0 +1,301 @@
+/*
+ * kvdepotd's HTTP endpoint (libmicrohttpd, its own polling thread):
+ *   /metrics  Prometheus text exposition format 0.0.4;
+ *   /healthz  200 while the process serves HTTP at all;
+ *   /readyz   200 when the daemon takes calls, 503 otherwise.
+ * Anything else is 404; any method but GET/HEAD is 405.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <microhttpd.h>
+
+#include "common/config_int.h"
+#include "common/log_int.h"
+#include "store/server/server_int.h"
+
+struct kvd_metrics {
+    struct MHD_Daemon *d;
+    kvd_server_t *server;
+};
+
+/* A growing text buffer; on allocation failure it stays failed. */
+typedef struct mbuf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+} mbuf_t;
+
+__attribute__((format(printf, 2, 3))) static void mb(mbuf_t *b, const char *fmt,
+                                                     ...)
+{
+    if (b->failed) {
+        return;
+    }
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL,
+                          b->p ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->failed = true;
+            return;
+        }
+        if (b->p != NULL && (size_t)n < b->cap - b->len) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap * 2 : 8192;
+        while (cap < b->len + (size_t)n + 1) {
+            cap *= 2;
+        }
+        char *p = realloc(b->p, cap);
+        if (p == NULL) {
+            b->failed = true;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+}
+
+static void tier(mbuf_t *b, const char *name, const kvd_store_tier_stats_t *t)
+{
+    mb(b, "kvdepot_tier_capacity_bytes{tier=\"%s\"} %llu\n", name,
+       (unsigned long long)t->capacity_bytes);
+    mb(b, "kvdepot_tier_bytes{tier=\"%s\"} %llu\n", name,
+       (unsigned long long)t->bytes);
+    mb(b, "kvdepot_tier_objects{tier=\"%s\"} %llu\n", name,
+       (unsigned long long)t->objects);
+    mb(b, "kvdepot_tier_hits_total{tier=\"%s\"} %llu\n", name,
+       (unsigned long long)t->hits);
+    mb(b, "kvdepot_tier_misses_total{tier=\"%s\"} %llu\n", name,
+       (unsigned long long)t->misses);
+    mb(b, "kvdepot_tier_evictions_total{tier=\"%s\"} %llu\n", name,
+       (unsigned long long)t->evictions);
+    mb(b, "kvdepot_tier_read_bytes_total{tier=\"%s\"} %llu\n", name,
+       (unsigned long long)t->bytes_read);
+    mb(b, "kvdepot_tier_written_bytes_total{tier=\"%s\"} %llu\n", name,
+       (unsigned long long)t->bytes_written);
+    mb(b, "kvdepot_tier_errors_total{tier=\"%s\"} %llu\n", name,
+       (unsigned long long)t->errors);
+}
+
+char *kvd_metrics_render(kvd_server_t *server)
+{
+    kvd_store_stats_t st;
+    kvd_service_stats_t sv;
+    kvd_server_collect(server, &st, &sv);
+    mbuf_t b = {0};
+    mb(&b,
+       "# HELP kvdepot_up 1 while the daemon takes calls.\n"
+       "# TYPE kvdepot_up gauge\nkvdepot_up %d\n",
+       kvd_server_ready(server) ? 1 : 0);
+    mb(&b,
+       "# HELP kvdepot_uptime_seconds Time since the daemon started.\n"
+       "# TYPE kvdepot_uptime_seconds gauge\n"
+       "kvdepot_uptime_seconds %.3f\n",
+       (double)sv.uptime_ms / 1000.0);
+    mb(&b, "# HELP kvdepot_tier_capacity_bytes Configured size per tier.\n"
+           "# TYPE kvdepot_tier_capacity_bytes gauge\n"
+           "# TYPE kvdepot_tier_bytes gauge\n"
+           "# TYPE kvdepot_tier_objects gauge\n"
+           "# TYPE kvdepot_tier_hits_total counter\n"
+           "# TYPE kvdepot_tier_misses_total counter\n"
+           "# TYPE kvdepot_tier_evictions_total counter\n"
+           "# TYPE kvdepot_tier_read_bytes_total counter\n"
+           "# TYPE kvdepot_tier_written_bytes_total counter\n"
+           "# TYPE kvdepot_tier_errors_total counter\n");
+    tier(&b, "host", &st.host);
+    tier(&b, "disk", &st.disk);
+    mb(&b, "# TYPE kvdepot_store_leases gauge\nkvdepot_store_leases %llu\n",
+       (unsigned long long)st.leases);
+    mb(&b,
+       "# TYPE kvdepot_checksum_errors_total counter\n"
+       "kvdepot_checksum_errors_total %llu\n",
+       (unsigned long long)st.checksum_errors);
+    mb(&b,
+       "# TYPE kvdepot_dropped_writes_total counter\n"
+       "kvdepot_dropped_writes_total %llu\n",
+       (unsigned long long)st.dropped_writes);
+    mb(&b,
+       "# HELP kvdepot_leases Lease ids held by clients now.\n"
+       "# TYPE kvdepot_leases gauge\nkvdepot_leases %llu\n"
+       "# TYPE kvdepot_leased_blocks gauge\nkvdepot_leased_blocks %llu\n"
+       "# TYPE kvdepot_reservations gauge\nkvdepot_reservations %llu\n"
+       "# TYPE kvdepot_leases_expired_total counter\n"
+       "kvdepot_leases_expired_total %llu\n"
+       "# TYPE kvdepot_reservations_expired_total counter\n"
+       "kvdepot_reservations_expired_total %llu\n"
+       "# TYPE kvdepot_commit_checksum_errors_total counter\n"
+       "kvdepot_commit_checksum_errors_total %llu\n",
+       (unsigned long long)sv.leases, (unsigned long long)sv.leased_blocks,
+       (unsigned long long)sv.reservations,
+       (unsigned long long)sv.leases_expired,
+       (unsigned long long)sv.reservations_expired,
+       (unsigned long long)sv.commit_checksum_errors);
+    mb(&b, "# HELP kvdepot_errors_total Failed or refused calls by status.\n"
+           "# TYPE kvdepot_errors_total counter\n");
+    for (int k = 1; k < KVD_SERVICE_ERROR_KINDS; k++) {
+        if (sv.errors_by_status[k] == 0) {
+            continue;
+        }
+        const char *name = kvd_status_str((kvd_status_t)-k);
+        size_t nl = strcspn(name, ":");
+        mb(&b, "kvdepot_errors_total{status=\"%.*s\"} %llu\n", (int)nl, name,
+           (unsigned long long)sv.errors_by_status[k]);
+    }
+    mb(&b, "# HELP kvdepot_rpc_latency_seconds Service time per method.\n"
+           "# TYPE kvdepot_rpc_latency_seconds histogram\n");
+    for (int m = 0; m < KVD_RPC_COUNT; m++) {
+        const kvd_service_method_stats_t *ms = &sv.methods[m];
+        const char *name = kvd_rpc_method_name((kvd_rpc_method_t)m);
+        for (int i = 0; i < KVD_SERVICE_LATENCY_BUCKETS; i++) {
+            uint64_t le = kvd_service_latency_bounds_us[i];
+            if (le == UINT64_MAX) {
+                mb(&b,
+                   "kvdepot_rpc_latency_seconds_bucket{method=\"%s\",le=\"+"
+                   "Inf\"} %llu\n",
+                   name, (unsigned long long)ms->latency_buckets[i]);
+            } else {
+                mb(&b,
+                   "kvdepot_rpc_latency_seconds_bucket{method=\"%s\",le=\""
+                   "%g\"} %llu\n",
+                   name, (double)le / 1e6,
+                   (unsigned long long)ms->latency_buckets[i]);
+            }
+        }
+        mb(&b, "kvdepot_rpc_latency_seconds_sum{method=\"%s\"} %.6f\n", name,
+           (double)ms->latency_sum_us / 1e6);
+        mb(&b, "kvdepot_rpc_latency_seconds_count{method=\"%s\"} %llu\n", name,
+           (unsigned long long)ms->calls);
+    }
+    mb(&b, "# TYPE kvdepot_rpc_errors_total counter\n");
+    for (int m = 0; m < KVD_RPC_COUNT; m++) {
+        mb(&b, "kvdepot_rpc_errors_total{method=\"%s\"} %llu\n",
+           kvd_rpc_method_name((kvd_rpc_method_t)m),
+           (unsigned long long)sv.methods[m].errors);
+    }
+    if (b.failed) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
+static enum MHD_Result metrics_reply(struct MHD_Connection *conn, unsigned code,
+                                     char *body, bool owned, const char *type)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        strlen(body), body,
+        owned ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (r == NULL) {
+        if (owned) {
+            free(body);
+        }
+        return MHD_NO;
+    }
+    (void)MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ret = MHD_queue_response(conn, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result metrics_handler(void *cls, struct MHD_Connection *conn,
+                                       const char *url, const char *method,
+                                       const char *version,
+                                       const char *upload_data,
+                                       size_t *upload_data_size, void **state)
+{
+    (void)version;
+    (void)upload_data;
+    (void)upload_data_size;
+    (void)state;
+    kvd_metrics_t *m = cls;
+    static const char text[] = "text/plain; charset=utf-8";
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        return metrics_reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED,
+                             (char *)"method not allowed\n", false, text);
+    }
+    if (strcmp(url, "/metrics") == 0) {
+        char *body = kvd_metrics_render(m->server);
+        if (body == NULL) {
+            return metrics_reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                                 (char *)"out of memory\n", false, text);
+        }
+        return metrics_reply(conn, MHD_HTTP_OK, body, true,
+                             "text/plain; version=0.0.4; charset=utf-8");
+    }
+    if (strcmp(url, "/healthz") == 0) {
+        return metrics_reply(conn, MHD_HTTP_OK, (char *)"ok\n", false, text);
+    }
+    if (strcmp(url, "/readyz") == 0) {
+        bool ready = kvd_server_ready(m->server);
+        return metrics_reply(
+            conn, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE,
+            (char *)(ready ? "ready\n" : "not ready\n"), false, text);
+    }
+    return metrics_reply(conn, MHD_HTTP_NOT_FOUND, (char *)"not found\n", false,
+                         text);
+}
+
+kvd_status_t kvd_metrics_start(kvd_server_t *server, const char *address,
+                               kvd_metrics_t **metrics_out, int *port_out,
+                               char *err, size_t err_len)
+{
+    char host[64];
+    const char *colon = strrchr(address, ':');
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : -1;
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    if (colon == NULL || (size_t)(colon - address) >= sizeof host ||
+        end == colon + 1 || *end != '\0' || port < 0 || port > 65535) {
+        kvd_config_err(err, err_len,
+                       "server.metrics_address \"%s\": want IPv4 host:port",
+                       address);
+        return KVD_ERR_INVALID;
+    }
+    memcpy(host, address, (size_t)(colon - address));
+    host[colon - address] = '\0';
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
+        kvd_config_err(err, err_len,
+                       "server.metrics_address \"%s\": want an IPv4 address",
+                       address);
+        return KVD_ERR_INVALID;
+    }
+    sa.sin_port = htons((uint16_t)port);
+    kvd_metrics_t *m = calloc(1, sizeof *m);
+    if (m == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    m->server = server;
+    m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
+                            0, NULL, NULL, metrics_handler, m,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    if (m->d == NULL) {
+        kvd_config_err(err, err_len, "server.metrics_address %s: cannot listen",
+                       address);
+        free(m);
+        return KVD_ERR_UNREACHABLE;
+    }
+    const union MHD_DaemonInfo *info =
+        MHD_get_daemon_info(m->d, MHD_DAEMON_INFO_BIND_PORT);
+    *port_out = info != NULL ? info->port : (int)port;
+    KVD_LOG_INFO("kvdepotd: metrics on http://%s:%d/metrics", host, *port_out);
+    *metrics_out = m;
+    return KVD_OK;
+}
+
+void kvd_metrics_stop(kvd_metrics_t *m)
+{
+    if (m != NULL) {
+        MHD_stop_daemon(m->d);
+        free(m);
+    }
+}

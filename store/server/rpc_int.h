@@ -1,0 +1,64 @@
+/*
+ * kvdepotd's gRPC transport (the only server file that includes grpc.h):
+ * completion-queue threads that take unary calls, check who is calling,
+ * and hand the request bytes to the service (service_int.h).
+ *
+ * Per call: the method must be one of kvdepot.v1.KvStore's (else
+ * UNIMPLEMENTED, nothing read); a TCP caller must present
+ * `authorization: Bearer <server.token>` (else UNAUTHENTICATED); a caller
+ * that names a daemon instance (metadata `kvdepot-instance`, hex) other
+ * than this one gets FAILED_PRECONDITION (its arena mapping and its ids are
+ * from a previous daemon). Every reply carries the kvd_status_t as trailing
+ * metadata `kvdepot-status` so the client gets the exact status back.
+ *
+ * Threading: start/stop from one thread; the CQ threads are internal.
+ */
+#ifndef KVD_STORE_SERVER_RPC_INT_H
+#define KVD_STORE_SERVER_RPC_INT_H
+
+#include <stdint.h>
+
+#include "store/server/service_int.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Metadata keys shared with the client. */
+#define KVD_RPC_MD_INSTANCE "kvdepot-instance"
+#define KVD_RPC_MD_STATUS "kvdepot-status"
+
+typedef struct kvd_rpc_server kvd_rpc_server_t;
+
+typedef struct kvd_rpc_config {
+    kvd_service_t *svc;      /* borrowed; outlives the server */
+    const char *unix_path;   /* "" or NULL: no unix socket */
+    unsigned unix_mode;      /* permissions set on the socket file */
+    const char *tcp_address; /* "" or NULL: no TCP; "127.0.0.1:0" picks */
+    const char *token;       /* required for TCP callers; copied */
+    int threads;             /* completion-queue threads, >= 1 */
+    int max_message_bytes;   /* gRPC receive/send limit */
+    uint64_t instance_id;
+} kvd_rpc_config_t;
+
+/*
+ * Binds, starts the threads and writes the bound TCP port (0 without TCP)
+ * into *tcp_port_out. Errors (nothing left running, the reason in `err`):
+ * KVD_ERR_INVALID (no listener, TCP without a token, bad values),
+ * KVD_ERR_EXISTS (another daemon answers on the unix socket),
+ * KVD_ERR_UNREACHABLE (bind failed), KVD_ERR_NOMEM.
+ */
+kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
+                                  kvd_rpc_server_t **server_out,
+                                  int *tcp_port_out, char *err, size_t err_len);
+
+/* Stops taking calls, lets calls in progress finish for up to `grace_ms`,
+ * cancels the rest, joins the threads, removes the unix socket file and
+ * frees. NULL is accepted. */
+void kvd_rpc_server_stop(kvd_rpc_server_t *server, int grace_ms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVD_STORE_SERVER_RPC_INT_H */

@@ -1,0 +1,395 @@
+/*
+ * kvdepotd's assembly (server_int.h): settings, the store, the service, the
+ * gRPC listeners, the shared-memory hand-off listener and metrics, started
+ * in that order and stopped in reverse.
+ *
+ * The hand-off listener is one thread: each exchange is one 16-byte HELLO
+ * and one 40-byte REPLY with the memfd, bounded by a 1 s receive timeout, so
+ * a stuck client delays the next one by at most that.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/config_int.h"
+#include "common/log_int.h"
+#include "proto/kvd_proto.h"
+#include "store/handoff_int.h"
+#include "store/server/rpc_int.h"
+#include "store/server/server_int.h"
+
+#define SRV_OFF(m) offsetof(kvd_server_settings_t, m)
+#define SRV_HANDOFF_TIMEOUT_MS 1000
+
+static const kvd_config_field_t server_fields[] = {
+    {"server.unix_socket", "/run/kvdepot/kvdepotd.sock",
+     "gRPC unix socket for engines on this node (\"\": none); the arena "
+     "hand-off listens at this path + \".shm\"",
+     kvd_config_parse_string, SRV_OFF(unix_socket), 0, 0, NULL},
+    {"server.unix_mode", "0660",
+     "permissions (octal) of both unix sockets: who may connect",
+     kvd_config_parse_string, SRV_OFF(unix_mode), 0, 0, NULL},
+    {"server.tcp_address", "",
+     "gRPC TCP listener for peers and admin, host:port (\"\": none; port 0 "
+     "picks one); needs server.token",
+     kvd_config_parse_string, SRV_OFF(tcp_address), 0, 0, NULL},
+    {"server.token", "",
+     "bearer token TCP callers must send (authorization: Bearer <token>)",
+     kvd_config_parse_string, SRV_OFF(token), 0, 0, NULL},
+    {"server.token_file", "",
+     "file whose first line is the token (instead of server.token)",
+     kvd_config_parse_string, SRV_OFF(token_file), 0, 0, NULL},
+    {"server.metrics_address", "",
+     "HTTP listener for /metrics, /healthz, /readyz, host:port (\"\": none)",
+     kvd_config_parse_string, SRV_OFF(metrics_address), 0, 0, NULL},
+    {"server.node_id", "", "this daemon's node id (\"\": the host name)",
+     kvd_config_parse_string, SRV_OFF(node_id), 0, 0, NULL},
+    {"server.threads", "2", "gRPC completion-queue threads",
+     kvd_config_parse_int, SRV_OFF(threads), 1, 64, NULL},
+    {"server.max_message", "32m",
+     "largest gRPC message accepted or sent (protocol caps are lower)",
+     kvd_config_parse_size, SRV_OFF(max_message_bytes), 1 << 16, 1 << 30, NULL},
+    {"server.lease_ttl", "30s",
+     "lease lifetime when Get asks for 0 (a dead client's leases return "
+     "after this)",
+     kvd_config_parse_duration_ms, SRV_OFF(lease_ttl_ms), 1,
+     KVD_PROTO_MAX_TTL_MS, NULL},
+    {"server.reservation_ttl", "30s",
+     "reservation lifetime when Reserve asks for 0",
+     kvd_config_parse_duration_ms, SRV_OFF(reservation_ttl_ms), 1,
+     KVD_PROTO_MAX_TTL_MS, NULL},
+    {"server.flush_timeout", "30s", "Admin flush deadline when it asks for 0",
+     kvd_config_parse_duration_ms, SRV_OFF(flush_timeout_ms), 1,
+     KVD_PROTO_MAX_TTL_MS, NULL},
+    {"server.shutdown_grace", "5s",
+     "how long SIGTERM waits for calls in progress before cancelling",
+     kvd_config_parse_duration_ms, SRV_OFF(shutdown_grace_ms), 0, 600000, NULL},
+    {"server.tick", "50ms",
+     "housekeeping period: lease and reservation expiry precision",
+     kvd_config_parse_duration_ms, SRV_OFF(tick_ms), 1, 10000, NULL},
+    {"server.verify_commits", "true",
+     "check each committed object's bytes against the client's checksum",
+     kvd_config_parse_bool, SRV_OFF(verify_commits), 0, 0, NULL},
+};
+
+#define SERVER_NFIELDS (sizeof server_fields / sizeof server_fields[0])
+
+struct kvd_server {
+    kvd_server_settings_t cfg;
+    uint64_t instance_id;
+    kvd_store_t *store;
+    kvd_service_t *svc;
+    kvd_rpc_server_t *rpc;
+    kvd_metrics_t *metrics;
+    int tcp_port, metrics_port;
+
+    char handoff_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int handoff_fd;
+    pthread_t handoff_thread;
+    bool handoff_started;
+    bool stopping; /* atomic */
+    bool ready;    /* atomic */
+};
+
+kvd_status_t kvd_server_print_config(const kvd_config_t *config, FILE *out)
+{
+    kvd_status_t s =
+        kvd_config_print(config, server_fields, SERVER_NFIELDS, out);
+    if (s == KVD_OK) {
+        s = kvd_store_print_config(config, out);
+    }
+    return s;
+}
+
+static kvd_status_t server_settings(const kvd_config_t *config,
+                                    kvd_server_settings_t *cfg, unsigned *mode,
+                                    char *err, size_t err_len)
+{
+    kvd_status_t s = kvd_config_apply(config, server_fields, SERVER_NFIELDS,
+                                      cfg, err, err_len);
+    if (s != KVD_OK) {
+        return s;
+    }
+    char *end = NULL;
+    errno = 0;
+    unsigned long m = strtoul(cfg->unix_mode, &end, 8);
+    if (errno != 0 || end == cfg->unix_mode || *end != '\0' || m > 0777) {
+        kvd_config_err(err, err_len,
+                       "server.unix_mode \"%s\": want octal permissions such "
+                       "as 0660",
+                       cfg->unix_mode);
+        return KVD_ERR_INVALID;
+    }
+    *mode = (unsigned)m;
+    if (cfg->token_file[0] != '\0') {
+        if (cfg->token[0] != '\0') {
+            kvd_config_err(err, err_len,
+                           "server.token and server.token_file are both set");
+            return KVD_ERR_INVALID;
+        }
+        FILE *f = fopen(cfg->token_file, "re");
+        if (f == NULL || fgets(cfg->token, (int)sizeof cfg->token, f) == NULL) {
+            kvd_config_err(err, err_len, "server.token_file %s: %s",
+                           cfg->token_file,
+                           f == NULL ? strerror(errno) : "empty");
+            if (f != NULL) {
+                fclose(f);
+            }
+            return f == NULL ? kvd_status_from_errno(errno) : KVD_ERR_INVALID;
+        }
+        fclose(f);
+        cfg->token[strcspn(cfg->token, "\r\n")] = '\0';
+    }
+    if (cfg->node_id[0] == '\0' &&
+        gethostname(cfg->node_id, sizeof cfg->node_id - 1) != 0) {
+        snprintf(cfg->node_id, sizeof cfg->node_id, "kvdepotd");
+    }
+    if (strlen(cfg->node_id) > KVD_PROTO_MAX_NODE_ID_BYTES) {
+        kvd_config_err(err, err_len, "server.node_id: longer than %d bytes",
+                       KVD_PROTO_MAX_NODE_ID_BYTES);
+        return KVD_ERR_RANGE;
+    }
+    return KVD_OK;
+}
+
+/* ---- shared-memory hand-off --------------------------------------------- */
+
+static void handoff_serve(kvd_server_t *srv, int conn)
+{
+    uint8_t hello[KVD_HANDOFF_HELLO_BYTES];
+    uint8_t reply_buf[KVD_HANDOFF_REPLY_BYTES];
+    char why[128] = "";
+    int junk_fd = -1;
+    kvd_handoff_reply_t reply = {.instance_id = srv->instance_id};
+    kvd_status_t s = kvd_handoff_recv(conn, hello, sizeof hello,
+                                      SRV_HANDOFF_TIMEOUT_MS, &junk_fd);
+    if (junk_fd >= 0) {
+        close(junk_fd);
+        s = KVD_ERR_PROTO;
+        snprintf(why, sizeof why, "hello carried a descriptor");
+    }
+    if (s == KVD_OK) {
+        s = kvd_handoff_hello_decode(hello, sizeof hello, why, sizeof why);
+    }
+    struct ucred cred = {0};
+    socklen_t cl = sizeof cred;
+    (void)getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+    if (s != KVD_OK) {
+        KVD_LOG_WARN("kvdepotd: hand-off from pid %d uid %d refused: %s",
+                     (int)cred.pid, (int)cred.uid,
+                     why[0] ? why : kvd_status_str(s));
+        if (s == KVD_ERR_TIMEOUT || s == KVD_ERR_PEER) {
+            return;
+        }
+        reply.status = s;
+        kvd_handoff_reply_encode(&reply, reply_buf);
+        (void)kvd_handoff_send(conn, reply_buf, sizeof reply_buf, -1);
+        return;
+    }
+    kvd_store_arena_export_t exp;
+    s = kvd_store_arena_export(srv->store, &exp);
+    if (s != KVD_OK) {
+        reply.status = s;
+        kvd_handoff_reply_encode(&reply, reply_buf);
+        (void)kvd_handoff_send(conn, reply_buf, sizeof reply_buf, -1);
+        return;
+    }
+    reply.map_bytes = exp.map_bytes;
+    reply.size_bytes = exp.size_bytes;
+    kvd_handoff_reply_encode(&reply, reply_buf);
+    s = kvd_handoff_send(conn, reply_buf, sizeof reply_buf, exp.fd);
+    close(exp.fd);
+    KVD_LOG_DEBUG("kvdepotd: arena handed to pid %d uid %d: %s", (int)cred.pid,
+                  (int)cred.uid, kvd_status_str(s));
+}
+
+static void *handoff_main(void *arg)
+{
+    kvd_server_t *srv = arg;
+    while (!__atomic_load_n(&srv->stopping, __ATOMIC_ACQUIRE)) {
+        struct pollfd p = {.fd = srv->handoff_fd, .events = POLLIN};
+        int rc = poll(&p, 1, 100);
+        if (rc <= 0) {
+            continue;
+        }
+        int conn = accept4(srv->handoff_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (conn < 0) {
+            continue;
+        }
+        handoff_serve(srv, conn);
+        close(conn);
+    }
+    return NULL;
+}
+
+static kvd_status_t handoff_open(kvd_server_t *srv, unsigned mode, char *err,
+                                 size_t err_len)
+{
+    snprintf(srv->handoff_path, sizeof srv->handoff_path, "%s%s",
+             srv->cfg.unix_socket, KVD_HANDOFF_SUFFIX);
+    /* rpc.c already refused to start if another daemon owns the gRPC
+     * socket beside this one, so a file here is stale. */
+    (void)unlink(srv->handoff_path);
+    srv->handoff_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (srv->handoff_fd < 0) {
+        return kvd_status_from_errno(errno);
+    }
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", srv->handoff_path);
+    if (bind(srv->handoff_fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        chmod(srv->handoff_path, mode) != 0 ||
+        listen(srv->handoff_fd, 64) != 0) {
+        int e = errno;
+        kvd_config_err(err, err_len, "hand-off socket %s: %s",
+                       srv->handoff_path, strerror(e));
+        return kvd_status_from_errno(e);
+    }
+    int rc = pthread_create(&srv->handoff_thread, NULL, handoff_main, srv);
+    if (rc != 0) {
+        return kvd_status_from_errno(rc);
+    }
+    srv->handoff_started = true;
+    return KVD_OK;
+}
+
+/* ---- open / stop -------------------------------------------------------- */
+
+static void server_free(kvd_server_t *srv)
+{
+    __atomic_store_n(&srv->ready, false, __ATOMIC_RELEASE);
+    __atomic_store_n(&srv->stopping, true, __ATOMIC_RELEASE);
+    kvd_metrics_stop(srv->metrics);
+    kvd_rpc_server_stop(srv->rpc, (int)srv->cfg.shutdown_grace_ms);
+    if (srv->handoff_started) {
+        pthread_join(srv->handoff_thread, NULL);
+    }
+    if (srv->handoff_fd >= 0) {
+        close(srv->handoff_fd);
+        (void)unlink(srv->handoff_path);
+    }
+    kvd_service_destroy(srv->svc);
+    if (srv->store != NULL) {
+        kvd_status_t s = kvd_store_flush(srv->store, 10000);
+        if (s != KVD_OK) {
+            KVD_LOG_WARN("kvdepotd: final flush: %s", kvd_status_str(s));
+        }
+    }
+    kvd_store_close(srv->store);
+    free(srv);
+}
+
+kvd_status_t kvd_server_open(const kvd_config_t *config,
+                             kvd_server_t **server_out, char *err,
+                             size_t err_len)
+{
+    if (server_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_server_t *srv = calloc(1, sizeof *srv);
+    if (srv == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    srv->handoff_fd = -1;
+    unsigned mode = 0;
+    kvd_status_t s = server_settings(config, &srv->cfg, &mode, err, err_len);
+    if (s != KVD_OK) {
+        goto err;
+    }
+    if (getrandom(&srv->instance_id, sizeof srv->instance_id, 0) !=
+            (ssize_t)sizeof srv->instance_id ||
+        srv->instance_id == 0) {
+        srv->instance_id = (uint64_t)getpid() << 32 | (uint64_t)time(NULL);
+    }
+    s = kvd_store_open(config, &srv->store, err, err_len);
+    if (s != KVD_OK) {
+        goto err;
+    }
+    kvd_service_config_t scfg = {
+        .store = srv->store,
+        .node_id = srv->cfg.node_id,
+        .lease_ttl_ms = (uint32_t)srv->cfg.lease_ttl_ms,
+        .reservation_ttl_ms = (uint32_t)srv->cfg.reservation_ttl_ms,
+        .flush_timeout_ms = (uint32_t)srv->cfg.flush_timeout_ms,
+        .verify_commits = srv->cfg.verify_commits,
+        .tick_ms = (uint32_t)srv->cfg.tick_ms,
+    };
+    s = kvd_service_create(&scfg, &srv->svc);
+    if (s != KVD_OK) {
+        kvd_config_err(err, err_len, "service: %s", kvd_status_str(s));
+        goto err;
+    }
+    kvd_rpc_config_t rcfg = {
+        .svc = srv->svc,
+        .unix_path = srv->cfg.unix_socket,
+        .unix_mode = mode,
+        .tcp_address = srv->cfg.tcp_address,
+        .token = srv->cfg.token,
+        .threads = (int)srv->cfg.threads,
+        .max_message_bytes = (int)srv->cfg.max_message_bytes,
+        .instance_id = srv->instance_id,
+    };
+    s = kvd_rpc_server_start(&rcfg, &srv->rpc, &srv->tcp_port, err, err_len);
+    if (s != KVD_OK) {
+        goto err;
+    }
+    if (srv->cfg.unix_socket[0] != '\0') {
+        s = handoff_open(srv, mode, err, err_len);
+        if (s != KVD_OK) {
+            goto err;
+        }
+    }
+    if (srv->cfg.metrics_address[0] != '\0') {
+        s = kvd_metrics_start(srv, srv->cfg.metrics_address, &srv->metrics,
+                              &srv->metrics_port, err, err_len);
+        if (s != KVD_OK) {
+            goto err;
+        }
+    }
+    __atomic_store_n(&srv->ready, true, __ATOMIC_RELEASE);
+    KVD_LOG_INFO("kvdepotd: ready (node %s, instance %016llx)",
+                 srv->cfg.node_id, (unsigned long long)srv->instance_id);
+    *server_out = srv;
+    return KVD_OK;
+err:
+    server_free(srv);
+    return s;
+}
+
+int kvd_server_tcp_port(const kvd_server_t *server)
+{
+    return server != NULL ? server->tcp_port : 0;
+}
+
+int kvd_server_metrics_port(const kvd_server_t *server)
+{
+    return server != NULL ? server->metrics_port : 0;
+}
+
+bool kvd_server_ready(const kvd_server_t *server)
+{
+    return server != NULL && __atomic_load_n(&server->ready, __ATOMIC_ACQUIRE);
+}
+
+void kvd_server_collect(kvd_server_t *server, kvd_store_stats_t *store_out,
+                        kvd_service_stats_t *svc_out)
+{
+    memset(store_out, 0, sizeof *store_out);
+    (void)kvd_store_stats(server->store, store_out);
+    kvd_service_stats(server->svc, svc_out);
+}
+
+void kvd_server_stop(kvd_server_t *server)
+{
+    if (server == NULL) {
+        return;
+    }
+    KVD_LOG_INFO("kvdepotd: stopping");
+    server_free(server);
+}

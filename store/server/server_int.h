@@ -1,0 +1,96 @@
+/*
+ * kvdepotd as a library: the settings (`server.*`), and one call that opens
+ * the embedded store and starts everything that serves it — the gRPC
+ * service (rpc.c), the shared-memory hand-off socket (here), the metrics
+ * endpoint (metrics.c) — and one that stops it gracefully. main.c is the
+ * command line around it; tests start it in-process or as a process.
+ *
+ * Threading: open and stop from one thread; everything else is internal.
+ */
+#ifndef KVD_STORE_SERVER_SERVER_INT_H
+#define KVD_STORE_SERVER_SERVER_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvdepot/common.h"
+#include "kvdepot/store.h"
+#include "store/server/service_int.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvd_server_settings {
+    char unix_socket[KVD_CONFIG_STRING_MAX];
+    char unix_mode[KVD_CONFIG_STRING_MAX];
+    char tcp_address[KVD_CONFIG_STRING_MAX];
+    char token[KVD_CONFIG_STRING_MAX];
+    char token_file[KVD_CONFIG_STRING_MAX];
+    char metrics_address[KVD_CONFIG_STRING_MAX];
+    char node_id[KVD_CONFIG_STRING_MAX];
+    int64_t threads;
+    uint64_t max_message_bytes;
+    uint64_t lease_ttl_ms;
+    uint64_t reservation_ttl_ms;
+    uint64_t flush_timeout_ms;
+    uint64_t shutdown_grace_ms;
+    uint64_t tick_ms;
+    bool verify_commits;
+} kvd_server_settings_t;
+
+typedef struct kvd_server kvd_server_t;
+
+/* Writes every `server.*` and `store.*` setting, resolved from `config`
+ * (may be NULL), with its source and doc. */
+kvd_status_t kvd_server_print_config(const kvd_config_t *config, FILE *out);
+
+/*
+ * Resolves the settings, opens the store (store.mode must be embedded),
+ * starts the service, the gRPC listeners, the hand-off socket and the
+ * metrics endpoint. Errors name the setting and the reason in `err`;
+ * nothing is left running.
+ */
+kvd_status_t kvd_server_open(const kvd_config_t *config,
+                             kvd_server_t **server_out, char *err,
+                             size_t err_len);
+
+/* Bound ports (0 when that listener is off). */
+int kvd_server_tcp_port(const kvd_server_t *server);
+int kvd_server_metrics_port(const kvd_server_t *server);
+
+/* Readiness for /readyz: the store opened and the listeners are up, and the
+ * daemon is not stopping. */
+bool kvd_server_ready(const kvd_server_t *server);
+
+/* Snapshot for /metrics. */
+void kvd_server_collect(kvd_server_t *server, kvd_store_stats_t *store_out,
+                        kvd_service_stats_t *svc_out);
+
+/*
+ * Graceful stop: refuses new calls, lets calls in progress finish (up to
+ * server.shutdown_grace), gives back leases and aborts reservations, flushes
+ * the store's queued NVMe writes and index, closes. NULL is accepted.
+ */
+void kvd_server_stop(kvd_server_t *server);
+
+/* ---- metrics.c ---------------------------------------------------------- */
+
+typedef struct kvd_metrics kvd_metrics_t;
+
+/* Serves /metrics (Prometheus text), /healthz and /readyz on `address`
+ * ("127.0.0.1:9464"; port 0 picks one), writing the bound port. */
+kvd_status_t kvd_metrics_start(kvd_server_t *server, const char *address,
+                               kvd_metrics_t **metrics_out, int *port_out,
+                               char *err, size_t err_len);
+void kvd_metrics_stop(kvd_metrics_t *metrics);
+
+/* The /metrics body into a malloc'd string (for the endpoint and tests). */
+char *kvd_metrics_render(kvd_server_t *server);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVD_STORE_SERVER_SERVER_INT_H */

@@ -1,0 +1,128 @@
+/*
+ * The KvStore service of kvdepotd (proto/kvdepot/v1/store.proto), without
+ * the transport: a request's bytes in, a response's bytes out. rpc.c feeds
+ * it from gRPC; tests/fuzz/fuzz_service.c drives it in-process.
+ *
+ * State kept here, on top of the embedded store it serves:
+ *   - leases: a Lookup or Get takes store leases on a batch of blocks and
+ *     answers one lease id for them; Release, or the lease's deadline
+ *     (reclaimed by the housekeeping thread: a crashed client's leases come
+ *     back after their TTL), gives them back. Get extends the deadline.
+ *   - reservations: Reserve's slots under one id until Commit / Abort / the
+ *     deadline, which aborts what is left.
+ *   - gets in flight: a Get on a block in the disk tier submits a store get
+ *     and answers PENDING; the housekeeping thread applies the completion,
+ *     and the next Get answers READY (or FAILED with the status).
+ * Counters and per-method latency histograms for /metrics.
+ *
+ * Threading: kvd_service_call from any number of threads at once; one
+ * mutex guards the lease and reservation tables. The housekeeping thread is
+ * the store's only poller (kvd_store_poll), as store.h requires.
+ */
+#ifndef KVD_STORE_SERVER_SERVICE_INT_H
+#define KVD_STORE_SERVER_SERVICE_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvdepot/store.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The methods of kvdepot.v1.KvStore, in proto order. */
+typedef enum kvd_rpc_method {
+    KVD_RPC_LOOKUP = 0,
+    KVD_RPC_RESERVE,
+    KVD_RPC_COMMIT,
+    KVD_RPC_ABORT,
+    KVD_RPC_RELEASE,
+    KVD_RPC_GET,
+    KVD_RPC_PROMOTE,
+    KVD_RPC_STATS,
+    KVD_RPC_ADMIN,
+    KVD_RPC_COUNT
+} kvd_rpc_method_t;
+
+/* "/kvdepot.v1.KvStore/Lookup", ...; NULL for a bad value. */
+const char *kvd_rpc_method_path(kvd_rpc_method_t method);
+/* "Lookup", ...; NULL for a bad value. */
+const char *kvd_rpc_method_name(kvd_rpc_method_t method);
+/* The method whose path is path[0..len), or -1. */
+int kvd_rpc_method_find(const char *path, size_t len);
+
+typedef struct kvd_service kvd_service_t;
+
+typedef struct kvd_service_config {
+    kvd_store_t *store;          /* borrowed; outlives the service */
+    const char *node_id;         /* PingReply.node_id, copied */
+    uint32_t lease_ttl_ms;       /* Get's lease when the request says 0 */
+    uint32_t reservation_ttl_ms; /* Reserve's when the request says 0 */
+    uint32_t flush_timeout_ms;   /* Admin flush when the request says 0 */
+    bool verify_commits;         /* check a whole-object checksum on Commit */
+    uint32_t tick_ms;            /* housekeeping period (expiry precision) */
+} kvd_service_config_t;
+
+/* Creates the service and starts its housekeeping thread. Errors:
+ * KVD_ERR_INVALID (NULL store, zero TTLs), KVD_ERR_NOMEM, thread errors. */
+kvd_status_t kvd_service_create(const kvd_service_config_t *cfg,
+                                kvd_service_t **svc_out);
+
+/* Stops the thread, gives back every lease and aborts every reservation,
+ * frees. No call may be running. NULL is accepted. */
+void kvd_service_destroy(kvd_service_t *svc);
+
+/*
+ * Serves one call: `req` (len bytes, hostile) is unpacked and validated as
+ * the method's request; on KVD_OK *resp_out (malloc'd, caller frees) holds
+ * the packed response. Errors (nothing allocated; the reason in `reason`):
+ * KVD_ERR_PROTO (malformed or invalid request; gRPC INVALID_ARGUMENT),
+ * KVD_ERR_NOT_FOUND (unknown or expired lease / reservation id),
+ * KVD_ERR_INVALID (bad method), KVD_ERR_NOMEM, errors of the store.
+ */
+kvd_status_t kvd_service_call(kvd_service_t *svc, kvd_rpc_method_t method,
+                              const uint8_t *req, size_t len,
+                              uint8_t **resp_out, size_t *resp_len_out,
+                              char *reason, size_t reason_len);
+
+/* Latency histogram bucket bounds, microseconds (the last is +Inf). */
+#define KVD_SERVICE_LATENCY_BUCKETS 12
+extern const uint64_t
+    kvd_service_latency_bounds_us[KVD_SERVICE_LATENCY_BUCKETS];
+
+typedef struct kvd_service_method_stats {
+    uint64_t calls;
+    uint64_t errors;
+    uint64_t latency_sum_us;
+    uint64_t latency_buckets[KVD_SERVICE_LATENCY_BUCKETS]; /* cumulative */
+} kvd_service_method_stats_t;
+
+/* Errors are counted per kvd_status_t value: index -status, 0..127. */
+#define KVD_SERVICE_ERROR_KINDS 128
+
+typedef struct kvd_service_stats {
+    kvd_service_method_stats_t methods[KVD_RPC_COUNT];
+    uint64_t errors_by_status[KVD_SERVICE_ERROR_KINDS];
+    uint64_t leases;               /* lease ids held now */
+    uint64_t leased_blocks;        /* blocks under them */
+    uint64_t reservations;         /* reservation ids open now */
+    uint64_t leases_expired;       /* reclaimed at their deadline */
+    uint64_t reservations_expired; /* aborted at their deadline */
+    uint64_t commit_checksum_errors;
+    uint64_t uptime_ms;
+} kvd_service_stats_t;
+
+/* A consistent-enough snapshot (counters are read relaxed). */
+void kvd_service_stats(kvd_service_t *svc, kvd_service_stats_t *out);
+
+/* Counts a call refused before it reached the service (bad method,
+ * failed authentication) under `status`. */
+void kvd_service_count_refused(kvd_service_t *svc, kvd_status_t status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVD_STORE_SERVER_SERVICE_INT_H */

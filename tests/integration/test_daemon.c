@@ -1,0 +1,530 @@
+/*
+ * kvdepotd end to end: a real daemon process (the binary in $KVDEPOTD) on a
+ * unix socket in a temp directory, and clients that open the store with
+ * store.mode=daemon — the same store.h calls the leader and worker make.
+ *   - two client processes share objects (one saves, the other loads the
+ *     same bytes through its own mapping of the arena);
+ *   - a daemon restart keeps the NVMe tier, and a client that outlives the
+ *     daemon maps the new arena by itself and loads from disk;
+ *   - a client killed with SIGKILL holding leases: the daemon reclaims them
+ *     after the lease TTL;
+ *   - a dead daemon: calls fail within store.timeout (lookups find nothing,
+ *     saves are skipped), and the client recovers when the daemon is back.
+ * Malformed/oversized requests, the token on TCP and the metrics endpoint
+ * are tested from Python (tests/python/test_daemon_grpc.py).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvdepot/store.h"
+#include "tests/unit/kvd_testdir_int.h"
+
+#define OBJ_BYTES (64u << 10)
+#define NKEYS 8
+
+static const char *daemon_bin(void)
+{
+    const char *p = getenv("KVDEPOTD");
+    return p != NULL && p[0] != '\0' ? p : NULL;
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Starts kvdepotd in `d` with extra --set values (NULL-terminated) and
+ * waits for its ready file. Returns the pid. */
+static pid_t daemon_start(const kvd_test_dir_t *d, ...)
+{
+    char sock[300], ready[300];
+    snprintf(sock, sizeof sock, "server.unix_socket=%s/d.sock", d->path);
+    snprintf(ready, sizeof ready, "%s/ready", d->path);
+    (void)unlink(ready);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = daemon_bin();
+    const char *const base[] = {
+        sock,
+        "store.arena_size=16m",
+        "store.arena_chunk=2m",
+        "store.arena_hugepages=off",
+        "store.arena_prefault=false",
+        "server.tick=20ms",
+        "log.level=warn",
+    };
+    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) {
+        argv[n++] = "--set";
+        argv[n++] = base[i];
+    }
+    va_list ap;
+    va_start(ap, d);
+    for (const char *s; (s = va_arg(ap, const char *)) != NULL && n < 60;) {
+        argv[n++] = "--set";
+        argv[n++] = s;
+    }
+    va_end(ap);
+    argv[n++] = "--ready-file";
+    argv[n++] = ready;
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* Dies with the test (a failed assertion must not leave a daemon
+         * holding ctest's output pipe open); logs beside its socket. */
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        char log[300];
+        snprintf(log, sizeof log, "%s/daemon.log", d->path);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (fd >= 0) {
+            dup2(fd, STDOUT_FILENO);
+            dup2(fd, STDERR_FILENO);
+            close(fd);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    uint64_t deadline = now_ms() + 20000;
+    while (access(ready, F_OK) != 0) {
+        int st;
+        assert_int_equal(waitpid(pid, &st, WNOHANG), 0); /* still alive */
+        assert_true(now_ms() < deadline);
+        usleep(10000);
+    }
+    return pid;
+}
+
+/* SIGTERM and wait: a graceful stop exits 0. */
+static void daemon_stop(pid_t pid)
+{
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
+static void daemon_kill9(pid_t pid)
+{
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+}
+
+static kvd_status_t client_open(const kvd_test_dir_t *d, const char *ttl,
+                                const char *timeout, kvd_store_t **st)
+{
+    kvd_config_t *cfg = NULL;
+    assert_int_equal(kvd_config_create(&cfg), KVD_OK);
+    char addr[300];
+    snprintf(addr, sizeof addr, "unix:%s/d.sock", d->path);
+    (void)kvd_config_set(cfg, "store.mode", "daemon");
+    (void)kvd_config_set(cfg, "store.address", addr);
+    (void)kvd_config_set(cfg, "store.lease_ttl", ttl);
+    (void)kvd_config_set(cfg, "store.timeout", timeout);
+    char err[256] = "";
+    kvd_status_t s = kvd_store_open(cfg, st, err, sizeof err);
+    if (s != KVD_OK) {
+        fprintf(stderr, "client open: %s (%s)\n", kvd_status_str(s), err);
+    }
+    kvd_config_destroy(cfg);
+    return s;
+}
+
+static void keys_make(kvd_namespace_t *ns, kvd_block_hash_t *h, size_t n,
+                      uint8_t seed)
+{
+    memset(ns->bytes, 0xA5, sizeof ns->bytes);
+    for (size_t i = 0; i < n; i++) {
+        memset(h[i].bytes, 0, sizeof h[i].bytes);
+        h[i].bytes[0] = seed;
+        h[i].bytes[1] = (uint8_t)i;
+        h[i].bytes[31] = 0x5A;
+    }
+}
+
+static uint8_t pattern(size_t key, size_t i)
+{
+    return (uint8_t)(key * 131u + i * 7u + (i >> 12));
+}
+
+/* Reserves, writes and commits n objects; returns how many committed. */
+static size_t save_objects(kvd_store_t *st, const kvd_namespace_t *ns,
+                           const kvd_block_hash_t *h, size_t n)
+{
+    kvd_store_reservation_t r[NKEYS];
+    assert_true(n <= NKEYS);
+    assert_int_equal(kvd_store_reserve(st, ns, h, n, OBJ_BYTES, 0, r), KVD_OK);
+    kvd_store_key_t keys[NKEYS];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].status != KVD_OK) {
+            continue;
+        }
+        uint8_t *p = kvd_store_arena_ptr(st, r[i].arena_offset, OBJ_BYTES);
+        assert_non_null(p);
+        for (size_t b = 0; b < OBJ_BYTES; b++) {
+            p[b] = pattern(h[i].bytes[1], b);
+        }
+        keys[k].ns = *ns;
+        keys[k++].hash = h[i];
+    }
+    kvd_status_t cs[NKEYS];
+    if (k > 0) {
+        assert_int_equal(kvd_store_commit(st, keys, k, cs), KVD_OK);
+    }
+    return k;
+}
+
+static void check_bytes(kvd_store_t *st, const kvd_store_lease_t *l)
+{
+    assert_int_equal(l->tier, KVD_STORE_TIER_HOST);
+    assert_int_equal(l->size_bytes, OBJ_BYTES);
+    const uint8_t *p = kvd_store_arena_ptr(st, l->arena_offset, OBJ_BYTES);
+    assert_non_null(p);
+    for (size_t b = 0; b < OBJ_BYTES; b++) {
+        if (p[b] != pattern(l->key.hash.bytes[1], b)) {
+            fail_msg("key %u byte %zu: %u, want %u", l->key.hash.bytes[1], b,
+                     p[b], pattern(l->key.hash.bytes[1], b));
+        }
+    }
+}
+
+static uint64_t daemon_leases(kvd_store_t *st)
+{
+    kvd_store_stats_t s;
+    assert_int_equal(kvd_store_stats(st, &s), KVD_OK);
+    return s.leases;
+}
+
+/* Waits (by deadline) until the daemon holds `want` lease ids. */
+static void wait_leases(kvd_store_t *st, uint64_t want, int timeout_ms)
+{
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms;
+    while (daemon_leases(st) != want) {
+        if (now_ms() > deadline) {
+            fail_msg("daemon holds %llu leases, want %llu",
+                     (unsigned long long)daemon_leases(st),
+                     (unsigned long long)want);
+        }
+        usleep(20000);
+    }
+}
+
+static int skip_without_daemon(void **state)
+{
+    (void)state;
+    if (daemon_bin() == NULL) {
+        fprintf(stderr, "KVDEPOTD not set: skipped\n");
+        exit(77);
+    }
+    return 0;
+}
+
+static void test_two_processes_share(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_share");
+    pid_t dpid = daemon_start(&d, (const char *)NULL);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[NKEYS];
+    keys_make(&ns, h, NKEYS, 1);
+
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        kvd_store_t *st = NULL;
+        int rc = client_open(&d, "30s", "2s", &st) == KVD_OK &&
+                         save_objects(st, &ns, h, NKEYS) == NKEYS
+                     ? 0
+                     : 1;
+        kvd_store_close(st);
+        _exit(rc);
+    }
+    int cst = 0;
+    assert_int_equal(waitpid(child, &cst, 0), child);
+    assert_true(WIFEXITED(cst) && WEXITSTATUS(cst) == 0);
+
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    kvd_store_lease_t l[NKEYS];
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, &ns, h, NKEYS, l, &m), KVD_OK);
+    assert_int_equal(m, NKEYS);
+    for (size_t i = 0; i < m; i++) {
+        check_bytes(st, &l[i]);
+    }
+    assert_int_equal(daemon_leases(st), 1);
+    /* Saving what is stored is refused as EXISTS, not duplicated. */
+    kvd_store_reservation_t r[NKEYS];
+    assert_int_equal(kvd_store_reserve(st, &ns, h, NKEYS, OBJ_BYTES, 0, r),
+                     KVD_OK);
+    for (size_t i = 0; i < NKEYS; i++) {
+        assert_int_equal(r[i].status, KVD_ERR_EXISTS);
+    }
+    /* Half released: the daemon keeps the lease; all: it is gone. */
+    assert_int_equal(kvd_store_release(st, l, NKEYS / 2), KVD_OK);
+    assert_int_equal(daemon_leases(st), 1);
+    assert_int_equal(kvd_store_release(st, l + NKEYS / 2, NKEYS / 2), KVD_OK);
+    assert_int_equal(daemon_leases(st), 0);
+    /* A lease released twice is an error, not a double release. */
+    assert_int_equal(kvd_store_release(st, l, 1), KVD_ERR_NOT_FOUND);
+    /* A prefix stops at the first missing block. */
+    kvd_block_hash_t mixed[3] = {h[0], h[1], h[2]};
+    mixed[1].bytes[5] = 0xEE;
+    assert_int_equal(kvd_store_lookup(st, &ns, mixed, 3, l, &m), KVD_OK);
+    assert_int_equal(m, 1);
+    assert_int_equal(kvd_store_release(st, l, 1), KVD_OK);
+    /* Abort gives a reservation back: the key stays absent. */
+    kvd_block_hash_t fresh[1];
+    keys_make(&ns, fresh, 1, 9);
+    assert_int_equal(kvd_store_reserve(st, &ns, fresh, 1, OBJ_BYTES, 0, r),
+                     KVD_OK);
+    assert_int_equal(r[0].status, KVD_OK);
+    kvd_store_key_t fk = {.ns = ns, .hash = fresh[0]};
+    kvd_status_t as;
+    assert_int_equal(kvd_store_abort(st, &fk, 1, &as), KVD_OK);
+    assert_int_equal(as, KVD_OK);
+    assert_int_equal(kvd_store_lookup(st, &ns, fresh, 1, l, &m), KVD_OK);
+    assert_int_equal(m, 0);
+    assert_int_equal(kvd_store_commit(st, &fk, 1, &as), KVD_ERR_NOT_FOUND);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
+static void test_restart_keeps_disk_tier(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_restart");
+    char disk[300];
+    snprintf(disk, sizeof disk, "store.disk_path=%s/nvme", d.path);
+    char nvme[300];
+    snprintf(nvme, sizeof nvme, "%s/nvme", d.path);
+    assert_int_equal(mkdir(nvme, 0700), 0);
+    pid_t dpid = daemon_start(&d, disk, "store.disk_size=32m",
+                              "store.disk_write=through",
+                              "store.sync_interval=0", (const char *)NULL);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[4];
+    keys_make(&ns, h, 4, 2);
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    assert_int_equal(save_objects(st, &ns, h, 4), 4);
+    assert_int_equal(kvd_store_flush(st, 10000), KVD_OK);
+    daemon_stop(dpid);
+
+    /* While it is down: errors within the deadline, no hang. */
+    kvd_store_lease_t l[4];
+    size_t m = 99;
+    assert_int_not_equal(kvd_store_lookup(st, &ns, h, 4, l, &m), KVD_OK);
+
+    dpid = daemon_start(&d, disk, "store.disk_size=32m",
+                        "store.disk_write=through", "store.sync_interval=0",
+                        (const char *)NULL);
+    /* Same client: it notices the new daemon, maps its arena, and finds the
+     * objects on the disk tier. The channel may need a reconnect first. */
+    uint64_t deadline = now_ms() + 10000;
+    kvd_status_t s;
+    while ((s = kvd_store_lookup(st, &ns, h, 4, l, &m)) != KVD_OK) {
+        assert_true(now_ms() < deadline);
+        usleep(50000);
+    }
+    assert_int_equal(m, 4);
+    kvd_store_get_t g[4];
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(l[i].tier, KVD_STORE_TIER_DISK);
+        g[i] = (kvd_store_get_t){.lease = l[i], .user_data = i};
+    }
+    size_t acc = 0;
+    assert_int_equal(kvd_store_get_submit(st, g, 4, &acc), KVD_OK);
+    assert_int_equal(acc, 4);
+    kvd_store_lease_t got[4];
+    size_t done = 0;
+    deadline = now_ms() + 10000;
+    while (done < 4) {
+        assert_true(now_ms() < deadline);
+        (void)kvd_store_wait(st, 100);
+        kvd_store_completion_t c[4];
+        size_t n = kvd_store_poll(st, c, 4);
+        for (size_t i = 0; i < n; i++) {
+            assert_int_equal(c[i].status, KVD_OK);
+            got[c[i].user_data] = c[i].lease;
+            done++;
+        }
+    }
+    for (size_t i = 0; i < 4; i++) {
+        check_bytes(st, &got[i]);
+    }
+    assert_int_equal(kvd_store_release(st, got, 4), KVD_OK);
+    assert_int_equal(daemon_leases(st), 0);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
+static void test_killed_client_leases_reclaimed(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_kill");
+    pid_t dpid = daemon_start(&d, (const char *)NULL);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[4];
+    keys_make(&ns, h, 4, 3);
+    /* gRPC does not survive fork(): every process here forks before it
+     * opens its own client. */
+    pid_t saver = fork();
+    assert_true(saver >= 0);
+    if (saver == 0) {
+        kvd_store_t *ss = NULL;
+        int rc = client_open(&d, "30s", "2s", &ss) == KVD_OK &&
+                         save_objects(ss, &ns, h, 4) == 4
+                     ? 0
+                     : 1;
+        kvd_store_close(ss);
+        _exit(rc);
+    }
+    int sst = 0;
+    assert_int_equal(waitpid(saver, &sst, 0), saver);
+    assert_true(WIFEXITED(sst) && WEXITSTATUS(sst) == 0);
+
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        kvd_store_t *cs = NULL;
+        kvd_store_lease_t l[4];
+        size_t m = 0;
+        char ok = client_open(&d, "400ms", "2s", &cs) == KVD_OK &&
+                          kvd_store_lookup(cs, &ns, h, 4, l, &m) == KVD_OK &&
+                          m == 4
+                      ? 'y'
+                      : 'n';
+        (void)!write(pipefd[1], &ok, 1);
+        for (;;) {
+            pause(); /* holds the lease until killed */
+        }
+    }
+    char ok = 0;
+    assert_int_equal(read(pipefd[0], &ok, 1), 1);
+    assert_int_equal(ok, 'y');
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    assert_int_equal(daemon_leases(st), 1);
+    daemon_kill9(child);
+    /* Leased objects cannot be evicted or deleted meanwhile; the daemon
+     * reclaims the lease after its TTL (400 ms) plus a tick. */
+    wait_leases(st, 0, 5000);
+    close(pipefd[0]);
+    close(pipefd[1]);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
+static void test_dead_daemon_no_hang(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_dead");
+    pid_t dpid = daemon_start(&d, (const char *)NULL);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[4];
+    keys_make(&ns, h, 4, 4);
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "500ms", &st), KVD_OK);
+    assert_int_equal(save_objects(st, &ns, h, 2), 2);
+    daemon_kill9(dpid);
+
+    uint64_t t0 = now_ms();
+    kvd_store_lease_t l[4];
+    size_t m = 99;
+    assert_int_not_equal(kvd_store_lookup(st, &ns, h, 4, l, &m), KVD_OK);
+    /* Saves are skipped, not failed: the engine carries on. */
+    kvd_store_reservation_t r[4];
+    assert_int_equal(kvd_store_reserve(st, &ns, h + 2, 2, OBJ_BYTES, 0, r),
+                     KVD_OK);
+    assert_int_not_equal(r[0].status, KVD_OK);
+    assert_int_not_equal(r[1].status, KVD_OK);
+    kvd_store_stats_t stats;
+    assert_int_not_equal(kvd_store_stats(st, &stats), KVD_OK);
+    /* Three calls, each bounded by store.timeout (500 ms), with slack for
+     * a loaded machine. */
+    assert_true(now_ms() - t0 < 3 * 500 + 3000);
+
+    /* A new daemon (empty arena: the old one's died with it). */
+    dpid = daemon_start(&d, (const char *)NULL);
+    uint64_t deadline = now_ms() + 10000;
+    while (kvd_store_lookup(st, &ns, h, 4, l, &m) != KVD_OK) {
+        assert_true(now_ms() < deadline);
+        usleep(50000);
+    }
+    assert_int_equal(m, 0);
+    assert_int_equal(save_objects(st, &ns, h, 4), 4);
+    assert_int_equal(kvd_store_lookup(st, &ns, h, 4, l, &m), KVD_OK);
+    assert_int_equal(m, 4);
+    for (size_t i = 0; i < 4; i++) {
+        check_bytes(st, &l[i]);
+    }
+    assert_int_equal(kvd_store_release(st, l, 4), KVD_OK);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
+static void test_open_without_daemon(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_none");
+    kvd_store_t *st = NULL;
+    uint64_t t0 = now_ms();
+    assert_int_equal(client_open(&d, "30s", "500ms", &st), KVD_ERR_UNREACHABLE);
+    assert_null(st);
+    assert_true(now_ms() - t0 < 5000);
+    /* A TCP address is refused: the data path needs the unix socket. */
+    kvd_config_t *cfg = NULL;
+    assert_int_equal(kvd_config_create(&cfg), KVD_OK);
+    (void)kvd_config_set(cfg, "store.mode", "daemon");
+    (void)kvd_config_set(cfg, "store.address", "127.0.0.1:1");
+    char err[256] = "";
+    assert_int_equal(kvd_store_open(cfg, &st, err, sizeof err),
+                     KVD_ERR_INVALID);
+    assert_non_null(strstr(err, "store.address"));
+    kvd_config_destroy(cfg);
+    kvd_test_dir_remove(&d);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open_without_daemon),
+        cmocka_unit_test(test_two_processes_share),
+        cmocka_unit_test(test_restart_keeps_disk_tier),
+        cmocka_unit_test(test_killed_client_leases_reclaimed),
+        cmocka_unit_test(test_dead_daemon_no_hang),
+    };
+    return cmocka_run_group_tests(tests, skip_without_daemon, NULL);
+}
