@@ -541,9 +541,12 @@ kvd_status_t kvd_arena_class_register(kvd_arena_t *arena, uint64_t object_bytes,
     }
     if (id == n) {
         if (n == KVD_ARENA_CLASSES_MAX) {
-            KVD_LOG_ERROR("arena: no room for a class of %" PRIu64
-                          "-byte slots (%u classes exist)",
-                          slot_bytes, n);
+            /* Reachable from a daemon client's Reserve sizes: rate-limited
+             * so a client cannot flood the log. */
+            KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_ERROR, 1000,
+                                "arena: no room for a class of %" PRIu64
+                                "-byte slots (%u classes exist)",
+                                slot_bytes, n);
             status = KVD_ERR_RANGE;
             goto out;
         }

@@ -11,7 +11,9 @@ KV_LAYOUTS = ("auto", "flash", "flashinfer", "cpu", "mla")
 
 @dataclass
 class Settings:
-    store_mode: str = "embedded"   # "embedded" (in-process store)
+    store_mode: str = "embedded"   # "embedded" (in-process) or "daemon"
+    store_address: str = "unix:/run/kvdepot/kvdepotd.sock"  # daemon mode
+    store_timeout: str = "2s"      # daemon mode: deadline of every call
     store_dir: str = ""            # NVMe tier directory; "" = host arena only
     arena_size: str = "4g"         # host arena
     disk_size: str = "64g"         # NVMe tier, when store_dir is set
@@ -53,10 +55,9 @@ def parse(extra):
         if want is str and not isinstance(v, str):
             raise ValueError(f"kvdepot: {k} must be a string, not {v!r}")
         setattr(s, k, v)
-    if s.store_mode != "embedded":
-        raise ValueError(f"kvdepot: store_mode {s.store_mode!r}: only "
-                         "'embedded' exists in this version (the kvdepotd "
-                         "daemon is not released yet)")
+    if s.store_mode not in ("embedded", "daemon"):
+        raise ValueError(f"kvdepot: store_mode {s.store_mode!r}: "
+                         "'embedded' or 'daemon'")
     if s.kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kvdepot: kv_layout {s.kv_layout!r}, one of "
                          f"{KV_LAYOUTS}")
@@ -71,7 +72,13 @@ def parse(extra):
 
 
 def store_settings(s):
-    """The store.* settings of an embedded store."""
+    """The store.* settings: an embedded store's sizes and tiers, or the
+    daemon to use (whose own config sets its sizes and tiers)."""
+    if s.store_mode == "daemon":
+        out = {"store.mode": "daemon", "store.address": s.store_address,
+               "store.timeout": s.store_timeout}
+        out.update({str(k): v for k, v in s.store_settings.items()})
+        return out
     out = {"store.arena_size": s.arena_size}
     if s.store_dir:
         out.update({"store.disk_path": s.store_dir,

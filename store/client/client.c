@@ -1213,8 +1213,9 @@ kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
     c->cfg = *cfg;
     snprintf(c->address, sizeof c->address, "%s", cfg->address);
     c->cfg.address = c->address;
-    snprintf(c->shm_path, sizeof c->shm_path, "%s%s", cfg->address + 5,
-             KVD_HANDOFF_SUFFIX);
+    size_t plen = strlen(cfg->address + 5); /* < path_max, checked above */
+    memcpy(c->shm_path, cfg->address + 5, plen);
+    memcpy(c->shm_path + plen, KVD_HANDOFF_SUFFIX, sizeof KVD_HANDOFF_SUFFIX);
     c->arena_fd = -1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->get_cv, NULL);

@@ -232,8 +232,14 @@ static void *handoff_main(void *arg)
 static kvd_status_t handoff_open(kvd_server_t *srv, unsigned mode, char *err,
                                  size_t err_len)
 {
-    snprintf(srv->handoff_path, sizeof srv->handoff_path, "%s%s",
-             srv->cfg.unix_socket, KVD_HANDOFF_SUFFIX);
+    size_t n = strlen(srv->cfg.unix_socket);
+    if (n + sizeof KVD_HANDOFF_SUFFIX > sizeof srv->handoff_path) {
+        kvd_config_err(err, err_len, "server.unix_socket: too long");
+        return KVD_ERR_INVALID;
+    }
+    memcpy(srv->handoff_path, srv->cfg.unix_socket, n);
+    memcpy(srv->handoff_path + n, KVD_HANDOFF_SUFFIX,
+           sizeof KVD_HANDOFF_SUFFIX);
     /* rpc.c already refused to start if another daemon owns the gRPC
      * socket beside this one, so a file here is stale. */
     (void)unlink(srv->handoff_path);

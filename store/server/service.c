@@ -409,23 +409,29 @@ static kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req,
             s = KVD_ERR_NOMEM;
             goto out;
         }
+        /* Once in the table the record belongs to it: the housekeeping
+         * thread may expire and free it as soon as `mu` is released, so
+         * nothing below touches `rec` again. */
         pthread_mutex_lock(&svc->mu);
         rec->id = svc_id_new(svc);
+        rsp.lease_id = rec->id;
         lease_insert(svc, rec);
         pthread_mutex_unlock(&svc->mu);
-        rsp.lease_id = rec->id;
+        rec = NULL;
         rsp.lease_ttl_ms = rq->lease_ttl_ms;
         m = 0; /* the record holds them now */
     }
     s = svc_pack(KVD_PROTO_MSG_LOOKUP_RESPONSE, &rsp.base, out, out_len, reason,
                  reason_len);
-    if (s != KVD_OK && rec != NULL) {
+    if (s != KVD_OK && rsp.lease_id != 0) {
         pthread_mutex_lock(&svc->mu);
-        lease_unlink(svc, rec);
-        lease_drop(svc, rec);
+        svc_lease_t *l = lease_find(svc, rsp.lease_id);
+        if (l != NULL) {
+            lease_unlink(svc, l);
+            lease_drop(svc, l);
+        }
         pthread_mutex_unlock(&svc->mu);
     }
-    rec = NULL;
 out:
     if (rec != NULL) {
         lease_free(rec);

@@ -28,7 +28,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import require_lib  # noqa: E402
+from conftest import KVDEPOTD, require_lib, start_daemon, stop_daemon  # noqa: E402,E501
 from kvdepot import _lib, vllm as kv  # noqa: E402
 
 require_lib()
@@ -167,7 +167,33 @@ def connector_pair(cfg, kvs):
                                   "cross"])
 def test_save_restart_load(kind):
     with tempfile.TemporaryDirectory() as d:
-        cfg = vllm_config(d, mla=kind == "mla")
+        save_restart_load(kind, vllm_config(d, mla=kind == "mla"))
+
+
+@pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
+def test_save_restart_load_through_daemon(tmp_path):
+    """Daemon mode: engine A saves into kvdepotd, the daemon restarts (the
+    NVMe tier survives it), engine B loads through the new daemon."""
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    sets = (f"store.disk_path={nvme}", "store.disk_size=64m",
+            "store.disk_write=through", "store.sync_interval=0")
+    proc = [start_daemon(tmp_path, *sets)[0]]
+
+    def restart():
+        stop_daemon(proc[0])
+        proc[0] = start_daemon(tmp_path, *sets)[0]
+
+    cfg = vllm_config("", store_mode="daemon",
+                      store_address=f"unix:{tmp_path}/d.sock")
+    try:
+        save_restart_load("flash", cfg, between=restart)
+    finally:
+        stop_daemon(proc[0])
+
+
+def save_restart_load(kind, cfg, between=None):
+    if True:
         tokens = [(i * 31 + 7) % 32000 for i in range(PROMPT)]
         a_blocks = [3, 9, 1, 12, 5, 20, 7]
 
@@ -185,6 +211,8 @@ def test_save_restart_load(kind):
         assert w.kvdepot_stats()["blocks_saved"] == 6
         s.shutdown()
         w.shutdown()
+        if between is not None:
+            between()
 
         # Engine B, restarted: same prompt, the blocks come from NVMe.
         kv_b = caches(kind, fill=False)
@@ -315,9 +343,15 @@ def test_bad_settings_are_refused():
         with pytest.raises(ValueError, match="layerwise must be true"):
             kv.KvdepotConnector(vllm_config(d, layerwise="yes"),
                                 kv.KVConnectorRole.SCHEDULER)
-        with pytest.raises(ValueError, match="daemon"):
-            kv.KvdepotConnector(vllm_config(d, store_mode="daemon"),
+        with pytest.raises(ValueError, match="'embedded' or 'daemon'"):
+            kv.KvdepotConnector(vllm_config(d, store_mode="demon"),
                                 kv.KVConnectorRole.SCHEDULER)
+        # Daemon mode with no daemon: a clear error at start, not a hang.
+        with pytest.raises(_lib.KvdepotError, match="UNREACHABLE"):
+            kv.KvdepotConnector(
+                vllm_config(d, store_mode="daemon",
+                            store_address=f"unix:{d}/none.sock"),
+                kv.KVConnectorRole.SCHEDULER)
         with pytest.raises(_lib.KvdepotError, match="codec"):
             kv.KvdepotConnector(vllm_config(d, codec="fp7"),
                                 kv.KVConnectorRole.SCHEDULER)

@@ -1,0 +1,206 @@
+"""kvdepotd from the outside: a Python gRPC client (Debian's python3-grpcio)
+built from proto/kvdepot/v1/*.proto calls the daemon over TCP, the way a
+peer or an operator tool in another language would; plus the metrics
+endpoint and the command line's configuration errors.
+
+The generated modules are named `kvdepot.v1.*_pb2`, which would clash with
+the connector package `kvdepot` imported by the other tests, so the client
+runs in its own interpreter (CLIENT below) with only the generated code on
+its path.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from conftest import DAEMON_TOKEN as TOKEN
+from conftest import KVDEPOTD, start_daemon, stop_daemon
+
+PROTO_DIR = os.environ.get("KVDEPOT_PROTO_DIR", "")
+
+pytestmark = [
+    pytest.mark.skipif(not KVDEPOTD or not os.path.exists(KVDEPOTD),
+                       reason="KVDEPOTD not set"),
+    pytest.mark.skipif(shutil.which("protoc") is None,
+                       reason="protoc (protobuf-compiler) missing"),
+]
+
+
+CLIENT = r'''
+import json, sys
+import grpc
+from kvdepot.v1 import store_pb2 as pb, metadata_pb2 as md
+
+port, token = int(sys.argv[1]), sys.argv[2]
+ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+auth = [("authorization", "Bearer " + token)]
+out = {}
+
+def method(name, req, rsp):
+    return ch.unary_unary("/kvdepot.v1.KvStore/" + name,
+                          request_serializer=req.SerializeToString,
+                          response_deserializer=rsp.FromString)
+
+def raw(name):
+    return ch.unary_unary("/kvdepot.v1.KvStore/" + name,
+                          request_serializer=lambda b: b,
+                          response_deserializer=lambda b: b)
+
+def code_of(fn, *a, **kw):
+    try:
+        fn(*a, timeout=5, **kw)
+        return "OK", None
+    except grpc.RpcError as e:
+        trailer = dict(e.trailing_metadata() or ())
+        return e.code().name, trailer.get("kvdepot-status")
+
+stats = method("Stats", pb.StatsRequest, pb.StatsResponse)
+lookup = method("Lookup", pb.LookupRequest, pb.LookupResponse)
+
+s = stats(pb.StatsRequest(), timeout=5, metadata=auth)
+out["tiers"] = [(md.Tier.Name(t.tier), t.capacity_bytes) for t in s.tiers]
+req = pb.LookupRequest(namespace_id=bytes(16),
+                       block_hashes=[bytes([i]) * 32 for i in range(3)],
+                       lease_ttl_ms=1000)
+r = lookup(req, timeout=5, metadata=auth)
+out["lookup_hits"] = len(r.locations)
+out["lookup_lease"] = r.lease_id
+
+out["no_token"] = code_of(stats, pb.StatsRequest())
+out["wrong_token"] = code_of(stats, pb.StatsRequest(),
+                             metadata=[("authorization", "Bearer nope")])
+# namespace_id of 3 bytes: decodes, fails validation.
+out["malformed"] = code_of(raw("Lookup"), b"\x0a\x03abc", metadata=auth)
+# Not protobuf at all.
+out["garbage"] = code_of(raw("Reserve"), b"\xff\xff\xff\xff", metadata=auth)
+# 1 MiB to a call whose messages are capped at 64 KiB.
+out["oversized"] = code_of(raw("Stats"), b"\xa2\x06\x80\x80\x40" + bytes(1 << 20),
+                           metadata=auth)
+out["unknown_method"] = code_of(raw("Nope"), b"", metadata=auth)
+out["unknown_lease"] = code_of(
+    method("Release", pb.ReleaseRequest, pb.ReleaseResponse),
+    pb.ReleaseRequest(lease_ids=[12345]), metadata=auth)
+out["stale_instance"] = code_of(stats, pb.StatsRequest(),
+                                metadata=auth + [("kvdepot-instance", "00")])
+ping = method("Admin", pb.AdminRequest, pb.AdminResponse)(
+    pb.AdminRequest(ping=pb.Ping()), timeout=5, metadata=auth)
+out["ping"] = [ping.ping.version, ping.ping.protocol_major,
+               ping.ping.protocol_revision]
+# Still serving after all of the above.
+out["after"] = len(stats(pb.StatsRequest(), timeout=5, metadata=auth).tiers)
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pb")
+    subprocess.run(["protoc", f"-I{PROTO_DIR}", f"--python_out={d}",
+                    "kvdepot/v1/metadata.proto", "kvdepot/v1/store.proto"],
+                   check=True)
+    (d / "client.py").write_text(CLIENT)
+    return d
+
+
+def run_client(stubs, port):
+    env = dict(os.environ, PYTHONPATH=str(stubs))
+    p = subprocess.run([sys.executable, str(stubs / "client.py"), str(port),
+                        TOKEN], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def get(port, path):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}",
+                                    timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_grpc_client_over_tcp(tmp_path, stubs):
+    pytest.importorskip("grpc")
+    proc, port, mport = start_daemon(tmp_path)
+    try:
+        out = run_client(stubs, port)
+        assert out["tiers"][0][0] == "TIER_HOST" and out["tiers"][0][1] > 0
+        assert out["lookup_hits"] == 0 and out["lookup_lease"] == 0
+        assert out["no_token"] == ["UNAUTHENTICATED", "-81"]
+        assert out["wrong_token"] == ["UNAUTHENTICATED", "-81"]
+        assert out["malformed"] == ["INVALID_ARGUMENT", "-5"]
+        assert out["garbage"] == ["INVALID_ARGUMENT", "-5"]
+        assert out["oversized"] == ["INVALID_ARGUMENT", "-5"]
+        assert out["unknown_method"] == ["UNIMPLEMENTED", "-6"]
+        assert out["unknown_lease"] == ["OK", None]  # nothing to release
+        assert out["stale_instance"] == ["FAILED_PRECONDITION", "-7"]
+        assert out["ping"][1:] == [1, 2]
+        assert out["after"] == 1
+
+        status, body = get(mport, "/metrics")
+        assert status == 200
+        assert 'kvdepot_errors_total{status="KVD_ERR_AUTH"} 2' in body
+        assert 'kvdepot_errors_total{status="KVD_ERR_PROTO"} 3' in body
+        assert 'kvdepot_rpc_latency_seconds_count{method="Stats"}' in body
+        assert 'kvdepot_tier_capacity_bytes{tier="host"} 67108864' in body
+        assert get(mport, "/healthz")[0] == 200
+        assert get(mport, "/readyz") == (200, "ready\n")
+        assert get(mport, "/nope")[0] == 404
+    finally:
+        stop_daemon(proc)
+
+
+@pytest.mark.parametrize("sets,needle", [
+    (["server.threads=0"], "server.threads"),
+    (["store.arena_sise=1g"], "store.arena_sise"),
+    (["server.unix_mode=9x"], "server.unix_mode"),
+    (["server.tcp_address=127.0.0.1:0", "server.token="], "server.token"),
+    (["server.unix_socket=", "server.tcp_address="], "nothing to listen on"),
+])
+def test_bad_config_fails_at_start(tmp_path, sets, needle):
+    args = [KVDEPOTD, "--set", f"server.unix_socket={tmp_path}/d.sock",
+            "--set", "store.arena_size=16m", "--set", "store.arena_chunk=2m",
+            "--set", "store.arena_prefault=false"]
+    for s in sets:
+        args += ["--set", s]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert needle in p.stderr
+
+
+def test_print_config_shows_every_key(tmp_path):
+    cfg = tmp_path / "k.yaml"
+    cfg.write_text("server:\n  threads: 3\nstore:\n  arena_size: 1g\n")
+    p = subprocess.run([KVDEPOTD, "--config", str(cfg), "--set",
+                        "server.node_id=n1", "--print-config"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    lines = {ln.split(" = ")[0]: ln for ln in p.stdout.splitlines()
+             if " = " in ln}
+    for key in ("server.unix_socket", "server.tcp_address", "server.token",
+                "server.metrics_address", "server.lease_ttl", "log.level",
+                "store.arena_size", "store.disk_path", "store.mode"):
+        assert key in lines, key
+    assert "from: file" in lines["server.threads"]
+    assert "from: call" in lines["server.node_id"]
+
+
+def test_sighup_reload_keeps_serving(tmp_path, stubs):
+    pytest.importorskip("grpc")
+    proc, port, mport = start_daemon(tmp_path)
+    try:
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.2)
+        assert proc.poll() is None
+        assert get(mport, "/readyz")[0] == 200
+        assert run_client(stubs, port)["after"] == 1
+    finally:
+        stop_daemon(proc)
