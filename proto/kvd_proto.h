@@ -163,7 +163,9 @@ extern "C" {
     X(stats_request, STATS_REQUEST, StatsRequest)                              \
     X(stats_response, STATS_RESPONSE, StatsResponse)                           \
     X(admin_request, ADMIN_REQUEST, AdminRequest)                              \
-    X(admin_response, ADMIN_RESPONSE, AdminResponse)
+    X(admin_response, ADMIN_RESPONSE, AdminResponse)                           \
+    X(delete_request, DELETE_REQUEST, DeleteRequest)                           \
+    X(delete_response, DELETE_RESPONSE, DeleteResponse)
 
 /* KVD_PROTO_MSG_STEP_PLAN, ... KVD_PROTO_MSG_COUNT. */
 typedef enum kvd_proto_msg {

@@ -1098,9 +1098,7 @@ KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
         return KVD_ERR_INVALID;
     }
     if (store->client != NULL) {
-        /* The daemon owns its objects and quotas: its config and
-         * operator tools change them, not an engine. */
-        return KVD_ERR_UNSUPPORTED;
+        return kvd_client_delete(store->client, keys, num, num_deleted_out);
     }
     size_t deleted = 0;
     bool busy = false;

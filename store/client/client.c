@@ -145,7 +145,7 @@ static const char *const cl_paths[] = {
     "/kvdepot.v1.KvStore/Commit",  "/kvdepot.v1.KvStore/Abort",
     "/kvdepot.v1.KvStore/Release", "/kvdepot.v1.KvStore/Get",
     "/kvdepot.v1.KvStore/Promote", "/kvdepot.v1.KvStore/Stats",
-    "/kvdepot.v1.KvStore/Admin",
+    "/kvdepot.v1.KvStore/Admin",   "/kvdepot.v1.KvStore/Delete",
 };
 enum cl_method {
     CL_LOOKUP,
@@ -156,7 +156,8 @@ enum cl_method {
     CL_GET,
     CL_PROMOTE,
     CL_STATS,
-    CL_ADMIN
+    CL_ADMIN,
+    CL_DELETE
 };
 
 /*
@@ -1080,6 +1081,56 @@ kvd_status_t kvd_client_wait(kvd_client_t *c, int timeout_ms)
 int kvd_client_fd(kvd_client_t *c)
 {
     return kvd_ring_fd(c->cq);
+}
+
+/* ---- delete -------------------------------------------------------------- */
+
+kvd_status_t kvd_client_delete(kvd_client_t *c, const kvd_store_key_t *keys,
+                               size_t n, size_t *num_deleted_out)
+{
+    size_t total = 0;
+    bool busy = false;
+    kvd_status_t s = KVD_OK;
+    /* One call per run of keys of one namespace (the request's unit). */
+    for (size_t i = 0; i < n && s == KVD_OK;) {
+        size_t j = i;
+        while (j < n && j - i < KVD_PROTO_MAX_HASHES &&
+               memcmp(&keys[j].ns, &keys[i].ns, sizeof keys[i].ns) == 0) {
+            j++;
+        }
+        ProtobufCBinaryData *hb = malloc((j - i) * sizeof *hb);
+        if (hb == NULL) {
+            return KVD_ERR_NOMEM;
+        }
+        for (size_t k = i; k < j; k++) {
+            hb[k - i].data = (uint8_t *)keys[k].hash.bytes;
+            hb[k - i].len = sizeof keys[k].hash.bytes;
+        }
+        kvd_pb_delete_request_t rq = KVDEPOT__V1__DELETE_REQUEST__INIT;
+        rq.namespace_id.data = (uint8_t *)keys[i].ns.bytes;
+        rq.namespace_id.len = sizeof keys[i].ns.bytes;
+        rq.n_block_hashes = j - i;
+        rq.block_hashes = hb;
+        kvd_pb_delete_response_t *rsp = NULL;
+        uint64_t used;
+        s = cl_call(c, CL_DELETE, KVD_PROTO_MSG_DELETE_REQUEST, &rq.base,
+                    KVD_PROTO_MSG_DELETE_RESPONSE, (ProtobufCMessage **)&rsp,
+                    &used, true);
+        free(hb);
+        if (s == KVD_OK) {
+            total += rsp->num_deleted;
+            busy |= rsp->busy;
+            kvd_proto_delete_response_free(rsp);
+        }
+        i = j;
+    }
+    if (num_deleted_out != NULL) {
+        *num_deleted_out = total;
+    }
+    if (s != KVD_OK) {
+        return s;
+    }
+    return busy ? KVD_ERR_BUSY : KVD_OK;
 }
 
 /* ---- arena, stats, admin --------------------------------------------------

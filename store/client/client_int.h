@@ -73,6 +73,8 @@ size_t kvd_client_poll(kvd_client_t *c, kvd_store_completion_t *out,
 kvd_status_t kvd_client_wait(kvd_client_t *c, int timeout_ms);
 int kvd_client_fd(kvd_client_t *c);
 kvd_status_t kvd_client_flush(kvd_client_t *c, int timeout_ms);
+kvd_status_t kvd_client_delete(kvd_client_t *c, const kvd_store_key_t *keys,
+                               size_t n, size_t *num_deleted_out);
 kvd_status_t kvd_client_stats(kvd_client_t *c, kvd_store_stats_t *out);
 
 /* Admin ping: the daemon's version and node id (for the CLI). */

@@ -45,6 +45,7 @@ static const struct {
     {"/kvdepot.v1.KvStore/Promote", "Promote"},
     {"/kvdepot.v1.KvStore/Stats", "Stats"},
     {"/kvdepot.v1.KvStore/Admin", "Admin"},
+    {"/kvdepot.v1.KvStore/Delete", "Delete"},
 };
 
 const char *kvd_rpc_method_path(kvd_rpc_method_t method)
@@ -1051,6 +1052,42 @@ out:
     return s;
 }
 
+/* ---- Delete ------------------------------------------------------------- */
+
+static kvd_status_t svc_delete(kvd_service_t *svc, const uint8_t *req,
+                               size_t len, uint8_t **out, size_t *out_len,
+                               char *reason, size_t reason_len)
+{
+    kvd_pb_delete_request_t *rq = NULL;
+    kvd_status_t s =
+        kvd_proto_delete_request_unpack(req, len, &rq, reason, reason_len);
+    if (s != KVD_OK) {
+        return s;
+    }
+    size_t n = rq->n_block_hashes, deleted = 0;
+    kvd_store_key_t *keys = malloc(n * sizeof *keys);
+    if (keys == NULL) {
+        kvd_proto_delete_request_free(rq);
+        return KVD_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        svc_ns(&rq->namespace_id, &keys[i].ns);
+        memcpy(keys[i].hash.bytes, rq->block_hashes[i].data,
+               sizeof keys[i].hash.bytes);
+    }
+    s = kvd_store_delete(svc->store, keys, n, &deleted);
+    free(keys);
+    kvd_proto_delete_request_free(rq);
+    if (s != KVD_OK && s != KVD_ERR_BUSY) {
+        return s;
+    }
+    kvd_pb_delete_response_t rsp = KVDEPOT__V1__DELETE_RESPONSE__INIT;
+    rsp.num_deleted = (uint32_t)deleted;
+    rsp.busy = s == KVD_ERR_BUSY;
+    return svc_pack(KVD_PROTO_MSG_DELETE_RESPONSE, &rsp.base, out, out_len,
+                    reason, reason_len);
+}
+
 /* ---- dispatch ----------------------------------------------------------- */
 
 typedef kvd_status_t (*svc_handler_fn)(kvd_service_t *, const uint8_t *, size_t,
@@ -1058,7 +1095,7 @@ typedef kvd_status_t (*svc_handler_fn)(kvd_service_t *, const uint8_t *, size_t,
 
 static const svc_handler_fn svc_handlers[KVD_RPC_COUNT] = {
     svc_lookup, svc_reserve, svc_commit, svc_abort, svc_release,
-    svc_get,    svc_promote, svc_stats,  svc_admin,
+    svc_get,    svc_promote, svc_stats,  svc_admin, svc_delete,
 };
 
 static void svc_count_error(kvd_service_t *svc, kvd_status_t s)

@@ -43,6 +43,7 @@ typedef enum kvd_rpc_method {
     KVD_RPC_PROMOTE,
     KVD_RPC_STATS,
     KVD_RPC_ADMIN,
+    KVD_RPC_DELETE,
     KVD_RPC_COUNT
 } kvd_rpc_method_t;
 

@@ -78,6 +78,8 @@ typedef struct kvd_samples {
     kvd_pb_get_response_t get_response;
     kvd_pb_promote_request_t promote_request;
     kvd_pb_promote_response_t promote_response;
+    kvd_pb_delete_request_t delete_request;
+    kvd_pb_delete_response_t delete_response;
     kvd_pb_stats_request_t stats_request;
     kvd_pb_tier_stats_t tier[KVD_PROTO_MAX_TIERS];
     kvd_pb_tier_stats_t *tiers[KVD_PROTO_MAX_TIERS];
@@ -381,6 +383,16 @@ static inline void kvd_samples_store(kvd_samples_t *s, unsigned variant)
     kvd_pb_promote_response_t presp = KVDEPOT__V1__PROMOTE_RESPONSE__INIT;
     presp.num_accepted = (uint32_t)n;
     s->promote_response = presp;
+
+    kvd_pb_delete_request_t dreq = KVDEPOT__V1__DELETE_REQUEST__INIT;
+    dreq.namespace_id = lreq.namespace_id;
+    dreq.n_block_hashes = n;
+    dreq.block_hashes = s->hashes;
+    s->delete_request = dreq;
+    kvd_pb_delete_response_t dresp = KVDEPOT__V1__DELETE_RESPONSE__INIT;
+    dresp.num_deleted = (uint32_t)(n / 2);
+    dresp.busy = variant == 1;
+    s->delete_response = dresp;
 }
 
 static inline void kvd_samples_ops(kvd_samples_t *s, unsigned variant)

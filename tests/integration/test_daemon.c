@@ -306,6 +306,21 @@ static void test_two_processes_share(void **state)
     assert_int_equal(kvd_store_lookup(st, &ns, fresh, 1, l, &m), KVD_OK);
     assert_int_equal(m, 0);
     assert_int_equal(kvd_store_commit(st, &fk, 1, &as), KVD_ERR_NOT_FOUND);
+    /* Delete: a leased object is kept (BUSY), the others go. */
+    assert_int_equal(kvd_store_lookup(st, &ns, h, 1, l, &m), KVD_OK);
+    assert_int_equal(m, 1);
+    kvd_store_key_t dk[NKEYS];
+    for (size_t i = 0; i < NKEYS; i++) {
+        dk[i] = (kvd_store_key_t){.ns = ns, .hash = h[i]};
+    }
+    size_t deleted = 0;
+    assert_int_equal(kvd_store_delete(st, dk, NKEYS, &deleted), KVD_ERR_BUSY);
+    assert_int_equal(deleted, NKEYS - 1);
+    assert_int_equal(kvd_store_release(st, l, 1), KVD_OK);
+    assert_int_equal(kvd_store_delete(st, dk, NKEYS, &deleted), KVD_OK);
+    assert_int_equal(deleted, 1);
+    assert_int_equal(kvd_store_lookup(st, &ns, h, NKEYS, l, &m), KVD_OK);
+    assert_int_equal(m, 0);
     kvd_store_close(st);
     daemon_stop(dpid);
     kvd_test_dir_remove(&d);

@@ -1,0 +1,9 @@
+/*
+ * libFuzzer target for kvd_proto_delete_response_unpack
+ * (kvdepot.v1.DeleteResponse): unpack, re-pack, re-unpack, compare (see
+ * fuzz_proto_int.h). Seeds in corpus/delete_response/, written by
+ * gen_proto_corpus.
+ */
+#include "fuzz_proto_int.h"
+
+KVD_FUZZ_PROTO_TARGET(DELETE_RESPONSE)
