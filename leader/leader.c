@@ -529,13 +529,22 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
         free(leases);
         return req_answer_miss(r, first, matched_out, async_out);
     }
+    if (s != KVD_OK && s != KVD_INPROGRESS) {
+        /* The cache failed (a dead daemon, a deadline): the engine
+         * computes the prefix; it never waits on or fails for the cache. */
+        free(leases);
+        ld->st.lookup_errors++;
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 5000,
+                            "leader: lookup for request %s failed (%s): "
+                            "computed instead",
+                            r->id, kvd_status_str(s));
+        return req_answer_miss(r, first, matched_out, async_out);
+    }
     if (s != KVD_OK) {
         free(leases);
-        if (s == KVD_INPROGRESS) {
-            ld->st.not_yet++;
-            if (r->not_yet_since_ns == 0) {
-                r->not_yet_since_ns = now;
-            }
+        ld->st.not_yet++;
+        if (r->not_yet_since_ns == 0) {
+            r->not_yet_since_ns = now;
         }
         return s;
     }

@@ -126,8 +126,11 @@ typedef struct kvd_leader_request {
  * asked to be called again. A request is answered "not yet" for at most
  * lookup_timeout_ms from the first such answer; after that it is matched
  * against what is ready (up to the first block another request is loading;
- * a backend still not ready counts as a miss). Errors: KVD_ERR_INVALID (NULL,
- * bad id, neither tokens nor hashes), KVD_ERR_NOMEM, the backend's errors.
+ * a backend still not ready counts as a miss). A backend lookup that fails
+ * (the daemon is unreachable, a deadline passed) is answered as a miss and
+ * counted in stats.lookup_errors: the engine computes, never waits on or
+ * fails for the cache. Errors: KVD_ERR_INVALID (NULL, bad id, neither
+ * tokens nor hashes), KVD_ERR_NOMEM.
  */
 KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     kvd_leader_t *leader, const kvd_leader_request_t *req,
@@ -248,6 +251,8 @@ typedef struct kvd_leader_stats {
     uint64_t failed_loads;
     uint64_t not_yet;  /* answers "not yet" */
     uint64_t timeouts; /* requests that stopped waiting (lookup_timeout_ms) */
+    uint64_t lookup_errors; /* backend lookups that failed: answered as
+                               misses (the engine computes) */
 } kvd_leader_stats_t;
 
 KVD_API kvd_status_t kvd_leader_stats(kvd_leader_t *leader,

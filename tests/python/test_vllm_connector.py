@@ -19,6 +19,7 @@ torch or without a built libkvdepot.so.
 import inspect
 import os
 import pickle
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -190,6 +191,56 @@ def test_save_restart_load_through_daemon(tmp_path):
         save_restart_load("flash", cfg, between=restart)
     finally:
         stop_daemon(proc[0])
+
+
+@pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
+def test_dead_daemon_means_recompute(tmp_path):
+    """The daemon dies under a running engine: lookups answer 0 tokens
+    within store_timeout, saves are skipped, nothing raises; when a daemon
+    is back the same connectors use it again."""
+    proc = start_daemon(tmp_path)[0]
+    cfg = vllm_config("", store_mode="daemon",
+                      store_address=f"unix:{tmp_path}/d.sock",
+                      store_timeout="500ms")
+    tokens = [(i * 17 + 3) % 32000 for i in range(PROMPT)]
+    blocks = [3, 9, 1, 12, 5, 20, 7]
+    kvs = caches("flash", fill=True)
+    s, w, names = connector_pair(cfg, kvs)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        req = Request("req-dead", tokens)
+        t0 = time.monotonic()
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        assert time.monotonic() - t0 < 5
+        s.update_state_after_alloc(req, Blocks(blocks), 0)
+        meta = s.build_connector_meta(
+            sched_output(new=[(req, 0)], tokens={"req-dead": PROMPT}))
+        out = worker_step(w, meta, kvs, names)
+        s.update_connector_output(out)
+        assert out.invalid_block_ids == set()
+        assert s.request_finished(req, blocks) == (False, None)
+        assert w.kvdepot_stats()["blocks_saved"] == 0
+
+        # A daemon again: requests are saved, and then one is found.
+        proc = start_daemon(tmp_path)[0]
+        deadline = time.monotonic() + 10
+        for k in range(1000):  # the channel reconnects after a back-off
+            req = Request(f"req-back-{k}", tokens)
+            if s.get_num_new_matched_tokens(req, 0)[0] == 96:
+                break
+            s.update_state_after_alloc(req, Blocks(blocks), 0)
+            meta = s.build_connector_meta(sched_output(
+                new=[(req, 0)], tokens={req.request_id: PROMPT}))
+            s.update_connector_output(worker_step(w, meta, kvs, names))
+            s.request_finished(req, blocks)
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert w.kvdepot_stats()["blocks_saved"] == 6
+    finally:
+        s.shutdown()
+        w.shutdown()
+        stop_daemon(proc)
 
 
 def save_restart_load(kind, cfg, between=None):

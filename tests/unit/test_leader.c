@@ -27,7 +27,8 @@ typedef struct fake {
     uint32_t tier[256];
     size_t num_stored;
     int64_t leases;
-    int busy; /* lookups answer KVD_INPROGRESS while set */
+    int busy;          /* lookups answer KVD_INPROGRESS while set */
+    kvd_status_t fail; /* lookups answer this error while non-zero */
 } fake_t;
 
 static kvd_status_t fake_lookup(void *ctx, const kvd_namespace_t *ns,
@@ -37,6 +38,9 @@ static kvd_status_t fake_lookup(void *ctx, const kvd_namespace_t *ns,
     fake_t *f = ctx;
     if (f->busy) {
         return KVD_INPROGRESS;
+    }
+    if (f->fail != KVD_OK) {
+        return f->fail;
     }
     size_t m = 0;
     for (; m < n; m++) {
@@ -931,6 +935,37 @@ static void test_bad_input(void **state)
     kvd_leader_destroy(NULL);
 }
 
+/* A failing backend (a dead daemon, a deadline) is a miss: the engine
+ * computes; the request goes on normally and later lookups work again. */
+static void test_backend_failure_is_a_miss(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    kvd_leader_t *ld = leader_on(&f, 1);
+    uint32_t tok[80];
+    prompt(tok, 80, 41);
+    kvd_block_hash_t h[5];
+    assert_int_equal(chain(tok, 80, NULL, h), 5);
+    fake_store(&f, h, 5, KVD_STORE_TIER_HOST);
+    uint64_t m = 99;
+    bool async = true;
+    f.fail = KVD_ERR_UNREACHABLE;
+    assert_int_equal(match(ld, "down", tok, 80, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 0);
+    assert_false(async);
+    f.fail = KVD_ERR_TIMEOUT;
+    assert_int_equal(match(ld, "slow", tok, 80, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 0);
+    kvd_leader_stats_t st;
+    assert_int_equal(kvd_leader_stats(ld, &st), KVD_OK);
+    assert_int_equal(st.lookup_errors, 2);
+    f.fail = KVD_OK;
+    assert_int_equal(match(ld, "up", tok, 80, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 64);
+    kvd_leader_destroy(ld);
+    assert_int_equal(f.leases, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -950,6 +985,7 @@ int main(void)
         cmocka_unit_test(test_prefill_handoff),
         cmocka_unit_test(test_trtllm_sequence),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_backend_failure_is_a_miss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
