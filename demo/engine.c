@@ -79,6 +79,18 @@ static kvd_status_t open_store(engine_t *e)
 {
     kvd_config_t *cfg = NULL;
     kvd_status_t st = kvd_config_create(&cfg);
+    if (st == KVD_OK && e->o->store_address != NULL) {
+        /* The daemon's own config sets the tiers and sizes. */
+        st = kvd_config_set(cfg, "store.mode", "daemon");
+        if (st == KVD_OK) {
+            st = kvd_config_set(cfg, "store.address", e->o->store_address);
+        }
+        if (st == KVD_OK) {
+            st = kvd_store_open(cfg, &e->store, e->err, e->err_len);
+        }
+        kvd_config_destroy(cfg);
+        return st;
+    }
     static const char *const kv[] = {
         "store.arena_size",     "64m",     "store.arena_chunk",    "1m",
         "store.arena_prefault", "false",   "store.disk_size",      "256m",

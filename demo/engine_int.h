@@ -20,11 +20,13 @@
 #define KVD_DEMO_BLOCK_SIZE 16u
 
 typedef struct kvd_demo_opts {
-    const char *store_dir;  /* NVMe tier and index live here */
-    kvd_codec_t codec;      /* for K and V */
-    uint32_t prompt_tokens; /* prompt length, question included */
-    const char *question;   /* the prompt's last words */
-    uint32_t gen_tokens;    /* 1..KVD_DEMO_MAX_GEN */
+    const char *store_dir;     /* NVMe tier and index live here */
+    const char *store_address; /* kvdepotd's "unix:PATH", or NULL: the
+                                  embedded store in store_dir */
+    kvd_codec_t codec;         /* for K and V */
+    uint32_t prompt_tokens;    /* prompt length, question included */
+    const char *question;      /* the prompt's last words */
+    uint32_t gen_tokens;       /* 1..KVD_DEMO_MAX_GEN */
     kvd_demo_config_t model;
     uint64_t seed;
     const char *checkpoint; /* llama2.c file, or NULL: seeded weights */

@@ -17,12 +17,15 @@
  *
  * Options: --prompt-tokens N, --gen N, --dir PATH, --codec NAME (run),
  * --question TEXT (run), --layers N, --dim N, --heads N, --kv-heads N,
- * --hidden N, --seed N, --checkpoint FILE (llama2.c weights).
+ * --hidden N, --seed N, --checkpoint FILE (llama2.c weights),
+ * --daemon unix:PATH (the store is a running kvdepotd instead of the
+ * embedded one; the cold reference of the partial hit stays embedded).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -46,7 +49,7 @@ static void usage(void)
             "[--question TEXT]\n"
             "       [--layers N] [--dim N] [--heads N] [--kv-heads N] "
             "[--hidden N] [--seed N]\n"
-            "       [--checkpoint llama2c.bin]\n");
+            "       [--checkpoint llama2c.bin] [--daemon unix:PATH]\n");
 }
 
 static bool num(const char *s, uint64_t max, uint64_t *out)
@@ -89,6 +92,8 @@ static int parse(int argc, char **argv, args_t *a)
             o->question = v;
         } else if (ok && strcmp(k, "--checkpoint") == 0) {
             o->checkpoint = v;
+        } else if (ok && strcmp(k, "--daemon") == 0) {
+            o->store_address = v;
         } else if (ok && num(v, UINT32_MAX, &n)) {
             if (strcmp(k, "--prompt-tokens") == 0) {
                 o->prompt_tokens = (uint32_t)n;
@@ -218,9 +223,11 @@ static int demo(args_t *a)
     outcome_t A, B, C, Cref, q[2][2];
     printf("kvdepot persistence round trip: %u-token prompt, %u tokens "
            "generated, model %u layers x dim %u (%u heads, %u kv heads), "
-           "store in %s\n\n",
+           "store %s %s\n\n",
            o.prompt_tokens, o.gen_tokens, o.model.num_layers, o.model.dim,
-           o.model.num_heads, o.model.num_kv_heads, a->dir);
+           o.model.num_heads, o.model.num_kv_heads,
+           o.store_address != NULL ? "kvdepotd at" : "in",
+           o.store_address != NULL ? o.store_address : a->dir);
     if (run_in_child(&o, &A) != 0 || run_in_child(&o, &B) != 0) {
         return 1;
     }
@@ -230,11 +237,18 @@ static int demo(args_t *a)
     }
     char ref_dir[600];
     snprintf(ref_dir, sizeof ref_dir, "%s/cold-reference", a->dir);
+    /* With a daemon nothing has made the demo's directory yet. */
+    if (mkdir(a->dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "kvdepot-demo: %s: %s\n", a->dir, strerror(errno));
+        return 1;
+    }
     o.store_dir = ref_dir;
+    o.store_address = NULL; /* cold means a store of its own */
     if (run_in_child(&o, &Cref) != 0) {
         return 1;
     }
     o.store_dir = a->dir;
+    o.store_address = a->o.store_address;
     o.question = a->o.question;
     static const kvd_codec_t lossy[2] = {KVD_CODEC_FP8_E4M3, KVD_CODEC_TQ4};
     for (int k = 0; k < 2; k++) {
