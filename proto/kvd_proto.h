@@ -103,6 +103,8 @@ extern "C" {
 #define KVD_PROTO_MAX_HASHES 65536
 /* Lease ids in one Release. */
 #define KVD_PROTO_MAX_LEASES 4096
+/* Namespaces, and separately tenants, in one ListNamespacesReply. */
+#define KVD_PROTO_MAX_NAMESPACES 4096
 /* Engine block ids and worker ranks are non-negative int32 values. */
 #define KVD_PROTO_MAX_BLOCK_ID INT32_MAX
 /* Layers per shard and per-layer checksums per object; KV heads; head
@@ -197,6 +199,13 @@ KVD_PROTO_TYPEDEF_(drop_namespace_reply, DROP_NAMESPACE_REPLY,
                    DropNamespaceReply)
 KVD_PROTO_TYPEDEF_(flush, FLUSH, Flush)
 KVD_PROTO_TYPEDEF_(flush_reply, FLUSH_REPLY, FlushReply)
+KVD_PROTO_TYPEDEF_(list_namespaces, LIST_NAMESPACES, ListNamespaces)
+KVD_PROTO_TYPEDEF_(namespace_usage, NAMESPACE_USAGE, NamespaceUsage)
+KVD_PROTO_TYPEDEF_(tenant_usage, TENANT_USAGE, TenantUsage)
+KVD_PROTO_TYPEDEF_(list_namespaces_reply, LIST_NAMESPACES_REPLY,
+                   ListNamespacesReply)
+KVD_PROTO_TYPEDEF_(drain, DRAIN, Drain)
+KVD_PROTO_TYPEDEF_(drain_reply, DRAIN_REPLY, DrainReply)
 #undef KVD_PROTO_TYPEDEF_
 
 /* "step_plan", ... (the reason prefix); NULL for an unknown type. */

@@ -144,6 +144,9 @@ static const kvd_proto_rule_t rules[] = {
     {D(ping_reply), "node_id", RNG, 0, NODE_MAX, 0},
     {D(drop_namespace), "namespace_id", REQ | RNG, NS_BYTES, NS_BYTES, 0},
     {D(flush), "timeout_ms", RNG, 0, TTL_MAX, 0},
+    {D(namespace_usage), "namespace_id", REQ | RNG, NS_BYTES, NS_BYTES, 0},
+    {D(list_namespaces_reply), "namespaces", 0, 0, 0, KVD_PROTO_MAX_NAMESPACES},
+    {D(list_namespaces_reply), "tenants", 0, 0, 0, KVD_PROTO_MAX_NAMESPACES},
 };
 
 /* ------------------------------------------------------------------------ */

@@ -1052,3 +1052,30 @@ kvd_status_t kvd_l1_tenant_stats(kvd_l1_t *l1, uint32_t tenant,
     }
     return status;
 }
+
+kvd_status_t kvd_l1_scan(kvd_l1_t *l1, uint64_t *cursor,
+                         kvd_l1_scan_entry_t *out, size_t max, size_t *n_out)
+{
+    if (l1 == NULL || cursor == NULL || n_out == NULL ||
+        (max > 0 && out == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    size_t nodes = (size_t)l1->capacity + l1->ghost_capacity;
+    size_t n = 0;
+    uint64_t i = *cursor;
+    pthread_mutex_lock(&l1->lock);
+    /* The pool never moves, so an index is a stable cursor. */
+    for (; i < nodes && n < max; i++) {
+        const l1_entry_t *e = &l1->pool[i];
+        if (e->state == L1_READY && !e->doomed) {
+            out[n].key = e->key;
+            out[n].size_bytes = e->size_bytes;
+            out[n].tenant = e->tenant;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&l1->lock);
+    *cursor = i;
+    *n_out = n;
+    return KVD_OK;
+}

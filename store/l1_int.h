@@ -336,6 +336,22 @@ kvd_status_t kvd_l1_delete(kvd_l1_t *l1, const kvd_l1_key_t *key,
                            kvd_l1_victim_t *removed_out);
 
 /* Writes a snapshot of the table's counters. KVD_ERR_INVALID on NULL. */
+/* One READY entry, written by kvd_l1_scan. */
+typedef struct kvd_l1_scan_entry {
+    kvd_l1_key_t key;
+    uint64_t size_bytes;
+    uint32_t tenant;
+} kvd_l1_scan_entry_t;
+
+/*
+ * Walks the READY, not doomed entries in table order, up to `max` per call:
+ * *cursor starts at 0 and is advanced; the walk is over when a call writes
+ * fewer than `max` entries. Entries added or removed while walking may or
+ * may not be seen; none is seen twice. One lock hold per call.
+ */
+kvd_status_t kvd_l1_scan(kvd_l1_t *l1, uint64_t *cursor,
+                         kvd_l1_scan_entry_t *out, size_t max, size_t *n_out);
+
 kvd_status_t kvd_l1_stats(kvd_l1_t *l1, kvd_l1_stats_t *stats_out);
 
 /* Writes `tenant`'s counters. KVD_ERR_INVALID on NULL, KVD_ERR_NOT_FOUND

@@ -1141,6 +1141,61 @@ KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
     return busy ? KVD_ERR_BUSY : KVD_OK;
 }
 
+kvd_client_t *kvd_store_daemon_client(kvd_store_t *store)
+{
+    return store != NULL ? store->client : NULL;
+}
+
+/* The cursor walks L1 first, then L2: its top bit says which. */
+#define STORE_SCAN_L2 (UINT64_C(1) << 63)
+
+KVD_API kvd_status_t kvd_store_scan(kvd_store_t *store, uint64_t *cursor,
+                                    kvd_store_object_t *out, size_t max,
+                                    size_t *n_out)
+{
+    if (store == NULL || cursor == NULL || n_out == NULL ||
+        (max > 0 && out == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->client != NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
+    size_t n = 0;
+    kvd_l1_scan_entry_t chunk[STORE_KEY_CHUNK];
+    while (n < max) {
+        bool l2 = (*cursor & STORE_SCAN_L2) != 0;
+        kvd_l1_t *table = l2 ? store->l2 : store->l1;
+        if (table == NULL) {
+            break; /* no disk tier */
+        }
+        uint64_t pos = *cursor & ~STORE_SCAN_L2;
+        size_t want = max - n < STORE_KEY_CHUNK ? max - n : STORE_KEY_CHUNK;
+        size_t got = 0;
+        kvd_status_t s = kvd_l1_scan(table, &pos, chunk, want, &got);
+        if (s != KVD_OK) {
+            return s;
+        }
+        for (size_t i = 0; i < got; i++) {
+            store_key_from_l1(&chunk[i].key, &out[n].key);
+            out[n].tier = l2 ? KVD_STORE_TIER_DISK : KVD_STORE_TIER_HOST;
+            out[n].tenant = chunk[i].tenant;
+            out[n].size_bytes = chunk[i].size_bytes;
+            n++;
+        }
+        if (got < want) {
+            if (l2) {
+                *cursor = STORE_SCAN_L2 | pos;
+                break;
+            }
+            *cursor = STORE_SCAN_L2; /* L1 done: L2 from its start */
+            continue;
+        }
+        *cursor = (l2 ? STORE_SCAN_L2 : 0) | pos;
+    }
+    *n_out = n;
+    return KVD_OK;
+}
+
 KVD_API kvd_status_t kvd_store_tenant_set_quota(kvd_store_t *store,
                                                 uint32_t tenant,
                                                 uint64_t max_bytes)

@@ -258,6 +258,27 @@ KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
                                       const kvd_store_key_t *keys, size_t num,
                                       size_t *num_deleted_out);
 
+/* One stored object, written by kvd_store_scan. */
+typedef struct kvd_store_object {
+    kvd_store_key_t key;
+    uint32_t tier;   /* kvd_store_tier_t */
+    uint32_t tenant; /* the quota domain it was saved under */
+    uint64_t size_bytes;
+} kvd_store_object_t;
+
+/*
+ * Lists stored objects (committed; both tiers; an object in both is listed
+ * once per tier), up to `max` per call, for operators (`kvdepot ls`, drop
+ * a namespace). *cursor starts at 0 and is advanced; the listing is done
+ * when a call writes fewer than `max`. Objects saved or removed meanwhile
+ * may or may not appear; none appears twice in one tier. Does not block on
+ * I/O. KVD_ERR_UNSUPPORTED in daemon mode (operators ask the daemon).
+ * Thread: any.
+ */
+KVD_API kvd_status_t kvd_store_scan(kvd_store_t *store, uint64_t *cursor,
+                                    kvd_store_object_t *out, size_t max,
+                                    size_t *n_out);
+
 /* Sets the arena byte quota of `tenant` (0 = unlimited), enforced at
  * reserve. Thread: any. */
 KVD_API kvd_status_t kvd_store_tenant_set_quota(kvd_store_t *store,

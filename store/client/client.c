@@ -1220,6 +1220,87 @@ kvd_status_t kvd_client_flush(kvd_client_t *c, int timeout_ms)
     return s;
 }
 
+kvd_status_t kvd_client_list(kvd_client_t *c, kvd_client_ns_usage_t **ns_out,
+                             size_t *num_ns_out,
+                             kvd_client_tenant_usage_t **tenants_out,
+                             size_t *num_tenants_out, bool *truncated_out)
+{
+    kvd_pb_list_namespaces_t op = KVDEPOT__V1__LIST_NAMESPACES__INIT;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_LIST_NAMESPACES;
+    rq.list_namespaces = &op;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s != KVD_OK) {
+        return s;
+    }
+    const kvd_pb_list_namespaces_reply_t *r = rsp->list_namespaces;
+    kvd_client_ns_usage_t *ns = calloc(r->n_namespaces + 1, sizeof *ns);
+    kvd_client_tenant_usage_t *tn = calloc(r->n_tenants + 1, sizeof *tn);
+    if (ns == NULL || tn == NULL) {
+        free(ns);
+        free(tn);
+        kvd_proto_admin_response_free(rsp);
+        return KVD_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < r->n_namespaces; i++) {
+        memcpy(ns[i].ns.bytes, r->namespaces[i]->namespace_id.data,
+               sizeof ns[i].ns.bytes);
+        ns[i].host_objects = r->namespaces[i]->host_objects;
+        ns[i].disk_objects = r->namespaces[i]->disk_objects;
+        ns[i].bytes = r->namespaces[i]->bytes;
+    }
+    for (size_t i = 0; i < r->n_tenants; i++) {
+        tn[i].tenant = r->tenants[i]->tenant_id;
+        tn[i].objects = r->tenants[i]->objects;
+        tn[i].bytes = r->tenants[i]->bytes;
+    }
+    *ns_out = ns;
+    *num_ns_out = r->n_namespaces;
+    *tenants_out = tn;
+    *num_tenants_out = r->n_tenants;
+    *truncated_out = r->truncated;
+    kvd_proto_admin_response_free(rsp);
+    return KVD_OK;
+}
+
+kvd_status_t kvd_client_drop_namespace(kvd_client_t *c,
+                                       const kvd_namespace_t *ns,
+                                       uint64_t *dropped_out)
+{
+    kvd_pb_drop_namespace_t op = KVDEPOT__V1__DROP_NAMESPACE__INIT;
+    op.namespace_id.data = (uint8_t *)ns->bytes;
+    op.namespace_id.len = sizeof ns->bytes;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_DROP_NAMESPACE;
+    rq.drop_namespace = &op;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s == KVD_OK) {
+        *dropped_out = rsp->drop_namespace->num_objects_dropped;
+    }
+    kvd_proto_admin_response_free(rsp);
+    return s;
+}
+
+kvd_status_t kvd_client_drain(kvd_client_t *c, bool enable,
+                              uint64_t *leases_out, uint64_t *reservations_out)
+{
+    kvd_pb_drain_t op = KVDEPOT__V1__DRAIN__INIT;
+    op.enable = enable;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN;
+    rq.drain = &op;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s == KVD_OK) {
+        *leases_out = rsp->drain->active_leases;
+        *reservations_out = rsp->drain->active_reservations;
+    }
+    kvd_proto_admin_response_free(rsp);
+    return s;
+}
+
 kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,
                              char *node_id, size_t node_len)
 {

@@ -77,6 +77,40 @@ kvd_status_t kvd_client_delete(kvd_client_t *c, const kvd_store_key_t *keys,
                                size_t n, size_t *num_deleted_out);
 kvd_status_t kvd_client_stats(kvd_client_t *c, kvd_store_stats_t *out);
 
+/* ---- operator calls (the kvdepot CLI) ---------------------------------- */
+
+/* The client behind a store opened in daemon mode; NULL for an embedded
+ * store. Valid until kvd_store_close. */
+kvd_client_t *kvd_store_daemon_client(kvd_store_t *store);
+
+typedef struct kvd_client_ns_usage {
+    kvd_namespace_t ns;
+    uint64_t host_objects, disk_objects, bytes;
+} kvd_client_ns_usage_t;
+
+typedef struct kvd_client_tenant_usage {
+    uint32_t tenant;
+    uint64_t objects, bytes;
+} kvd_client_tenant_usage_t;
+
+/* Admin list_namespaces: malloc'd arrays (free them), counts, and whether
+ * the daemon had more than a reply holds. */
+kvd_status_t kvd_client_list(kvd_client_t *c, kvd_client_ns_usage_t **ns_out,
+                             size_t *num_ns_out,
+                             kvd_client_tenant_usage_t **tenants_out,
+                             size_t *num_tenants_out, bool *truncated_out);
+
+/* Admin drop_namespace: deletes the namespace's objects (leased ones stay). */
+kvd_status_t kvd_client_drop_namespace(kvd_client_t *c,
+                                       const kvd_namespace_t *ns,
+                                       uint64_t *dropped_out);
+
+/* Admin drain: refuse (enable) or take again new saves; writes the leases
+ * and reservations still held. */
+kvd_status_t kvd_client_drain(kvd_client_t *c, bool enable,
+                              uint64_t *leases_out,
+                              uint64_t *reservations_out);
+
 /* Admin ping: the daemon's version and node id (for the CLI). */
 kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,
                              char *node_id, size_t node_len);

@@ -380,7 +380,9 @@ int kvd_server_metrics_port(const kvd_server_t *server)
 
 bool kvd_server_ready(const kvd_server_t *server)
 {
-    return server != NULL && __atomic_load_n(&server->ready, __ATOMIC_ACQUIRE);
+    return server != NULL &&
+           __atomic_load_n(&server->ready, __ATOMIC_ACQUIRE) &&
+           !kvd_service_draining(server->svc);
 }
 
 void kvd_server_collect(kvd_server_t *server, kvd_store_stats_t *store_out,

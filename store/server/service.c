@@ -138,6 +138,7 @@ struct kvd_service {
     pthread_t thread;
     bool thread_started;
     bool stopping; /* atomic */
+    bool draining; /* atomic: Reserve refuses while set */
 
     /* Counters (atomic, relaxed). */
     kvd_service_method_stats_t m[KVD_RPC_COUNT];
@@ -489,8 +490,15 @@ static kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req,
         s = KVD_ERR_NOMEM;
         goto out;
     }
-    s = kvd_store_reserve(svc->store, &ns, hashes, n, rq->object_size_bytes,
-                          svc_tenant_id(rq->tenant), res);
+    if (__atomic_load_n(&svc->draining, __ATOMIC_ACQUIRE)) {
+        /* Draining for a restart: no new saves (REJECTED = skip). */
+        for (size_t i = 0; i < n; i++) {
+            res[i].status = KVD_ERR_BUSY;
+        }
+    } else {
+        s = kvd_store_reserve(svc->store, &ns, hashes, n, rq->object_size_bytes,
+                              svc_tenant_id(rq->tenant), res);
+    }
     if (s != KVD_OK) {
         kvd_config_err(reason, reason_len, "object_size_bytes %llu: %s",
                        (unsigned long long)rq->object_size_bytes,
@@ -943,6 +951,174 @@ static kvd_status_t svc_promote(kvd_service_t *svc, const uint8_t *req,
     return s;
 }
 
+/* ---- listing and dropping namespaces ------------------------------------ */
+
+#define SVC_SCAN_CHUNK 1024u
+
+typedef struct svc_listing {
+    kvd_pb_list_namespaces_reply_t reply;
+    kvd_pb_namespace_usage_t *ns;
+    kvd_pb_namespace_usage_t **nsp;
+    kvd_pb_tenant_usage_t *tn;
+    kvd_pb_tenant_usage_t **tnp;
+    uint8_t *ns_ids; /* 16 bytes per namespace */
+} svc_listing_t;
+
+static void svc_listing_init(svc_listing_t *l)
+{
+    memset(l, 0, sizeof *l);
+    kvdepot__v1__list_namespaces_reply__init(&l->reply);
+}
+
+static void svc_listing_free(svc_listing_t *l)
+{
+    free(l->ns);
+    free(l->nsp);
+    free(l->tn);
+    free(l->tnp);
+    free(l->ns_ids);
+}
+
+/* Aggregates every stored object per namespace and per tenant. The scan
+ * takes the tables' locks a chunk at a time, never `mu`. */
+static kvd_status_t svc_list(kvd_service_t *svc, svc_listing_t *l)
+{
+    const size_t cap = KVD_PROTO_MAX_NAMESPACES;
+    kvd_store_object_t *chunk = malloc(SVC_SCAN_CHUNK * sizeof *chunk);
+    l->ns = calloc(cap, sizeof *l->ns);
+    l->nsp = calloc(cap, sizeof *l->nsp);
+    l->tn = calloc(cap, sizeof *l->tn);
+    l->tnp = calloc(cap, sizeof *l->tnp);
+    l->ns_ids = calloc(cap, KVD_NAMESPACE_BYTES);
+    if (chunk == NULL || l->ns == NULL || l->nsp == NULL || l->tn == NULL ||
+        l->tnp == NULL || l->ns_ids == NULL) {
+        free(chunk);
+        return KVD_ERR_NOMEM;
+    }
+    size_t nn = 0, nt = 0, last_ns = 0;
+    uint64_t cursor = 0;
+    kvd_status_t s;
+    for (;;) {
+        size_t got = 0;
+        s = kvd_store_scan(svc->store, &cursor, chunk, SVC_SCAN_CHUNK, &got);
+        if (s != KVD_OK) {
+            break;
+        }
+        for (size_t i = 0; i < got; i++) {
+            const kvd_store_object_t *o = &chunk[i];
+            /* Objects of one namespace tend to come in runs. */
+            size_t k = last_ns;
+            if (k >= nn || memcmp(l->ns_ids + k * KVD_NAMESPACE_BYTES,
+                                  o->key.ns.bytes, KVD_NAMESPACE_BYTES) != 0) {
+                for (k = 0; k < nn; k++) {
+                    if (memcmp(l->ns_ids + k * KVD_NAMESPACE_BYTES,
+                               o->key.ns.bytes, KVD_NAMESPACE_BYTES) == 0) {
+                        break;
+                    }
+                }
+            }
+            if (k == nn && nn < cap) {
+                memcpy(l->ns_ids + nn * KVD_NAMESPACE_BYTES, o->key.ns.bytes,
+                       KVD_NAMESPACE_BYTES);
+                kvdepot__v1__namespace_usage__init(&l->ns[nn]);
+                l->ns[nn].namespace_id.data =
+                    l->ns_ids + nn * KVD_NAMESPACE_BYTES;
+                l->ns[nn].namespace_id.len = KVD_NAMESPACE_BYTES;
+                l->nsp[nn] = &l->ns[nn];
+                nn++;
+            }
+            if (k < nn) {
+                last_ns = k;
+                if (o->tier == KVD_STORE_TIER_HOST) {
+                    l->ns[k].host_objects++;
+                } else {
+                    l->ns[k].disk_objects++;
+                }
+                l->ns[k].bytes += o->size_bytes;
+            } else {
+                l->reply.truncated = true;
+            }
+            size_t t = 0;
+            while (t < nt && l->tn[t].tenant_id != o->tenant) {
+                t++;
+            }
+            if (t == nt && nt < cap) {
+                kvdepot__v1__tenant_usage__init(&l->tn[nt]);
+                l->tn[nt].tenant_id = o->tenant;
+                l->tnp[nt] = &l->tn[nt];
+                nt++;
+            }
+            if (t < nt) {
+                l->tn[t].objects++;
+                l->tn[t].bytes += o->size_bytes;
+            } else {
+                l->reply.truncated = true;
+            }
+        }
+        if (got < SVC_SCAN_CHUNK) {
+            break;
+        }
+    }
+    free(chunk);
+    l->reply.n_namespaces = nn;
+    l->reply.namespaces = l->nsp;
+    l->reply.n_tenants = nt;
+    l->reply.tenants = l->tnp;
+    return s;
+}
+
+/* Deletes every object of `ns` in both tiers; leased or half-written ones
+ * stay (they are counted out of *dropped). */
+static kvd_status_t svc_drop_namespace(kvd_service_t *svc,
+                                       const kvd_namespace_t *ns,
+                                       uint64_t *dropped)
+{
+    kvd_store_object_t *chunk = malloc(SVC_SCAN_CHUNK * sizeof *chunk);
+    kvd_store_key_t *keys = malloc(SVC_SCAN_CHUNK * sizeof *keys);
+    if (chunk == NULL || keys == NULL) {
+        free(chunk);
+        free(keys);
+        return KVD_ERR_NOMEM;
+    }
+    uint64_t cursor = 0;
+    kvd_status_t s;
+    *dropped = 0;
+    /* Deleting while scanning is fine: the scan's cursor is a table
+     * position, and a removed entry is simply not seen again. */
+    for (;;) {
+        size_t got = 0, k = 0;
+        s = kvd_store_scan(svc->store, &cursor, chunk, SVC_SCAN_CHUNK, &got);
+        if (s != KVD_OK) {
+            break;
+        }
+        for (size_t i = 0; i < got; i++) {
+            if (memcmp(chunk[i].key.ns.bytes, ns->bytes, sizeof ns->bytes) ==
+                0) {
+                keys[k++] = chunk[i].key;
+            }
+        }
+        size_t del = 0;
+        kvd_status_t ds =
+            k > 0 ? kvd_store_delete(svc->store, keys, k, &del) : KVD_OK;
+        *dropped += del;
+        if (ds != KVD_OK && ds != KVD_ERR_BUSY) {
+            s = ds;
+            break;
+        }
+        if (got < SVC_SCAN_CHUNK) {
+            break;
+        }
+    }
+    free(keys);
+    free(chunk);
+    return s;
+}
+
+bool kvd_service_draining(kvd_service_t *svc)
+{
+    return svc != NULL && __atomic_load_n(&svc->draining, __ATOMIC_ACQUIRE);
+}
+
 /* ---- Stats / Admin ------------------------------------------------------ */
 
 static void svc_tier_stats(kvd_pb_tier_stats_t *t, Kvdepot__V1__Tier tier,
@@ -1007,6 +1183,11 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
     kvd_pb_admin_response_t rsp = KVDEPOT__V1__ADMIN_RESPONSE__INIT;
     kvd_pb_ping_reply_t ping = KVDEPOT__V1__PING_REPLY__INIT;
     kvd_pb_flush_reply_t flush = KVDEPOT__V1__FLUSH_REPLY__INIT;
+    kvd_pb_drop_namespace_reply_t drop =
+        KVDEPOT__V1__DROP_NAMESPACE_REPLY__INIT;
+    kvd_pb_drain_reply_t drain = KVDEPOT__V1__DRAIN_REPLY__INIT;
+    svc_listing_t list;
+    svc_listing_init(&list);
     switch (rq->op_case) {
     case KVDEPOT__V1__ADMIN_REQUEST__OP_PING:
         ping.version = (char *)kvd_version();
@@ -1035,19 +1216,52 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
         rsp.flush = &flush;
         break;
     }
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_DROP_NAMESPACE: {
+        kvd_namespace_t ns;
+        svc_ns(&rq->drop_namespace->namespace_id, &ns);
+        uint64_t dropped = 0;
+        s = svc_drop_namespace(svc, &ns, &dropped);
+        if (s != KVD_OK) {
+            kvd_config_err(reason, reason_len, "drop_namespace: %s",
+                           kvd_status_str(s));
+            goto out;
+        }
+        drop.num_objects_dropped = dropped;
+        rsp.result_case = KVDEPOT__V1__ADMIN_RESPONSE__RESULT_DROP_NAMESPACE;
+        rsp.drop_namespace = &drop;
+        break;
+    }
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_LIST_NAMESPACES:
+        s = svc_list(svc, &list);
+        if (s != KVD_OK) {
+            goto out;
+        }
+        rsp.result_case = KVDEPOT__V1__ADMIN_RESPONSE__RESULT_LIST_NAMESPACES;
+        rsp.list_namespaces = &list.reply;
+        break;
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN:
+        __atomic_store_n(&svc->draining, rq->drain->enable, __ATOMIC_RELEASE);
+        KVD_LOG_INFO("service: %s", rq->drain->enable
+                                        ? "draining: new saves are refused"
+                                        : "drain off: saves taken again");
+        drain.draining = rq->drain->enable;
+        pthread_mutex_lock(&svc->mu);
+        drain.active_leases = svc->n_leases;
+        drain.active_reservations = svc->n_resvs;
+        pthread_mutex_unlock(&svc->mu);
+        rsp.result_case = KVDEPOT__V1__ADMIN_RESPONSE__RESULT_DRAIN;
+        rsp.drain = &drain;
+        break;
     default:
-        /* Dropping a namespace needs the store to enumerate a namespace's
-         * keys in both tiers, which it cannot yet; say so rather than
-         * pretend. */
-        kvd_config_err(reason, reason_len,
-                       "admin: drop_namespace is not supported by this "
-                       "daemon yet");
+        kvd_config_err(reason, reason_len, "admin: unknown op %d",
+                       (int)rq->op_case);
         s = KVD_ERR_UNSUPPORTED;
         goto out;
     }
     s = svc_pack(KVD_PROTO_MSG_ADMIN_RESPONSE, &rsp.base, out, out_len, reason,
                  reason_len);
 out:
+    svc_listing_free(&list);
     kvd_proto_admin_request_free(rq);
     return s;
 }

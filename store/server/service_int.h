@@ -118,6 +118,10 @@ typedef struct kvd_service_stats {
 /* A consistent-enough snapshot (counters are read relaxed). */
 void kvd_service_stats(kvd_service_t *svc, kvd_service_stats_t *out);
 
+/* Whether an operator put the service in draining mode (Admin drain): new
+ * saves are refused, /readyz reports not ready. */
+bool kvd_service_draining(kvd_service_t *svc);
+
 /* Counts a call refused before it reached the service (bad method,
  * failed authentication) under `status`. */
 void kvd_service_count_refused(kvd_service_t *svc, kvd_status_t status);

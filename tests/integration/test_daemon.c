@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "kvdepot/store.h"
+#include "store/client/client_int.h"
 #include "tests/unit/kvd_testdir_int.h"
 
 #define OBJ_BYTES (64u << 10)
@@ -531,6 +532,77 @@ static void test_open_without_daemon(void **state)
     kvd_test_dir_remove(&d);
 }
 
+static void test_admin_list_drop_drain(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_admin");
+    pid_t dpid = daemon_start(&d, (const char *)NULL);
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    kvd_client_t *c = kvd_store_daemon_client(st);
+    assert_non_null(c);
+    kvd_namespace_t ns1, ns2;
+    kvd_block_hash_t h[NKEYS];
+    keys_make(&ns1, h, NKEYS, 5);
+    ns2 = ns1;
+    ns2.bytes[0] ^= 0xFF;
+    assert_int_equal(save_objects(st, &ns1, h, 5), 5);
+    assert_int_equal(save_objects(st, &ns2, h, 3), 3);
+
+    kvd_client_ns_usage_t *nu = NULL;
+    kvd_client_tenant_usage_t *tu = NULL;
+    size_t nn = 0, nt = 0;
+    bool trunc = true;
+    assert_int_equal(kvd_client_list(c, &nu, &nn, &tu, &nt, &trunc), KVD_OK);
+    assert_int_equal(nn, 2);
+    assert_false(trunc);
+    uint64_t total = 0;
+    for (size_t i = 0; i < nn; i++) {
+        bool first = memcmp(&nu[i].ns, &ns1, sizeof ns1) == 0;
+        assert_int_equal(nu[i].host_objects, first ? 5 : 3);
+        assert_int_equal(nu[i].bytes, (first ? 5u : 3u) * OBJ_BYTES);
+        total += nu[i].host_objects;
+    }
+    assert_int_equal(total, 8);
+    assert_int_equal(nt, 1);
+    assert_int_equal(tu[0].objects, 8);
+    free(nu);
+    free(tu);
+
+    /* Drop ns1, with one of its objects leased: that one stays. */
+    kvd_store_lease_t l[NKEYS];
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, &ns1, h, 1, l, &m), KVD_OK);
+    assert_int_equal(m, 1);
+    uint64_t dropped = 0;
+    assert_int_equal(kvd_client_drop_namespace(c, &ns1, &dropped), KVD_OK);
+    assert_int_equal(dropped, 4);
+    assert_int_equal(kvd_store_release(st, l, 1), KVD_OK);
+    assert_int_equal(kvd_client_drop_namespace(c, &ns1, &dropped), KVD_OK);
+    assert_int_equal(dropped, 1);
+    assert_int_equal(kvd_store_lookup(st, &ns1, h, NKEYS, l, &m), KVD_OK);
+    assert_int_equal(m, 0);
+    assert_int_equal(kvd_store_lookup(st, &ns2, h, 3, l, &m), KVD_OK);
+    assert_int_equal(m, 3);
+    assert_int_equal(kvd_store_release(st, l, 3), KVD_OK);
+
+    /* Draining: saves are refused, loads still served; then back. */
+    uint64_t leases = 9, resv = 9;
+    assert_int_equal(kvd_client_drain(c, true, &leases, &resv), KVD_OK);
+    assert_int_equal(leases, 0);
+    assert_int_equal(resv, 0);
+    assert_int_equal(save_objects(st, &ns1, h, 2), 0);
+    assert_int_equal(kvd_store_lookup(st, &ns2, h, 3, l, &m), KVD_OK);
+    assert_int_equal(m, 3);
+    assert_int_equal(kvd_store_release(st, l, 3), KVD_OK);
+    assert_int_equal(kvd_client_drain(c, false, &leases, &resv), KVD_OK);
+    assert_int_equal(save_objects(st, &ns1, h, 2), 2);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -540,6 +612,7 @@ int main(void)
         cmocka_unit_test(test_restart_keeps_disk_tier),
         cmocka_unit_test(test_killed_client_leases_reclaimed),
         cmocka_unit_test(test_dead_daemon_no_hang),
+        cmocka_unit_test(test_admin_list_drop_drain),
     };
     return cmocka_run_group_tests(tests, skip_without_daemon, NULL);
 }

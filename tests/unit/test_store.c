@@ -412,6 +412,50 @@ static void test_delete(void **state)
     kvd_store_close(st);
 }
 
+/* Scan lists every committed object once, in chunks, and nothing
+ * reserved; a second call after the end writes nothing. */
+static void test_scan(void **state)
+{
+    (void)state;
+    kvd_store_t *st = open_store("16m", "4m", NULL, NULL);
+    kvd_namespace_t a = ns_of(1), b = ns_of(2);
+    put_range(st, &a, 0, 5, 4096, 0);
+    put_range(st, &b, 0, 2, 8192, 7);
+    kvd_block_hash_t h = hash_of(99);
+    kvd_store_reservation_t r;
+    assert_int_equal(kvd_store_reserve(st, &a, &h, 1, 4096, 0, &r), KVD_OK);
+    assert_int_equal(r.status, KVD_OK);
+    kvd_store_object_t out[2];
+    uint64_t cursor = 0;
+    size_t n = 0, na = 0, nb = 0, calls = 0;
+    do {
+        assert_int_equal(kvd_store_scan(st, &cursor, out, 2, &n), KVD_OK);
+        for (size_t i = 0; i < n; i++) {
+            assert_int_equal(out[i].tier, KVD_STORE_TIER_HOST);
+            if (out[i].key.ns.bytes[0] == 1) {
+                assert_int_equal(out[i].size_bytes, 4096);
+                assert_int_equal(out[i].tenant, 0);
+                na++;
+            } else {
+                assert_int_equal(out[i].size_bytes, 8192);
+                assert_int_equal(out[i].tenant, 7);
+                nb++;
+            }
+        }
+        calls++;
+    } while (n == 2);
+    assert_int_equal(na, 5);
+    assert_int_equal(nb, 2);
+    assert_true(calls >= 4);
+    assert_int_equal(kvd_store_scan(st, &cursor, out, 2, &n), KVD_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(kvd_store_scan(NULL, &cursor, out, 2, &n),
+                     KVD_ERR_INVALID);
+    kvd_store_key_t k = {a, h};
+    assert_int_equal(kvd_store_abort(st, &k, 1, NULL), KVD_OK);
+    kvd_store_close(st);
+}
+
 static void test_export_maps_same_bytes(void **state)
 {
     (void)state;
@@ -482,6 +526,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_settings),
         cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_scan),
         cmocka_unit_test(test_gaps_duplicates_and_aborts),
         cmocka_unit_test(test_eviction_spares_leases),
         cmocka_unit_test(test_slab_pressure_mixed_sizes),
