@@ -46,12 +46,12 @@ test-ci:
 test-asan:
 	@cmake --preset asan >/dev/null
 	@cmake --build --preset asan -j $(JOBS)
-	@$(CTEST) --test-dir build/asan -LE 'gpu|python'
+	@$(CTEST) --test-dir build/asan -LE 'gpu|python|slow'
 
 test-tsan:
 	@cmake --preset tsan >/dev/null
 	@cmake --build --preset tsan -j $(JOBS)
-	@$(CTEST) --test-dir build/tsan -LE 'gpu|python|fuzz'
+	@$(CTEST) --test-dir build/tsan -LE 'gpu|python|fuzz|slow'
 
 # vLLM's real scheduler driving the connector (PyPI vLLM in a venv under
 # build/; not part of `make test`).
