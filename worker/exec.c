@@ -191,17 +191,13 @@ static void promotion_done(kvd_worker_t *w, wblock_t *b, kvd_status_t status,
 
 /* ---- resolving ---------------------------------------------------------- */
 
-/* Looks `b` up and leases it; a DISK lease is added to `gets`. */
-static void block_resolve(kvd_worker_t *w, wblock_t *b, kvd_store_get_t *gets,
-                          size_t *num_gets)
+/* Takes the lease the lookup of `b` returned; a DISK lease is added to
+ * `gets`. */
+static void block_accept(kvd_worker_t *w, wblock_t *b,
+                         const kvd_store_lease_t *lease, kvd_store_get_t *gets,
+                         size_t *num_gets)
 {
-    size_t m = 0;
-    kvd_status_t s =
-        kvd_store_lookup(w->store, &w->cfg.ns, &b->hash, 1, &b->lease, &m);
-    if (s != KVD_OK || m != 1) {
-        b->status = s != KVD_OK ? s : KVD_ERR_NOT_FOUND;
-        return;
-    }
+    b->lease = *lease;
     b->leased = true;
     if (b->lease.size_bytes != w->object_bytes) {
         KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
@@ -224,6 +220,83 @@ static void block_resolve(kvd_worker_t *w, wblock_t *b, kvd_store_get_t *gets,
     if (b->obj == NULL) {
         b->status = KVD_ERR_CORRUPT;
     }
+}
+
+/* Length of the run of blocks from `i` with no hash twice (a store batch
+ * names each key once; two requests of a step may share a prefix). `seen`
+ * is an open-addressing set of 2^bits slots, cleared here. */
+static size_t blocks_unique_run(wblock_t **blocks, size_t i, size_t n,
+                                const wblock_t **seen, unsigned bits)
+{
+    size_t mask = ((size_t)1 << bits) - 1;
+    memset(seen, 0, (mask + 1) * sizeof *seen);
+    size_t k = i;
+    for (; k < n; k++) {
+        uint64_t h;
+        memcpy(&h, blocks[k]->hash.bytes, sizeof h);
+        size_t slot = (size_t)(h * 0x9E3779B97F4A7C15ull >> 20) & mask;
+        bool dup = false;
+        while (seen[slot] != NULL) {
+            if (memcmp(seen[slot]->hash.bytes, blocks[k]->hash.bytes,
+                       sizeof blocks[k]->hash.bytes) == 0) {
+                dup = true;
+                break;
+            }
+            slot = (slot + 1) & mask;
+        }
+        if (dup) {
+            break;
+        }
+        seen[slot] = blocks[k];
+    }
+    return k - i;
+}
+
+/* Looks blocks up and leases them, one store call per run of stored blocks
+ * rather than one per block (with the store behind kvdepotd each call is
+ * an RPC): a lookup matches a prefix of the list, the first block it
+ * misses is marked missing, and the rest is looked up again. */
+static void blocks_resolve(kvd_worker_t *w, wblock_t **blocks, size_t n,
+                           kvd_store_get_t *gets, size_t *num_gets)
+{
+    unsigned bits = 4;
+    while (((size_t)1 << bits) < 2 * n) {
+        bits++;
+    }
+    kvd_block_hash_t *hashes = malloc((n ? n : 1) * sizeof *hashes);
+    kvd_store_lease_t *leases = malloc((n ? n : 1) * sizeof *leases);
+    const wblock_t **seen = malloc(((size_t)1 << bits) * sizeof *seen);
+    size_t i = 0;
+    while (i < n) {
+        if (hashes == NULL || leases == NULL || seen == NULL) {
+            blocks[i++]->status = KVD_ERR_NOMEM;
+            continue;
+        }
+        size_t run = blocks_unique_run(blocks, i, n, seen, bits);
+        for (size_t k = 0; k < run; k++) {
+            hashes[k] = blocks[i + k]->hash;
+        }
+        size_t m = 0;
+        kvd_status_t s =
+            kvd_store_lookup(w->store, &w->cfg.ns, hashes, run, leases, &m);
+        if (s != KVD_OK) {
+            for (size_t k = 0; k < run; k++) {
+                blocks[i + k]->status = s;
+            }
+            i += run;
+            continue;
+        }
+        for (size_t j = 0; j < m; j++) {
+            block_accept(w, blocks[i + j], &leases[j], gets, num_gets);
+        }
+        i += m;
+        if (m < run) {
+            blocks[i++]->status = KVD_ERR_NOT_FOUND;
+        }
+    }
+    free(seen);
+    free(leases);
+    free(hashes);
 }
 
 /* Submits promotions; what the store does not take now waits in the
@@ -300,13 +373,19 @@ void kvd_worker_loads_start(kvd_worker_t *w, wstep_t *s)
             continue;
         }
         size_t n = 0;
+        wblock_t **list = malloc(r->n_loads * sizeof *list);
         for (size_t b = 0; b < r->n_loads; b++) {
-            if (gets != NULL) {
-                block_resolve(w, &r->loads[b], gets, &n);
-            } else {
+            if (list != NULL) {
+                list[b] = &r->loads[b];
+            }
+            if (gets == NULL || list == NULL) {
                 r->loads[b].status = KVD_ERR_NOMEM;
             }
         }
+        if (gets != NULL && list != NULL) {
+            blocks_resolve(w, list, r->n_loads, gets, &n);
+        }
+        free(list);
         /* The asynchronous list owns it from here; it may finish (and be
          * freed) as soon as it is on the list. */
         s->reqs[i] = NULL;
@@ -314,10 +393,10 @@ void kvd_worker_loads_start(kvd_worker_t *w, wstep_t *s)
         gets_submit(w, gets, n);
     }
     size_t n = 0;
-    for (size_t i = 0; i < s->n_sync; i++) {
-        if (gets != NULL) {
-            block_resolve(w, s->sync[i], gets, &n);
-        } else {
+    if (gets != NULL) {
+        blocks_resolve(w, s->sync, s->n_sync, gets, &n);
+    } else {
+        for (size_t i = 0; i < s->n_sync; i++) {
             s->sync[i]->status = KVD_ERR_NOMEM;
         }
     }

@@ -575,6 +575,59 @@ static void test_failed_blocks_only(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* Two requests of one step load the same stored blocks (a shared prefix):
+ * the worker looks blocks up in batches, and a store batch names each key
+ * once, so the shared keys go in separate batches; every block loads. */
+static void test_shared_blocks_in_one_step(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "worker_shared");
+    test_cache_t src, dst, exp;
+    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_init(&dst, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_init(&exp, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_fill_random(&src, 31);
+    memset(dst.mem, POISON, dst.bytes);
+    memset(exp.mem, POISON, exp.bytes);
+    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    kvd_store_t *st = NULL;
+    save_four_then_restart(&d, &src, &fmt, &st);
+    kvd_worker_t *w = worker_new(st, &fmt, 2);
+    worker_register(w, &dst);
+    treq_t r[2] = {{.id = "first",
+                    .n_loads = 2,
+                    .load_ids = {0, 2},
+                    .load_keys = {keys4[0], keys4[1]}},
+                   {.id = "second",
+                    .n_loads = 3,
+                    .load_ids = {5, 7, 1},
+                    .load_keys = {keys4[0], keys4[1], keys4[2]}}};
+    worker_bind(w, 3, r, 2);
+    assert_int_equal(kvd_worker_start_load_kv(w, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
+    kvd_worker_finished_t f;
+    assert_int_equal(kvd_worker_get_finished(w, NULL, 0, &f), KVD_OK);
+    assert_int_equal(f.num_failed_loads, 0);
+    for (size_t q = 0; q < 2; q++) {
+        for (size_t i = 0; i < r[q].n_loads; i++) {
+            int32_t b = r[q].load_ids[i];
+            expected_cache(&src, &exp, &fmt, NULL, &save_blocks[i], &b, 1);
+            for (uint32_t l = 0; l < LAYERS; l++) {
+                assert_true(layer_block_equal(&dst, &exp, l, (uint32_t)b));
+            }
+        }
+    }
+    kvd_worker_stats_t ws;
+    assert_int_equal(kvd_worker_stats(w, &ws), KVD_OK);
+    assert_int_equal(ws.blocks_loaded, 5);
+    worker_store_close(w, st);
+    cache_cleanup(&src);
+    cache_cleanup(&dst);
+    cache_cleanup(&exp);
+    kvd_test_dir_remove(&d);
+}
+
 /* Destroy with asynchronous loads in flight: every lease comes back. */
 static void test_destroy_with_loads_in_flight(void **state)
 {
@@ -845,6 +898,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_every_layout_and_codec),
         cmocka_unit_test(test_async_load_from_disk_after_restart),
         cmocka_unit_test(test_failed_blocks_only),
+        cmocka_unit_test(test_shared_blocks_in_one_step),
         cmocka_unit_test(test_destroy_with_loads_in_flight),
         cmocka_unit_test(test_saves_skip_stored_keys),
         cmocka_unit_test(test_create_and_register_errors),
