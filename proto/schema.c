@@ -90,6 +90,8 @@ static const kvd_proto_rule_t rules[] = {
      HASH_BYTES, KVD_PROTO_MAX_HASHES},
     {D(lookup_request), "lease_ttl_ms", RNG, 0, TTL_MAX, 0},
     {D(lookup_request), "tenant", RNG, 0, ID_MAX, 0},
+    {D(lookup_request), "release_lease_ids", UNIQ | RNG, 1, KVD_PROTO_NO_MAX,
+     KVD_PROTO_MAX_LEASES},
     {D(block_location), "tier", REQ, 0, 0, 0},
     {D(block_location), "node_id", RNG, 0, NODE_MAX, 0},
     {D(block_location), "size_bytes", RNG, 0, OBJ_MAX, 0},

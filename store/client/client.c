@@ -42,6 +42,9 @@
 #define CL_BUCKETS 4096u
 #define CL_MAPPINGS_MAX 16u
 #define CL_MAX_MESSAGE (32 << 20)
+/* Released lease ids wait at most this long for a Lookup to carry them. */
+#define CL_RELEASE_DELAY_MS 2
+#define CL_RELEASE_BATCH 1024u
 
 /* Handed-out blocks of one daemon lease id. */
 typedef struct cl_group {
@@ -84,6 +87,12 @@ struct kvd_client {
 
     cl_group_t *groups;
     uint32_t n_groups, cap_groups, free_head;
+    /* Lease ids the engine released, not yet told to the daemon: the next
+     * Lookup carries them, or the get thread sends them after
+     * CL_RELEASE_DELAY_MS. */
+    uint64_t *rel;
+    size_t n_rel, cap_rel;
+    uint64_t rel_since_ms;
     cl_resv_t *resv[CL_BUCKETS];
 
     /* Gets: `gets` is the queue the get thread works through. */
@@ -476,6 +485,31 @@ static void cl_release_ids(kvd_client_t *c, uint64_t *ids, size_t n)
 
 /* ---- lookup / release ---------------------------------------------------- */
 
+/* Moves up to `max` deferred release ids into `out`; `mu` held. */
+static size_t rel_take(kvd_client_t *c, uint64_t *out, size_t max)
+{
+    size_t n = c->n_rel < max ? c->n_rel : max;
+    memcpy(out, c->rel + (c->n_rel - n), n * sizeof *out);
+    c->n_rel -= n;
+    return n;
+}
+
+/* Sends every deferred release now (before calls whose answer depends on
+ * them: stats, admin, delete, close). */
+static void cl_flush_releases(kvd_client_t *c)
+{
+    uint64_t ids[256];
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        size_t n = rel_take(c, ids, sizeof ids / sizeof ids[0]);
+        pthread_mutex_unlock(&c->mu);
+        if (n == 0) {
+            return;
+        }
+        cl_release_ids(c, ids, n);
+    }
+}
+
 static void cl_hash_refs(const kvd_block_hash_t *hashes, size_t n,
                          ProtobufCBinaryData *out)
 {
@@ -505,6 +539,12 @@ kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
     rq.n_block_hashes = n;
     rq.block_hashes = hb;
     rq.lease_ttl_ms = (uint32_t)c->cfg.lease_ttl_ms;
+    /* Releases ride along (a failed call leaves them to the daemon's TTL). */
+    uint64_t rel[256];
+    pthread_mutex_lock(&c->mu);
+    rq.n_release_lease_ids = rel_take(c, rel, sizeof rel / sizeof rel[0]);
+    pthread_mutex_unlock(&c->mu);
+    rq.release_lease_ids = rel;
     kvd_pb_lookup_response_t *rsp = NULL;
     uint64_t used;
     kvd_status_t s = cl_call(c, CL_LOOKUP, KVD_PROTO_MSG_LOOKUP_REQUEST,
@@ -556,12 +596,8 @@ kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
 kvd_status_t kvd_client_release(kvd_client_t *c,
                                 const kvd_store_lease_t *leases, size_t n)
 {
-    uint64_t *ids = malloc((n ? n : 1) * sizeof *ids);
-    if (ids == NULL) {
-        return KVD_ERR_NOMEM;
-    }
-    size_t k = 0;
     kvd_status_t first = KVD_OK;
+    bool flush = false;
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n; i++) {
         uint64_t id = 0;
@@ -569,13 +605,32 @@ kvd_status_t kvd_client_release(kvd_client_t *c,
         if (s != KVD_OK && first == KVD_OK) {
             first = s;
         }
-        if (id != 0) {
-            ids[k++] = id;
+        if (id == 0) {
+            continue;
         }
+        if (c->n_rel == c->cap_rel) {
+            size_t cap = c->cap_rel ? c->cap_rel * 2 : 64;
+            uint64_t *r = realloc(c->rel, cap * sizeof *r);
+            if (r == NULL) {
+                pthread_mutex_unlock(&c->mu);
+                cl_release_ids(c, &id, 1); /* no room to defer it */
+                pthread_mutex_lock(&c->mu);
+                continue;
+            }
+            c->rel = r;
+            c->cap_rel = cap;
+        }
+        if (c->n_rel == 0) {
+            c->rel_since_ms = kvd_time_now_ms();
+            pthread_cond_signal(&c->get_cv); /* arms the timed flush */
+        }
+        c->rel[c->n_rel++] = id;
+        flush = c->n_rel >= CL_RELEASE_BATCH;
     }
     pthread_mutex_unlock(&c->mu);
-    cl_release_ids(c, ids, k);
-    free(ids);
+    if (flush) {
+        cl_flush_releases(c);
+    }
     return first;
 }
 
@@ -968,7 +1023,25 @@ static void *cl_get_main(void *arg)
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (c->gets == NULL && !c->stopping) {
-            pthread_cond_wait(&c->get_cv, &c->mu);
+            if (c->n_rel == 0) {
+                pthread_cond_wait(&c->get_cv, &c->mu);
+                continue;
+            }
+            /* Deferred releases no Lookup picked up: send them. */
+            uint64_t due = c->rel_since_ms + CL_RELEASE_DELAY_MS;
+            uint64_t now = kvd_time_now_ms();
+            if (now >= due) {
+                pthread_mutex_unlock(&c->mu);
+                cl_flush_releases(c);
+                pthread_mutex_lock(&c->mu);
+                continue;
+            }
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += (long)(due - now) * 1000000L;
+            ts.tv_sec += ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&c->get_cv, &c->mu, &ts);
         }
         cl_get_t *all = c->gets;
         c->gets = NULL;
@@ -1088,6 +1161,7 @@ int kvd_client_fd(kvd_client_t *c)
 kvd_status_t kvd_client_delete(kvd_client_t *c, const kvd_store_key_t *keys,
                                size_t n, size_t *num_deleted_out)
 {
+    cl_flush_releases(c);
     size_t total = 0;
     bool busy = false;
     kvd_status_t s = KVD_OK;
@@ -1162,6 +1236,7 @@ kvd_status_t kvd_client_arena_export(kvd_client_t *c,
 
 kvd_status_t kvd_client_stats(kvd_client_t *c, kvd_store_stats_t *out)
 {
+    cl_flush_releases(c);
     kvd_pb_stats_request_t rq = KVDEPOT__V1__STATS_REQUEST__INIT;
     kvd_pb_stats_response_t *rsp = NULL;
     uint64_t used;
@@ -1195,6 +1270,7 @@ kvd_status_t kvd_client_stats(kvd_client_t *c, kvd_store_stats_t *out)
 static kvd_status_t cl_admin(kvd_client_t *c, kvd_pb_admin_request_t *rq,
                              kvd_pb_admin_response_t **rsp)
 {
+    cl_flush_releases(c);
     uint64_t used;
     kvd_status_t s = cl_call(c, CL_ADMIN, KVD_PROTO_MSG_ADMIN_REQUEST,
                              &rq->base, KVD_PROTO_MSG_ADMIN_RESPONSE,
@@ -1421,6 +1497,9 @@ void kvd_client_close(kvd_client_t *c)
     if (c->get_thread_started) {
         pthread_join(c->get_thread, NULL);
     }
+    if (c->ch != NULL) {
+        cl_flush_releases(c);
+    }
     /* Leases and reservations still held are the daemon's to reclaim at
      * their TTL; give the leases back now to spare it the wait. */
     uint64_t *ids = c->n_groups ? calloc(c->n_groups, sizeof *ids) : NULL;
@@ -1453,6 +1532,7 @@ void kvd_client_close(kvd_client_t *c)
         close(c->arena_fd);
     }
     kvd_ring_destroy(c->cq);
+    free(c->rel);
     free(c->groups);
     pthread_cond_destroy(&c->get_cv);
     pthread_mutex_destroy(&c->mu);

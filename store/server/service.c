@@ -360,6 +360,25 @@ static uint32_t svc_ttl(uint32_t asked, uint32_t dflt)
     return asked != 0 ? asked : dflt;
 }
 
+/* Ends the leases named (unknown ids are skipped); returns how many were
+ * held. */
+static uint32_t svc_release_ids(kvd_service_t *svc, const uint64_t *ids,
+                                size_t n)
+{
+    uint32_t released = 0;
+    pthread_mutex_lock(&svc->mu);
+    for (size_t i = 0; i < n; i++) {
+        svc_lease_t *l = lease_find(svc, ids[i]);
+        if (l != NULL) {
+            lease_unlink(svc, l);
+            lease_drop(svc, l);
+            released++;
+        }
+    }
+    pthread_mutex_unlock(&svc->mu);
+    return released;
+}
+
 /* ---- Lookup ------------------------------------------------------------- */
 
 static kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req,
@@ -371,6 +390,10 @@ static kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req,
         kvd_proto_lookup_request_unpack(req, len, &rq, reason, reason_len);
     if (s != KVD_OK) {
         return s;
+    }
+    if (rq->n_release_lease_ids > 0) {
+        (void)svc_release_ids(svc, rq->release_lease_ids,
+                              rq->n_release_lease_ids);
     }
     size_t n = rq->n_block_hashes, m = 0;
     kvd_namespace_t ns;
@@ -714,17 +737,7 @@ static kvd_status_t svc_release(kvd_service_t *svc, const uint8_t *req,
     if (s != KVD_OK) {
         return s;
     }
-    uint32_t released = 0;
-    pthread_mutex_lock(&svc->mu);
-    for (size_t i = 0; i < rq->n_lease_ids; i++) {
-        svc_lease_t *l = lease_find(svc, rq->lease_ids[i]);
-        if (l != NULL) {
-            lease_unlink(svc, l);
-            lease_drop(svc, l);
-            released++;
-        }
-    }
-    pthread_mutex_unlock(&svc->mu);
+    uint32_t released = svc_release_ids(svc, rq->lease_ids, rq->n_lease_ids);
     kvd_pb_release_response_t rsp = KVDEPOT__V1__RELEASE_RESPONSE__INIT;
     rsp.num_released = released;
     s = svc_pack(KVD_PROTO_MSG_RELEASE_RESPONSE, &rsp.base, out, out_len,
