@@ -335,6 +335,22 @@ static kvd_status_t store_settings_load(const kvd_config_t *config,
     return kvd_config_apply(config, fields, n, cfg, err, err_len);
 }
 
+KVD_API kvd_status_t kvd_store_check_config(const kvd_config_t *config,
+                                            bool *daemon_mode_out, char *err,
+                                            size_t err_len)
+{
+    store_settings_t *cfg = malloc(sizeof *cfg);
+    if (cfg == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    kvd_status_t s = store_settings_load(config, cfg, err, err_len);
+    if (s == KVD_OK && daemon_mode_out != NULL) {
+        *daemon_mode_out = cfg->mode == STORE_MODE_DAEMON;
+    }
+    free(cfg);
+    return s;
+}
+
 static void store_err(char *err, size_t err_len, const char *what,
                       kvd_status_t status)
 {

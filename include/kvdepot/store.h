@@ -110,6 +110,14 @@ KVD_API void kvd_store_close(kvd_store_t *store);
 KVD_API kvd_status_t kvd_store_print_config(const kvd_config_t *config,
                                             FILE *out);
 
+/* Resolves and checks every `store.*` setting as kvd_store_open would,
+ * without opening anything: KVD_OK, or the error with the key and the
+ * reason in `err` (for `--print-config` and config checkers). Writes the
+ * mode into *daemon_mode_out (may be NULL): true for store.mode daemon. */
+KVD_API kvd_status_t kvd_store_check_config(const kvd_config_t *config,
+                                            bool *daemon_mode_out, char *err,
+                                            size_t err_len);
+
 /* ---- the arena, for the bytes --------------------------------------- */
 
 /* Pointer to [arena_offset, +len) in this process's mapping of the arena,

@@ -4,6 +4,9 @@
  *   kvdepotd [--config FILE] [--set key=value ...] [--ready-file PATH]
  *   kvdepotd [--config FILE] [--set key=value ...] --print-config
  *
+ * --print-config prints every setting, then checks them all as a start
+ * would (exit code 2 naming the key and the reason when one is bad).
+ *
  * Settings resolve as everywhere in kvdepot: --set > KVDEPOT_* environment >
  * the YAML file > defaults (--print-config shows each with its source). A
  * bad setting fails at start with its key and the reason, exit code 2.
@@ -163,8 +166,18 @@ int main(int argc, char **argv)
         return rc;
     }
     if (print) {
+        /* Print, then check: an operator sees every key and learns which
+         * one would stop the start (exit code 2, as the start would). */
         kvd_config_print(cfg, main_fields, 1, stdout);
         kvd_status_t s = kvd_server_print_config(cfg, stdout);
+        char err[512] = "";
+        if (s == KVD_OK) {
+            s = kvd_server_check_config(cfg, err, sizeof err);
+            if (s != KVD_OK) {
+                fprintf(stderr, "kvdepotd: %s\n",
+                        err[0] ? err : kvd_status_str(s));
+            }
+        }
         kvd_config_destroy(cfg);
         free(sets);
         return s == KVD_OK ? 0 : 2;

@@ -159,6 +159,37 @@ static kvd_status_t server_settings(const kvd_config_t *config,
     return KVD_OK;
 }
 
+/* The store side of the settings: valid, and the daemon's own store. */
+static kvd_status_t server_store_settings(const kvd_config_t *config, char *err,
+                                          size_t err_len)
+{
+    bool daemon_mode = false;
+    kvd_status_t s = kvd_store_check_config(config, &daemon_mode, err, err_len);
+    if (s == KVD_OK && daemon_mode) {
+        kvd_config_err(err, err_len,
+                       "store.mode: daemon is for engines; kvdepotd serves "
+                       "its own store (embedded)");
+        s = KVD_ERR_INVALID;
+    }
+    return s;
+}
+
+kvd_status_t kvd_server_check_config(const kvd_config_t *config, char *err,
+                                     size_t err_len)
+{
+    kvd_server_settings_t *cfg = calloc(1, sizeof *cfg);
+    if (cfg == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    unsigned mode = 0;
+    kvd_status_t s = server_settings(config, cfg, &mode, err, err_len);
+    if (s == KVD_OK) {
+        s = server_store_settings(config, err, err_len);
+    }
+    free(cfg);
+    return s;
+}
+
 /* ---- shared-memory hand-off --------------------------------------------- */
 
 static void handoff_serve(kvd_server_t *srv, int conn)
@@ -312,6 +343,10 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
             (ssize_t)sizeof srv->instance_id ||
         srv->instance_id == 0) {
         srv->instance_id = (uint64_t)getpid() << 32 | (uint64_t)time(NULL);
+    }
+    s = server_store_settings(config, err, err_len);
+    if (s != KVD_OK) {
+        goto err;
     }
     s = kvd_store_open(config, &srv->store, err, err_len);
     if (s != KVD_OK) {

@@ -46,6 +46,12 @@ typedef struct kvd_server kvd_server_t;
  * (may be NULL), with its source and doc. */
 kvd_status_t kvd_server_print_config(const kvd_config_t *config, FILE *out);
 
+/* Checks every setting kvd_server_open would use (server.* and store.*;
+ * store.mode must be embedded) without starting anything; the key and the
+ * reason go to `err`. */
+kvd_status_t kvd_server_check_config(const kvd_config_t *config, char *err,
+                                     size_t err_len);
+
 /*
  * Resolves the settings, opens the store (store.mode must be embedded),
  * starts the service, the gRPC listeners, the hand-off socket and the

@@ -191,6 +191,11 @@ def test_print_config_shows_every_key(tmp_path):
         assert key in lines, key
     assert "from: file" in lines["server.threads"]
     assert "from: call" in lines["server.node_id"]
+    # A bad value is reported by --print-config too, as a start would.
+    cfg.write_text("server:\n  threads: 0\nstore:\n  arena_sise: 1g\n")
+    p = subprocess.run([KVDEPOTD, "--config", str(cfg), "--print-config"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "server.threads" in p.stderr, p.stderr
 
 
 def test_sighup_reload_keeps_serving(tmp_path, stubs):
