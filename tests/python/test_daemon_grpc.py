@@ -43,6 +43,15 @@ ch = grpc.insecure_channel(f"127.0.0.1:{port}")
 auth = [("authorization", "Bearer " + token)]
 out = {}
 
+if len(sys.argv) > 3:  # drain on|off, then stop
+    admin = ch.unary_unary("/kvdepot.v1.KvStore/Admin",
+                           request_serializer=pb.AdminRequest.SerializeToString,
+                           response_deserializer=pb.AdminResponse.FromString)
+    r = admin(pb.AdminRequest(drain=pb.Drain(enable=sys.argv[3] == "on")),
+              timeout=5, metadata=auth)
+    print(json.dumps({"draining": r.drain.draining}))
+    sys.exit(0)
+
 def method(name, req, rsp):
     return ch.unary_unary("/kvdepot.v1.KvStore/" + name,
                           request_serializer=req.SerializeToString,
@@ -109,11 +118,11 @@ def stubs(tmp_path_factory):
     return d
 
 
-def run_client(stubs, port):
+def run_client(stubs, port, *extra):
     env = dict(os.environ, PYTHONPATH=str(stubs))
     p = subprocess.run([sys.executable, str(stubs / "client.py"), str(port),
-                        TOKEN], env=env, capture_output=True, text=True,
-                       timeout=120)
+                        TOKEN, *extra], env=env, capture_output=True,
+                       text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     return json.loads(p.stdout)
 
@@ -207,5 +216,19 @@ def test_sighup_reload_keeps_serving(tmp_path, stubs):
         assert proc.poll() is None
         assert get(mport, "/readyz")[0] == 200
         assert run_client(stubs, port)["after"] == 1
+    finally:
+        stop_daemon(proc)
+
+
+def test_drain_marks_not_ready(tmp_path, stubs):
+    pytest.importorskip("grpc")
+    proc, port, mport = start_daemon(tmp_path)
+    try:
+        assert get(mport, "/readyz")[0] == 200
+        assert run_client(stubs, port, "on") == {"draining": True}
+        assert get(mport, "/readyz") == (503, "not ready\n")
+        assert get(mport, "/healthz")[0] == 200
+        assert run_client(stubs, port, "off") == {"draining": False}
+        assert get(mport, "/readyz")[0] == 200
     finally:
         stop_daemon(proc)
