@@ -68,6 +68,7 @@ struct kvd_rpc_server {
     char unix_path[108];
     bool unix_bound;               /* ours to unlink at stop */
     bool started;                  /* grpc_server_start was called */
+    bool tls;                      /* TCP speaks TLS with client certificates */
     char token[RPC_TOKEN_MAX + 8]; /* "Bearer " + token */
     size_t token_len;
     char instance_hex[17];
@@ -216,7 +217,20 @@ static kvd_status_t rpc_admit(kvd_rpc_server_t *srv, rpc_call_t *c,
     char *peer = grpc_call_get_peer(c->call);
     bool local = peer != NULL && strncmp(peer, "unix:", 5) == 0;
     kvd_status_t s = KVD_OK;
-    if (!local) {
+    if (!local && srv->tls) {
+        /* The handshake already required a certificate the CA signed; say
+         * so only if the auth context agrees. */
+        grpc_auth_context *ctx = grpc_call_auth_context(c->call);
+        bool verified =
+            ctx != NULL && grpc_auth_context_peer_is_authenticated(ctx);
+        grpc_auth_context_release(ctx);
+        if (!verified) {
+            kvd_config_err(reason, reason_len,
+                           "TCP callers need a client certificate");
+            s = KVD_ERR_AUTH;
+        }
+    }
+    if (s == KVD_OK && !local && srv->token_len > sizeof "Bearer " - 1) {
         grpc_slice v;
         /* CRYPTO_memcmp: the comparison takes the same time wherever the
          * first wrong byte is. */
@@ -402,8 +416,22 @@ static kvd_status_t rpc_bind(kvd_rpc_server_t *srv, int *tcp_port, char *err,
     *tcp_port = 0;
     if (s == KVD_OK && srv->cfg.tcp_address != NULL &&
         srv->cfg.tcp_address[0] != '\0') {
-        *tcp_port = grpc_server_add_http2_port(srv->server,
-                                               srv->cfg.tcp_address, creds);
+        grpc_server_credentials *tcp_creds = creds;
+        grpc_ssl_pem_key_cert_pair pair = {.private_key = srv->cfg.tls_key_pem,
+                                           .cert_chain = srv->cfg.tls_cert_pem};
+        if (srv->tls) {
+            tcp_creds = grpc_ssl_server_credentials_create_ex(
+                srv->cfg.tls_ca_pem, &pair, 1,
+                GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY,
+                NULL);
+        }
+        *tcp_port = tcp_creds == NULL
+                        ? 0
+                        : grpc_server_add_http2_port(
+                              srv->server, srv->cfg.tcp_address, tcp_creds);
+        if (srv->tls && tcp_creds != NULL) {
+            grpc_server_credentials_release(tcp_creds);
+        }
         if (*tcp_port == 0) {
             kvd_config_err(err, err_len, "server.tcp_address %s: cannot bind",
                            srv->cfg.tcp_address);
@@ -431,10 +459,19 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
                        "empty: nothing to listen on");
         return KVD_ERR_INVALID;
     }
-    if (has_tcp && token_len == 0) {
+    int tls_parts = (cfg->tls_cert_pem != NULL) + (cfg->tls_key_pem != NULL) +
+                    (cfg->tls_ca_pem != NULL);
+    if (tls_parts != 0 && tls_parts != 3) {
         kvd_config_err(err, err_len,
-                       "server.tcp_address is set but server.token is empty: "
-                       "TCP callers must authenticate");
+                       "server.tls_cert, server.tls_key and "
+                       "server.tls_client_ca go together");
+        return KVD_ERR_INVALID;
+    }
+    if (has_tcp && token_len == 0 && tls_parts == 0) {
+        kvd_config_err(err, err_len,
+                       "server.tcp_address is set but neither server.token "
+                       "nor TLS client certificates (server.tls_*) are: TCP "
+                       "callers must authenticate");
         return KVD_ERR_INVALID;
     }
     if (token_len > RPC_TOKEN_MAX ||
@@ -451,6 +488,7 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
         return KVD_ERR_NOMEM;
     }
     srv->cfg = *cfg;
+    srv->tls = tls_parts == 3;
     if (has_unix) {
         snprintf(srv->unix_path, sizeof srv->unix_path, "%s", cfg->unix_path);
     }

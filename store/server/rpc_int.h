@@ -5,7 +5,8 @@
  *
  * Per call: the method must be one of kvdepot.v1.KvStore's (else
  * UNIMPLEMENTED, nothing read); a TCP caller must present
- * `authorization: Bearer <server.token>` (else UNAUTHENTICATED); a caller
+ * `authorization: Bearer <server.token>` or, with TLS on, a client
+ * certificate the configured CA signed (else UNAUTHENTICATED); a caller
  * that names a daemon instance (metadata `kvdepot-instance`, hex) other
  * than this one gets FAILED_PRECONDITION (its arena mapping and its ids are
  * from a previous daemon). Every reply carries the kvd_status_t as trailing
@@ -36,8 +37,14 @@ typedef struct kvd_rpc_config {
     unsigned unix_mode;      /* permissions set on the socket file */
     const char *tcp_address; /* "" or NULL: no TCP; "127.0.0.1:0" picks */
     const char *token;       /* required for TCP callers; copied */
-    int threads;             /* completion-queue threads, >= 1 */
-    int max_message_bytes;   /* gRPC receive/send limit */
+    /* TLS on TCP with client certificates (all three PEM texts, or all
+     * NULL): a caller presenting a certificate the CA signed is admitted
+     * without a token, unless a token is set too (then both are needed). */
+    const char *tls_cert_pem;
+    const char *tls_key_pem;
+    const char *tls_ca_pem;
+    int threads;           /* completion-queue threads, >= 1 */
+    int max_message_bytes; /* gRPC receive/send limit */
     uint64_t instance_id;
 } kvd_rpc_config_t;
 

@@ -46,6 +46,15 @@ static const kvd_config_field_t server_fields[] = {
     {"server.token_file", "",
      "file whose first line is the token (instead of server.token)",
      kvd_config_parse_string, SRV_OFF(token_file), 0, 0, NULL},
+    {"server.tls_cert", "",
+     "PEM certificate chain for TLS on the TCP listener (with tls_key and "
+     "tls_client_ca; \"\": plain TCP)",
+     kvd_config_parse_string, SRV_OFF(tls_cert), 0, 0, NULL},
+    {"server.tls_key", "", "PEM private key of server.tls_cert",
+     kvd_config_parse_string, SRV_OFF(tls_key), 0, 0, NULL},
+    {"server.tls_client_ca", "",
+     "PEM CA that signs client certificates: TCP callers must present one",
+     kvd_config_parse_string, SRV_OFF(tls_client_ca), 0, 0, NULL},
     {"server.metrics_address", "",
      "HTTP listener for /metrics, /healthz, /readyz, host:port (\"\": none)",
      kvd_config_parse_string, SRV_OFF(metrics_address), 0, 0, NULL},
@@ -83,6 +92,7 @@ static const kvd_config_field_t server_fields[] = {
 
 struct kvd_server {
     kvd_server_settings_t cfg;
+    char *tls_pem[3]; /* cert, key, client CA texts; NULL without TLS */
     uint64_t instance_id;
     kvd_store_t *store;
     kvd_service_t *svc;
@@ -155,6 +165,66 @@ static kvd_status_t server_settings(const kvd_config_t *config,
         kvd_config_err(err, err_len, "server.node_id: longer than %d bytes",
                        KVD_PROTO_MAX_NODE_ID_BYTES);
         return KVD_ERR_RANGE;
+    }
+    return KVD_OK;
+}
+
+#define SRV_PEM_MAX (1u << 20)
+
+/* Reads a PEM file whole (NUL-terminated, malloc'd). */
+static kvd_status_t server_read_pem(const char *key, const char *path,
+                                    char **out, char *err, size_t err_len)
+{
+    FILE *f = fopen(path, "re");
+    if (f == NULL) {
+        int e = errno;
+        kvd_config_err(err, err_len, "%s %s: %s", key, path, strerror(e));
+        return kvd_status_from_errno(e);
+    }
+    char *buf = malloc(SRV_PEM_MAX + 1);
+    size_t n = buf != NULL ? fread(buf, 1, SRV_PEM_MAX + 1, f) : 0;
+    fclose(f);
+    if (buf == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    if (n == 0 || n > SRV_PEM_MAX || strstr(buf, "-----BEGIN") == NULL) {
+        buf[n > SRV_PEM_MAX ? SRV_PEM_MAX : n] = '\0';
+        kvd_config_err(err, err_len, "%s %s: %s", key, path,
+                       n > SRV_PEM_MAX ? "larger than 1 MiB" : "not PEM");
+        free(buf);
+        return KVD_ERR_INVALID;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    return KVD_OK;
+}
+
+static kvd_status_t server_tls_load(kvd_server_t *srv, char *err,
+                                    size_t err_len)
+{
+    const char *keys[3] = {"server.tls_cert", "server.tls_key",
+                           "server.tls_client_ca"};
+    const char *paths[3] = {srv->cfg.tls_cert, srv->cfg.tls_key,
+                            srv->cfg.tls_client_ca};
+    int set = 0;
+    for (int i = 0; i < 3; i++) {
+        set += paths[i][0] != '\0';
+    }
+    if (set == 0) {
+        return KVD_OK;
+    }
+    if (set != 3) {
+        kvd_config_err(err, err_len,
+                       "server.tls_cert, server.tls_key and "
+                       "server.tls_client_ca go together");
+        return KVD_ERR_INVALID;
+    }
+    for (int i = 0; i < 3; i++) {
+        kvd_status_t s =
+            server_read_pem(keys[i], paths[i], &srv->tls_pem[i], err, err_len);
+        if (s != KVD_OK) {
+            return s;
+        }
     }
     return KVD_OK;
 }
@@ -319,6 +389,9 @@ static void server_free(kvd_server_t *srv)
         }
     }
     kvd_store_close(srv->store);
+    for (int i = 0; i < 3; i++) {
+        free(srv->tls_pem[i]);
+    }
     free(srv);
 }
 
@@ -345,6 +418,9 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
         srv->instance_id = (uint64_t)getpid() << 32 | (uint64_t)time(NULL);
     }
     s = server_store_settings(config, err, err_len);
+    if (s == KVD_OK) {
+        s = server_tls_load(srv, err, err_len);
+    }
     if (s != KVD_OK) {
         goto err;
     }
@@ -372,6 +448,9 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
         .unix_mode = mode,
         .tcp_address = srv->cfg.tcp_address,
         .token = srv->cfg.token,
+        .tls_cert_pem = srv->tls_pem[0],
+        .tls_key_pem = srv->tls_pem[1],
+        .tls_ca_pem = srv->tls_pem[2],
         .threads = (int)srv->cfg.threads,
         .max_message_bytes = (int)srv->cfg.max_message_bytes,
         .instance_id = srv->instance_id,

@@ -28,6 +28,9 @@ typedef struct kvd_server_settings {
     char tcp_address[KVD_CONFIG_STRING_MAX];
     char token[KVD_CONFIG_STRING_MAX];
     char token_file[KVD_CONFIG_STRING_MAX];
+    char tls_cert[KVD_CONFIG_STRING_MAX];
+    char tls_key[KVD_CONFIG_STRING_MAX];
+    char tls_client_ca[KVD_CONFIG_STRING_MAX];
     char metrics_address[KVD_CONFIG_STRING_MAX];
     char node_id[KVD_CONFIG_STRING_MAX];
     int64_t threads;

@@ -173,6 +173,7 @@ def test_grpc_client_over_tcp(tmp_path, stubs):
     (["server.unix_mode=9x"], "server.unix_mode"),
     (["server.tcp_address=127.0.0.1:0", "server.token="], "server.token"),
     (["server.unix_socket=", "server.tcp_address="], "nothing to listen on"),
+    (["server.tls_cert=/nonexistent.pem"], "go together"),
 ])
 def test_bad_config_fails_at_start(tmp_path, sets, needle):
     args = [KVDEPOTD, "--set", f"server.unix_socket={tmp_path}/d.sock",
@@ -230,5 +231,73 @@ def test_drain_marks_not_ready(tmp_path, stubs):
         assert get(mport, "/healthz")[0] == 200
         assert run_client(stubs, port, "off") == {"draining": False}
         assert get(mport, "/readyz")[0] == 200
+    finally:
+        stop_daemon(proc)
+
+
+def make_pki(d):
+    """A CA, a server certificate for 127.0.0.1 and a client certificate,
+    with Debian's openssl command; another CA's client certificate too."""
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True,
+                       cwd=d, timeout=60)
+    for ca in ("ca", "other-ca"):
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-subj", f"/CN={ca}")
+    (d / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    for name, ca, ext in (("server", "ca", True), ("client", "ca", False),
+                          ("rogue", "other-ca", False)):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
+            "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem",
+            "-CAkey", f"{ca}.key", "-CAcreateserial", "-days", "2",
+            "-out", f"{name}.pem", *(["-extfile", "san.cnf"] if ext else []))
+
+
+TLS_CLIENT = r'''
+import json, sys
+import grpc
+from kvdepot.v1 import store_pb2 as pb
+port, d, who = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+read = lambda n: open(f"{d}/{n}", "rb").read()
+creds = grpc.ssl_channel_credentials(
+    root_certificates=read("ca.pem"),
+    private_key=read(f"{who}.key") if who != "none" else None,
+    certificate_chain=read(f"{who}.pem") if who != "none" else None)
+ch = grpc.secure_channel(f"127.0.0.1:{port}", creds)
+stats = ch.unary_unary("/kvdepot.v1.KvStore/Stats",
+                       request_serializer=pb.StatsRequest.SerializeToString,
+                       response_deserializer=pb.StatsResponse.FromString)
+try:
+    r = stats(pb.StatsRequest(), timeout=5)
+    print(json.dumps({"ok": len(r.tiers)}))
+except grpc.RpcError as e:
+    print(json.dumps({"error": e.code().name}))
+'''
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl")
+def test_tls_client_certificates(tmp_path, stubs):
+    pytest.importorskip("grpc")
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_pki(pki)
+    (stubs / "tls_client.py").write_text(TLS_CLIENT)
+    proc, port, _ = start_daemon(
+        tmp_path, "server.token=", f"server.tls_cert={pki}/server.pem",
+        f"server.tls_key={pki}/server.key",
+        f"server.tls_client_ca={pki}/ca.pem")
+    env = dict(os.environ, PYTHONPATH=str(stubs))
+
+    def call(who):
+        p = subprocess.run([sys.executable, str(stubs / "tls_client.py"),
+                            str(port), str(pki), who], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+    try:
+        assert call("client") == {"ok": 1}     # a certificate the CA signed
+        assert "error" in call("none")         # no certificate: no handshake
+        assert "error" in call("rogue")        # another CA's certificate
     finally:
         stop_daemon(proc)
