@@ -489,6 +489,9 @@ static void cl_release_ids(kvd_client_t *c, uint64_t *ids, size_t n)
 static size_t rel_take(kvd_client_t *c, uint64_t *out, size_t max)
 {
     size_t n = c->n_rel < max ? c->n_rel : max;
+    if (n == 0) {
+        return 0; /* c->rel may still be NULL: no memcpy from it */
+    }
     memcpy(out, c->rel + (c->n_rel - n), n * sizeof *out);
     c->n_rel -= n;
     return n;
