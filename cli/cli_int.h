@@ -8,7 +8,8 @@
  * wrong (unknown option, bad value); the message goes to stderr prefixed
  * with "kvdepot <subcommand>: ".
  *
- * Threading: the tool is single-threaded.
+ * Threading: the tool is single-threaded, except `bench`, whose client
+ * threads each use their own store (bench_cmd.c).
  */
 #ifndef KVD_CLI_CLI_INT_H
 #define KVD_CLI_CLI_INT_H
@@ -31,5 +32,17 @@ typedef struct kvd_cli_command {
 /* codec_eval.c: error and size of every codec on the user's vectors. */
 int kvd_cli_codec_eval_run(int argc, char **argv);
 void kvd_cli_codec_eval_usage(FILE *out);
+
+/* daemon_cmds.c: a running kvdepotd's figures, and one object in or out. */
+int kvd_cli_stats_run(int argc, char **argv);
+void kvd_cli_stats_usage(FILE *out);
+int kvd_cli_put_run(int argc, char **argv);
+void kvd_cli_put_usage(FILE *out);
+int kvd_cli_get_run(int argc, char **argv);
+void kvd_cli_get_usage(FILE *out);
+
+/* bench_cmd.c: put/get load on a kvdepotd from N client threads. */
+int kvd_cli_bench_run(int argc, char **argv);
+void kvd_cli_bench_usage(FILE *out);
 
 #endif /* KVD_CLI_CLI_INT_H */

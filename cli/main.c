@@ -18,6 +18,14 @@
 static const kvd_cli_command_t kvd_cli_commands[] = {
     {"codec-eval", "error and size of each KV codec on your own K/V (.npy)",
      kvd_cli_codec_eval_run, kvd_cli_codec_eval_usage},
+    {"stats", "a running kvdepotd's figures per tier (--json)",
+     kvd_cli_stats_run, kvd_cli_stats_usage},
+    {"put", "store a file as one object in kvdepotd", kvd_cli_put_run,
+     kvd_cli_put_usage},
+    {"get", "load one object from kvdepotd into a file", kvd_cli_get_run,
+     kvd_cli_get_usage},
+    {"bench", "put/get load on kvdepotd from N clients", kvd_cli_bench_run,
+     kvd_cli_bench_usage},
 };
 
 #define KVD_CLI_NUM_COMMANDS                                                   \
