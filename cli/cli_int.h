@@ -41,6 +41,14 @@ void kvd_cli_put_usage(FILE *out);
 int kvd_cli_get_run(int argc, char **argv);
 void kvd_cli_get_usage(FILE *out);
 
+/* admin_cmds.c: a daemon's contents, removing objects, draining. */
+int kvd_cli_ls_run(int argc, char **argv);
+void kvd_cli_ls_usage(FILE *out);
+int kvd_cli_evict_run(int argc, char **argv);
+void kvd_cli_evict_usage(FILE *out);
+int kvd_cli_drain_run(int argc, char **argv);
+void kvd_cli_drain_usage(FILE *out);
+
 /* bench_cmd.c: put/get load on a kvdepotd from N client threads. */
 int kvd_cli_bench_run(int argc, char **argv);
 void kvd_cli_bench_usage(FILE *out);

@@ -24,6 +24,12 @@ static const kvd_cli_command_t kvd_cli_commands[] = {
      kvd_cli_put_usage},
     {"get", "load one object from kvdepotd into a file", kvd_cli_get_run,
      kvd_cli_get_usage},
+    {"ls", "what kvdepotd stores, per namespace and tenant", kvd_cli_ls_run,
+     kvd_cli_ls_usage},
+    {"evict", "remove objects or a whole namespace from kvdepotd",
+     kvd_cli_evict_run, kvd_cli_evict_usage},
+    {"drain", "refuse new saves before a restart (on|off)", kvd_cli_drain_run,
+     kvd_cli_drain_usage},
     {"bench", "put/get load on kvdepotd from N clients", kvd_cli_bench_run,
      kvd_cli_bench_usage},
 };

@@ -1,5 +1,5 @@
 #!/bin/sh
-# `kvdepot stats/put/get/bench` end to end against a real kvdepotd started
+# `kvdepot stats/put/get/ls/evict/drain/bench` end to end against a real kvdepotd started
 # here: a random 100 KiB file put and got back byte for byte, `stats
 # --json` counting it, the errors users get (absent key: exit 1; the same
 # key put twice: "exists", exit 1; bad keys and options: exit 2; no daemon:
@@ -165,6 +165,28 @@ run 2 bench --clients 0
 expect_text err "--clients '0': need an integer in 1..64"
 run 2 bench --size 1g
 expect_text err "--size '1g'"
+
+# --- ls / evict / drain -------------------------------------------------------
+run 0 ls
+expect_text out "$NS"
+run 0 evict --namespace "$NS" --hash "$HASH" --hash "$ABSENT"
+expect_text out "evicted 1 of 2 objects"
+run 1 get --namespace "$NS" --hash "$HASH" "$WORK/gone.bin"
+run 0 put --namespace "$NS" --hash "$HASH" "$WORK/in.bin"
+run 0 evict --namespace "$NS"
+expect_text out "evicted 1 objects of namespace $NS"
+run 0 ls
+if grep -qF -- "$NS" "$WORK/out"; then
+    fail "ls still lists the evicted namespace"
+fi
+run 2 evict --hash "$HASH"
+expect_text err "--namespace is required"
+run 0 drain on
+expect_text out "draining"
+run 1 put --namespace "$NS" --hash "$HASH" "$WORK/in.bin"
+run 0 drain off
+run 0 put --namespace "$NS" --hash "$HASH" "$WORK/in.bin"
+run 2 drain maybe
 
 # The daemon is still up and holds no lease the tool forgot.
 run 0 stats --json
