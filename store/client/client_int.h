@@ -108,8 +108,7 @@ kvd_status_t kvd_client_drop_namespace(kvd_client_t *c,
 /* Admin drain: refuse (enable) or take again new saves; writes the leases
  * and reservations still held. */
 kvd_status_t kvd_client_drain(kvd_client_t *c, bool enable,
-                              uint64_t *leases_out,
-                              uint64_t *reservations_out);
+                              uint64_t *leases_out, uint64_t *reservations_out);
 
 /* Admin ping: the daemon's version and node id (for the CLI). */
 kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,
