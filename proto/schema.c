@@ -86,8 +86,10 @@ static const kvd_proto_rule_t rules[] = {
 
     /* store.proto */
     {D(lookup_request), "namespace_id", REQ | RNG, NS_BYTES, NS_BYTES, 0},
-    {D(lookup_request), "block_hashes", REQ | UNIQ | RNG, HASH_BYTES,
-     HASH_BYTES, KVD_PROTO_MAX_HASHES},
+    {D(lookup_request), "block_hashes", UNIQ | RNG, HASH_BYTES, HASH_BYTES,
+     KVD_PROTO_MAX_HASHES},
+    {D(lookup_request), "packed_hashes", RNG, 0,
+     (int64_t)HASH_BYTES *KVD_PROTO_MAX_HASHES, 0},
     {D(lookup_request), "lease_ttl_ms", RNG, 0, TTL_MAX, 0},
     {D(lookup_request), "tenant", RNG, 0, ID_MAX, 0},
     {D(lookup_request), "release_lease_ids", UNIQ | RNG, 1, KVD_PROTO_NO_MAX,
@@ -96,6 +98,9 @@ static const kvd_proto_rule_t rules[] = {
     {D(block_location), "node_id", RNG, 0, NODE_MAX, 0},
     {D(block_location), "size_bytes", RNG, 0, OBJ_MAX, 0},
     {D(lookup_response), "locations", 0, 0, 0, KVD_PROTO_MAX_HASHES},
+    {D(lookup_response), "tiers", 0, 0, 0, KVD_PROTO_MAX_HASHES},
+    {D(lookup_response), "arena_offsets", 0, 0, 0, KVD_PROTO_MAX_HASHES},
+    {D(lookup_response), "sizes", RNG, 0, OBJ_MAX, KVD_PROTO_MAX_HASHES},
     {D(lookup_response), "lease_ttl_ms", RNG, 0, TTL_MAX, 0},
     {D(reserve_request), "namespace_id", REQ | RNG, NS_BYTES, NS_BYTES, 0},
     {D(reserve_request), "block_hashes", REQ | UNIQ | RNG, HASH_BYTES,
@@ -351,6 +356,29 @@ static kvd_status_t check_worker_report(kvd_proto_walk_t *walk,
     return status;
 }
 
+/* One form of the chain: block_hashes (repeated, unique) or packed_hashes
+ * (one field of 32-byte hashes). */
+static kvd_status_t check_lookup_request(kvd_proto_walk_t *walk,
+                                         const ProtobufCMessage *msg)
+{
+    const kvd_pb_lookup_request_t *r = (const void *)msg;
+    size_t packed = r->packed_hashes.len;
+    if (r->n_block_hashes == 0 && packed == 0) {
+        return FAIL_AT(walk, "block_hashes",
+                       "empty, at least one entry required");
+    }
+    if (r->n_block_hashes > 0 && packed > 0) {
+        return FAIL_AT(walk, "packed_hashes",
+                       "%zu bytes beside %zu block_hashes; one form only",
+                       packed, r->n_block_hashes);
+    }
+    if (packed % HASH_BYTES != 0) {
+        return FAIL_AT(walk, "packed_hashes",
+                       "%zu bytes, want a multiple of %d", packed, HASH_BYTES);
+    }
+    return KVD_OK;
+}
+
 static kvd_status_t check_lookup_response(kvd_proto_walk_t *walk,
                                           const ProtobufCMessage *msg)
 {
@@ -360,7 +388,27 @@ static kvd_status_t check_lookup_response(kvd_proto_walk_t *walk,
                        "%u with lease_id %llu; both set or both 0",
                        r->lease_ttl_ms, (unsigned long long)r->lease_id);
     }
-    if (r->lease_id != 0 && r->n_locations == 0) {
+    if (r->n_tiers != r->n_arena_offsets || r->n_tiers != r->n_sizes) {
+        return FAIL_AT(walk, "tiers",
+                       "%zu entries, arena_offsets %zu, sizes %zu: want one "
+                       "length",
+                       r->n_tiers, r->n_arena_offsets, r->n_sizes);
+    }
+    if (r->n_tiers > 0 && r->n_locations > 0) {
+        return FAIL_AT(walk, "locations",
+                       "%zu entries beside %zu packed ones; one form only",
+                       r->n_locations, r->n_tiers);
+    }
+    for (size_t i = 0; i < r->n_tiers; i++) {
+        if (r->tiers[i] != KVDEPOT__V1__TIER__TIER_HOST &&
+            r->tiers[i] != KVDEPOT__V1__TIER__TIER_DISK) {
+            return FAIL_AT(walk, "tiers",
+                           "entry %zu: %d, want TIER_HOST or "
+                           "TIER_DISK",
+                           i, (int)r->tiers[i]);
+        }
+    }
+    if (r->lease_id != 0 && r->n_locations == 0 && r->n_tiers == 0) {
         return FAIL_AT(walk, "lease_id", "set without any location");
     }
     return KVD_OK;
@@ -540,6 +588,7 @@ static const struct {
     {D(namespace_descriptor), check_namespace_descriptor},
     {D(object_descriptor), check_object_descriptor},
     {D(worker_report), check_worker_report},
+    {D(lookup_request), check_lookup_request},
     {D(lookup_response), check_lookup_response},
     {D(reserve_response), check_reserve_response},
     {D(commit_request), check_commit_request},

@@ -840,21 +840,15 @@ kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_l1_key_t *keys,
     return KVD_OK;
 }
 
-kvd_status_t kvd_l1_release(kvd_l1_t *l1, const kvd_l1_key_t *key)
+/* One lease back; `lock` held. */
+static kvd_status_t l1_release_locked(kvd_l1_t *l1, const kvd_l1_key_t *key)
 {
-    if (l1 == NULL || key == NULL) {
-        return KVD_ERR_INVALID;
-    }
-    kvd_status_t status = KVD_OK;
-    pthread_mutex_lock(&l1->lock);
     l1_entry_t *e = l1_find_live(l1, key);
     if (e == NULL) {
-        status = KVD_ERR_NOT_FOUND;
-        goto out;
+        return KVD_ERR_NOT_FOUND;
     }
     if (e->state != L1_READY || e->refs == 0) {
-        status = KVD_ERR_STATE;
-        goto out;
+        return KVD_ERR_STATE;
     }
     bool was = l1_evictable(e);
     if (--e->refs == 0) {
@@ -862,9 +856,36 @@ kvd_status_t kvd_l1_release(kvd_l1_t *l1, const kvd_l1_key_t *key)
     }
     l1->st.leases--;
     l1_acct(l1, e, was);
-out:
+    return KVD_OK;
+}
+
+kvd_status_t kvd_l1_release(kvd_l1_t *l1, const kvd_l1_key_t *key)
+{
+    if (l1 == NULL || key == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    pthread_mutex_lock(&l1->lock);
+    kvd_status_t status = l1_release_locked(l1, key);
     pthread_mutex_unlock(&l1->lock);
     return status;
+}
+
+kvd_status_t kvd_l1_release_many(kvd_l1_t *l1, const kvd_l1_key_t *keys,
+                                 size_t n)
+{
+    if (l1 == NULL || (n > 0 && keys == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t first = KVD_OK;
+    pthread_mutex_lock(&l1->lock);
+    for (size_t i = 0; i < n; i++) {
+        kvd_status_t s = l1_release_locked(l1, &keys[i]);
+        if (s != KVD_OK && first == KVD_OK) {
+            first = s;
+        }
+    }
+    pthread_mutex_unlock(&l1->lock);
+    return first;
 }
 
 kvd_status_t kvd_l1_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key,

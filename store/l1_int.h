@@ -271,6 +271,11 @@ kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_l1_key_t *keys,
  */
 kvd_status_t kvd_l1_release(kvd_l1_t *l1, const kvd_l1_key_t *key);
 
+/* kvd_l1_release of n keys under one lock hold: every key is tried; the
+ * first error is returned. */
+kvd_status_t kvd_l1_release_many(kvd_l1_t *l1, const kvd_l1_key_t *keys,
+                                 size_t n);
+
 /*
  * Takes one lease on the READY entry `key`, as kvd_l1_lookup_prefix would,
  * and writes its slot to `*slot_out`, but counts no hit or miss and does

@@ -935,11 +935,25 @@ KVD_API kvd_status_t kvd_store_release(kvd_store_t *store,
     kvd_status_t first = KVD_OK;
     for (size_t i = 0; i < num; i++) {
         kvd_l1_key_t lk;
-        store_key_to_l1(&leases[i].key, &lk);
         kvd_status_t s;
         if (leases[i].tier == KVD_STORE_TIER_HOST) {
-            s = kvd_l1_release(store->l1, &lk);
-        } else if (leases[i].tier == KVD_STORE_TIER_DISK && store->l2 != NULL) {
+            /* A run of arena leases goes back under one lock hold. */
+            kvd_l1_key_t run[STORE_KEY_CHUNK];
+            size_t k = 0;
+            while (i + k < num && k < STORE_KEY_CHUNK &&
+                   leases[i + k].tier == KVD_STORE_TIER_HOST) {
+                store_key_to_l1(&leases[i + k].key, &run[k]);
+                k++;
+            }
+            s = kvd_l1_release_many(store->l1, run, k);
+            i += k - 1;
+            if (s != KVD_OK && first == KVD_OK) {
+                first = s;
+            }
+            continue;
+        }
+        store_key_to_l1(&leases[i].key, &lk);
+        if (leases[i].tier == KVD_STORE_TIER_DISK && store->l2 != NULL) {
             s = kvd_l1_release(store->l2, &lk);
             kvd_l1_entry_info_t info;
             if (s == KVD_OK && kvd_l1_peek(store->l2, &lk, &info) == KVD_OK &&

@@ -531,17 +531,15 @@ kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
         *matched_out = 0;
         return KVD_OK;
     }
-    ProtobufCBinaryData *hb = malloc(n * sizeof *hb);
-    if (hb == NULL) {
-        return KVD_ERR_NOMEM;
-    }
-    cl_hash_refs(hashes, n, hb);
+    /* The chain goes packed: the hashes array is already 32 bytes each,
+     * back to back. */
     kvd_pb_lookup_request_t rq = KVDEPOT__V1__LOOKUP_REQUEST__INIT;
     rq.namespace_id.data = (uint8_t *)ns->bytes;
     rq.namespace_id.len = sizeof ns->bytes;
-    rq.n_block_hashes = n;
-    rq.block_hashes = hb;
+    rq.packed_hashes.data = (uint8_t *)hashes;
+    rq.packed_hashes.len = n * sizeof *hashes;
     rq.lease_ttl_ms = (uint32_t)c->cfg.lease_ttl_ms;
+    rq.packed_locations = true;
     /* Releases ride along (a failed call leaves them to the daemon's TTL). */
     uint64_t rel[256];
     pthread_mutex_lock(&c->mu);
@@ -553,11 +551,12 @@ kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
     kvd_status_t s = cl_call(c, CL_LOOKUP, KVD_PROTO_MSG_LOOKUP_REQUEST,
                              &rq.base, KVD_PROTO_MSG_LOOKUP_RESPONSE,
                              (ProtobufCMessage **)&rsp, &used, true);
-    free(hb);
     if (s != KVD_OK) {
         return s;
     }
-    size_t m = rsp->n_locations;
+    /* A daemon of revision 1 answers with one message per location. */
+    bool packed = rsp->n_tiers > 0;
+    size_t m = packed ? rsp->n_tiers : rsp->n_locations;
     uint32_t g = 0;
     if (m > n || (m > 0 && rsp->lease_id == 0)) {
         KVD_LOG_ERROR("store client: Lookup reply: %zu hits of %zu, lease "
@@ -580,16 +579,18 @@ kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
         return s;
     }
     for (size_t i = 0; i < m; i++) {
-        const kvd_pb_block_location_t *l = rsp->locations[i];
+        Kvdepot__V1__Tier tier =
+            packed ? rsp->tiers[i] : rsp->locations[i]->tier;
         kvd_store_lease_t *o = &leases_out[i];
         memset(o, 0, sizeof *o);
         o->key.ns = *ns;
         o->key.hash = hashes[i];
-        o->tier = l->tier == KVDEPOT__V1__TIER__TIER_HOST ? KVD_STORE_TIER_HOST
-                                                          : KVD_STORE_TIER_DISK;
+        o->tier = tier == KVDEPOT__V1__TIER__TIER_HOST ? KVD_STORE_TIER_HOST
+                                                       : KVD_STORE_TIER_DISK;
         o->reserved = g;
-        o->arena_offset = l->arena_offset;
-        o->size_bytes = l->size_bytes;
+        o->arena_offset =
+            packed ? rsp->arena_offsets[i] : rsp->locations[i]->arena_offset;
+        o->size_bytes = packed ? rsp->sizes[i] : rsp->locations[i]->size_bytes;
     }
     kvd_proto_lookup_response_free(rsp);
     *matched_out = m;

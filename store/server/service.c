@@ -86,6 +86,7 @@ typedef struct svc_block {
     kvd_store_lease_t lease;
     svc_lease_t *owner;
     uint8_t state;
+    bool in_slab; /* part of the record's slab, not allocated alone */
     kvd_status_t status;
 } svc_block_t;
 
@@ -96,7 +97,8 @@ struct svc_lease {
     uint32_t ttl_ms;
     kvd_namespace_t ns;
     size_t n, cap;
-    svc_block_t **blocks; /* individually allocated: gets point at them */
+    svc_block_t **blocks; /* stable addresses: gets point at them */
+    svc_block_t *slab;    /* the blocks a Lookup leased, in one allocation */
     uint32_t pending;     /* store gets in flight */
     bool dead;            /* out of the table; free when pending is 0 */
     bool promote;         /* Promote's: give each block back when loaded */
@@ -203,10 +205,39 @@ static void lease_unlink(kvd_service_t *svc, svc_lease_t *l)
 static void lease_free(svc_lease_t *l)
 {
     for (size_t i = 0; i < l->n; i++) {
-        free(l->blocks[i]);
+        if (!l->blocks[i]->in_slab) {
+            free(l->blocks[i]);
+        }
     }
+    free(l->slab);
     free(l->blocks);
     free(l);
+}
+
+/* Fills a new record with `m` held store leases in two allocations (a
+ * Lookup's batch; later Gets add blocks one by one). */
+static kvd_status_t lease_fill(svc_lease_t *l, const kvd_store_lease_t *sl,
+                               size_t m)
+{
+    l->slab = calloc(m, sizeof *l->slab);
+    l->blocks = malloc(m * sizeof *l->blocks);
+    if (l->slab == NULL || l->blocks == NULL) {
+        free(l->slab);
+        free(l->blocks);
+        l->slab = NULL;
+        l->blocks = NULL;
+        return KVD_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < m; i++) {
+        svc_block_t *b = &l->slab[i];
+        b->lease = sl[i];
+        b->owner = l;
+        b->state = SVC_HELD;
+        b->in_slab = true;
+        l->blocks[i] = b;
+    }
+    l->n = l->cap = m;
+    return KVD_OK;
 }
 
 static svc_lease_t *lease_new(const kvd_namespace_t *ns, uint32_t ttl_ms)
@@ -247,12 +278,20 @@ static kvd_status_t lease_add(svc_lease_t *l, const kvd_store_lease_t *sl)
  * in flight (then the housekeeping thread frees it). `mu` held. */
 static void lease_drop(kvd_service_t *svc, svc_lease_t *l)
 {
+    /* Back to the store in batches: one table lock per batch, not one per
+     * block. */
+    kvd_store_lease_t batch[64];
+    size_t k = 0;
     for (size_t i = 0; i < l->n; i++) {
         svc_block_t *b = l->blocks[i];
         if (b->state == SVC_HELD) {
-            (void)kvd_store_release(svc->store, &b->lease, 1);
+            batch[k++] = b->lease;
             b->state = SVC_FAILED;
             b->status = KVD_ERR_CANCELED;
+        }
+        if (k == sizeof batch / sizeof batch[0] || (i + 1 == l->n && k > 0)) {
+            (void)kvd_store_release(svc->store, batch, k);
+            k = 0;
         }
     }
     if (l->pending > 0) {
@@ -398,10 +437,20 @@ static kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req,
     size_t n = rq->n_block_hashes, m = 0;
     kvd_namespace_t ns;
     svc_ns(&rq->namespace_id, &ns);
-    kvd_block_hash_t *hashes = svc_hashes(rq->block_hashes, n);
+    kvd_block_hash_t *hashes;
+    if (n == 0) { /* the packed form (proto/ checked its length) */
+        n = rq->packed_hashes.len / sizeof(kvd_block_hash_t);
+        hashes = malloc(n * sizeof *hashes);
+        if (hashes != NULL) {
+            memcpy(hashes, rq->packed_hashes.data, n * sizeof *hashes);
+        }
+    } else {
+        hashes = svc_hashes(rq->block_hashes, n);
+    }
     kvd_store_lease_t *leases = malloc(n * sizeof *leases);
     kvd_pb_block_location_t *locs = calloc(n, sizeof *locs);
     kvd_pb_block_location_t **locp = calloc(n, sizeof *locp);
+    uint64_t *packed = NULL;
     svc_lease_t *rec = NULL;
     if (hashes == NULL || leases == NULL || locs == NULL || locp == NULL) {
         s = KVD_ERR_NOMEM;
@@ -412,25 +461,43 @@ static kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req,
         goto out;
     }
     kvd_pb_lookup_response_t rsp = KVDEPOT__V1__LOOKUP_RESPONSE__INIT;
-    for (size_t i = 0; i < m; i++) {
-        kvdepot__v1__block_location__init(&locs[i]);
-        locs[i].tier = svc_tier(leases[i].tier);
-        locs[i].size_bytes = leases[i].size_bytes;
-        if (leases[i].tier == KVD_STORE_TIER_HOST) {
-            locs[i].arena_offset = leases[i].arena_offset;
+    if (rq->packed_locations) {
+        /* Three packed arrays instead of m sub-messages; `locs` and `locp`
+         * are big enough to hold them (n >= m entries of >= 8 bytes). */
+        Kvdepot__V1__Tier *tiers = (Kvdepot__V1__Tier *)(void *)locp;
+        uint64_t *offsets = malloc(2 * (m ? m : 1) * sizeof *offsets);
+        if (offsets == NULL) {
+            s = KVD_ERR_NOMEM;
+            goto out;
         }
-        locp[i] = &locs[i];
+        packed = offsets;
+        for (size_t i = 0; i < m; i++) {
+            tiers[i] = svc_tier(leases[i].tier);
+            offsets[i] = leases[i].tier == KVD_STORE_TIER_HOST
+                             ? leases[i].arena_offset
+                             : 0;
+            offsets[m + i] = leases[i].size_bytes;
+        }
+        rsp.n_tiers = rsp.n_arena_offsets = rsp.n_sizes = m;
+        rsp.tiers = tiers;
+        rsp.arena_offsets = offsets;
+        rsp.sizes = offsets + m;
+    } else {
+        for (size_t i = 0; i < m; i++) {
+            kvdepot__v1__block_location__init(&locs[i]);
+            locs[i].tier = svc_tier(leases[i].tier);
+            locs[i].size_bytes = leases[i].size_bytes;
+            if (leases[i].tier == KVD_STORE_TIER_HOST) {
+                locs[i].arena_offset = leases[i].arena_offset;
+            }
+            locp[i] = &locs[i];
+        }
+        rsp.n_locations = m;
+        rsp.locations = locp;
     }
-    rsp.n_locations = m;
-    rsp.locations = locp;
     if (m > 0 && rq->lease_ttl_ms > 0) {
         rec = lease_new(&ns, rq->lease_ttl_ms);
-        for (size_t i = 0; rec != NULL && i < m; i++) {
-            if (lease_add(rec, &leases[i]) != KVD_OK) {
-                break;
-            }
-        }
-        if (rec == NULL || rec->n != m) {
+        if (rec == NULL || lease_fill(rec, leases, m) != KVD_OK) {
             s = KVD_ERR_NOMEM;
             goto out;
         }
@@ -465,6 +532,7 @@ out:
         /* Probes (ttl 0) and failures give the leases back at once. */
         (void)kvd_store_release(svc->store, leases, m);
     }
+    free(packed);
     free(locp);
     free(locs);
     free(leases);
