@@ -9,6 +9,8 @@
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
 #                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
+#   make soak            32 client processes against one kvdepotd for 10 min
+#                        (SOAK_SECONDS, SOAK_CLIENTS); not part of make test
 #   make fuzz NAME=x     run one libFuzzer target for FUZZ_SECONDS (clang)
 #   make fuzz-all        every target for FUZZ_SECONDS, with a summary
 #   make fmt / lint      clang-format in place / format check + clang-tidy
@@ -21,7 +23,7 @@ FUZZ_SECONDS ?= 60
 CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all deps build test test-ci test-asan test-tsan test-vllm demo bench fuzz \
+.PHONY: all deps build test test-ci test-asan test-tsan test-vllm demo bench soak fuzz \
         fuzz-all fmt \
         format-check lint install clean
 
@@ -62,6 +64,11 @@ test-vllm: build
 
 demo: build
 	@build/dev/demo/kvdepot-demo $(DEMO_ARGS)
+
+SOAK_SECONDS ?= 600
+SOAK_CLIENTS ?= 32
+soak: build
+	@scripts/soak.sh $(SOAK_SECONDS) $(SOAK_CLIENTS) build/dev
 
 bench: build
 	@if [ -z "$(NAME)" ]; then \

@@ -26,6 +26,8 @@ pkgs+=(python3-grpcio python3-protobuf protobuf-compiler)
 # Benchmarks run their peers in the same run (bench/README.md): fio for NVMe,
 # redis-server (driven through hiredis) for the daemon.
 pkgs+=(fio redis-server libhiredis-dev)
+# make soak reads the daemon's /metrics.
+pkgs+=(curl)
 
 missing=()
 for p in "${pkgs[@]}"; do
