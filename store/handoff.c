@@ -74,6 +74,7 @@ void kvd_handoff_reply_encode(const kvd_handoff_reply_t *reply, uint8_t *out)
     kvd_put_le64(out + 16, reply->instance_id);
     kvd_put_le64(out + 24, reply->map_bytes);
     kvd_put_le64(out + 32, reply->size_bytes);
+    memcpy(out + 40, reply->session, KVD_HANDOFF_SESSION_BYTES);
 }
 
 kvd_status_t kvd_handoff_reply_decode(const uint8_t *data, size_t len,
@@ -95,6 +96,7 @@ kvd_status_t kvd_handoff_reply_decode(const uint8_t *data, size_t len,
         .map_bytes = kvd_get_le64(data + 24),
         .size_bytes = kvd_get_le64(data + 32),
     };
+    memcpy(r.session, data + 40, KVD_HANDOFF_SESSION_BYTES);
     if ((int32_t)r.status > 0 || (int32_t)r.status < KVD_ERR_INTERNAL) {
         kvd_config_err(err, err_len, "hand-off reply: status %d out of range",
                        (int)r.status);
@@ -140,7 +142,7 @@ kvd_status_t kvd_handoff_send(int sock, const uint8_t *data, size_t len, int fd)
     if (n < 0) {
         return kvd_status_from_errno(errno);
     }
-    /* A unix stream socket takes a 40-byte message whole or not at all
+    /* A unix stream socket takes a 56-byte message whole or not at all
      * unless its buffer is nearly full, which a fresh connection's is not. */
     return (size_t)n == len ? KVD_OK : KVD_ERR_IO;
 }

@@ -10,13 +10,17 @@
  * Wire format (all integers little-endian, fixed size, no padding):
  *   HELLO (16 bytes)  magic "KVDH" | u16 version (1) | u16 flags (0)
  *                     | u64 reserved (0)
- *   REPLY (40 bytes)  magic "KVDA" | u16 version (1) | u16 flags (0)
+ *   REPLY (56 bytes)  magic "KVDA" | u16 version (1) | u16 flags (0)
  *                     | i32 status | u32 reserved (0) | u64 instance_id
- *                     | u64 map_bytes | u64 size_bytes
+ *                     | u64 map_bytes | u64 size_bytes | u8 session[16]
  * `instance_id` is random per daemon start: a client sends it with every
  * RPC (metadata "kvdepot-instance") so a restarted daemon, whose arena is a
  * new one, refuses calls naming slots of the old one (FAILED_PRECONDITION)
- * and the client maps the new arena.
+ * and the client maps the new arena. `session` is a random secret the
+ * daemon binds to the peer's credentials (SO_PEERCRED uid) on this socket;
+ * the client sends it with every RPC (metadata "kvdepot-session", hex), so
+ * the daemon knows whose calls they are without trusting what they claim
+ * (tenants mapped to users, `server.tenants`).
  *
  * Both decoders treat their input as hostile (fuzzed by
  * tests/fuzz/fuzz_handoff.c). Thread: any; no state.
@@ -35,7 +39,8 @@ extern "C" {
 
 #define KVD_HANDOFF_VERSION 1u
 #define KVD_HANDOFF_HELLO_BYTES 16u
-#define KVD_HANDOFF_REPLY_BYTES 40u
+#define KVD_HANDOFF_REPLY_BYTES 56u
+#define KVD_HANDOFF_SESSION_BYTES 16u
 /* Suffix of the hand-off socket's path after the gRPC unix socket's. */
 #define KVD_HANDOFF_SUFFIX ".shm"
 
@@ -44,6 +49,8 @@ typedef struct kvd_handoff_reply {
     uint64_t instance_id; /* non-zero */
     uint64_t map_bytes;   /* length to mmap; >= size_bytes, page multiple */
     uint64_t size_bytes;  /* arena offsets below this are slots */
+    uint8_t session[KVD_HANDOFF_SESSION_BYTES]; /* for KVD_OK: the caller's
+                                                   session secret */
 } kvd_handoff_reply_t;
 
 /* Writes the HELLO into out[KVD_HANDOFF_HELLO_BYTES]. */

@@ -79,6 +79,7 @@ struct kvd_client {
     pthread_mutex_t mu; /* everything below */
     uint64_t instance;
     char instance_hex[17];
+    char session_hex[2 * KVD_HANDOFF_SESSION_BYTES + 1]; /* from the hand-off */
     kvd_arena_mapping_t *map;
     kvd_arena_mapping_t *old_maps[CL_MAPPINGS_MAX];
     size_t n_old_maps;
@@ -188,9 +189,10 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
         KVD_LOG_ERROR("store client: %s not sent: %s", cl_paths[m], reason);
         return s;
     }
-    char inst[17];
+    char inst[17], sess[sizeof c->session_hex];
     pthread_mutex_lock(&c->mu);
     memcpy(inst, c->instance_hex, sizeof inst);
+    memcpy(sess, c->session_hex, sizeof sess);
     *instance_used = c->instance;
     pthread_mutex_unlock(&c->mu);
 
@@ -204,9 +206,11 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
     grpc_slice body = grpc_slice_new(buf, len, free);
     grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
     grpc_slice_unref(body);
-    grpc_metadata md = {.key =
-                            grpc_slice_from_static_string("kvdepot-instance"),
-                        .value = grpc_slice_from_copied_string(inst)};
+    grpc_metadata md[2] = {
+        {.key = grpc_slice_from_static_string("kvdepot-instance"),
+         .value = grpc_slice_from_copied_string(inst)},
+        {.key = grpc_slice_from_static_string("kvdepot-session"),
+         .value = grpc_slice_from_copied_string(sess)}};
     grpc_metadata_array initial, trailing;
     grpc_metadata_array_init(&initial);
     grpc_metadata_array_init(&trailing);
@@ -216,8 +220,8 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = 1;
-    ops[0].data.send_initial_metadata.metadata = &md;
+    ops[0].data.send_initial_metadata.count = 2;
+    ops[0].data.send_initial_metadata.metadata = md;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -276,7 +280,8 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
         grpc_byte_buffer_destroy(recv);
     }
     grpc_slice_unref(details);
-    grpc_slice_unref(md.value);
+    grpc_slice_unref(md[0].value);
+    grpc_slice_unref(md[1].value);
     grpc_metadata_array_destroy(&initial);
     grpc_metadata_array_destroy(&trailing);
     grpc_byte_buffer_destroy(send);
@@ -373,6 +378,9 @@ static kvd_status_t cl_map(kvd_client_t *c, char *err, size_t err_len)
     c->instance = r.instance_id;
     snprintf(c->instance_hex, sizeof c->instance_hex, "%016" PRIx64,
              r.instance_id);
+    for (size_t i = 0; i < KVD_HANDOFF_SESSION_BYTES; i++) {
+        snprintf(c->session_hex + 2 * i, 3, "%02x", r.session[i]);
+    }
     return KVD_OK;
 }
 

@@ -51,6 +51,7 @@ typedef struct rpc_call {
     grpc_byte_buffer *send;
     int cancelled;
     int method;
+    const char *tenant; /* bound by the caller's session, or NULL */
     grpc_metadata trailing;
     char status_text[16];
     grpc_slice details_slice;
@@ -255,6 +256,23 @@ static kvd_status_t rpc_admit(kvd_rpc_server_t *srv, rpc_call_t *c,
                        srv->instance_hex);
         s = KVD_ERR_STATE;
     }
+    grpc_slice sess;
+    bool has_session = md_find(&c->md, KVD_RPC_MD_SESSION, &sess);
+    if (s == KVD_OK && local && has_session && srv->cfg.session != NULL) {
+        s = srv->cfg.session(srv->cfg.session_ctx,
+                             (const char *)GRPC_SLICE_START_PTR(sess),
+                             GRPC_SLICE_LENGTH(sess), &c->tenant);
+        if (s != KVD_OK) {
+            kvd_config_err(reason, reason_len,
+                           "unknown session: hand off the arena again");
+        }
+    } else if (s == KVD_OK && local && !has_session &&
+               srv->cfg.sessions_required) {
+        kvd_config_err(reason, reason_len,
+                       "tenants are mapped to users here: calls need the "
+                       "session the arena hand-off gives");
+        s = KVD_ERR_AUTH;
+    }
     gpr_free(peer);
     return s;
 }
@@ -314,7 +332,8 @@ static void rpc_on_read(rpc_call_t *c)
     kvd_status_t s = kvd_service_call(
         srv->cfg.svc, (kvd_rpc_method_t)c->method,
         GRPC_SLICE_LENGTH(body) ? GRPC_SLICE_START_PTR(body) : NULL,
-        GRPC_SLICE_LENGTH(body), &resp, &resp_len, reason, sizeof reason);
+        GRPC_SLICE_LENGTH(body), c->tenant, &resp, &resp_len, reason,
+        sizeof reason);
     grpc_slice_unref(body);
     if (s != KVD_OK) {
         KVD_LOG_DEBUG("kvdepotd: %s: %s", kvd_rpc_method_name(c->method),

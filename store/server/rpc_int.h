@@ -17,6 +17,7 @@
 #ifndef KVD_STORE_SERVER_RPC_INT_H
 #define KVD_STORE_SERVER_RPC_INT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "store/server/service_int.h"
@@ -28,6 +29,14 @@ extern "C" {
 /* Metadata keys shared with the client. */
 #define KVD_RPC_MD_INSTANCE "kvdepot-instance"
 #define KVD_RPC_MD_STATUS "kvdepot-status"
+#define KVD_RPC_MD_SESSION "kvdepot-session"
+
+/* Resolves a unix caller's session (the hex text of the secret the arena
+ * hand-off gave it) to its tenant: KVD_OK with *tenant_out the tenant its
+ * uid maps to (NULL: none, the request's own applies), or KVD_ERR_AUTH for
+ * an unknown session. Called from the completion-queue threads. */
+typedef kvd_status_t (*kvd_rpc_session_fn)(void *ctx, const char *hex,
+                                           size_t len, const char **tenant_out);
 
 typedef struct kvd_rpc_server kvd_rpc_server_t;
 
@@ -46,6 +55,11 @@ typedef struct kvd_rpc_config {
     int threads;           /* completion-queue threads, >= 1 */
     int max_message_bytes; /* gRPC receive/send limit */
     uint64_t instance_id;
+    /* Sessions of unix callers; with sessions_required a unix call without
+     * a valid session is UNAUTHENTICATED (tenants are mapped to users). */
+    kvd_rpc_session_fn session;
+    void *session_ctx;
+    bool sessions_required;
 } kvd_rpc_config_t;
 
 /*

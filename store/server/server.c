@@ -4,7 +4,7 @@
  * in that order and stopped in reverse.
  *
  * The hand-off listener is one thread: each exchange is one 16-byte HELLO
- * and one 40-byte REPLY with the memfd, bounded by a 1 s receive timeout, so
+ * and one 56-byte REPLY with the memfd, bounded by a 1 s receive timeout, so
  * a stuck client delays the next one by at most that.
  */
 #include <errno.h>
@@ -18,6 +18,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "common/config_int.h"
 #include "common/log_int.h"
 #include "proto/kvd_proto.h"
@@ -27,6 +29,22 @@
 
 #define SRV_OFF(m) offsetof(kvd_server_settings_t, m)
 #define SRV_HANDOFF_TIMEOUT_MS 1000
+#define SRV_TENANTS_MAX 64
+#define SRV_TENANT_NAME_MAX 64
+/* Sessions remembered (one per arena hand-off); the oldest is forgotten
+ * first, and its client is told to hand off again. */
+#define SRV_SESSIONS_MAX 4096
+
+typedef struct srv_tenant {
+    uint32_t uid;
+    char name[SRV_TENANT_NAME_MAX + 1];
+} srv_tenant_t;
+
+typedef struct srv_session {
+    uint8_t secret[KVD_HANDOFF_SESSION_BYTES];
+    const char *tenant; /* into srv->tenant_map, or NULL */
+    bool used;
+} srv_session_t;
 
 static const kvd_config_field_t server_fields[] = {
     {"server.unix_socket", "/run/kvdepot/kvdepotd.sock",
@@ -58,6 +76,12 @@ static const kvd_config_field_t server_fields[] = {
     {"server.metrics_address", "",
      "HTTP listener for /metrics, /healthz, /readyz, host:port (\"\": none)",
      kvd_config_parse_string, SRV_OFF(metrics_address), 0, 0, NULL},
+    {"server.tenants", "",
+     "uid=tenant pairs, comma-separated (\"1001=team-a,1002=team-b\"): a "
+     "local client's saves count against the tenant of its user, whatever "
+     "the request says; when set, every local call must come with its "
+     "arena hand-off session",
+     kvd_config_parse_string, SRV_OFF(tenants), 0, 0, NULL},
     {"server.node_id", "", "this daemon's node id (\"\": the host name)",
      kvd_config_parse_string, SRV_OFF(node_id), 0, 0, NULL},
     {"server.threads", "2", "gRPC completion-queue threads",
@@ -93,6 +117,11 @@ static const kvd_config_field_t server_fields[] = {
 struct kvd_server {
     kvd_server_settings_t cfg;
     char *tls_pem[3]; /* cert, key, client CA texts; NULL without TLS */
+    srv_tenant_t tenant_map[SRV_TENANTS_MAX];
+    size_t n_tenants;
+    pthread_mutex_t sess_mu;
+    srv_session_t *sessions; /* SRV_SESSIONS_MAX, a ring */
+    size_t sess_next;
     uint64_t instance_id;
     kvd_store_t *store;
     kvd_service_t *svc;
@@ -120,7 +149,9 @@ kvd_status_t kvd_server_print_config(const kvd_config_t *config, FILE *out)
 
 static kvd_status_t server_settings(const kvd_config_t *config,
                                     kvd_server_settings_t *cfg, unsigned *mode,
-                                    char *err, size_t err_len)
+                                    srv_tenant_t *tenants_out,
+                                    size_t *n_tenants_out, char *err,
+                                    size_t err_len)
 {
     kvd_status_t s = kvd_config_apply(config, server_fields, SERVER_NFIELDS,
                                       cfg, err, err_len);
@@ -156,6 +187,35 @@ static kvd_status_t server_settings(const kvd_config_t *config,
         }
         fclose(f);
         cfg->token[strcspn(cfg->token, "\r\n")] = '\0';
+    }
+    if (tenants_out != NULL) {
+        *n_tenants_out = 0;
+        char *save = NULL, list[KVD_CONFIG_STRING_MAX];
+        snprintf(list, sizeof list, "%s", cfg->tenants);
+        for (char *tok = strtok_r(list, ",", &save); tok != NULL;
+             tok = strtok_r(NULL, ",", &save)) {
+            char *eq = strchr(tok, '=');
+            char *uid_end = NULL;
+            unsigned long uid = eq != NULL ? strtoul(tok, &uid_end, 10) : 0;
+            size_t name_len = eq != NULL ? strlen(eq + 1) : 0;
+            if (eq == NULL || uid_end != eq || eq == tok || uid > UINT32_MAX ||
+                name_len == 0 || name_len > SRV_TENANT_NAME_MAX ||
+                *n_tenants_out == SRV_TENANTS_MAX ||
+                strspn(eq + 1, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU"
+                               "VWXYZ0123456789._-") != name_len) {
+                kvd_config_err(err, err_len,
+                               "server.tenants \"%s\": want uid=tenant pairs "
+                               "(at most %d, names of letters, digits, . _ -, "
+                               "up to %d characters)",
+                               cfg->tenants, SRV_TENANTS_MAX,
+                               SRV_TENANT_NAME_MAX);
+                return KVD_ERR_INVALID;
+            }
+            tenants_out[*n_tenants_out].uid = (uint32_t)uid;
+            snprintf(tenants_out[*n_tenants_out].name,
+                     sizeof tenants_out[0].name, "%s", eq + 1);
+            (*n_tenants_out)++;
+        }
     }
     if (cfg->node_id[0] == '\0' &&
         gethostname(cfg->node_id, sizeof cfg->node_id - 1) != 0) {
@@ -252,7 +312,13 @@ kvd_status_t kvd_server_check_config(const kvd_config_t *config, char *err,
         return KVD_ERR_NOMEM;
     }
     unsigned mode = 0;
-    kvd_status_t s = server_settings(config, cfg, &mode, err, err_len);
+    srv_tenant_t *tenants = calloc(SRV_TENANTS_MAX, sizeof *tenants);
+    size_t n_tenants = 0;
+    kvd_status_t s = tenants == NULL
+                         ? KVD_ERR_NOMEM
+                         : server_settings(config, cfg, &mode, tenants,
+                                           &n_tenants, err, err_len);
+    free(tenants);
     if (s == KVD_OK) {
         s = server_store_settings(config, err, err_len);
     }
@@ -261,6 +327,79 @@ kvd_status_t kvd_server_check_config(const kvd_config_t *config, char *err,
 }
 
 /* ---- shared-memory hand-off --------------------------------------------- */
+
+/* A fresh session secret for a client of user `uid`, remembered with the
+ * tenant its uid maps to. */
+static void server_session_new(kvd_server_t *srv, uint32_t uid,
+                               uint8_t *secret_out)
+{
+    if (getrandom(secret_out, KVD_HANDOFF_SESSION_BYTES, 0) !=
+        (ssize_t)KVD_HANDOFF_SESSION_BYTES) {
+        /* No randomness: an all-zero secret no client can present (the
+         * session check refuses it), so mapped users are refused, not
+         * confused. */
+        memset(secret_out, 0, KVD_HANDOFF_SESSION_BYTES);
+        return;
+    }
+    const char *tenant = NULL;
+    for (size_t i = 0; i < srv->n_tenants; i++) {
+        if (srv->tenant_map[i].uid == uid) {
+            tenant = srv->tenant_map[i].name;
+        }
+    }
+    pthread_mutex_lock(&srv->sess_mu);
+    srv_session_t *e = &srv->sessions[srv->sess_next];
+    srv->sess_next = (srv->sess_next + 1) % SRV_SESSIONS_MAX;
+    memcpy(e->secret, secret_out, KVD_HANDOFF_SESSION_BYTES);
+    e->tenant = tenant;
+    e->used = true;
+    pthread_mutex_unlock(&srv->sess_mu);
+}
+
+static int hex_nibble(char c)
+{
+    if (c >= '0' && c <= '9') {
+        return c - '0';
+    }
+    if (c >= 'a' && c <= 'f') {
+        return c - 'a' + 10;
+    }
+    return -1;
+}
+
+/* kvd_rpc_session_fn: the tenant of a session, by its secret in hex. */
+static kvd_status_t server_session_tenant(void *ctx, const char *hex,
+                                          size_t len, const char **tenant_out)
+{
+    kvd_server_t *srv = ctx;
+    uint8_t secret[KVD_HANDOFF_SESSION_BYTES], zero[KVD_HANDOFF_SESSION_BYTES];
+    if (len != 2 * KVD_HANDOFF_SESSION_BYTES) {
+        return KVD_ERR_AUTH;
+    }
+    for (size_t i = 0; i < KVD_HANDOFF_SESSION_BYTES; i++) {
+        int hi = hex_nibble(hex[2 * i]), lo = hex_nibble(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            return KVD_ERR_AUTH;
+        }
+        secret[i] = (uint8_t)(hi << 4 | lo);
+    }
+    memset(zero, 0, sizeof zero);
+    if (memcmp(secret, zero, sizeof zero) == 0) {
+        return KVD_ERR_AUTH;
+    }
+    kvd_status_t s = KVD_ERR_AUTH;
+    pthread_mutex_lock(&srv->sess_mu);
+    for (size_t i = 0; i < SRV_SESSIONS_MAX; i++) {
+        const srv_session_t *e = &srv->sessions[i];
+        if (e->used && CRYPTO_memcmp(e->secret, secret, sizeof secret) == 0) {
+            *tenant_out = e->tenant;
+            s = KVD_OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&srv->sess_mu);
+    return s;
+}
 
 static void handoff_serve(kvd_server_t *srv, int conn)
 {
@@ -304,6 +443,7 @@ static void handoff_serve(kvd_server_t *srv, int conn)
     }
     reply.map_bytes = exp.map_bytes;
     reply.size_bytes = exp.size_bytes;
+    server_session_new(srv, (uint32_t)cred.uid, reply.session);
     kvd_handoff_reply_encode(&reply, reply_buf);
     s = kvd_handoff_send(conn, reply_buf, sizeof reply_buf, exp.fd);
     close(exp.fd);
@@ -392,6 +532,8 @@ static void server_free(kvd_server_t *srv)
     for (int i = 0; i < 3; i++) {
         free(srv->tls_pem[i]);
     }
+    free(srv->sessions);
+    pthread_mutex_destroy(&srv->sess_mu);
     free(srv);
 }
 
@@ -407,8 +549,16 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
         return KVD_ERR_NOMEM;
     }
     srv->handoff_fd = -1;
+    pthread_mutex_init(&srv->sess_mu, NULL);
+    srv->sessions = calloc(SRV_SESSIONS_MAX, sizeof *srv->sessions);
+    if (srv->sessions == NULL) {
+        pthread_mutex_destroy(&srv->sess_mu);
+        free(srv);
+        return KVD_ERR_NOMEM;
+    }
     unsigned mode = 0;
-    kvd_status_t s = server_settings(config, &srv->cfg, &mode, err, err_len);
+    kvd_status_t s = server_settings(config, &srv->cfg, &mode, srv->tenant_map,
+                                     &srv->n_tenants, err, err_len);
     if (s != KVD_OK) {
         goto err;
     }
@@ -454,6 +604,9 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
         .threads = (int)srv->cfg.threads,
         .max_message_bytes = (int)srv->cfg.max_message_bytes,
         .instance_id = srv->instance_id,
+        .session = server_session_tenant,
+        .session_ctx = srv,
+        .sessions_required = srv->n_tenants > 0,
     };
     s = kvd_rpc_server_start(&rcfg, &srv->rpc, &srv->tcp_port, err, err_len);
     if (s != KVD_OK) {

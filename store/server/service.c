@@ -344,6 +344,11 @@ static void resv_abort_open(kvd_service_t *svc, svc_resv_t *r)
     r->open = 0;
 }
 
+/* The caller's tenant as its credentials say, for the handler running on
+ * this thread (NULL: the request's own); kvd_service_call sets it around
+ * the handler. */
+static _Thread_local const char *svc_caller_tenant;
+
 /* ---- helpers ------------------------------------------------------------ */
 
 static uint32_t svc_tenant_id(const char *tenant)
@@ -587,8 +592,10 @@ static kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req,
             res[i].status = KVD_ERR_BUSY;
         }
     } else {
+        const char *tenant =
+            svc_caller_tenant != NULL ? svc_caller_tenant : rq->tenant;
         s = kvd_store_reserve(svc->store, &ns, hashes, n, rq->object_size_bytes,
-                              svc_tenant_id(rq->tenant), res);
+                              svc_tenant_id(tenant), res);
     }
     if (s != KVD_OK) {
         kvd_config_err(reason, reason_len, "object_size_bytes %llu: %s",
@@ -1410,8 +1417,9 @@ void kvd_service_count_refused(kvd_service_t *svc, kvd_status_t status)
 
 kvd_status_t kvd_service_call(kvd_service_t *svc, kvd_rpc_method_t method,
                               const uint8_t *req, size_t len,
-                              uint8_t **resp_out, size_t *resp_len_out,
-                              char *reason, size_t reason_len)
+                              const char *tenant, uint8_t **resp_out,
+                              size_t *resp_len_out, char *reason,
+                              size_t reason_len)
 {
     if (reason_len > 0) {
         reason[0] = '\0';
@@ -1423,8 +1431,10 @@ kvd_status_t kvd_service_call(kvd_service_t *svc, kvd_rpc_method_t method,
     uint64_t t0 = kvd_time_now_ns();
     uint8_t *out = NULL;
     size_t out_len = 0;
+    svc_caller_tenant = tenant;
     kvd_status_t s =
         svc_handlers[method](svc, req, len, &out, &out_len, reason, reason_len);
+    svc_caller_tenant = NULL;
     uint64_t us = (kvd_time_now_ns() - t0) / 1000u;
     kvd_service_method_stats_t *m = &svc->m[method];
     count(&m->calls, 1);

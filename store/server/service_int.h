@@ -78,15 +78,18 @@ void kvd_service_destroy(kvd_service_t *svc);
 /*
  * Serves one call: `req` (len bytes, hostile) is unpacked and validated as
  * the method's request; on KVD_OK *resp_out (malloc'd, caller frees) holds
- * the packed response. Errors (nothing allocated; the reason in `reason`):
+ * the packed response. `tenant`, when not NULL, is the caller's tenant as
+ * its credentials say (server.tenants): it replaces whatever tenant the
+ * request names. Errors (nothing allocated; the reason in `reason`):
  * KVD_ERR_PROTO (malformed or invalid request; gRPC INVALID_ARGUMENT),
  * KVD_ERR_NOT_FOUND (unknown or expired lease / reservation id),
  * KVD_ERR_INVALID (bad method), KVD_ERR_NOMEM, errors of the store.
  */
 kvd_status_t kvd_service_call(kvd_service_t *svc, kvd_rpc_method_t method,
                               const uint8_t *req, size_t len,
-                              uint8_t **resp_out, size_t *resp_len_out,
-                              char *reason, size_t reason_len);
+                              const char *tenant, uint8_t **resp_out,
+                              size_t *resp_len_out, char *reason,
+                              size_t reason_len);
 
 /* Latency histogram bucket bounds, microseconds (the last is +Inf). */
 #define KVD_SERVICE_LATENCY_BUCKETS 12

@@ -68,8 +68,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t len = 0;
     char reason[KVD_PROTO_REASON_MAX];
     kvd_status_t s =
-        kvd_service_call(g_svc, m, size > 1 ? data + 1 : NULL, size - 1, &rsp,
-                         &len, reason, sizeof reason);
+        kvd_service_call(g_svc, m, size > 1 ? data + 1 : NULL, size - 1, NULL,
+                         &rsp, &len, reason, sizeof reason);
     if (s == KVD_ERR_INTERNAL) {
         abort(); /* the service built an invalid response */
     }

@@ -603,6 +603,66 @@ static void test_admin_list_drop_drain(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* server.tenants: a client's saves count against the tenant of its user,
+ * whatever its requests say. Needs root (a child switches to uid 65534). */
+static void test_tenant_of_user(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        fprintf(stderr, "not root: tenant mapping by uid not tested\n");
+        return;
+    }
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_tenant");
+    assert_int_equal(chmod(d.path, 0755), 0);
+    pid_t dpid = daemon_start(&d, "server.tenants=65534=team-nobody",
+                              "server.unix_mode=0666", (const char *)NULL);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[NKEYS];
+    keys_make(&ns, h, NKEYS, 6);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        kvd_store_t *cs = NULL;
+        int rc = setgid(65534) == 0 && setuid(65534) == 0 &&
+                         client_open(&d, "30s", "2s", &cs) == KVD_OK &&
+                         save_objects(cs, &ns, h, 2) == 2
+                     ? 0
+                     : 1;
+        kvd_store_close(cs);
+        _exit(rc);
+    }
+    int cst = 0;
+    assert_int_equal(waitpid(child, &cst, 0), child);
+    assert_true(WIFEXITED(cst) && WEXITSTATUS(cst) == 0);
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    assert_int_equal(save_objects(st, &ns, h + 2, 3), 3);
+    kvd_client_ns_usage_t *nu = NULL;
+    kvd_client_tenant_usage_t *tu = NULL;
+    size_t nn = 0, nt = 0;
+    bool trunc = false;
+    assert_int_equal(kvd_client_list(kvd_store_daemon_client(st), &nu, &nn, &tu,
+                                     &nt, &trunc),
+                     KVD_OK);
+    uint32_t team = (uint32_t)kvd_xxh3_64("team-nobody", 11);
+    team = team == 0 ? 1 : team;
+    assert_int_equal(nt, 2);
+    for (size_t i = 0; i < nt; i++) {
+        if (tu[i].tenant == team) {
+            assert_int_equal(tu[i].objects, 2);
+        } else {
+            assert_int_equal(tu[i].tenant, 0);
+            assert_int_equal(tu[i].objects, 3);
+        }
+    }
+    free(nu);
+    free(tu);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -613,6 +673,7 @@ int main(void)
         cmocka_unit_test(test_killed_client_leases_reclaimed),
         cmocka_unit_test(test_dead_daemon_no_hang),
         cmocka_unit_test(test_admin_list_drop_drain),
+        cmocka_unit_test(test_tenant_of_user),
     };
     return cmocka_run_group_tests(tests, skip_without_daemon, NULL);
 }

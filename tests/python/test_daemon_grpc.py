@@ -174,6 +174,7 @@ def test_grpc_client_over_tcp(tmp_path, stubs):
     (["server.tcp_address=127.0.0.1:0", "server.token="], "server.token"),
     (["server.unix_socket=", "server.tcp_address="], "nothing to listen on"),
     (["server.tls_cert=/nonexistent.pem"], "go together"),
+    (["server.tenants=alice=team"], "server.tenants"),
 ])
 def test_bad_config_fails_at_start(tmp_path, sets, needle):
     args = [KVDEPOTD, "--set", f"server.unix_socket={tmp_path}/d.sock",
@@ -299,5 +300,49 @@ def test_tls_client_certificates(tmp_path, stubs):
         assert call("client") == {"ok": 1}     # a certificate the CA signed
         assert "error" in call("none")         # no certificate: no handshake
         assert "error" in call("rogue")        # another CA's certificate
+    finally:
+        stop_daemon(proc)
+
+
+UNIX_CLIENT = r'''
+import sys
+import grpc
+ch = grpc.insecure_channel("unix:" + sys.argv[1])
+stats = ch.unary_unary("/kvdepot.v1.KvStore/Stats",
+                       request_serializer=lambda b: b,
+                       response_deserializer=lambda b: b)
+md = [("kvdepot-session", sys.argv[2])] if len(sys.argv) > 2 else []
+try:
+    stats(b"", timeout=5, metadata=md)
+    print("OK")
+except grpc.RpcError as e:
+    print(e.code().name)
+'''
+
+
+def test_tenants_need_the_handoff_session(tmp_path):
+    """With server.tenants set, a local caller must present the session its
+    arena hand-off gave (bound to its uid); without it, or with a made-up
+    one, it is refused. Without tenants, local calls need no session."""
+    pytest.importorskip("grpc")
+    script = tmp_path / "unix_client.py"
+    script.write_text(UNIX_CLIENT)
+
+    def call(*extra):
+        p = subprocess.run([sys.executable, str(script),
+                            f"{tmp_path}/d.sock", *extra],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.strip()
+    proc, _, _ = start_daemon(tmp_path, "server.tenants=12345=team-a")
+    try:
+        assert call() == "UNAUTHENTICATED"
+        assert call("00" * 16) == "UNAUTHENTICATED"
+        assert call("ab" * 16) == "UNAUTHENTICATED"
+    finally:
+        stop_daemon(proc)
+    proc, _, _ = start_daemon(tmp_path)
+    try:
+        assert call() == "OK"
     finally:
         stop_daemon(proc)
