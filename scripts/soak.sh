@@ -21,6 +21,10 @@ for b in "$kvdepot" "$daemon"; do
 done
 
 dir=$(mktemp -d "${TMPDIR:-/tmp}/kvd_soak_XXXXXX")
+# Private copies: a rebuild during the run must not mix two versions.
+cp "$kvdepot" "$daemon" "$dir/"
+kvdepot=$dir/kvdepot
+daemon=$dir/kvdepotd
 dpid=
 cleanup() {
     [[ -n $dpid ]] && kill -TERM "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null
@@ -83,6 +87,9 @@ for op in put get; do
     errors=$((errors + e))
 done
 ran=$(grep -l '^total' "$dir"/bench.*.out | wc -l)
+for f in "$dir"/bench.*.out; do
+    grep -q '^total' "$f" || { echo "soak: $(basename "$f") has no summary:"; cat "$f"; }
+done
 growth=$(awk -v a="$rss_warm" -v b="$rss_last" 'BEGIN { printf "%.1f", (b - a) * 100 / a }')
 awk -v ran="$ran" -v n="$clients" -v a="$rss_warm" -v b="$rss_last" -v g="$growth" \
     'BEGIN { printf "clients that finished: %d of %d; RSS after warm-up %.1f -> %.1f MiB (%+.1f%%)\n",
