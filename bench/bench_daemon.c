@@ -1,33 +1,44 @@
 /*
- * kvdepotd benchmark (issue "kvdepotd"): the daemon through the client
- * library (store.mode daemon, exactly what an engine uses) against
- * redis-server driven through hiredis, both started by this program on
- * this machine, in the same run.
+ * kvdepotd benchmark (issue "kvdepotd"): the daemon reached through the
+ * client library (store.mode=daemon, the same store.h calls an engine
+ * makes) against redis-server driven through hiredis. The program starts
+ * both servers itself, on this machine, in one temp directory, and
+ * measures them in the same run:
  *
- *   lookup  16 client threads, each with its own connection, repeat a
- *           lookup of the same stored 512-key chain (and give the leases
- *           back); redis: 16 threads each MGET the same 512 keys (16-byte
- *           values, the size of a location record). Keys per second.
- *   put+get one client saves a 2 MiB object (reserve, copy into the shared
- *           arena, commit) and loads it back (lookup, copy out, release);
- *           redis: SET then GET of a 2 MiB value over loopback. Bytes moved
- *           per second (4 MiB per round for both).
+ *   lookup  16 client threads, each with its own kvd_store_t, look up the
+ *           same stored 512-key chain (4 KiB objects) and release the
+ *           leases, again and again; peer: 16 threads, each with its own
+ *           connection, MGET the same 512 keys (namespace + block hash,
+ *           48 bytes each; 24-byte values, the size of the location a
+ *           lease carries). Keys per second.
+ *   put+get one client reserves a new 2 MiB object, copies it into the
+ *           shared arena, commits, then looks it up, copies it out and
+ *           releases it; peer: SET then GET of a 2 MiB value over
+ *           loopback. Bytes moved (put + get) per second.
  *
- * Environment: KVDEPOTD (the daemon binary; default: the one built beside
- * this program), REDIS_SERVER (default: redis-server on PATH),
- * KVDEPOT_BENCH_SECONDS (per measurement, default 3).
+ * Each measurement runs PASSES times, the daemon and redis back to back in
+ * every pass (the VM's speed drifts); the headline is the median of the
+ * per-pass ratios. Each side of a measurement gets KVDEPOT_BENCH_SECONDS
+ * (default 3) in all. The put+get keys are all new, so once the arena (1
+ * GiB) is full every reserve also evicts, as in a store that serves.
+ *
+ * Environment: KVDEPOTD (the daemon; default: the one this tree built),
+ * REDIS_SERVER (default: redis-server on PATH), KVDEPOT_BENCH_SECONDS.
+ * Both servers listen on this host only: kvdepotd on a unix socket,
+ * redis-server on 127.0.0.1 at a port the kernel picked free.
  */
 #include <errno.h>
+#include <ftw.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
-#include <netinet/in.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,13 +46,53 @@
 
 #include "kvdepot/store.h"
 
-#define THREADS 16
-#define CHAIN 512
-#define BIG (2u << 20)
+#define CLIENTS 16
+#define CHAIN_LEN 512
+#define CHAIN_OBJ_BYTES 4096u
+#define LOCATION_BYTES 24
+#define BIG_BYTES (2u << 20)
+#define REDIS_BIG_KEYS 64u
+#define PASSES 3
+#define START_TIMEOUT_S 20.0
 
-static double g_seconds = 3.0;
-static char g_sock[300];
-static int g_redis_port;
+/* The redis key of a block: namespace digest then block hash. */
+typedef struct redis_key {
+    uint8_t bytes[sizeof(kvd_namespace_t) + sizeof(kvd_block_hash_t)];
+} redis_key_t;
+
+typedef struct bench {
+    char dir[64];
+    char sock[128];
+    char ready[128];
+    pid_t daemon_pid, redis_pid;
+    int redis_port;
+    double seconds; /* per pass and side */
+    kvd_namespace_t ns;
+    kvd_block_hash_t chain[CHAIN_LEN];
+    redis_key_t keys[CHAIN_LEN];
+    const char *mget_argv[CHAIN_LEN + 1];
+    size_t mget_len[CHAIN_LEN + 1];
+    uint32_t next_big; /* put+get: the next new block */
+    /* One pass of the lookup threads: they start together when `go` is
+     * set and stop at `deadline`. */
+    pthread_mutex_t mu;
+    pthread_cond_t cond;
+    bool go;
+    double deadline;
+} bench_t;
+
+typedef struct client {
+    bench_t *b;
+    pthread_t thread;
+    kvd_store_t *store;
+    redisContext *redis;
+    kvd_store_lease_t *leases;
+    uint64_t keys;
+    bool failed;
+} client_t;
+
+static char headlines[4][200];
+static size_t num_headlines;
 
 static double now_s(void)
 {
@@ -50,355 +101,660 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static pid_t spawn(char *const argv[], const char *log)
+static void headline(const char *metric, double value, const char *target)
 {
+    snprintf(headlines[num_headlines++], sizeof headlines[0],
+             "BENCH daemon: %s = %.3g (%s)", metric, value, target);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const double *v, size_t n)
+{
+    double s[PASSES];
+    memcpy(s, v, n * sizeof *s);
+    qsort(s, n, sizeof *s, cmp_double);
+    return n % 2 == 1 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+/* ---- the two servers ---------------------------------------------------- */
+
+/* Forks and execs argv with stdout and stderr in `log`; -1 if fork failed. */
+static pid_t child_spawn(char *const argv[], const char *log)
+{
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
+        /* Dies with the benchmark, even when it is killed. */
         (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
-        FILE *f = freopen(log, "w", stdout);
-        (void)f;
-        dup2(STDOUT_FILENO, STDERR_FILENO);
+        if (getppid() != parent || freopen(log, "w", stdout) == NULL) {
+            _exit(126);
+        }
+        (void)dup2(STDOUT_FILENO, STDERR_FILENO);
         execvp(argv[0], argv);
         _exit(127);
+    }
+    if (pid < 0) {
+        fprintf(stderr, "bench_daemon: fork: %s\n", strerror(errno));
     }
     return pid;
 }
 
+static bool child_alive(pid_t pid, const char *name)
+{
+    int st = 0;
+    if (pid > 0 && waitpid(pid, &st, WNOHANG) == 0) {
+        return true;
+    }
+    fprintf(stderr, "bench_daemon: %s has exited (wait status 0x%x)\n", name,
+            (unsigned)st);
+    return false;
+}
+
+/* SIGTERM, then waits; returns the exit status (-1: killed or unknown). */
+static int child_stop(pid_t pid)
+{
+    int st = 0;
+    if (pid <= 0 || kill(pid, SIGTERM) != 0 || waitpid(pid, &st, 0) != pid) {
+        return -1;
+    }
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0). */
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in a = {.sin_family = AF_INET,
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        if (fd >= 0) {
-            close(fd);
-        }
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0) {
+        port = ntohs(a.sin_port);
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    return port;
+}
+
+/* Starts kvdepotd and waits for its ready file, whose pid= must be the
+ * child's (the pid SIGTERM goes to). */
+static int daemon_start(bench_t *b, const char *bin)
+{
+    char sock_set[160], log[96];
+    snprintf(sock_set, sizeof sock_set, "server.unix_socket=%s", b->sock);
+    snprintf(log, sizeof log, "%s/daemon.log", b->dir);
+    char *argv[] = {(char *)bin,
+                    "--set",
+                    sock_set,
+                    "--set",
+                    "store.arena_size=1g",
+                    "--set",
+                    "store.arena_prefault=false",
+                    "--ready-file",
+                    b->ready,
+                    NULL};
+    b->daemon_pid = child_spawn(argv, log);
+    if (b->daemon_pid < 0) {
         return -1;
     }
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-static kvd_store_t *client_open(void)
-{
-    kvd_config_t *cfg = NULL;
-    kvd_store_t *st = NULL;
-    char addr[320], err[256] = "";
-    snprintf(addr, sizeof addr, "unix:%s", g_sock);
-    if (kvd_config_create(&cfg) != KVD_OK) {
-        return NULL;
-    }
-    (void)kvd_config_set(cfg, "store.mode", "daemon");
-    (void)kvd_config_set(cfg, "store.address", addr);
-    if (kvd_store_open(cfg, &st, err, sizeof err) != KVD_OK) {
-        fprintf(stderr, "bench_daemon: open: %s\n", err);
-        st = NULL;
-    }
-    kvd_config_destroy(cfg);
-    return st;
-}
-
-static kvd_namespace_t g_ns;
-static kvd_block_hash_t g_chain[CHAIN];
-
-typedef struct worker {
-    pthread_t t;
-    kvd_store_t *st;
-    redisContext *rc;
-    double keys;
-    int errors;
-} worker_t;
-
-static void *kvd_lookup_main(void *arg)
-{
-    worker_t *w = arg;
-    kvd_store_lease_t *l = malloc(CHAIN * sizeof *l);
-    double end = now_s() + g_seconds;
-    while (l != NULL && now_s() < end) {
-        size_t m = 0;
-        if (kvd_store_lookup(w->st, &g_ns, g_chain, CHAIN, l, &m) != KVD_OK ||
-            m != CHAIN) {
-            w->errors++;
-            continue;
-        }
-        (void)kvd_store_release(w->st, l, m);
-        w->keys += CHAIN;
-    }
-    free(l);
-    return NULL;
-}
-
-static const char *g_mget[CHAIN + 1];
-static size_t g_mget_len[CHAIN + 1];
-
-static void *redis_lookup_main(void *arg)
-{
-    worker_t *w = arg;
-    double end = now_s() + g_seconds;
-    while (now_s() < end) {
-        redisReply *r = redisCommandArgv(w->rc, CHAIN + 1, g_mget, g_mget_len);
-        if (r == NULL || r->type != REDIS_REPLY_ARRAY || r->elements != CHAIN) {
-            w->errors++;
-        } else {
-            w->keys += CHAIN;
-        }
-        if (r != NULL) {
-            freeReplyObject(r);
-        }
-    }
-    return NULL;
-}
-
-static double run_threads(worker_t *w, void *(*fn)(void *))
-{
-    double t0 = now_s();
-    for (int i = 0; i < THREADS; i++) {
-        pthread_create(&w[i].t, NULL, fn, &w[i]);
-    }
-    double keys = 0;
-    int errors = 0;
-    for (int i = 0; i < THREADS; i++) {
-        pthread_join(w[i].t, NULL);
-        keys += w[i].keys;
-        errors += w[i].errors;
-    }
-    if (errors > 0) {
-        fprintf(stderr, "bench_daemon: %d failed calls\n", errors);
-    }
-    return keys / (now_s() - t0);
-}
-
-/* Stores the chain (4 KiB objects) once. */
-static int populate(kvd_store_t *st)
-{
-    kvd_store_reservation_t r[CHAIN];
-    kvd_store_key_t k[CHAIN];
-    if (kvd_store_reserve(st, &g_ns, g_chain, CHAIN, 4096, 0, r) != KVD_OK) {
-        return -1;
-    }
-    for (int i = 0; i < CHAIN; i++) {
-        if (r[i].status == KVD_OK) {
-            memset(kvd_store_arena_ptr(st, r[i].arena_offset, 4096), i, 4096);
-        }
-        k[i].ns = g_ns;
-        k[i].hash = g_chain[i];
-    }
-    return kvd_store_commit(st, k, CHAIN, NULL) == KVD_OK ? 0 : -1;
-}
-
-static double kvd_put_get(kvd_store_t *st, uint8_t *src, uint8_t *dst)
-{
-    double t0 = now_s(), end = t0 + g_seconds;
-    double bytes = 0;
-    for (uint32_t i = 0; now_s() < end; i++) {
-        kvd_block_hash_t h;
-        memset(h.bytes, 0x77, sizeof h.bytes);
-        memcpy(h.bytes, &i, sizeof i);
-        kvd_store_reservation_t r;
-        if (kvd_store_reserve(st, &g_ns, &h, 1, BIG, 0, &r) != KVD_OK ||
-            r.status != KVD_OK) {
-            fprintf(stderr, "bench_daemon: reserve failed\n");
-            break;
-        }
-        memcpy(kvd_store_arena_ptr(st, r.arena_offset, BIG), src, BIG);
-        kvd_store_key_t k = {.ns = g_ns, .hash = h};
-        kvd_store_lease_t l;
-        size_t m = 0;
-        if (kvd_store_commit(st, &k, 1, NULL) != KVD_OK ||
-            kvd_store_lookup(st, &g_ns, &h, 1, &l, &m) != KVD_OK || m != 1) {
-            fprintf(stderr, "bench_daemon: commit/lookup failed\n");
-            break;
-        }
-        memcpy(dst, kvd_store_arena_ptr(st, l.arena_offset, BIG), BIG);
-        (void)kvd_store_release(st, &l, 1);
-        bytes += 2.0 * BIG;
-    }
-    return bytes / (now_s() - t0);
-}
-
-static double redis_put_get(redisContext *rc, const uint8_t *src)
-{
-    double t0 = now_s(), end = t0 + g_seconds;
-    double bytes = 0;
-    for (uint32_t i = 0; now_s() < end; i++) {
-        char key[32];
-        snprintf(key, sizeof key, "big:%u", i % 64);
-        redisReply *r = redisCommand(rc, "SET %s %b", key, src, (size_t)BIG);
-        if (r == NULL) {
-            break;
-        }
-        freeReplyObject(r);
-        r = redisCommand(rc, "GET %s", key);
-        if (r == NULL || r->type != REDIS_REPLY_STRING || r->len != BIG) {
-            if (r != NULL) {
-                freeReplyObject(r);
+    for (double end = now_s() + START_TIMEOUT_S; now_s() < end;) {
+        FILE *f = fopen(b->ready, "r");
+        int pid = 0;
+        if (f != NULL) {
+            int n = fscanf(f, "pid=%d", &pid);
+            fclose(f);
+            if (n == 1 && pid == b->daemon_pid) {
+                return 0;
             }
-            break;
+            fprintf(stderr, "bench_daemon: ready file says pid=%d, not %d\n",
+                    pid, (int)b->daemon_pid);
+            return -1;
         }
-        freeReplyObject(r);
-        bytes += 2.0 * BIG;
+        if (!child_alive(b->daemon_pid, "kvdepotd")) {
+            b->daemon_pid = -1;
+            return -1;
+        }
+        usleep(10000);
     }
-    return bytes / (now_s() - t0);
+    fprintf(stderr, "bench_daemon: kvdepotd not ready after %.0f s\n",
+            START_TIMEOUT_S);
+    return -1;
 }
 
-static redisContext *redis_connect(void)
+static int redis_start(bench_t *b, const char *bin)
 {
-    for (int tries = 0; tries < 200; tries++) {
-        redisContext *rc = redisConnect("127.0.0.1", g_redis_port);
+    char port[16], log[96];
+    b->redis_port = free_port();
+    if (b->redis_port < 0) {
+        fprintf(stderr, "bench_daemon: no free port: %s\n", strerror(errno));
+        return -1;
+    }
+    snprintf(port, sizeof port, "%d", b->redis_port);
+    snprintf(log, sizeof log, "%s/redis.log", b->dir);
+    char *argv[] = {(char *)bin, "--port", port,   "--bind",
+                    "127.0.0.1", "--save", "",     "--appendonly",
+                    "no",        "--dir",  b->dir, NULL};
+    b->redis_pid = child_spawn(argv, log);
+    return b->redis_pid < 0 ? -1 : 0;
+}
+
+/* Connects to the redis-server started above, waiting for it to listen. */
+static redisContext *redis_connect(bench_t *b)
+{
+    for (double end = now_s() + START_TIMEOUT_S; now_s() < end;) {
+        redisContext *rc = redisConnect("127.0.0.1", b->redis_port);
         if (rc != NULL && rc->err == 0) {
             return rc;
         }
-        if (rc != NULL) {
-            redisFree(rc);
+        redisFree(rc);
+        if (!child_alive(b->redis_pid, "redis-server")) {
+            b->redis_pid = -1;
+            return NULL;
         }
-        usleep(20000);
+        usleep(10000);
+    }
+    fprintf(stderr, "bench_daemon: redis-server not reachable on port %d\n",
+            b->redis_port);
+    return NULL;
+}
+
+static kvd_store_t *client_open(const bench_t *b)
+{
+    kvd_config_t *cfg = NULL;
+    kvd_store_t *st = NULL;
+    char addr[160], err[256] = "";
+    snprintf(addr, sizeof addr, "unix:%s", b->sock);
+    if (kvd_config_create(&cfg) != KVD_OK) {
+        return NULL;
+    }
+    kvd_status_t s = kvd_config_set(cfg, "store.mode", "daemon");
+    if (s == KVD_OK) {
+        s = kvd_config_set(cfg, "store.address", addr);
+    }
+    if (s == KVD_OK) {
+        s = kvd_store_open(cfg, &st, err, sizeof err);
+    }
+    kvd_config_destroy(cfg);
+    if (s != KVD_OK) {
+        fprintf(stderr, "bench_daemon: kvd_store_open: %s (%s)\n",
+                kvd_status_str(s), err);
+        return NULL;
+    }
+    return st;
+}
+
+/* ---- the stored chain --------------------------------------------------- */
+
+static void chain_make(bench_t *b)
+{
+    memset(b->ns.bytes, 0x42, sizeof b->ns.bytes);
+    b->mget_argv[0] = "MGET";
+    b->mget_len[0] = 4;
+    for (uint32_t i = 0; i < CHAIN_LEN; i++) {
+        memset(b->chain[i].bytes, 0x11, sizeof b->chain[i].bytes);
+        memcpy(b->chain[i].bytes, &i, sizeof i);
+        memcpy(b->keys[i].bytes, b->ns.bytes, sizeof b->ns.bytes);
+        memcpy(b->keys[i].bytes + sizeof b->ns.bytes, b->chain[i].bytes,
+               sizeof b->chain[i].bytes);
+        b->mget_argv[i + 1] = (const char *)b->keys[i].bytes;
+        b->mget_len[i + 1] = sizeof b->keys[i].bytes;
+    }
+}
+
+/* Saves the chain's 512 objects of 4 KiB (byte i of object k: k + i). */
+static int chain_store(bench_t *b, kvd_store_t *st)
+{
+    static kvd_store_reservation_t r[CHAIN_LEN];
+    static kvd_store_key_t k[CHAIN_LEN];
+    kvd_status_t s = kvd_store_reserve(st, &b->ns, b->chain, CHAIN_LEN,
+                                       CHAIN_OBJ_BYTES, 0, r);
+    for (uint32_t i = 0; s == KVD_OK && i < CHAIN_LEN; i++) {
+        uint8_t *p =
+            r[i].status == KVD_OK
+                ? kvd_store_arena_ptr(st, r[i].arena_offset, CHAIN_OBJ_BYTES)
+                : NULL;
+        if (p == NULL) {
+            fprintf(stderr, "bench_daemon: chain reserve %u: %s\n", i,
+                    kvd_status_str(r[i].status));
+            return -1;
+        }
+        for (uint32_t j = 0; j < CHAIN_OBJ_BYTES; j++) {
+            p[j] = (uint8_t)(i + j);
+        }
+        k[i].ns = b->ns;
+        k[i].hash = b->chain[i];
+    }
+    if (s == KVD_OK) {
+        s = kvd_store_commit(st, k, CHAIN_LEN, NULL);
+    }
+    if (s != KVD_OK) {
+        fprintf(stderr, "bench_daemon: storing the chain: %s\n",
+                kvd_status_str(s));
+        return -1;
+    }
+    return 0;
+}
+
+/* One lookup of the chain from a fresh client: every block leased in the
+ * arena with the bytes chain_store wrote. */
+static int chain_check(bench_t *b)
+{
+    static kvd_store_lease_t l[CHAIN_LEN];
+    kvd_store_t *st = client_open(b);
+    size_t m = 0;
+    size_t bad = 0;
+    if (st == NULL ||
+        kvd_store_lookup(st, &b->ns, b->chain, CHAIN_LEN, l, &m) != KVD_OK) {
+        kvd_store_close(st);
+        return -1;
+    }
+    for (size_t i = 0; i < m; i++) {
+        const uint8_t *p =
+            kvd_store_arena_ptr(st, l[i].arena_offset, CHAIN_OBJ_BYTES);
+        bad += l[i].tier != KVD_STORE_TIER_HOST ||
+               l[i].size_bytes != CHAIN_OBJ_BYTES || p == NULL ||
+               p[CHAIN_OBJ_BYTES - 1] != (uint8_t)(i + CHAIN_OBJ_BYTES - 1);
+    }
+    kvd_status_t s = kvd_store_release(st, l, m);
+    kvd_store_close(st);
+    if (m != CHAIN_LEN || bad != 0 || s != KVD_OK) {
+        fprintf(stderr,
+                "bench_daemon: chain check: %zu of %u found, %zu bad, "
+                "release %s\n",
+                m, CHAIN_LEN, bad, kvd_status_str(s));
+        return -1;
+    }
+    return 0;
+}
+
+/* SETs every key of the chain to a location-sized value. */
+static int chain_store_redis(bench_t *b, redisContext *rc)
+{
+    static const char value[LOCATION_BYTES] = "tier+offset+size........";
+    for (uint32_t i = 0; i < CHAIN_LEN; i++) {
+        redisReply *r =
+            redisCommand(rc, "SET %b %b", b->keys[i].bytes,
+                         sizeof b->keys[i].bytes, value, sizeof value);
+        bool ok = r != NULL && r->type == REDIS_REPLY_STATUS;
+        freeReplyObject(r);
+        if (!ok) {
+            fprintf(stderr, "bench_daemon: redis SET failed: %s\n",
+                    rc->err != 0 ? rc->errstr : "bad reply");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- lookup of 512-key chains, 16 clients ------------------------------- */
+
+static void client_wait_go(bench_t *b)
+{
+    pthread_mutex_lock(&b->mu);
+    while (!b->go) {
+        pthread_cond_wait(&b->cond, &b->mu);
+    }
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void clients_go(bench_t *b, double deadline)
+{
+    pthread_mutex_lock(&b->mu);
+    b->deadline = deadline;
+    b->go = true;
+    pthread_cond_broadcast(&b->cond);
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void *lookup_kvd_main(void *arg)
+{
+    client_t *c = arg;
+    bench_t *b = c->b;
+    client_wait_go(b);
+    while (now_s() < b->deadline) {
+        size_t m = 0;
+        kvd_status_t s = kvd_store_lookup(c->store, &b->ns, b->chain, CHAIN_LEN,
+                                          c->leases, &m);
+        kvd_status_t rs =
+            s == KVD_OK ? kvd_store_release(c->store, c->leases, m) : KVD_OK;
+        if (s != KVD_OK || m != CHAIN_LEN || rs != KVD_OK) {
+            fprintf(stderr,
+                    "bench_daemon: lookup: %s, %zu of %u found, release "
+                    "%s\n",
+                    kvd_status_str(s), m, CHAIN_LEN, kvd_status_str(rs));
+            c->failed = true;
+            break;
+        }
+        c->keys += CHAIN_LEN;
     }
     return NULL;
+}
+
+static void *lookup_redis_main(void *arg)
+{
+    client_t *c = arg;
+    bench_t *b = c->b;
+    client_wait_go(b);
+    while (now_s() < b->deadline) {
+        redisReply *r = redisCommandArgv(c->redis, CHAIN_LEN + 1, b->mget_argv,
+                                         b->mget_len);
+        bool ok = r != NULL && r->type == REDIS_REPLY_ARRAY &&
+                  r->elements == CHAIN_LEN &&
+                  r->element[CHAIN_LEN - 1]->type == REDIS_REPLY_STRING;
+        freeReplyObject(r);
+        if (!ok) {
+            fprintf(stderr, "bench_daemon: MGET failed: %s\n",
+                    c->redis->err != 0 ? c->redis->errstr : "bad reply");
+            c->failed = true;
+            break;
+        }
+        c->keys += CHAIN_LEN;
+    }
+    return NULL;
+}
+
+/* Runs `fn` on every client for b->seconds from a common start; keys per
+ * second of them all, or -1 if a call failed or a thread did not start. */
+static double lookup_pass(bench_t *b, client_t *c, void *(*fn)(void *))
+{
+    int started = 0;
+    bool failed = false;
+    uint64_t keys = 0;
+    b->go = false;
+    for (; started < CLIENTS; started++) {
+        c[started].keys = 0;
+        if (pthread_create(&c[started].thread, NULL, fn, &c[started]) != 0) {
+            fprintf(stderr, "bench_daemon: pthread_create failed\n");
+            failed = true;
+            break;
+        }
+    }
+    /* A deadline already past sends the started threads home at once. */
+    double t0 = now_s();
+    clients_go(b, failed ? 0 : t0 + b->seconds);
+    for (int i = 0; i < started; i++) {
+        (void)pthread_join(c[i].thread, NULL);
+        keys += c[i].keys;
+        failed |= c[i].failed;
+    }
+    double t1 = now_s();
+    return failed ? -1 : (double)keys / (t1 - t0);
+}
+
+/* ---- put+get of 2 MiB objects, one client ------------------------------- */
+
+/* One pass of put+get through the shared arena; bytes moved per second,
+ * or -1. Every round saves a new block; the last one read back must equal
+ * `src`. */
+static double putget_kvd_pass(bench_t *b, kvd_store_t *st, const uint8_t *src,
+                              uint8_t *dst)
+{
+    double t0 = now_s(), end = t0 + b->seconds;
+    uint64_t rounds = 0;
+    while (now_s() < end) {
+        kvd_block_hash_t h;
+        memset(h.bytes, 0x77, sizeof h.bytes);
+        memcpy(h.bytes, &b->next_big, sizeof b->next_big);
+        b->next_big++;
+        kvd_store_key_t k = {.ns = b->ns, .hash = h};
+        kvd_store_reservation_t r;
+        kvd_store_lease_t l;
+        size_t m = 0;
+        kvd_status_t s = kvd_store_reserve(st, &b->ns, &h, 1, BIG_BYTES, 0, &r);
+        uint8_t *p = s == KVD_OK && r.status == KVD_OK
+                         ? kvd_store_arena_ptr(st, r.arena_offset, BIG_BYTES)
+                         : NULL;
+        if (p == NULL) {
+            fprintf(stderr, "bench_daemon: reserve: %s (key %s)\n",
+                    kvd_status_str(s), kvd_status_str(r.status));
+            return -1;
+        }
+        memcpy(p, src, BIG_BYTES);
+        s = kvd_store_commit(st, &k, 1, NULL);
+        if (s == KVD_OK) {
+            s = kvd_store_lookup(st, &b->ns, &h, 1, &l, &m);
+        }
+        p = s == KVD_OK && m == 1
+                ? kvd_store_arena_ptr(st, l.arena_offset, BIG_BYTES)
+                : NULL;
+        if (p == NULL) {
+            fprintf(stderr, "bench_daemon: commit/lookup: %s, %zu found\n",
+                    kvd_status_str(s), m);
+            return -1;
+        }
+        memcpy(dst, p, BIG_BYTES);
+        s = kvd_store_release(st, &l, 1);
+        if (s != KVD_OK) {
+            fprintf(stderr, "bench_daemon: release: %s\n", kvd_status_str(s));
+            return -1;
+        }
+        rounds++;
+    }
+    double t1 = now_s();
+    if (rounds == 0 || memcmp(src, dst, BIG_BYTES) != 0) {
+        fprintf(stderr, "bench_daemon: put+get read back other bytes\n");
+        return -1;
+    }
+    return (double)rounds * 2.0 * BIG_BYTES / (t1 - t0);
+}
+
+/* SET then GET of a 2 MiB value, over REDIS_BIG_KEYS keys (each SET
+ * replaces an older value, as redis would be used). The last GET must
+ * return `src`. */
+static double putget_redis_pass(bench_t *b, redisContext *rc,
+                                const uint8_t *src)
+{
+    double t0 = now_s(), end = t0 + b->seconds;
+    uint64_t rounds = 0;
+    redisReply *last = NULL; /* the latest GET's reply */
+    while (now_s() < end) {
+        redis_key_t key;
+        uint32_t i = (uint32_t)(rounds % REDIS_BIG_KEYS);
+        memcpy(key.bytes, b->ns.bytes, sizeof b->ns.bytes);
+        memset(key.bytes + sizeof b->ns.bytes, 0x77, sizeof(kvd_block_hash_t));
+        memcpy(key.bytes + sizeof b->ns.bytes, &i, sizeof i);
+        redisReply *r = redisCommand(rc, "SET %b %b", key.bytes,
+                                     sizeof key.bytes, src, (size_t)BIG_BYTES);
+        bool ok = r != NULL && r->type == REDIS_REPLY_STATUS;
+        freeReplyObject(r);
+        r = ok ? redisCommand(rc, "GET %b", key.bytes, sizeof key.bytes) : NULL;
+        ok = r != NULL && r->type == REDIS_REPLY_STRING && r->len == BIG_BYTES;
+        if (!ok) {
+            freeReplyObject(r);
+            fprintf(stderr, "bench_daemon: redis SET/GET failed: %s\n",
+                    rc->err != 0 ? rc->errstr : "bad reply");
+            return -1;
+        }
+        freeReplyObject(last);
+        last = r;
+        rounds++;
+    }
+    double t1 = now_s();
+    /* Checked after the clock stops, as for the daemon. */
+    bool same = last != NULL && memcmp(last->str, src, BIG_BYTES) == 0;
+    freeReplyObject(last);
+    if (!same) {
+        fprintf(stderr, "bench_daemon: redis GET returned other bytes\n");
+        return -1;
+    }
+    return (double)rounds * 2.0 * BIG_BYTES / (t1 - t0);
+}
+
+/* ---- the run ------------------------------------------------------------ */
+
+typedef struct figure {
+    double kvd[PASSES], redis[PASSES], ratio[PASSES];
+} figure_t;
+
+static void figure_row(const char *what, const figure_t *f, double unit,
+                       const char *unit_name)
+{
+    double lo = f->ratio[0], hi = f->ratio[0];
+    for (int i = 1; i < PASSES; i++) {
+        lo = f->ratio[i] < lo ? f->ratio[i] : lo;
+        hi = f->ratio[i] > hi ? f->ratio[i] : hi;
+    }
+    printf("| %s | %.3g %s | %.3g %s | %.2f (%.2f-%.2f) |\n", what,
+           median(f->kvd, PASSES) / unit, unit_name,
+           median(f->redis, PASSES) / unit, unit_name, median(f->ratio, PASSES),
+           lo, hi);
+}
+
+static void clients_close(client_t *c)
+{
+    for (int i = 0; i < CLIENTS; i++) {
+        kvd_store_close(c[i].store);
+        redisFree(c[i].redis);
+        free(c[i].leases);
+    }
+}
+
+static int bench_lookup(bench_t *b, figure_t *f)
+{
+    static client_t c[CLIENTS];
+    int rc = 0;
+    for (int i = 0; i < CLIENTS && rc == 0; i++) {
+        c[i].b = b;
+        c[i].store = client_open(b);
+        c[i].redis = redis_connect(b);
+        c[i].leases = calloc(CHAIN_LEN, sizeof *c[i].leases);
+        rc = c[i].store == NULL || c[i].redis == NULL || c[i].leases == NULL
+                 ? -1
+                 : 0;
+    }
+    for (int p = 0; p < PASSES && rc == 0; p++) {
+        f->kvd[p] = lookup_pass(b, c, lookup_kvd_main);
+        f->redis[p] = lookup_pass(b, c, lookup_redis_main);
+        f->ratio[p] = f->kvd[p] / f->redis[p];
+        rc = f->kvd[p] < 0 || f->redis[p] < 0 ? -1 : 0;
+    }
+    clients_close(c);
+    return rc;
+}
+
+static int bench_putget(bench_t *b, kvd_store_t *st, redisContext *rc,
+                        figure_t *f)
+{
+    uint8_t *src = malloc(BIG_BYTES), *dst = malloc(BIG_BYTES);
+    int ret = src != NULL && dst != NULL ? 0 : -1;
+    for (size_t i = 0; ret == 0 && i < BIG_BYTES; i++) {
+        src[i] = (uint8_t)(i * 31u + (i >> 12));
+    }
+    if (ret == 0) {
+        memset(dst, 0, BIG_BYTES);
+    }
+    for (int p = 0; p < PASSES && ret == 0; p++) {
+        f->kvd[p] = putget_kvd_pass(b, st, src, dst);
+        f->redis[p] = putget_redis_pass(b, rc, src);
+        f->ratio[p] = f->kvd[p] / f->redis[p];
+        ret = f->kvd[p] < 0 || f->redis[p] < 0 ? -1 : 0;
+    }
+    free(dst);
+    free(src);
+    return ret;
+}
+
+static int bench_run(bench_t *b, kvd_store_t *st, redisContext *rc)
+{
+    figure_t lookup, putget;
+    chain_make(b);
+    if (chain_store(b, st) != 0 || chain_check(b) != 0 ||
+        chain_store_redis(b, rc) != 0 || bench_lookup(b, &lookup) != 0 ||
+        bench_putget(b, st, rc, &putget) != 0) {
+        return -1;
+    }
+    printf("kvdepotd (store.mode=daemon, unix socket + shared arena) vs "
+           "redis-server (hiredis, 127.0.0.1), %d passes of %.1f s per side; "
+           "median of the passes, ratio: median (min-max) of per-pass "
+           "ratios\n\n",
+           PASSES, b->seconds);
+    printf("| workload | kvdepotd | redis | ratio |\n|---|---:|---:|---:|\n");
+    figure_row("lookup + release, 512-key chain, 16 clients (redis: MGET)",
+               &lookup, 1e6, "M keys/s");
+    figure_row("put+get 2 MiB, 1 client (redis: SET + GET)", &putget, 1e9,
+               "GB/s");
+    printf("\n");
+    headline("lookup_512_chain_keys_per_s_vs_redis_mget",
+             median(lookup.ratio, PASSES), "target >= 1.0");
+    headline("put_get_2mib_bytes_per_s_vs_redis_set_get",
+             median(putget.ratio, PASSES), "target >= 5.0");
+    return 0;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag,
+                    struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static const char *env_or(const char *name, const char *def)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : def;
 }
 
 int main(void)
 {
-    const char *sec = getenv("KVDEPOT_BENCH_SECONDS");
-    if (sec != NULL && atof(sec) > 0) {
-        g_seconds = atof(sec);
-    }
-    const char *daemon = getenv("KVDEPOTD");
-    if (daemon == NULL || daemon[0] == '\0') {
-        daemon = KVD_BENCH_KVDEPOTD;
-    }
-    const char *redis = getenv("REDIS_SERVER");
-    if (redis == NULL || redis[0] == '\0') {
-        redis = "redis-server";
-    }
-    char dir[] = "/tmp/kvd_bench_daemon_XXXXXX";
-    if (mkdtemp(dir) == NULL) {
-        perror("bench_daemon: mkdtemp");
+    static bench_t b = {.daemon_pid = -1,
+                        .redis_pid = -1,
+                        .mu = PTHREAD_MUTEX_INITIALIZER,
+                        .cond = PTHREAD_COND_INITIALIZER};
+    double total = atof(env_or("KVDEPOT_BENCH_SECONDS", "3"));
+    b.seconds = (total > 0 ? total : 3.0) / PASSES;
+    /* A server that dies mid-call must fail the call, not kill us. */
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(b.dir, sizeof b.dir, "/tmp/kvd_bench_daemon_XXXXXX");
+    if (mkdtemp(b.dir) == NULL) {
+        fprintf(stderr, "bench_daemon: mkdtemp: %s\n", strerror(errno));
         return 1;
     }
-    snprintf(g_sock, sizeof g_sock, "%s/d.sock", dir);
-    char sock_set[340], ready[320], dlog[320], rlog[320], port[16];
-    snprintf(sock_set, sizeof sock_set, "server.unix_socket=%s", g_sock);
-    snprintf(ready, sizeof ready, "%s/ready", dir);
-    snprintf(dlog, sizeof dlog, "%s/daemon.log", dir);
-    snprintf(rlog, sizeof rlog, "%s/redis.log", dir);
-    g_redis_port = free_port();
-    snprintf(port, sizeof port, "%d", g_redis_port);
-    char *dargv[] = {(char *)daemon,
-                     "--set",
-                     sock_set,
-                     "--set",
-                     "store.arena_size=512m",
-                     "--set",
-                     "server.threads=2",
-                     "--set",
-                     "log.level=warn",
-                     "--ready-file",
-                     ready,
-                     NULL};
-    char *rargv[] = {(char *)redis, "--port", port, "--bind",
-                     "127.0.0.1",   "--save", "",   "--appendonly",
-                     "no",          NULL};
-    pid_t dpid = spawn(dargv, dlog);
-    pid_t rpid = spawn(rargv, rlog);
-    for (int i = 0; i < 3000 && access(ready, F_OK) != 0; i++) {
-        usleep(10000);
-    }
-    redisContext *rc = redis_connect();
-    int rcode = 1;
-    kvd_store_t *st = access(ready, F_OK) == 0 ? client_open() : NULL;
-    if (st == NULL || rc == NULL) {
-        fprintf(stderr, "bench_daemon: %s did not start (logs in %s)\n",
-                st == NULL ? "kvdepotd" : "redis-server", dir);
-        goto out;
-    }
-    memset(g_ns.bytes, 0x42, sizeof g_ns.bytes);
-    static char keyname[CHAIN][24];
-    g_mget[0] = "MGET";
-    g_mget_len[0] = 4;
-    for (int i = 0; i < CHAIN; i++) {
-        memset(g_chain[i].bytes, 0, sizeof g_chain[i].bytes);
-        memcpy(g_chain[i].bytes, &i, sizeof i);
-        g_chain[i].bytes[31] = 1;
-        snprintf(keyname[i], sizeof keyname[i], "chain:%d", i);
-        g_mget[i + 1] = keyname[i];
-        g_mget_len[i + 1] = strlen(keyname[i]);
-        redisReply *r = redisCommand(rc, "SET %s %b", keyname[i],
-                                     "0123456789abcdef", (size_t)16);
-        if (r != NULL) {
-            freeReplyObject(r);
-        }
-    }
-    if (populate(st) != 0) {
-        fprintf(stderr, "bench_daemon: could not store the chain\n");
-        goto out;
-    }
+    snprintf(b.sock, sizeof b.sock, "%s/d.sock", b.dir);
+    snprintf(b.ready, sizeof b.ready, "%s/ready", b.dir);
 
-    worker_t w[THREADS];
-    memset(w, 0, sizeof w);
-    for (int i = 0; i < THREADS; i++) {
-        w[i].st = client_open();
-        if (w[i].st == NULL) {
-            goto out;
-        }
+    int rc = 1;
+    kvd_store_t *st = NULL;
+    redisContext *redis = NULL;
+    if (daemon_start(&b, env_or("KVDEPOTD", KVD_BENCH_KVDEPOTD)) != 0) {
+        goto err_stop;
     }
-    double kvd_keys = run_threads(w, kvd_lookup_main);
-    for (int i = 0; i < THREADS; i++) {
-        kvd_store_close(w[i].st);
+    if (redis_start(&b, env_or("REDIS_SERVER", "redis-server")) != 0 ||
+        (redis = redis_connect(&b)) == NULL || (st = client_open(&b)) == NULL) {
+        goto err_stop;
     }
-    memset(w, 0, sizeof w);
-    for (int i = 0; i < THREADS; i++) {
-        w[i].rc = redis_connect();
-        if (w[i].rc == NULL) {
-            goto out;
-        }
+    if (bench_run(&b, st, redis) == 0) {
+        rc = 0;
     }
-    double redis_keys = run_threads(w, redis_lookup_main);
-    for (int i = 0; i < THREADS; i++) {
-        redisFree(w[i].rc);
-    }
-
-    uint8_t *src = malloc(BIG), *dst = malloc(BIG);
-    if (src == NULL || dst == NULL) {
-        goto out;
-    }
-    for (size_t i = 0; i < BIG; i++) {
-        src[i] = (uint8_t)(i * 31u);
-    }
-    double kvd_bw = kvd_put_get(st, src, dst);
-    double redis_bw = redis_put_get(rc, src);
-    free(src);
-    free(dst);
-
-    printf("kvdepotd vs redis-server, %d client threads for lookups, %.0f s "
-           "per measurement\n\n",
-           THREADS, g_seconds);
-    printf("| workload | kvdepotd | redis | ratio |\n|---|---:|---:|---:|\n");
-    printf("| lookup of a 512-key chain (keys/s, %d clients) | %.3g | %.3g | "
-           "%.2f |\n",
-           THREADS, kvd_keys, redis_keys, kvd_keys / redis_keys);
-    printf("| put+get 2 MiB (MB/s moved, 1 client) | %.0f | %.0f | %.2f |\n\n",
-           kvd_bw / 1e6, redis_bw / 1e6, kvd_bw / redis_bw);
-    printf("BENCH daemon: lookup keys/s vs redis MGET = %.2f (target >= 1)\n",
-           kvd_keys / redis_keys);
-    printf("BENCH daemon: put+get 2 MiB vs redis SET/GET = %.2f (target >= "
-           "5)\n",
-           kvd_bw / redis_bw);
-    rcode = 0;
-out:
+err_stop:
     kvd_store_close(st);
-    if (rc != NULL) {
-        redisFree(rc);
+    redisFree(redis);
+    int dstat = child_stop(b.daemon_pid);
+    (void)child_stop(b.redis_pid);
+    if (b.daemon_pid > 0 && dstat != 0) {
+        fprintf(stderr,
+                "bench_daemon: kvdepotd did not exit 0 on SIGTERM "
+                "(status %d)\n",
+                dstat);
+        rc = 1;
     }
-    kill(dpid, SIGTERM);
-    kill(rpid, SIGTERM);
-    waitpid(dpid, NULL, 0);
-    waitpid(rpid, NULL, 0);
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (rcode == 0 && system(cmd) != 0) {
-        fprintf(stderr, "bench_daemon: could not remove %s\n", dir);
+    if (rc != 0) {
+        fprintf(stderr, "bench_daemon: logs kept in %s\n", b.dir);
+        return rc;
     }
-    return rcode;
+    if (nftw(b.dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS) != 0) {
+        fprintf(stderr, "bench_daemon: could not remove %s\n", b.dir);
+    }
+    for (size_t i = 0; i < num_headlines; i++) {
+        printf("%s\n", headlines[i]);
+    }
+    return 0;
 }
