@@ -662,6 +662,22 @@ out:
     return s;
 }
 
+/* Takes `mu` and returns reservation `id`; or, when there is none, writes
+ * why into `reason` and returns NULL with `mu` released. */
+static svc_resv_t *resv_lock(kvd_service_t *svc, uint64_t id, char *reason,
+                             size_t reason_len)
+{
+    pthread_mutex_lock(&svc->mu);
+    svc_resv_t *r = resv_find(svc, id);
+    if (r == NULL) {
+        pthread_mutex_unlock(&svc->mu);
+        kvd_config_err(reason, reason_len,
+                       "reservation_id %llu: unknown, expired or done",
+                       (unsigned long long)id);
+    }
+    return r;
+}
+
 /* The reservation's key for `hash`, or NULL. `mu` held. */
 static svc_resv_key_t *resv_key(svc_resv_t *r, const uint8_t *hash)
 {
@@ -701,13 +717,8 @@ static kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req,
         return KVD_ERR_NOMEM;
     }
     uint32_t committed = 0;
-    pthread_mutex_lock(&svc->mu);
-    svc_resv_t *r = resv_find(svc, rq->reservation_id);
+    svc_resv_t *r = resv_lock(svc, rq->reservation_id, reason, reason_len);
     if (r == NULL) {
-        pthread_mutex_unlock(&svc->mu);
-        kvd_config_err(reason, reason_len,
-                       "reservation_id %llu: unknown, expired or done",
-                       (unsigned long long)rq->reservation_id);
         free(statuses);
         kvd_proto_commit_request_free(rq);
         return KVD_ERR_NOT_FOUND;
@@ -764,13 +775,8 @@ static kvd_status_t svc_abort(kvd_service_t *svc, const uint8_t *req,
         return s;
     }
     uint32_t aborted = 0;
-    pthread_mutex_lock(&svc->mu);
-    svc_resv_t *r = resv_find(svc, rq->reservation_id);
+    svc_resv_t *r = resv_lock(svc, rq->reservation_id, reason, reason_len);
     if (r == NULL) {
-        pthread_mutex_unlock(&svc->mu);
-        kvd_config_err(reason, reason_len,
-                       "reservation_id %llu: unknown, expired or done",
-                       (unsigned long long)rq->reservation_id);
         kvd_proto_abort_request_free(rq);
         return KVD_ERR_NOT_FOUND;
     }
