@@ -19,6 +19,10 @@
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <xxhash.h>
+#if defined(__x86_64__)
+#define XXH_DISPATCH_DISABLE_REPLACE 1
+#include <xxh_x86dispatch.h>
+#endif
 
 #include "common/failpoint_int.h"
 #include "common/log_int.h"
@@ -130,5 +134,12 @@ KVD_API uint64_t kvd_xxh3_64(const void *data, size_t len)
     if (data == NULL) {
         return XXH3_64bits(NULL, 0);
     }
+    /* libxxhash's dispatching entry picks its AVX2/AVX-512 loop when the
+     * CPU has one (the plain entry is built for baseline x86-64): same
+     * value, about 4x the speed on large objects. */
+#if defined(__x86_64__)
+    return XXH3_64bits_dispatch(data, len);
+#else
     return XXH3_64bits(data, len);
+#endif
 }
