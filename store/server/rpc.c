@@ -1,14 +1,18 @@
 /*
  * gRPC C core server for kvdepotd (rpc_int.h). The C core gives one
- * completion queue event per batch; each call walks three stages:
- *   NEW   a call arrived: keep one more request_call pending, check method
- *         and credentials, then {SEND_INITIAL_METADATA, RECV_MESSAGE};
- *   READ  the request is here: serve it, then {SEND_MESSAGE,
+ * completion queue event per batch. Every KvStore method is registered
+ * with its request read up front (GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER),
+ * so such a call arrives with its message and walks two stages:
+ *   NEW   keep one more call of that method requested, check credentials,
+ *         serve, then {SEND_INITIAL_METADATA, SEND_MESSAGE,
  *         SEND_STATUS_FROM_SERVER, RECV_CLOSE_ON_SERVER};
  *   DONE  the status went out: free the call.
- * A refused call skips READ. Each thread owns a completion queue with
- * RPC_PENDING calls requested on it, so a burst never waits for a thread to
- * ask for the next call.
+ * Any other path comes through a generic request_call (NEW without a
+ * message) and is answered UNIMPLEMENTED. A read stage remains for a
+ * generic call to a known method (READ: the message arrived, serve it).
+ * Each thread owns a completion queue with RPC_PENDING calls of each kind
+ * requested on it, so a burst never waits for a thread to ask for the next
+ * call; the registered read saves one completion-queue round per call.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -51,6 +55,8 @@ typedef struct rpc_call {
     grpc_byte_buffer *send;
     int cancelled;
     int method;
+    bool registered; /* came with its message (c->recv) */
+    gpr_timespec deadline;
     const char *tenant; /* bound by the caller's session, or NULL */
     grpc_metadata trailing;
     char status_text[16];
@@ -74,6 +80,7 @@ struct kvd_rpc_server {
     size_t token_len;
     char instance_hex[17];
     grpc_server *server;
+    void *registered[KVD_RPC_COUNT]; /* grpc_server_register_method */
     rpc_thread_t *threads;
     int nthreads;
     bool stopping; /* atomic */
@@ -149,7 +156,9 @@ static void rpc_call_free(rpc_call_t *c)
     free(c);
 }
 
-static void rpc_request_one(rpc_thread_t *t)
+/* Asks for one more call of `method` (its message read with it), or for
+ * one more call of any other path when `method` is negative. */
+static void rpc_request_one(rpc_thread_t *t, int method)
 {
     kvd_rpc_server_t *srv = t->srv;
     if (__atomic_load_n(&srv->stopping, __ATOMIC_ACQUIRE)) {
@@ -165,8 +174,18 @@ static void rpc_request_one(rpc_thread_t *t)
     c->details_slice = grpc_empty_slice();
     grpc_call_details_init(&c->details);
     grpc_metadata_array_init(&c->md);
-    grpc_call_error e = grpc_server_request_call(
-        srv->server, &c->call, &c->details, &c->md, t->cq, t->cq, c);
+    grpc_call_error e;
+    if (method >= 0) {
+        c->method = method;
+        c->registered = true;
+        e = grpc_server_request_registered_call(
+            srv->server, srv->registered[method], &c->call, &c->deadline,
+            &c->md, &c->recv, t->cq, t->cq, c);
+    } else {
+        c->method = -1;
+        e = grpc_server_request_call(srv->server, &c->call, &c->details, &c->md,
+                                     t->cq, t->cq, c);
+    }
     if (e != GRPC_CALL_OK) {
         KVD_LOG_ERROR("kvdepotd: grpc_server_request_call: %d", (int)e);
         rpc_call_free(c);
@@ -277,11 +296,57 @@ static kvd_status_t rpc_admit(kvd_rpc_server_t *srv, rpc_call_t *c,
     return s;
 }
 
+/* Serves the request in c->recv and replies; `send_initial` when the
+ * initial metadata has not gone out yet. */
+static void rpc_serve(rpc_call_t *c, bool send_initial)
+{
+    kvd_rpc_server_t *srv = c->t->srv;
+    char reason[256] = "";
+    if (c->recv == NULL) {
+        rpc_finish(c, send_initial, KVD_ERR_PROTO, "no request message", NULL,
+                   0);
+        return;
+    }
+    grpc_byte_buffer_reader rd;
+    if (!grpc_byte_buffer_reader_init(&rd, c->recv)) {
+        rpc_finish(c, send_initial, KVD_ERR_PROTO, "undecodable request", NULL,
+                   0);
+        return;
+    }
+    grpc_slice body = grpc_byte_buffer_reader_readall(&rd);
+    grpc_byte_buffer_reader_destroy(&rd);
+    uint8_t *resp = NULL;
+    size_t resp_len = 0;
+    kvd_status_t s = kvd_service_call(
+        srv->cfg.svc, (kvd_rpc_method_t)c->method,
+        GRPC_SLICE_LENGTH(body) ? GRPC_SLICE_START_PTR(body) : NULL,
+        GRPC_SLICE_LENGTH(body), c->tenant, &resp, &resp_len, reason,
+        sizeof reason);
+    grpc_slice_unref(body);
+    if (s != KVD_OK) {
+        KVD_LOG_DEBUG("kvdepotd: %s: %s", kvd_rpc_method_name(c->method),
+                      reason);
+        rpc_finish(c, send_initial, s, reason, NULL, 0);
+        return;
+    }
+    rpc_finish(c, send_initial, KVD_OK, NULL, resp, resp_len);
+}
+
 static void rpc_on_new(rpc_call_t *c)
 {
     kvd_rpc_server_t *srv = c->t->srv;
-    rpc_request_one(c->t);
+    rpc_request_one(c->t, c->registered ? c->method : -1);
     char reason[256] = "";
+    if (c->registered) {
+        kvd_status_t s = rpc_admit(srv, c, reason, sizeof reason);
+        if (s != KVD_OK) {
+            kvd_service_count_refused(srv->cfg.svc, s);
+            rpc_finish(c, true, s, reason, NULL, 0);
+            return;
+        }
+        rpc_serve(c, true);
+        return;
+    }
     c->method = kvd_rpc_method_find(
         (const char *)GRPC_SLICE_START_PTR(c->details.method),
         GRPC_SLICE_LENGTH(c->details.method));
@@ -312,38 +377,6 @@ static void rpc_on_new(rpc_call_t *c)
     }
 }
 
-static void rpc_on_read(rpc_call_t *c)
-{
-    kvd_rpc_server_t *srv = c->t->srv;
-    char reason[256] = "";
-    if (c->recv == NULL) {
-        rpc_finish(c, false, KVD_ERR_PROTO, "no request message", NULL, 0);
-        return;
-    }
-    grpc_byte_buffer_reader rd;
-    if (!grpc_byte_buffer_reader_init(&rd, c->recv)) {
-        rpc_finish(c, false, KVD_ERR_PROTO, "undecodable request", NULL, 0);
-        return;
-    }
-    grpc_slice body = grpc_byte_buffer_reader_readall(&rd);
-    grpc_byte_buffer_reader_destroy(&rd);
-    uint8_t *resp = NULL;
-    size_t resp_len = 0;
-    kvd_status_t s = kvd_service_call(
-        srv->cfg.svc, (kvd_rpc_method_t)c->method,
-        GRPC_SLICE_LENGTH(body) ? GRPC_SLICE_START_PTR(body) : NULL,
-        GRPC_SLICE_LENGTH(body), c->tenant, &resp, &resp_len, reason,
-        sizeof reason);
-    grpc_slice_unref(body);
-    if (s != KVD_OK) {
-        KVD_LOG_DEBUG("kvdepotd: %s: %s", kvd_rpc_method_name(c->method),
-                      reason);
-        rpc_finish(c, false, s, reason, NULL, 0);
-        return;
-    }
-    rpc_finish(c, false, KVD_OK, NULL, resp, resp_len);
-}
-
 static void *rpc_thread_main(void *arg)
 {
     rpc_thread_t *t = arg;
@@ -372,7 +405,7 @@ static void *rpc_thread_main(void *arg)
         }
         switch (c->stage) {
         case RPC_NEW: rpc_on_new(c); break;
-        case RPC_READ: rpc_on_read(c); break;
+        case RPC_READ: rpc_serve(c, false); break;
         case RPC_DONE: rpc_call_free(c); break;
         }
     }
@@ -543,6 +576,17 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
         grpc_server_register_completion_queue(srv->server, srv->threads[i].cq,
                                               NULL);
     }
+    for (int m = 0; m < KVD_RPC_COUNT; m++) {
+        srv->registered[m] = grpc_server_register_method(
+            srv->server, kvd_rpc_method_path((kvd_rpc_method_t)m), NULL,
+            GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+        if (srv->registered[m] == NULL) {
+            kvd_config_err(err, err_len, "gRPC refused to register %s",
+                           kvd_rpc_method_path((kvd_rpc_method_t)m));
+            kvd_rpc_server_stop(srv, 0);
+            return KVD_ERR_INVALID;
+        }
+    }
     int port = 0;
     kvd_status_t s = rpc_bind(srv, &port, err, err_len);
     if (s != KVD_OK) {
@@ -558,7 +602,9 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
     }
     for (int i = 0; i < srv->nthreads; i++) {
         for (int k = 0; k < RPC_PENDING; k++) {
-            rpc_request_one(&srv->threads[i]);
+            for (int m = -1; m < KVD_RPC_COUNT; m++) {
+                rpc_request_one(&srv->threads[i], m);
+            }
         }
         int rc = pthread_create(&srv->threads[i].thread, NULL, rpc_thread_main,
                                 &srv->threads[i]);
