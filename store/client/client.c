@@ -94,6 +94,9 @@ struct kvd_client {
     uint64_t *rel;
     size_t n_rel, cap_rel;
     uint64_t rel_since_ms;
+    /* The get thread sleeps with a deadline and will look at the deferred
+     * releases when it wakes: a new release need not wake it. */
+    bool rel_timer_armed;
     cl_resv_t *resv[CL_BUCKETS];
 
     /* Gets: `gets` is the queue the get thread works through. */
@@ -634,7 +637,9 @@ kvd_status_t kvd_client_release(kvd_client_t *c,
         }
         if (c->n_rel == 0) {
             c->rel_since_ms = kvd_time_now_ms();
-            pthread_cond_signal(&c->get_cv); /* arms the timed flush */
+            if (!c->rel_timer_armed) {
+                pthread_cond_signal(&c->get_cv); /* arms the timed flush */
+            }
         }
         c->rel[c->n_rel++] = id;
         flush = c->n_rel >= CL_RELEASE_BATCH;
@@ -1036,6 +1041,7 @@ static void *cl_get_main(void *arg)
     for (;;) {
         while (c->gets == NULL && !c->stopping) {
             if (c->n_rel == 0) {
+                c->rel_timer_armed = false;
                 pthread_cond_wait(&c->get_cv, &c->mu);
                 continue;
             }
@@ -1053,8 +1059,10 @@ static void *cl_get_main(void *arg)
             ts.tv_nsec += (long)(due - now) * 1000000L;
             ts.tv_sec += ts.tv_nsec / 1000000000L;
             ts.tv_nsec %= 1000000000L;
+            c->rel_timer_armed = true;
             pthread_cond_timedwait(&c->get_cv, &c->mu, &ts);
         }
+        c->rel_timer_armed = false;
         cl_get_t *all = c->gets;
         c->gets = NULL;
         bool stopping = c->stopping;
@@ -1449,7 +1457,18 @@ kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
         goto err;
     }
     grpc_init();
-    grpc_arg args[4] = {
+    /* The minimal stack leaves out what a local store call does not use
+     * (census, compression, retry buffering); deadlines stay on. */
+    grpc_arg args[7] = {
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_MINIMAL_STACK,
+         .value.integer = 1},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_ENABLE_DEADLINE_CHECKS,
+         .value.integer = 1},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_ENABLE_RETRIES,
+         .value.integer = 0},
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          .value.integer = CL_MAX_MESSAGE},
@@ -1463,7 +1482,7 @@ kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
          .key = (char *)GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
          .value.integer = 100},
     };
-    grpc_channel_args cargs = {.num_args = 4, .args = args};
+    grpc_channel_args cargs = {.num_args = 7, .args = args};
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     c->ch = grpc_channel_create(c->address, creds, &cargs);
     grpc_channel_credentials_release(creds);
