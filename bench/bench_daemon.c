@@ -5,9 +5,10 @@
  * both servers itself, on this machine, in one temp directory, and
  * measures them in the same run:
  *
- *   lookup  16 client threads, each with its own kvd_store_t, look up the
- *           same stored 512-key chain (4 KiB objects) and release the
- *           leases, again and again; peer: 16 threads, each with its own
+ *   lookup  16 client processes (as 16 engine processes on a node would
+ *           be), each with its own kvd_store_t, look up the same stored
+ *           512-key chain (4 KiB objects) and release the leases, again
+ *           and again; peer: the same 16 processes, each with its own
  *           connection, MGET the same 512 keys (namespace + block hash,
  *           48 bytes each; 24-byte values, the size of the location a
  *           lease carries). Keys per second.
@@ -19,8 +20,10 @@
  * Each measurement runs PASSES times, the daemon and redis back to back in
  * every pass (the VM's speed drifts); the headline is the median of the
  * per-pass ratios. Each side of a measurement gets KVDEPOT_BENCH_SECONDS
- * (default 3) in all. The put+get keys are all new, so once the arena (1
- * GiB) is full every reserve also evicts, as in a store that serves.
+ * (default 3) in all; put+get runs one more, uncounted, warm-up pass per
+ * side first. The daemon runs with its defaults (arena prefaulted at start)
+ * and a 1 GiB arena. The put+get keys are all new, so once the arena is
+ * full every reserve also evicts, as in a store that serves.
  *
  * Environment: KVDEPOTD (the daemon; default: the one this tree built),
  * REDIS_SERVER (default: redis-server on PATH), KVDEPOT_BENCH_SECONDS.
@@ -28,9 +31,9 @@
  * redis-server on 127.0.0.1 at a port the kernel picked free.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <ftw.h>
 #include <netinet/in.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -73,23 +76,27 @@ typedef struct bench {
     const char *mget_argv[CHAIN_LEN + 1];
     size_t mget_len[CHAIN_LEN + 1];
     uint32_t next_big; /* put+get: the next new block */
-    /* One pass of the lookup threads: they start together when `go` is
-     * set and stop at `deadline`. */
-    pthread_mutex_t mu;
-    pthread_cond_t cond;
-    bool go;
-    double deadline;
 } bench_t;
 
+/* A lookup client: a process forked before this one uses gRPC (the C core
+ * does not survive fork), driven through two pipes. */
 typedef struct client {
-    bench_t *b;
-    pthread_t thread;
-    kvd_store_t *store;
-    redisContext *redis;
-    kvd_store_lease_t *leases;
-    uint64_t keys;
-    bool failed;
+    pid_t pid;
+    int cmd_fd; /* ours to write: client_cmd_t */
+    int res_fd; /* ours to read: client_res_t */
 } client_t;
+
+enum { SIDE_QUIT = 0, SIDE_KVD = 1, SIDE_REDIS = 2 };
+
+typedef struct client_cmd {
+    int32_t side;
+    double start, deadline; /* CLOCK_MONOTONIC seconds */
+} client_cmd_t;
+
+typedef struct client_res {
+    uint64_t keys;
+    int32_t ok;
+} client_res_t;
 
 static char headlines[4][200];
 static size_t num_headlines;
@@ -190,16 +197,8 @@ static int daemon_start(bench_t *b, const char *bin)
     char sock_set[160], log[96];
     snprintf(sock_set, sizeof sock_set, "server.unix_socket=%s", b->sock);
     snprintf(log, sizeof log, "%s/daemon.log", b->dir);
-    char *argv[] = {(char *)bin,
-                    "--set",
-                    sock_set,
-                    "--set",
-                    "store.arena_size=1g",
-                    "--set",
-                    "store.arena_prefault=false",
-                    "--ready-file",
-                    b->ready,
-                    NULL};
+    char *argv[] = {(char *)bin,           "--set",        sock_set, "--set",
+                    "store.arena_size=1g", "--ready-file", b->ready, NULL};
     b->daemon_pid = child_spawn(argv, log);
     if (b->daemon_pid < 0) {
         return -1;
@@ -395,94 +394,174 @@ static int chain_store_redis(bench_t *b, redisContext *rc)
 
 /* ---- lookup of 512-key chains, 16 clients ------------------------------- */
 
-static void client_wait_go(bench_t *b)
+static void sleep_until(double t)
 {
-    pthread_mutex_lock(&b->mu);
-    while (!b->go) {
-        pthread_cond_wait(&b->cond, &b->mu);
+    for (double d = t - now_s(); d > 0; d = t - now_s()) {
+        struct timespec ts = {.tv_sec = (time_t)d,
+                              .tv_nsec = (long)((d - (double)(time_t)d) * 1e9)};
+        (void)nanosleep(&ts, NULL);
     }
-    pthread_mutex_unlock(&b->mu);
 }
 
-static void clients_go(bench_t *b, double deadline)
+/* Lookup + release of the chain until `deadline`; keys found, or -1. */
+static int64_t lookup_kvd_run(const bench_t *b, kvd_store_t *st,
+                              kvd_store_lease_t *leases, double deadline)
 {
-    pthread_mutex_lock(&b->mu);
-    b->deadline = deadline;
-    b->go = true;
-    pthread_cond_broadcast(&b->cond);
-    pthread_mutex_unlock(&b->mu);
-}
-
-static void *lookup_kvd_main(void *arg)
-{
-    client_t *c = arg;
-    bench_t *b = c->b;
-    client_wait_go(b);
-    while (now_s() < b->deadline) {
+    int64_t keys = 0;
+    while (now_s() < deadline) {
         size_t m = 0;
-        kvd_status_t s = kvd_store_lookup(c->store, &b->ns, b->chain, CHAIN_LEN,
-                                          c->leases, &m);
+        kvd_status_t s =
+            kvd_store_lookup(st, &b->ns, b->chain, CHAIN_LEN, leases, &m);
         kvd_status_t rs =
-            s == KVD_OK ? kvd_store_release(c->store, c->leases, m) : KVD_OK;
+            s == KVD_OK ? kvd_store_release(st, leases, m) : KVD_OK;
         if (s != KVD_OK || m != CHAIN_LEN || rs != KVD_OK) {
             fprintf(stderr,
                     "bench_daemon: lookup: %s, %zu of %u found, release "
                     "%s\n",
                     kvd_status_str(s), m, CHAIN_LEN, kvd_status_str(rs));
-            c->failed = true;
-            break;
+            return -1;
         }
-        c->keys += CHAIN_LEN;
+        keys += CHAIN_LEN;
     }
-    return NULL;
+    return keys;
 }
 
-static void *lookup_redis_main(void *arg)
+/* MGET of the chain's keys until `deadline`; keys returned, or -1. */
+static int64_t lookup_redis_run(const bench_t *b, redisContext *rc,
+                                double deadline)
 {
-    client_t *c = arg;
-    bench_t *b = c->b;
-    client_wait_go(b);
-    while (now_s() < b->deadline) {
-        redisReply *r = redisCommandArgv(c->redis, CHAIN_LEN + 1, b->mget_argv,
-                                         b->mget_len);
+    int64_t keys = 0;
+    while (now_s() < deadline) {
+        redisReply *r = redisCommandArgv(
+            rc, CHAIN_LEN + 1, (const char **)b->mget_argv, b->mget_len);
         bool ok = r != NULL && r->type == REDIS_REPLY_ARRAY &&
                   r->elements == CHAIN_LEN &&
                   r->element[CHAIN_LEN - 1]->type == REDIS_REPLY_STRING;
         freeReplyObject(r);
         if (!ok) {
             fprintf(stderr, "bench_daemon: MGET failed: %s\n",
-                    c->redis->err != 0 ? c->redis->errstr : "bad reply");
-            c->failed = true;
-            break;
+                    rc->err != 0 ? rc->errstr : "bad reply");
+            return -1;
         }
-        c->keys += CHAIN_LEN;
+        keys += CHAIN_LEN;
     }
-    return NULL;
+    return keys;
 }
 
-/* Runs `fn` on every client for b->seconds from a common start; keys per
- * second of them all, or -1 if a call failed or a thread did not start. */
-static double lookup_pass(bench_t *b, client_t *c, void *(*fn)(void *))
+/* The client process: connects to both servers, says so, then runs the
+ * passes it is sent until SIDE_QUIT or a closed pipe. */
+static void client_main(bench_t *b, int cmd_fd, int res_fd)
 {
-    int started = 0;
-    bool failed = false;
-    uint64_t keys = 0;
-    b->go = false;
-    for (; started < CLIENTS; started++) {
-        c[started].keys = 0;
-        if (pthread_create(&c[started].thread, NULL, fn, &c[started]) != 0) {
-            fprintf(stderr, "bench_daemon: pthread_create failed\n");
-            failed = true;
-            break;
+    kvd_store_t *st = client_open(b);
+    redisContext *rc = redis_connect(b);
+    kvd_store_lease_t *leases = calloc(CHAIN_LEN, sizeof *leases);
+    client_res_t res = {.ok = st != NULL && rc != NULL && leases != NULL};
+    bool up = write(res_fd, &res, sizeof res) == (ssize_t)sizeof res;
+    client_cmd_t cmd;
+    while (up && res.ok &&
+           read(cmd_fd, &cmd, sizeof cmd) == (ssize_t)sizeof cmd &&
+           cmd.side != SIDE_QUIT) {
+        sleep_until(cmd.start);
+        int64_t keys = cmd.side == SIDE_KVD
+                           ? lookup_kvd_run(b, st, leases, cmd.deadline)
+                           : lookup_redis_run(b, rc, cmd.deadline);
+        res.keys = keys > 0 ? (uint64_t)keys : 0;
+        res.ok = keys >= 0;
+        up = write(res_fd, &res, sizeof res) == (ssize_t)sizeof res;
+    }
+    kvd_store_close(st);
+    redisFree(rc);
+    free(leases);
+}
+
+/* Forks the lookup clients; 0 when every one is connected. */
+static int clients_start(bench_t *b, client_t *c)
+{
+    for (int i = 0; i < CLIENTS; i++) {
+        c[i].pid = -1;
+        c[i].cmd_fd = c[i].res_fd = -1;
+    }
+    pid_t parent = getpid();
+    for (int i = 0; i < CLIENTS; i++) {
+        int cmd[2], res[2];
+        if (pipe2(cmd, O_CLOEXEC) != 0) {
+            fprintf(stderr, "bench_daemon: pipe: %s\n", strerror(errno));
+            return -1;
+        }
+        if (pipe2(res, O_CLOEXEC) != 0) {
+            fprintf(stderr, "bench_daemon: pipe: %s\n", strerror(errno));
+            close(cmd[0]);
+            close(cmd[1]);
+            return -1;
+        }
+        fflush(stdout);
+        fflush(stderr);
+        pid_t pid = fork();
+        if (pid == 0) {
+            (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() == parent) {
+                close(cmd[1]);
+                close(res[0]);
+                /* The other clients' pipes are the parent's to close. */
+                for (int j = 0; j < i; j++) {
+                    close(c[j].cmd_fd);
+                    close(c[j].res_fd);
+                }
+                client_main(b, cmd[0], res[1]);
+            }
+            _exit(0);
+        }
+        close(cmd[0]);
+        close(res[1]);
+        c[i].pid = pid;
+        c[i].cmd_fd = cmd[1];
+        c[i].res_fd = res[0];
+        if (pid < 0) {
+            fprintf(stderr, "bench_daemon: fork: %s\n", strerror(errno));
+            return -1;
         }
     }
-    /* A deadline already past sends the started threads home at once. */
-    double t0 = now_s();
-    clients_go(b, failed ? 0 : t0 + b->seconds);
-    for (int i = 0; i < started; i++) {
-        (void)pthread_join(c[i].thread, NULL);
-        keys += c[i].keys;
-        failed |= c[i].failed;
+    for (int i = 0; i < CLIENTS; i++) {
+        client_res_t r;
+        if (read(c[i].res_fd, &r, sizeof r) != (ssize_t)sizeof r || !r.ok) {
+            fprintf(stderr, "bench_daemon: lookup client %d did not connect\n",
+                    i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void clients_stop(client_t *c)
+{
+    for (int i = 0; i < CLIENTS; i++) {
+        if (c[i].cmd_fd >= 0) {
+            close(c[i].cmd_fd); /* a closed pipe sends the client home */
+        }
+        if (c[i].res_fd >= 0) {
+            close(c[i].res_fd);
+        }
+        if (c[i].pid > 0) {
+            (void)waitpid(c[i].pid, NULL, 0);
+        }
+    }
+}
+
+/* Every client runs `side` for b->seconds from a common start; keys per
+ * second of them all, or -1 if a call failed or a client went away. */
+static double lookup_pass(bench_t *b, client_t *c, int side)
+{
+    double t0 = now_s() + 0.05; /* time for every client to get the word */
+    client_cmd_t cmd = {.side = side, .start = t0, .deadline = t0 + b->seconds};
+    bool failed = false;
+    for (int i = 0; i < CLIENTS && !failed; i++) {
+        failed = write(c[i].cmd_fd, &cmd, sizeof cmd) != (ssize_t)sizeof cmd;
+    }
+    uint64_t keys = 0;
+    for (int i = 0; i < CLIENTS && !failed; i++) {
+        client_res_t r;
+        failed = read(c[i].res_fd, &r, sizeof r) != (ssize_t)sizeof r || !r.ok;
+        keys += r.keys;
     }
     double t1 = now_s();
     return failed ? -1 : (double)keys / (t1 - t0);
@@ -607,35 +686,15 @@ static void figure_row(const char *what, const figure_t *f, double unit,
            lo, hi);
 }
 
-static void clients_close(client_t *c)
+static int bench_lookup(bench_t *b, client_t *c, figure_t *f)
 {
-    for (int i = 0; i < CLIENTS; i++) {
-        kvd_store_close(c[i].store);
-        redisFree(c[i].redis);
-        free(c[i].leases);
-    }
-}
-
-static int bench_lookup(bench_t *b, figure_t *f)
-{
-    static client_t c[CLIENTS];
     int rc = 0;
-    for (int i = 0; i < CLIENTS && rc == 0; i++) {
-        c[i].b = b;
-        c[i].store = client_open(b);
-        c[i].redis = redis_connect(b);
-        c[i].leases = calloc(CHAIN_LEN, sizeof *c[i].leases);
-        rc = c[i].store == NULL || c[i].redis == NULL || c[i].leases == NULL
-                 ? -1
-                 : 0;
-    }
     for (int p = 0; p < PASSES && rc == 0; p++) {
-        f->kvd[p] = lookup_pass(b, c, lookup_kvd_main);
-        f->redis[p] = lookup_pass(b, c, lookup_redis_main);
+        f->kvd[p] = lookup_pass(b, c, SIDE_KVD);
+        f->redis[p] = lookup_pass(b, c, SIDE_REDIS);
         f->ratio[p] = f->kvd[p] / f->redis[p];
         rc = f->kvd[p] < 0 || f->redis[p] < 0 ? -1 : 0;
     }
-    clients_close(c);
     return rc;
 }
 
@@ -650,6 +709,13 @@ static int bench_putget(bench_t *b, kvd_store_t *st, redisContext *rc,
     if (ret == 0) {
         memset(dst, 0, BIG_BYTES);
     }
+    /* A warm-up pass per side, not counted: the client's first touch of
+     * each arena page and redis growing its allocations are start-up
+     * costs, not what a serving store pays per object. */
+    if (ret == 0 && (putget_kvd_pass(b, st, src, dst) < 0 ||
+                     putget_redis_pass(b, rc, src) < 0)) {
+        ret = -1;
+    }
     for (int p = 0; p < PASSES && ret == 0; p++) {
         f->kvd[p] = putget_kvd_pass(b, st, src, dst);
         f->redis[p] = putget_redis_pass(b, rc, src);
@@ -661,12 +727,13 @@ static int bench_putget(bench_t *b, kvd_store_t *st, redisContext *rc,
     return ret;
 }
 
-static int bench_run(bench_t *b, kvd_store_t *st, redisContext *rc)
+static int bench_run(bench_t *b, client_t *clients, kvd_store_t *st,
+                     redisContext *rc)
 {
     figure_t lookup, putget;
-    chain_make(b);
     if (chain_store(b, st) != 0 || chain_check(b) != 0 ||
-        chain_store_redis(b, rc) != 0 || bench_lookup(b, &lookup) != 0 ||
+        chain_store_redis(b, rc) != 0 ||
+        bench_lookup(b, clients, &lookup) != 0 ||
         bench_putget(b, st, rc, &putget) != 0) {
         return -1;
     }
@@ -705,10 +772,8 @@ static const char *env_or(const char *name, const char *def)
 
 int main(void)
 {
-    static bench_t b = {.daemon_pid = -1,
-                        .redis_pid = -1,
-                        .mu = PTHREAD_MUTEX_INITIALIZER,
-                        .cond = PTHREAD_COND_INITIALIZER};
+    static bench_t b = {.daemon_pid = -1, .redis_pid = -1};
+    static client_t clients[CLIENTS];
     double total = atof(env_or("KVDEPOT_BENCH_SECONDS", "3"));
     b.seconds = (total > 0 ? total : 3.0) / PASSES;
     /* A server that dies mid-call must fail the call, not kill us. */
@@ -724,17 +789,25 @@ int main(void)
     int rc = 1;
     kvd_store_t *st = NULL;
     redisContext *redis = NULL;
+    chain_make(&b);
+    for (int i = 0; i < CLIENTS; i++) {
+        clients[i].pid = -1;
+        clients[i].cmd_fd = clients[i].res_fd = -1;
+    }
     if (daemon_start(&b, env_or("KVDEPOTD", KVD_BENCH_KVDEPOTD)) != 0) {
         goto err_stop;
     }
+    /* The clients fork before this process opens its own store client. */
     if (redis_start(&b, env_or("REDIS_SERVER", "redis-server")) != 0 ||
-        (redis = redis_connect(&b)) == NULL || (st = client_open(&b)) == NULL) {
+        (redis = redis_connect(&b)) == NULL ||
+        clients_start(&b, clients) != 0 || (st = client_open(&b)) == NULL) {
         goto err_stop;
     }
-    if (bench_run(&b, st, redis) == 0) {
+    if (bench_run(&b, clients, st, redis) == 0) {
         rc = 0;
     }
 err_stop:
+    clients_stop(clients);
     kvd_store_close(st);
     redisFree(redis);
     int dstat = child_stop(b.daemon_pid);
