@@ -53,6 +53,17 @@ void kvd_cli_drain_usage(FILE *out)
             "are taken again.\n\n" KVD_CLI_CONN_HELP);
 }
 
+void kvd_cli_config_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: kvdepot config [--address unix:PATH] [--timeout "
+            "DURATION]\n\n"
+            "Every server.* and store.* setting the daemon started with, "
+            "its value and\nwhere the value came from (file, env, call, "
+            "default); server.token is\nshown as <redacted>. Needs an "
+            "operator's credentials (not a tenant's).\n\n" KVD_CLI_CONN_HELP);
+}
+
 /* Parses the connection options plus the command's own; returns -1 to go
  * on, else the exit code. */
 static int admin_parse(const char *cmd, int argc, char **argv,
@@ -285,6 +296,40 @@ int kvd_cli_drain_run(int argc, char **argv)
         } else {
             fprintf(stderr, "kvdepot drain: %s\n", kvd_status_str(st));
         }
+    }
+    kvd_store_close(store);
+    kvd_cli_conn_cleanup(&conn);
+    return rc;
+}
+
+int kvd_cli_config_run(int argc, char **argv)
+{
+    kvd_cli_conn_t conn;
+    int rc = admin_parse("config", argc, argv, &conn, NULL, NULL, NULL,
+                         kvd_cli_config_usage);
+    if (rc >= 0) {
+        return rc;
+    }
+    if (optind != argc) {
+        fprintf(stderr, "kvdepot config: unexpected argument %s\n",
+                argv[optind]);
+        kvd_cli_config_usage(stderr);
+        kvd_cli_conn_cleanup(&conn);
+        return KVD_CLI_EXIT_USAGE;
+    }
+    kvd_store_t *store = NULL;
+    rc = KVD_CLI_EXIT_FAILURE;
+    if (kvd_cli_conn_open(&conn, &store)) {
+        char *text = NULL;
+        kvd_status_t st =
+            kvd_client_config_dump(kvd_store_daemon_client(store), &text);
+        if (st == KVD_OK) {
+            fputs(text, stdout);
+            rc = KVD_CLI_EXIT_OK;
+        } else {
+            fprintf(stderr, "kvdepot config: %s\n", kvd_status_str(st));
+        }
+        free(text);
     }
     kvd_store_close(store);
     kvd_cli_conn_cleanup(&conn);

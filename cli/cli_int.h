@@ -48,6 +48,8 @@ int kvd_cli_evict_run(int argc, char **argv);
 void kvd_cli_evict_usage(FILE *out);
 int kvd_cli_drain_run(int argc, char **argv);
 void kvd_cli_drain_usage(FILE *out);
+int kvd_cli_config_run(int argc, char **argv);
+void kvd_cli_config_usage(FILE *out);
 
 /* bench_cmd.c: put/get load on a kvdepotd from N client threads. */
 int kvd_cli_bench_run(int argc, char **argv);

@@ -773,11 +773,12 @@ KVD_API kvd_status_t kvd_config_apply(const kvd_config_t *config,
     return st;
 }
 
-KVD_API kvd_status_t kvd_config_print(const kvd_config_t *config,
+KVD_API kvd_status_t kvd_config_visit(const kvd_config_t *config,
                                       const kvd_config_field_t *table,
-                                      size_t num_fields, FILE *out)
+                                      size_t num_fields, kvd_config_visit_fn fn,
+                                      void *ctx)
 {
-    if ((table == NULL && num_fields > 0) || out == NULL ||
+    if ((table == NULL && num_fields > 0) || fn == NULL ||
         check_table(table, num_fields, NULL, 0) != KVD_OK) {
         return KVD_ERR_INVALID;
     }
@@ -788,21 +789,36 @@ KVD_API kvd_status_t kvd_config_print(const kvd_config_t *config,
     kvd_status_t st = KVD_OK;
     config_lock(config);
     for (size_t f = 0; f < num_fields && st == KVD_OK; f++) {
-        const kvd_config_field_t *field = &table[f];
-        st = config_resolve(config, field, val);
-        if (st != KVD_OK) {
-            break;
-        }
-        if (fprintf(out, "%s = %s  # %s (default: %s, from: %s)\n", field->name,
-                    val->text != NULL ? val->text : "",
-                    field->doc != NULL ? field->doc : "",
-                    field->default_value != NULL ? field->default_value
-                                                 : "none",
-                    source_names[val->source]) < 0) {
-            st = KVD_ERR_IO;
+        st = config_resolve(config, &table[f], val);
+        if (st == KVD_OK) {
+            st = fn(ctx, &table[f], val->text != NULL ? val->text : "",
+                    source_names[val->source]);
         }
     }
     config_unlock(config);
     free(val);
     return st;
+}
+
+static kvd_status_t config_print_one(void *ctx, const kvd_config_field_t *field,
+                                     const char *value, const char *source)
+{
+    FILE *out = ctx;
+    if (fprintf(out, "%s = %s  # %s (default: %s, from: %s)\n", field->name,
+                value, field->doc != NULL ? field->doc : "",
+                field->default_value != NULL ? field->default_value : "none",
+                source) < 0) {
+        return KVD_ERR_IO;
+    }
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_config_print(const kvd_config_t *config,
+                                      const kvd_config_field_t *table,
+                                      size_t num_fields, FILE *out)
+{
+    if (out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    return kvd_config_visit(config, table, num_fields, config_print_one, out);
 }

@@ -78,7 +78,7 @@ extern "C" {
 #define KVD_PROTO_MAJOR 1
 /* Additive revision of v1 this build speaks (PingReply.protocol_revision);
  * bumped whenever a field, message or enum value is added. */
-#define KVD_PROTO_REVISION 2
+#define KVD_PROTO_REVISION 3
 
 /* ------------------------------------------------------------------------ */
 /* Validation limits (docs/protocol.md explains each choice)                */
@@ -105,6 +105,9 @@ extern "C" {
 #define KVD_PROTO_MAX_LEASES 4096
 /* Namespaces, and separately tenants, in one ListNamespacesReply. */
 #define KVD_PROTO_MAX_NAMESPACES 4096
+/* Entries of a ConfigDumpReply, and the longest key, value or source. */
+#define KVD_PROTO_MAX_CONFIG_ENTRIES 256
+#define KVD_PROTO_MAX_CONFIG_TEXT 1024
 /* Engine block ids and worker ranks are non-negative int32 values. */
 #define KVD_PROTO_MAX_BLOCK_ID INT32_MAX
 /* Layers per shard and per-layer checksums per object; KV heads; head
@@ -206,6 +209,9 @@ KVD_PROTO_TYPEDEF_(list_namespaces_reply, LIST_NAMESPACES_REPLY,
                    ListNamespacesReply)
 KVD_PROTO_TYPEDEF_(drain, DRAIN, Drain)
 KVD_PROTO_TYPEDEF_(drain_reply, DRAIN_REPLY, DrainReply)
+KVD_PROTO_TYPEDEF_(config_dump, CONFIG_DUMP, ConfigDump)
+KVD_PROTO_TYPEDEF_(config_entry, CONFIG_ENTRY, ConfigEntry)
+KVD_PROTO_TYPEDEF_(config_dump_reply, CONFIG_DUMP_REPLY, ConfigDumpReply)
 #undef KVD_PROTO_TYPEDEF_
 
 /* "step_plan", ... (the reason prefix); NULL for an unknown type. */

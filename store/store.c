@@ -140,6 +140,14 @@ static size_t store_fields(kvd_config_field_t *out)
     return n;
 }
 
+kvd_status_t kvd_store_visit_config(const kvd_config_t *config,
+                                    kvd_config_visit_fn fn, void *ctx)
+{
+    kvd_config_field_t fields[STORE_FIELDS_MAX];
+    size_t n = store_fields(fields);
+    return kvd_config_visit(config, fields, n, fn, ctx);
+}
+
 kvd_status_t kvd_store_print_config(const kvd_config_t *config, FILE *out)
 {
     if (out == NULL) {

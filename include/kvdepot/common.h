@@ -266,6 +266,21 @@ KVD_API kvd_status_t kvd_config_print(const kvd_config_t *config,
                                       const kvd_config_field_t *table,
                                       size_t num_fields, FILE *out);
 
+/* Calls `fn` for every field of `table` in order with the value that wins
+ * (resolved exactly as kvd_config_apply would; "" when none) and where it
+ * came from ("call", "env", "file", "default" or "none"). The strings are
+ * valid during the call only; the config is locked meanwhile, so `fn` must
+ * not call back into it. A status other than KVD_OK from `fn` stops the walk
+ * and is returned. */
+typedef kvd_status_t (*kvd_config_visit_fn)(void *ctx,
+                                            const kvd_config_field_t *field,
+                                            const char *value,
+                                            const char *source);
+KVD_API kvd_status_t kvd_config_visit(const kvd_config_t *config,
+                                      const kvd_config_field_t *table,
+                                      size_t num_fields, kvd_config_visit_fn fn,
+                                      void *ctx);
+
 /* ------------------------------------------------------------------------ */
 /* Hashing                                                                  */
 /* ------------------------------------------------------------------------ */

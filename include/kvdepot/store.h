@@ -110,6 +110,10 @@ KVD_API void kvd_store_close(kvd_store_t *store);
 KVD_API kvd_status_t kvd_store_print_config(const kvd_config_t *config,
                                             FILE *out);
 
+/* kvd_config_visit over every `store.*` setting (config may be NULL). */
+KVD_API kvd_status_t kvd_store_visit_config(const kvd_config_t *config,
+                                            kvd_config_visit_fn fn, void *ctx);
+
 /* Resolves and checks every `store.*` setting as kvd_store_open would,
  * without opening anything: KVD_OK, or the error with the key and the
  * reason in `err` (for `--print-config` and config checkers). Writes the

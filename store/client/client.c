@@ -1397,6 +1397,42 @@ kvd_status_t kvd_client_drain(kvd_client_t *c, bool enable,
     return s;
 }
 
+kvd_status_t kvd_client_config_dump(kvd_client_t *c, char **text_out)
+{
+    if (text_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    *text_out = NULL;
+    kvd_pb_config_dump_t d = KVDEPOT__V1__CONFIG_DUMP__INIT;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP;
+    rq.config_dump = &d;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s == KVD_OK) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        if (f == NULL) {
+            s = KVD_ERR_NOMEM;
+        }
+        for (size_t i = 0; f != NULL && i < rsp->config_dump->n_entries; i++) {
+            const kvd_pb_config_entry_t *e = rsp->config_dump->entries[i];
+            fprintf(f, "%s = %s  # from: %s\n", e->key, e->value, e->source);
+        }
+        if (f != NULL && (ferror(f) || fclose(f) != 0)) {
+            s = KVD_ERR_NOMEM;
+        }
+        if (s == KVD_OK) {
+            *text_out = text;
+        } else {
+            free(text);
+        }
+    }
+    kvd_proto_admin_response_free(rsp);
+    return s;
+}
+
 kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,
                              char *node_id, size_t node_len)
 {

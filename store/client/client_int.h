@@ -110,6 +110,11 @@ kvd_status_t kvd_client_drop_namespace(kvd_client_t *c,
 kvd_status_t kvd_client_drain(kvd_client_t *c, bool enable,
                               uint64_t *leases_out, uint64_t *reservations_out);
 
+/* Admin config_dump: the settings the daemon started with, one
+ * "key = value  # from: source" line each (secrets "<redacted>"), into a
+ * malloc'd text (free it). KVD_ERR_AUTH for a caller bound to a tenant. */
+kvd_status_t kvd_client_config_dump(kvd_client_t *c, char **text_out);
+
 /* Admin ping: the daemon's version and node id (for the CLI). */
 kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,
                              char *node_id, size_t node_len);

@@ -78,6 +78,8 @@ struct kvd_rpc_server {
     bool tls;                      /* TCP speaks TLS with client certificates */
     char token[RPC_TOKEN_MAX + 8]; /* "Bearer " + token */
     size_t token_len;
+    char **tenant_tokens; /* "Bearer " + each tenant's token */
+    size_t n_tenant_tokens, n_tenant_cns;
     char instance_hex[17];
     grpc_server *server;
     void *registered[KVD_RPC_COUNT]; /* grpc_server_register_method */
@@ -156,6 +158,17 @@ static void rpc_call_free(rpc_call_t *c)
     free(c);
 }
 
+static void rpc_tokens_free(kvd_rpc_server_t *srv)
+{
+    for (size_t i = 0; i < srv->n_tenant_tokens; i++) {
+        OPENSSL_cleanse(srv->tenant_tokens[i], strlen(srv->tenant_tokens[i]));
+        free(srv->tenant_tokens[i]);
+    }
+    free(srv->tenant_tokens);
+    srv->tenant_tokens = NULL;
+    srv->n_tenant_tokens = 0;
+}
+
 /* Asks for one more call of `method` (its message read with it), or for
  * one more call of any other path when `method` is negative. */
 static void rpc_request_one(rpc_thread_t *t, int method)
@@ -230,6 +243,51 @@ static void rpc_finish(rpc_call_t *c, bool send_initial, kvd_status_t status,
     }
 }
 
+/* The tenant a verified client certificate's common name is bound to, or
+ * NULL (no CN, or one no tenant names). */
+static const char *rpc_cn_tenant(const kvd_rpc_server_t *srv,
+                                 const grpc_auth_context *ctx)
+{
+    grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(
+        ctx, GRPC_X509_CN_PROPERTY_NAME);
+    const grpc_auth_property *p;
+    while ((p = grpc_auth_property_iterator_next(&it)) != NULL) {
+        for (size_t i = 0; i < srv->n_tenant_cns; i++) {
+            const char *cn = srv->cfg.tenant_cns[i].secret;
+            if (p->value_length == strlen(cn) &&
+                memcmp(p->value, cn, p->value_length) == 0) {
+                return srv->cfg.tenant_cns[i].tenant;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* Whether `v` ("Bearer <token>") is server.token or a tenant's token; the
+ * tenant's name goes to *tenant_out. Every candidate is compared, each with
+ * CRYPTO_memcmp, so the time taken says nothing about which one (or which
+ * byte) matched. */
+static bool rpc_token_ok(const kvd_rpc_server_t *srv, grpc_slice v,
+                         const char **tenant_out)
+{
+    size_t len = GRPC_SLICE_LENGTH(v);
+    const uint8_t *p = GRPC_SLICE_START_PTR(v);
+    bool ok = false;
+    *tenant_out = NULL;
+    if (srv->token_len > sizeof "Bearer " - 1 && len == srv->token_len &&
+        CRYPTO_memcmp(p, srv->token, len) == 0) {
+        ok = true;
+    }
+    for (size_t i = 0; i < srv->n_tenant_tokens; i++) {
+        const char *t = srv->tenant_tokens[i];
+        if (len == strlen(t) && CRYPTO_memcmp(p, t, len) == 0) {
+            ok = true;
+            *tenant_out = srv->cfg.tenant_tokens[i].tenant;
+        }
+    }
+    return ok;
+}
+
 /* Checks credentials and the daemon instance; writes the reason. */
 static kvd_status_t rpc_admit(kvd_rpc_server_t *srv, rpc_call_t *c,
                               char *reason, size_t reason_len)
@@ -237,12 +295,16 @@ static kvd_status_t rpc_admit(kvd_rpc_server_t *srv, rpc_call_t *c,
     char *peer = grpc_call_get_peer(c->call);
     bool local = peer != NULL && strncmp(peer, "unix:", 5) == 0;
     kvd_status_t s = KVD_OK;
+    const char *cn_tenant = NULL;
     if (!local && srv->tls) {
         /* The handshake already required a certificate the CA signed; say
          * so only if the auth context agrees. */
         grpc_auth_context *ctx = grpc_call_auth_context(c->call);
         bool verified =
             ctx != NULL && grpc_auth_context_peer_is_authenticated(ctx);
+        if (verified) {
+            cn_tenant = rpc_cn_tenant(srv, ctx);
+        }
         grpc_auth_context_release(ctx);
         if (!verified) {
             kvd_config_err(reason, reason_len,
@@ -250,20 +312,28 @@ static kvd_status_t rpc_admit(kvd_rpc_server_t *srv, rpc_call_t *c,
             s = KVD_ERR_AUTH;
         }
     }
-    if (s == KVD_OK && !local && srv->token_len > sizeof "Bearer " - 1) {
+    if (s == KVD_OK && !local) {
+        c->tenant = cn_tenant;
+    }
+    if (s == KVD_OK && !local &&
+        (srv->token_len > sizeof "Bearer " - 1 || srv->n_tenant_tokens > 0)) {
         grpc_slice v;
-        /* CRYPTO_memcmp: the comparison takes the same time wherever the
-         * first wrong byte is. */
+        const char *token_tenant = NULL;
         if (!md_find(&c->md, "authorization", &v) ||
-            GRPC_SLICE_LENGTH(v) != srv->token_len ||
-            CRYPTO_memcmp(GRPC_SLICE_START_PTR(v), srv->token,
-                          srv->token_len) != 0) {
+            !rpc_token_ok(srv, v, &token_tenant)) {
             kvd_config_err(reason, reason_len,
                            "TCP callers need authorization: Bearer <token>");
             KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
                                 "kvdepotd: refused %s: bad or missing token",
                                 peer ? peer : "?");
             s = KVD_ERR_AUTH;
+        } else if (token_tenant != NULL && cn_tenant != NULL &&
+                   strcmp(token_tenant, cn_tenant) != 0) {
+            kvd_config_err(reason, reason_len,
+                           "the token's tenant and the certificate's differ");
+            s = KVD_ERR_AUTH;
+        } else if (token_tenant != NULL) {
+            c->tenant = token_tenant;
         }
     }
     grpc_slice inst;
@@ -519,7 +589,8 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
                        "server.tls_client_ca go together");
         return KVD_ERR_INVALID;
     }
-    if (has_tcp && token_len == 0 && tls_parts == 0) {
+    if (has_tcp && token_len == 0 && cfg->n_tenant_tokens == 0 &&
+        tls_parts == 0) {
         kvd_config_err(err, err_len,
                        "server.tcp_address is set but neither server.token "
                        "nor TLS client certificates (server.tls_*) are: TCP "
@@ -546,6 +617,27 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
     }
     srv->token_len = (size_t)snprintf(srv->token, sizeof srv->token,
                                       "Bearer %s", token_len ? cfg->token : "");
+    srv->n_tenant_cns = srv->tls ? cfg->n_tenant_cns : 0;
+    if (cfg->n_tenant_tokens > 0) {
+        srv->tenant_tokens =
+            calloc(cfg->n_tenant_tokens, sizeof *srv->tenant_tokens);
+        for (size_t i = 0;
+             srv->tenant_tokens != NULL && i < cfg->n_tenant_tokens; i++) {
+            size_t n = sizeof "Bearer " + strlen(cfg->tenant_tokens[i].secret);
+            srv->tenant_tokens[i] = malloc(n);
+            if (srv->tenant_tokens[i] == NULL) {
+                break;
+            }
+            snprintf(srv->tenant_tokens[i], n, "Bearer %s",
+                     cfg->tenant_tokens[i].secret);
+            srv->n_tenant_tokens = i + 1;
+        }
+        if (srv->n_tenant_tokens != cfg->n_tenant_tokens) {
+            rpc_tokens_free(srv);
+            free(srv);
+            return KVD_ERR_NOMEM;
+        }
+    }
     snprintf(srv->instance_hex, sizeof srv->instance_hex, "%016" PRIx64,
              cfg->instance_id);
     pthread_mutex_init(&srv->mu, NULL);
@@ -555,6 +647,7 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
     if (srv->threads == NULL) {
         pthread_cond_destroy(&srv->cv);
         pthread_mutex_destroy(&srv->mu);
+        rpc_tokens_free(srv);
         free(srv);
         return KVD_ERR_NOMEM;
     }
@@ -720,6 +813,7 @@ destroy:
         (void)unlink(srv->unix_path);
     }
     grpc_shutdown();
+    rpc_tokens_free(srv);
     free(srv->threads);
     pthread_cond_destroy(&srv->cv);
     pthread_mutex_destroy(&srv->mu);

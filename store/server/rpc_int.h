@@ -40,6 +40,13 @@ typedef kvd_status_t (*kvd_rpc_session_fn)(void *ctx, const char *hex,
 
 typedef struct kvd_rpc_server kvd_rpc_server_t;
 
+/* A TCP credential bound to a tenant: a bearer token, or the common name
+ * of a client certificate. */
+typedef struct kvd_rpc_credential {
+    const char *secret; /* the token, or the certificate's CN */
+    const char *tenant;
+} kvd_rpc_credential_t;
+
 typedef struct kvd_rpc_config {
     kvd_service_t *svc;      /* borrowed; outlives the server */
     const char *unix_path;   /* "" or NULL: no unix socket */
@@ -60,6 +67,16 @@ typedef struct kvd_rpc_config {
     kvd_rpc_session_fn session;
     void *session_ctx;
     bool sessions_required;
+    /* Tenants of TCP callers (borrowed; they outlive the server): a caller
+     * whose bearer token is one of `tenant_tokens` is bound to its tenant
+     * (any token admits when tokens are set: server.token or these); with
+     * TLS, a client certificate whose CN is one of `tenant_cns` binds its
+     * tenant. A CN tenant and a token tenant that differ are refused. A
+     * caller bound by neither acts as an operator (no tenant). */
+    const kvd_rpc_credential_t *tenant_tokens;
+    size_t n_tenant_tokens;
+    const kvd_rpc_credential_t *tenant_cns;
+    size_t n_tenant_cns;
 } kvd_rpc_config_t;
 
 /*

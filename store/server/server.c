@@ -8,6 +8,7 @@
  * a stuck client delays the next one by at most that.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -40,9 +41,29 @@ typedef struct srv_tenant {
     char name[SRV_TENANT_NAME_MAX + 1];
 } srv_tenant_t;
 
+/* A TCP credential's tenant: a bearer token (server.token_tenants) or a
+ * client certificate's common name (server.tls_tenants). */
+#define SRV_TOKEN_MAX 256
+#define SRV_TOKEN_MIN 16
+#define SRV_CN_MAX 255
+typedef struct srv_cred {
+    char secret[SRV_TOKEN_MAX + 1];
+    char tenant[SRV_TENANT_NAME_MAX + 1];
+} srv_cred_t;
+
+/* Every tenant mapping the settings give. */
+typedef struct srv_tenancy {
+    srv_tenant_t uids[SRV_TENANTS_MAX];
+    size_t n_uids;
+    srv_cred_t tokens[SRV_TENANTS_MAX];
+    size_t n_tokens;
+    srv_cred_t cns[SRV_TENANTS_MAX];
+    size_t n_cns;
+} srv_tenancy_t;
+
 typedef struct srv_session {
     uint8_t secret[KVD_HANDOFF_SESSION_BYTES];
-    const char *tenant; /* into srv->tenant_map, or NULL */
+    const char *tenant; /* into srv->tenancy->uids, or NULL */
     bool used;
 } srv_session_t;
 
@@ -82,6 +103,15 @@ static const kvd_config_field_t server_fields[] = {
      "the request says; when set, every local call must come with its "
      "arena hand-off session",
      kvd_config_parse_string, SRV_OFF(tenants), 0, 0, NULL},
+    {"server.token_tenants", "",
+     "file of \"tenant token\" lines (mode 0600 or stricter; tokens of 16 "
+     "to 256 characters): a TCP caller presenting one of these tokens is "
+     "bound to its tenant (saves, listings and drops are that tenant's)",
+     kvd_config_parse_string, SRV_OFF(token_tenants), 0, 0, NULL},
+    {"server.tls_tenants", "",
+     "cn=tenant pairs, comma-separated (\"engine-a=team-a\"): a TCP caller "
+     "whose client certificate has that common name is bound to the tenant",
+     kvd_config_parse_string, SRV_OFF(tls_tenants), 0, 0, NULL},
     {"server.node_id", "", "this daemon's node id (\"\": the host name)",
      kvd_config_parse_string, SRV_OFF(node_id), 0, 0, NULL},
     {"server.threads", "2", "gRPC completion-queue threads",
@@ -117,8 +147,12 @@ static const kvd_config_field_t server_fields[] = {
 struct kvd_server {
     kvd_server_settings_t cfg;
     char *tls_pem[3]; /* cert, key, client CA texts; NULL without TLS */
-    srv_tenant_t tenant_map[SRV_TENANTS_MAX];
-    size_t n_tenants;
+    srv_tenancy_t *tenancy;
+    kvd_rpc_credential_t rpc_tokens[SRV_TENANTS_MAX];
+    kvd_rpc_credential_t rpc_cns[SRV_TENANTS_MAX];
+    /* Admin config_dump's answer: the settings at start, secrets redacted. */
+    kvd_service_config_entry_t *config_entries;
+    size_t n_config_entries, cap_config_entries;
     pthread_mutex_t sess_mu;
     srv_session_t *sessions; /* SRV_SESSIONS_MAX, a ring */
     size_t sess_next;
@@ -147,10 +181,123 @@ kvd_status_t kvd_server_print_config(const kvd_config_t *config, FILE *out)
     return s;
 }
 
+static bool srv_tenant_name_ok(const char *name, size_t len)
+{
+    return len > 0 && len <= SRV_TENANT_NAME_MAX &&
+           strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU"
+                        "VWXYZ0123456789._-") == len;
+}
+
+/* server.token_tenants: "tenant token" lines of a file only its owner can
+ * read; blank lines and lines starting with # are skipped. */
+static kvd_status_t server_token_tenants(const char *path, srv_tenancy_t *t,
+                                         char *err, size_t err_len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        int e = errno;
+        kvd_config_err(err, err_len, "server.token_tenants %s: %s", path,
+                       strerror(e));
+        if (fd >= 0) {
+            close(fd);
+        }
+        return kvd_status_from_errno(e);
+    }
+    if ((st.st_mode & 077) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        kvd_config_err(err, err_len, "server.token_tenants %s: %s", path,
+                       S_ISREG(st.st_mode)
+                           ? "readable by group or others (chmod 600 it)"
+                           : "not a regular file");
+        return KVD_ERR_AUTH;
+    }
+    FILE *f = fdopen(fd, "r");
+    if (f == NULL) {
+        close(fd);
+        return KVD_ERR_NOMEM;
+    }
+    char line[SRV_TENANT_NAME_MAX + SRV_TOKEN_MAX + 16];
+    kvd_status_t s = KVD_OK;
+    for (unsigned no = 1; s == KVD_OK && fgets(line, sizeof line, f) != NULL;
+         no++) {
+        size_t n = strlen(line);
+        if (n == sizeof line - 1 && line[n - 1] != '\n') {
+            kvd_config_err(err, err_len, "server.token_tenants %s:%u: too long",
+                           path, no);
+            s = KVD_ERR_INVALID;
+            break;
+        }
+        line[strcspn(line, "\r\n")] = '\0';
+        char *save = NULL;
+        char *name = strtok_r(line, " \t", &save);
+        if (name == NULL || name[0] == '#') {
+            continue;
+        }
+        char *token = strtok_r(NULL, " \t", &save);
+        size_t tlen = token != NULL ? strlen(token) : 0;
+        if (!srv_tenant_name_ok(name, strlen(name)) || tlen < SRV_TOKEN_MIN ||
+            tlen > SRV_TOKEN_MAX || strtok_r(NULL, " \t", &save) != NULL ||
+            t->n_tokens == SRV_TENANTS_MAX) {
+            kvd_config_err(err, err_len,
+                           "server.token_tenants %s:%u: want \"tenant "
+                           "token\" (at most %d lines; tenant names of "
+                           "letters, digits, . _ -; tokens of %d to %d "
+                           "characters without spaces)",
+                           path, no, SRV_TENANTS_MAX, SRV_TOKEN_MIN,
+                           SRV_TOKEN_MAX);
+            s = KVD_ERR_INVALID;
+            break;
+        }
+        for (size_t i = 0; i < t->n_tokens; i++) {
+            if (strcmp(t->tokens[i].secret, token) == 0) {
+                kvd_config_err(err, err_len,
+                               "server.token_tenants %s:%u: the token of "
+                               "tenant %s again",
+                               path, no, t->tokens[i].tenant);
+                s = KVD_ERR_INVALID;
+            }
+        }
+        if (s == KVD_OK) {
+            srv_cred_t *c = &t->tokens[t->n_tokens++];
+            snprintf(c->secret, sizeof c->secret, "%s", token);
+            snprintf(c->tenant, sizeof c->tenant, "%s", name);
+        }
+    }
+    OPENSSL_cleanse(line, sizeof line);
+    fclose(f);
+    return s;
+}
+
+/* server.tls_tenants: "cn=tenant" pairs. */
+static kvd_status_t server_tls_tenants(const char *list_text, srv_tenancy_t *t,
+                                       char *err, size_t err_len)
+{
+    char *save = NULL, list[KVD_CONFIG_STRING_MAX];
+    snprintf(list, sizeof list, "%s", list_text);
+    for (char *tok = strtok_r(list, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strrchr(tok, '=');
+        if (eq == NULL || eq == tok || (size_t)(eq - tok) > SRV_CN_MAX ||
+            !srv_tenant_name_ok(eq + 1, strlen(eq + 1)) ||
+            t->n_cns == SRV_TENANTS_MAX) {
+            kvd_config_err(err, err_len,
+                           "server.tls_tenants \"%s\": want cn=tenant pairs "
+                           "(at most %d; tenant names of letters, digits, "
+                           ". _ -, up to %d characters)",
+                           list_text, SRV_TENANTS_MAX, SRV_TENANT_NAME_MAX);
+            return KVD_ERR_INVALID;
+        }
+        srv_cred_t *c = &t->cns[t->n_cns++];
+        snprintf(c->secret, sizeof c->secret, "%.*s", (int)(eq - tok), tok);
+        snprintf(c->tenant, sizeof c->tenant, "%s", eq + 1);
+    }
+    return KVD_OK;
+}
+
 static kvd_status_t server_settings(const kvd_config_t *config,
                                     kvd_server_settings_t *cfg, unsigned *mode,
-                                    srv_tenant_t *tenants_out,
-                                    size_t *n_tenants_out, char *err,
+                                    srv_tenancy_t *tenancy, char *err,
                                     size_t err_len)
 {
     kvd_status_t s = kvd_config_apply(config, server_fields, SERVER_NFIELDS,
@@ -188,8 +335,11 @@ static kvd_status_t server_settings(const kvd_config_t *config,
         fclose(f);
         cfg->token[strcspn(cfg->token, "\r\n")] = '\0';
     }
-    if (tenants_out != NULL) {
+    if (tenancy != NULL) {
+        srv_tenant_t *tenants_out = tenancy->uids;
+        size_t *n_tenants_out = &tenancy->n_uids;
         *n_tenants_out = 0;
+        tenancy->n_tokens = tenancy->n_cns = 0;
         char *save = NULL, list[KVD_CONFIG_STRING_MAX];
         snprintf(list, sizeof list, "%s", cfg->tenants);
         for (char *tok = strtok_r(list, ",", &save); tok != NULL;
@@ -199,10 +349,8 @@ static kvd_status_t server_settings(const kvd_config_t *config,
             unsigned long uid = eq != NULL ? strtoul(tok, &uid_end, 10) : 0;
             size_t name_len = eq != NULL ? strlen(eq + 1) : 0;
             if (eq == NULL || uid_end != eq || eq == tok || uid > UINT32_MAX ||
-                name_len == 0 || name_len > SRV_TENANT_NAME_MAX ||
-                *n_tenants_out == SRV_TENANTS_MAX ||
-                strspn(eq + 1, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU"
-                               "VWXYZ0123456789._-") != name_len) {
+                !srv_tenant_name_ok(eq + 1, name_len) ||
+                *n_tenants_out == SRV_TENANTS_MAX) {
                 kvd_config_err(err, err_len,
                                "server.tenants \"%s\": want uid=tenant pairs "
                                "(at most %d, names of letters, digits, . _ -, "
@@ -215,6 +363,24 @@ static kvd_status_t server_settings(const kvd_config_t *config,
             snprintf(tenants_out[*n_tenants_out].name,
                      sizeof tenants_out[0].name, "%s", eq + 1);
             (*n_tenants_out)++;
+        }
+        kvd_status_t ts = KVD_OK;
+        if (cfg->token_tenants[0] != '\0') {
+            ts =
+                server_token_tenants(cfg->token_tenants, tenancy, err, err_len);
+        }
+        if (ts == KVD_OK && cfg->tls_tenants[0] != '\0') {
+            ts = server_tls_tenants(cfg->tls_tenants, tenancy, err, err_len);
+        }
+        if (ts != KVD_OK) {
+            return ts;
+        }
+        if (tenancy->n_cns > 0 && cfg->tls_cert[0] == '\0') {
+            kvd_config_err(err, err_len,
+                           "server.tls_tenants is set but TLS is not "
+                           "(server.tls_cert, server.tls_key, "
+                           "server.tls_client_ca)");
+            return KVD_ERR_INVALID;
         }
     }
     if (cfg->node_id[0] == '\0' &&
@@ -312,13 +478,14 @@ kvd_status_t kvd_server_check_config(const kvd_config_t *config, char *err,
         return KVD_ERR_NOMEM;
     }
     unsigned mode = 0;
-    srv_tenant_t *tenants = calloc(SRV_TENANTS_MAX, sizeof *tenants);
-    size_t n_tenants = 0;
-    kvd_status_t s = tenants == NULL
-                         ? KVD_ERR_NOMEM
-                         : server_settings(config, cfg, &mode, tenants,
-                                           &n_tenants, err, err_len);
-    free(tenants);
+    srv_tenancy_t *tenancy = calloc(1, sizeof *tenancy);
+    kvd_status_t s = tenancy == NULL ? KVD_ERR_NOMEM
+                                     : server_settings(config, cfg, &mode,
+                                                       tenancy, err, err_len);
+    if (tenancy != NULL) {
+        OPENSSL_cleanse(tenancy, sizeof *tenancy);
+    }
+    free(tenancy);
     if (s == KVD_OK) {
         s = server_store_settings(config, err, err_len);
     }
@@ -342,9 +509,9 @@ static void server_session_new(kvd_server_t *srv, uint32_t uid,
         return;
     }
     const char *tenant = NULL;
-    for (size_t i = 0; i < srv->n_tenants; i++) {
-        if (srv->tenant_map[i].uid == uid) {
-            tenant = srv->tenant_map[i].name;
+    for (size_t i = 0; i < srv->tenancy->n_uids; i++) {
+        if (srv->tenancy->uids[i].uid == uid) {
+            tenant = srv->tenancy->uids[i].name;
         }
     }
     pthread_mutex_lock(&srv->sess_mu);
@@ -508,6 +675,50 @@ static kvd_status_t handoff_open(kvd_server_t *srv, unsigned mode, char *err,
 
 /* ---- open / stop -------------------------------------------------------- */
 
+/* Settings whose values Admin config_dump never shows. */
+static bool server_secret_key(const char *key)
+{
+    return strcmp(key, "server.token") == 0;
+}
+
+static kvd_status_t server_config_entry(void *ctx,
+                                        const kvd_config_field_t *field,
+                                        const char *value, const char *source)
+{
+    kvd_server_t *srv = ctx;
+    if (srv->n_config_entries == srv->cap_config_entries) {
+        size_t cap = srv->cap_config_entries ? srv->cap_config_entries * 2 : 64;
+        kvd_service_config_entry_t *e =
+            realloc(srv->config_entries, cap * sizeof *e);
+        if (e == NULL) {
+            return KVD_ERR_NOMEM;
+        }
+        srv->config_entries = e;
+        srv->cap_config_entries = cap;
+    }
+    bool hide = server_secret_key(field->name) && value[0] != '\0';
+    kvd_service_config_entry_t *e = &srv->config_entries[srv->n_config_entries];
+    e->key = strdup(field->name);
+    e->value = strdup(hide ? "<redacted>" : value);
+    e->source = strdup(source);
+    srv->n_config_entries++;
+    return e->key != NULL && e->value != NULL && e->source != NULL
+               ? KVD_OK
+               : KVD_ERR_NOMEM;
+}
+
+/* Every server.* and store.* setting as the daemon starts with it. */
+static kvd_status_t server_config_entries(kvd_server_t *srv,
+                                          const kvd_config_t *config)
+{
+    kvd_status_t s = kvd_config_visit(config, server_fields, SERVER_NFIELDS,
+                                      server_config_entry, srv);
+    if (s == KVD_OK) {
+        s = kvd_store_visit_config(config, server_config_entry, srv);
+    }
+    return s;
+}
+
 static void server_free(kvd_server_t *srv)
 {
     __atomic_store_n(&srv->ready, false, __ATOMIC_RELEASE);
@@ -534,6 +745,17 @@ static void server_free(kvd_server_t *srv)
     }
     free(srv->sessions);
     pthread_mutex_destroy(&srv->sess_mu);
+    if (srv->tenancy != NULL) {
+        OPENSSL_cleanse(srv->tenancy, sizeof *srv->tenancy);
+        free(srv->tenancy);
+    }
+    for (size_t i = 0; i < srv->n_config_entries; i++) {
+        free((char *)srv->config_entries[i].key);
+        free((char *)srv->config_entries[i].value);
+        free((char *)srv->config_entries[i].source);
+    }
+    free(srv->config_entries);
+    OPENSSL_cleanse(srv->cfg.token, sizeof srv->cfg.token);
     free(srv);
 }
 
@@ -557,10 +779,24 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
         return KVD_ERR_NOMEM;
     }
     unsigned mode = 0;
-    kvd_status_t s = server_settings(config, &srv->cfg, &mode, srv->tenant_map,
-                                     &srv->n_tenants, err, err_len);
+    srv->tenancy = calloc(1, sizeof *srv->tenancy);
+    kvd_status_t s = srv->tenancy == NULL
+                         ? KVD_ERR_NOMEM
+                         : server_settings(config, &srv->cfg, &mode,
+                                           srv->tenancy, err, err_len);
+    if (s == KVD_OK) {
+        s = server_config_entries(srv, config);
+    }
     if (s != KVD_OK) {
         goto err;
+    }
+    for (size_t i = 0; i < srv->tenancy->n_tokens; i++) {
+        srv->rpc_tokens[i].secret = srv->tenancy->tokens[i].secret;
+        srv->rpc_tokens[i].tenant = srv->tenancy->tokens[i].tenant;
+    }
+    for (size_t i = 0; i < srv->tenancy->n_cns; i++) {
+        srv->rpc_cns[i].secret = srv->tenancy->cns[i].secret;
+        srv->rpc_cns[i].tenant = srv->tenancy->cns[i].tenant;
     }
     if (getrandom(&srv->instance_id, sizeof srv->instance_id, 0) !=
             (ssize_t)sizeof srv->instance_id ||
@@ -586,6 +822,8 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
         .flush_timeout_ms = (uint32_t)srv->cfg.flush_timeout_ms,
         .verify_commits = srv->cfg.verify_commits,
         .tick_ms = (uint32_t)srv->cfg.tick_ms,
+        .config_entries = srv->config_entries,
+        .n_config_entries = srv->n_config_entries,
     };
     s = kvd_service_create(&scfg, &srv->svc);
     if (s != KVD_OK) {
@@ -606,7 +844,11 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
         .instance_id = srv->instance_id,
         .session = server_session_tenant,
         .session_ctx = srv,
-        .sessions_required = srv->n_tenants > 0,
+        .sessions_required = srv->tenancy->n_uids > 0,
+        .tenant_tokens = srv->rpc_tokens,
+        .n_tenant_tokens = srv->tenancy->n_tokens,
+        .tenant_cns = srv->rpc_cns,
+        .n_tenant_cns = srv->tenancy->n_cns,
     };
     s = kvd_rpc_server_start(&rcfg, &srv->rpc, &srv->tcp_port, err, err_len);
     if (s != KVD_OK) {

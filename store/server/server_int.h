@@ -34,6 +34,8 @@ typedef struct kvd_server_settings {
     char metrics_address[KVD_CONFIG_STRING_MAX];
     char node_id[KVD_CONFIG_STRING_MAX];
     char tenants[KVD_CONFIG_STRING_MAX];
+    char token_tenants[KVD_CONFIG_STRING_MAX];
+    char tls_tenants[KVD_CONFIG_STRING_MAX];
     int64_t threads;
     uint64_t max_message_bytes;
     uint64_t lease_ttl_ms;

@@ -1075,7 +1075,8 @@ static void svc_listing_free(svc_listing_t *l)
 
 /* Aggregates every stored object per namespace and per tenant. The scan
  * takes the tables' locks a chunk at a time, never `mu`. */
-static kvd_status_t svc_list(kvd_service_t *svc, svc_listing_t *l)
+static kvd_status_t svc_list(kvd_service_t *svc, svc_listing_t *l,
+                             const uint32_t *only_tenant)
 {
     const size_t cap = KVD_PROTO_MAX_NAMESPACES;
     kvd_store_object_t *chunk = malloc(SVC_SCAN_CHUNK * sizeof *chunk);
@@ -1100,6 +1101,9 @@ static kvd_status_t svc_list(kvd_service_t *svc, svc_listing_t *l)
         }
         for (size_t i = 0; i < got; i++) {
             const kvd_store_object_t *o = &chunk[i];
+            if (only_tenant != NULL && o->tenant != *only_tenant) {
+                continue;
+            }
             /* Objects of one namespace tend to come in runs. */
             size_t k = last_ns;
             if (k >= nn || memcmp(l->ns_ids + k * KVD_NAMESPACE_BYTES,
@@ -1165,6 +1169,7 @@ static kvd_status_t svc_list(kvd_service_t *svc, svc_listing_t *l)
  * stay (they are counted out of *dropped). */
 static kvd_status_t svc_drop_namespace(kvd_service_t *svc,
                                        const kvd_namespace_t *ns,
+                                       const uint32_t *only_tenant,
                                        uint64_t *dropped)
 {
     kvd_store_object_t *chunk = malloc(SVC_SCAN_CHUNK * sizeof *chunk);
@@ -1187,7 +1192,8 @@ static kvd_status_t svc_drop_namespace(kvd_service_t *svc,
         }
         for (size_t i = 0; i < got; i++) {
             if (memcmp(chunk[i].key.ns.bytes, ns->bytes, sizeof ns->bytes) ==
-                0) {
+                    0 &&
+                (only_tenant == NULL || chunk[i].tenant == *only_tenant)) {
                 keys[k++] = chunk[i].key;
             }
         }
@@ -1280,8 +1286,27 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
     kvd_pb_drop_namespace_reply_t drop =
         KVDEPOT__V1__DROP_NAMESPACE_REPLY__INIT;
     kvd_pb_drain_reply_t drain = KVDEPOT__V1__DRAIN_REPLY__INIT;
+    kvd_pb_config_dump_reply_t dump = KVDEPOT__V1__CONFIG_DUMP_REPLY__INIT;
+    kvd_pb_config_entry_t *entries = NULL, **entryp = NULL;
     svc_listing_t list;
     svc_listing_init(&list);
+    /* A caller bound to a tenant sees and drops its tenant's objects only,
+     * and the daemon-wide operations need an operator's credentials. */
+    uint32_t own = svc_tenant_id(svc_caller_tenant);
+    const uint32_t *only = svc_caller_tenant != NULL ? &own : NULL;
+    if (only != NULL &&
+        (rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN ||
+         rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP)) {
+        kvd_config_err(reason, reason_len,
+                       "admin %s: the caller is bound to tenant %s; this "
+                       "needs an operator's credentials",
+                       rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN
+                           ? "drain"
+                           : "config_dump",
+                       svc_caller_tenant);
+        s = KVD_ERR_AUTH;
+        goto out;
+    }
     switch (rq->op_case) {
     case KVDEPOT__V1__ADMIN_REQUEST__OP_PING:
         ping.version = (char *)kvd_version();
@@ -1314,7 +1339,7 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
         kvd_namespace_t ns;
         svc_ns(&rq->drop_namespace->namespace_id, &ns);
         uint64_t dropped = 0;
-        s = svc_drop_namespace(svc, &ns, &dropped);
+        s = svc_drop_namespace(svc, &ns, only, &dropped);
         if (s != KVD_OK) {
             kvd_config_err(reason, reason_len, "drop_namespace: %s",
                            kvd_status_str(s));
@@ -1326,7 +1351,7 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
         break;
     }
     case KVDEPOT__V1__ADMIN_REQUEST__OP_LIST_NAMESPACES:
-        s = svc_list(svc, &list);
+        s = svc_list(svc, &list, only);
         if (s != KVD_OK) {
             goto out;
         }
@@ -1346,6 +1371,28 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
         rsp.result_case = KVDEPOT__V1__ADMIN_RESPONSE__RESULT_DRAIN;
         rsp.drain = &drain;
         break;
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP: {
+        size_t n = svc->cfg.n_config_entries;
+        entries = calloc(n ? n : 1, sizeof *entries);
+        entryp = calloc(n ? n : 1, sizeof *entryp);
+        if (entries == NULL || entryp == NULL) {
+            s = KVD_ERR_NOMEM;
+            goto out;
+        }
+        for (size_t i = 0; i < n; i++) {
+            const kvd_service_config_entry_t *e = &svc->cfg.config_entries[i];
+            kvdepot__v1__config_entry__init(&entries[i]);
+            entries[i].key = (char *)e->key;
+            entries[i].value = (char *)e->value;
+            entries[i].source = (char *)e->source;
+            entryp[i] = &entries[i];
+        }
+        dump.n_entries = n;
+        dump.entries = entryp;
+        rsp.result_case = KVDEPOT__V1__ADMIN_RESPONSE__RESULT_CONFIG_DUMP;
+        rsp.config_dump = &dump;
+        break;
+    }
     default:
         kvd_config_err(reason, reason_len, "admin: unknown op %d",
                        (int)rq->op_case);
@@ -1355,6 +1402,8 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
     s = svc_pack(KVD_PROTO_MSG_ADMIN_RESPONSE, &rsp.base, out, out_len, reason,
                  reason_len);
 out:
+    free(entryp);
+    free(entries);
     svc_listing_free(&list);
     kvd_proto_admin_request_free(rq);
     return s;
@@ -1371,6 +1420,16 @@ static kvd_status_t svc_delete(kvd_service_t *svc, const uint8_t *req,
         kvd_proto_delete_request_unpack(req, len, &rq, reason, reason_len);
     if (s != KVD_OK) {
         return s;
+    }
+    if (svc_caller_tenant != NULL) {
+        /* Keys are not secrets: a tenant could name another's blocks. */
+        kvd_config_err(reason, reason_len,
+                       "delete: the caller is bound to tenant %s; deleting "
+                       "by key needs an operator's credentials (a tenant "
+                       "drops its own namespaces with admin drop_namespace)",
+                       svc_caller_tenant);
+        kvd_proto_delete_request_free(rq);
+        return KVD_ERR_AUTH;
     }
     size_t n = rq->n_block_hashes, deleted = 0;
     kvd_store_key_t *keys = malloc(n * sizeof *keys);

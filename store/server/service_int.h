@@ -56,6 +56,11 @@ int kvd_rpc_method_find(const char *path, size_t len);
 
 typedef struct kvd_service kvd_service_t;
 
+/* One setting the daemon runs with, for Admin config_dump. */
+typedef struct kvd_service_config_entry {
+    const char *key, *value, *source;
+} kvd_service_config_entry_t;
+
 typedef struct kvd_service_config {
     kvd_store_t *store;          /* borrowed; outlives the service */
     const char *node_id;         /* PingReply.node_id, copied */
@@ -64,6 +69,10 @@ typedef struct kvd_service_config {
     uint32_t flush_timeout_ms;   /* Admin flush when the request says 0 */
     bool verify_commits;         /* check a whole-object checksum on Commit */
     uint32_t tick_ms;            /* housekeeping period (expiry precision) */
+    /* Admin config_dump's answer (secrets already redacted); borrowed, it
+     * outlives the service. */
+    const kvd_service_config_entry_t *config_entries;
+    size_t n_config_entries;
 } kvd_service_config_t;
 
 /* Creates the service and starts its housekeeping thread. Errors:
@@ -79,11 +88,14 @@ void kvd_service_destroy(kvd_service_t *svc);
  * Serves one call: `req` (len bytes, hostile) is unpacked and validated as
  * the method's request; on KVD_OK *resp_out (malloc'd, caller frees) holds
  * the packed response. `tenant`, when not NULL, is the caller's tenant as
- * its credentials say (server.tenants): it replaces whatever tenant the
- * request names. Errors (nothing allocated; the reason in `reason`):
- * KVD_ERR_PROTO (malformed or invalid request; gRPC INVALID_ARGUMENT),
- * KVD_ERR_NOT_FOUND (unknown or expired lease / reservation id),
- * KVD_ERR_INVALID (bad method), KVD_ERR_NOMEM, errors of the store.
+ * its credentials say (server.tenants, server.token_tenants,
+ * server.tls_tenants): it replaces whatever tenant the request names, Admin
+ * list_namespaces and drop_namespace see only that tenant's objects, and
+ * Admin drain and config_dump and Delete are refused (KVD_ERR_AUTH). Errors
+ * (nothing allocated; the reason in `reason`): KVD_ERR_PROTO (malformed or
+ * invalid request; gRPC INVALID_ARGUMENT), KVD_ERR_NOT_FOUND (unknown or
+ * expired lease / reservation id), KVD_ERR_INVALID (bad method), KVD_ERR_NOMEM,
+ * errors of the store.
  */
 kvd_status_t kvd_service_call(kvd_service_t *svc, kvd_rpc_method_t method,
                               const uint8_t *req, size_t len,

@@ -1,5 +1,5 @@
 #!/bin/sh
-# `kvdepot stats/put/get/ls/evict/drain/bench` end to end against a real kvdepotd started
+# `kvdepot stats/put/get/ls/evict/drain/config/bench` end to end against a real kvdepotd started
 # here: a random 100 KiB file put and got back byte for byte, `stats
 # --json` counting it, the errors users get (absent key: exit 1; the same
 # key put twice: "exists", exit 1; bad keys and options: exit 2; no daemon:
@@ -187,6 +187,13 @@ run 1 put --namespace "$NS" --hash "$HASH" "$WORK/in.bin"
 run 0 drain off
 run 0 put --namespace "$NS" --hash "$HASH" "$WORK/in.bin"
 run 2 drain maybe
+
+# --- config -------------------------------------------------------------------
+run 0 config
+expect_text out "store.arena_size = 256m  # from: call"
+expect_text out "server.token =   # from: default"
+expect_text out "server.verify_commits = true  # from: default"
+run 2 config extra
 
 # The daemon is still up and holds no lease the tool forgot.
 run 0 stats --json

@@ -151,7 +151,7 @@ def test_grpc_client_over_tcp(tmp_path, stubs):
         assert out["unknown_method"] == ["UNIMPLEMENTED", "-6"]
         assert out["unknown_lease"] == ["OK", None]  # nothing to release
         assert out["stale_instance"] == ["FAILED_PRECONDITION", "-7"]
-        assert out["ping"][1:] == [1, 2]
+        assert out["ping"][1:] == [1, 3]
         assert out["after"] == 1
 
         status, body = get(mport, "/metrics")
@@ -269,9 +269,16 @@ ch = grpc.secure_channel(f"127.0.0.1:{port}", creds)
 stats = ch.unary_unary("/kvdepot.v1.KvStore/Stats",
                        request_serializer=pb.StatsRequest.SerializeToString,
                        response_deserializer=pb.StatsResponse.FromString)
+admin = ch.unary_unary("/kvdepot.v1.KvStore/Admin",
+                       request_serializer=pb.AdminRequest.SerializeToString,
+                       response_deserializer=pb.AdminResponse.FromString)
 try:
-    r = stats(pb.StatsRequest(), timeout=5)
-    print(json.dumps({"ok": len(r.tiers)}))
+    if len(sys.argv) > 4:  # an operator-only call
+        r = admin(pb.AdminRequest(drain=pb.Drain(enable=False)), timeout=5)
+        print(json.dumps({"ok": r.drain.draining}))
+    else:
+        r = stats(pb.StatsRequest(), timeout=5)
+        print(json.dumps({"ok": len(r.tiers)}))
 except grpc.RpcError as e:
     print(json.dumps({"error": e.code().name}))
 '''
@@ -290,9 +297,9 @@ def test_tls_client_certificates(tmp_path, stubs):
         f"server.tls_client_ca={pki}/ca.pem")
     env = dict(os.environ, PYTHONPATH=str(stubs))
 
-    def call(who):
+    def call(who, *extra):
         p = subprocess.run([sys.executable, str(stubs / "tls_client.py"),
-                            str(port), str(pki), who], env=env,
+                            str(port), str(pki), who, *extra], env=env,
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)
@@ -300,6 +307,19 @@ def test_tls_client_certificates(tmp_path, stubs):
         assert call("client") == {"ok": 1}     # a certificate the CA signed
         assert "error" in call("none")         # no certificate: no handshake
         assert "error" in call("rogue")        # another CA's certificate
+        assert call("client", "drain") == {"ok": False}  # an operator
+    finally:
+        stop_daemon(proc)
+    # server.tls_tenants binds the certificate's CN to a tenant: served,
+    # but no longer an operator.
+    proc, port, _ = start_daemon(
+        tmp_path, "server.token=", f"server.tls_cert={pki}/server.pem",
+        f"server.tls_key={pki}/server.key",
+        f"server.tls_client_ca={pki}/ca.pem",
+        "server.tls_tenants=client=team-c")
+    try:
+        assert call("client") == {"ok": 1}
+        assert call("client", "drain") == {"error": "UNAUTHENTICATED"}
     finally:
         stop_daemon(proc)
 
@@ -344,5 +364,112 @@ def test_tenants_need_the_handoff_session(tmp_path):
     proc, _, _ = start_daemon(tmp_path)
     try:
         assert call() == "OK"
+    finally:
+        stop_daemon(proc)
+
+
+TENANT_CLIENT = r'''
+import json, sys
+import grpc
+from kvdepot.v1 import store_pb2 as pb
+port, op, token = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+md = [("authorization", "Bearer " + token)]
+ns, h = bytes([7]) * 16, bytes([9]) * 32
+
+def method(name, req, rsp):
+    return ch.unary_unary("/kvdepot.v1.KvStore/" + name,
+                          request_serializer=req.SerializeToString,
+                          response_deserializer=rsp.FromString)
+
+admin = method("Admin", pb.AdminRequest, pb.AdminResponse)
+try:
+    if op == "save":  # the request names a tenant; the token's wins
+        r = method("Reserve", pb.ReserveRequest, pb.ReserveResponse)(
+            pb.ReserveRequest(namespace_id=ns, block_hashes=[h],
+                              object_size_bytes=4096, tenant="someone-else"),
+            timeout=5, metadata=md)
+        c = method("Commit", pb.CommitRequest, pb.CommitResponse)(
+            pb.CommitRequest(reservation_id=r.reservation_id,
+                             entries=[pb.CommitEntry(block_hash=h,
+                                                     layer_checksums=[0])]),
+            timeout=5, metadata=md)
+        out = c.num_committed
+    elif op == "list":
+        r = admin(pb.AdminRequest(list_namespaces=pb.ListNamespaces()),
+                  timeout=5, metadata=md)
+        out = [[n.namespace_id.hex(), n.host_objects]
+               for n in r.list_namespaces.namespaces]
+    elif op == "drop":
+        r = admin(pb.AdminRequest(drop_namespace=pb.DropNamespace(
+            namespace_id=ns)), timeout=5, metadata=md)
+        out = r.drop_namespace.num_objects_dropped
+    elif op == "drain":
+        out = admin(pb.AdminRequest(drain=pb.Drain(enable=False)), timeout=5,
+                    metadata=md).drain.draining
+    elif op == "config":
+        r = admin(pb.AdminRequest(config_dump=pb.ConfigDump()), timeout=5,
+                  metadata=md)
+        out = {e.key: [e.value, e.source] for e in r.config_dump.entries}
+    elif op == "delete":
+        out = method("Delete", pb.DeleteRequest, pb.DeleteResponse)(
+            pb.DeleteRequest(namespace_id=ns, block_hashes=[h]), timeout=5,
+            metadata=md).num_deleted
+    print(json.dumps({"ok": out}))
+except grpc.RpcError as e:
+    print(json.dumps({"error": e.code().name}))
+'''
+
+
+def test_tenants_bound_to_tcp_tokens(tmp_path, stubs):
+    """server.token_tenants binds each TCP token to a tenant: its saves are
+    the tenant's whatever the request says, it lists and drops only its
+    tenant's objects, and the daemon-wide admin calls (drain, config dump)
+    and delete-by-key need the operator's token. The config dump shows
+    every setting with server.token redacted."""
+    pytest.importorskip("grpc")
+    (stubs / "tenant_client.py").write_text(TENANT_CLIENT)
+    tokens = tmp_path / "tenant-tokens"
+    ta, tb = "a" * 24, "b" * 24
+    tokens.write_text(f"# tenant token\nteam-a {ta}\n\nteam-b {tb}\n")
+    tokens.chmod(0o644)
+    env = dict(os.environ, PYTHONPATH=str(stubs))
+
+    def call(op, token):
+        p = subprocess.run([sys.executable, str(stubs / "tenant_client.py"),
+                            str(port), op, token], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    # Readable by others: refused at start, naming the key.
+    p = subprocess.run([KVDEPOTD, "--set", f"server.token_tenants={tokens}",
+                        "--set", f"server.unix_socket={tmp_path}/x.sock",
+                        "--print-config"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2
+    assert "server.token_tenants" in p.stderr and "chmod 600" in p.stderr
+    tokens.chmod(0o600)
+    # TCP carries no payload bytes, so nothing to checksum: commits unchecked.
+    proc, port, _ = start_daemon(tmp_path, f"server.token_tenants={tokens}",
+                                 "server.verify_commits=false")
+    ns = "07" * 16
+    try:
+        assert call("save", ta) == {"ok": 1}
+        assert call("list", ta) == {"ok": [[ns, 1]]}
+        assert call("list", tb) == {"ok": []}
+        assert call("list", TOKEN) == {"ok": [[ns, 1]]}
+        assert call("drop", tb) == {"ok": 0}      # not team-b's object
+        assert call("list", ta) == {"ok": [[ns, 1]]}
+        for op in ("drain", "config", "delete"):
+            assert call(op, ta) == {"error": "UNAUTHENTICATED"}, op
+        assert call("list", "c" * 24) == {"error": "UNAUTHENTICATED"}
+        cfg = call("config", TOKEN)["ok"]
+        assert cfg["server.token"] == ["<redacted>", "call"]
+        assert cfg["server.token_tenants"] == [str(tokens), "call"]
+        assert cfg["store.arena_size"] == ["64m", "call"]
+        assert TOKEN not in json.dumps(cfg) and ta not in json.dumps(cfg)
+        assert call("drop", ta) == {"ok": 1}
+        assert call("list", TOKEN) == {"ok": []}
     finally:
         stop_daemon(proc)

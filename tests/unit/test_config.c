@@ -987,6 +987,46 @@ static void test_print(void **state)
     kvd_config_destroy(config);
 }
 
+/* kvd_config_visit: the same values and sources as print, in table order;
+ * a callback's error stops the walk and comes back. */
+typedef struct visit_log {
+    char text[512];
+    size_t calls, stop_after;
+} visit_log_t;
+
+static kvd_status_t visit_one(void *ctx, const kvd_config_field_t *field,
+                              const char *value, const char *source)
+{
+    visit_log_t *v = ctx;
+    size_t n = strlen(v->text);
+    snprintf(v->text + n, sizeof v->text - n, "%s=%s/%s;", field->name, value,
+             source);
+    return ++v->calls == v->stop_after ? KVD_ERR_NOMEM : KVD_OK;
+}
+
+static void test_visit(void **state)
+{
+    (void)state;
+    kvd_config_t *config = config_new();
+    load(config, "tst:\n  count: 9\n");
+    assert_int_equal(kvd_config_set(config, "tst.mode", "fast"), KVD_OK);
+    visit_log_t v = {.stop_after = 0};
+    assert_int_equal(kvd_config_visit(config, table, NUM_FIELDS, visit_one, &v),
+                     KVD_OK);
+    assert_string_equal(v.text, "tst.flag=false/default;tst.count=9/file;"
+                                "tst.store.arena_size=1g/default;"
+                                "tst.timeout=5s/default;tst.name=kvd/default;"
+                                "tst.mode=fast/call;");
+    visit_log_t stop = {.stop_after = 2};
+    assert_int_equal(
+        kvd_config_visit(config, table, NUM_FIELDS, visit_one, &stop),
+        KVD_ERR_NOMEM);
+    assert_int_equal(stop.calls, 2);
+    assert_int_equal(kvd_config_visit(config, table, NUM_FIELDS, NULL, &v),
+                     KVD_ERR_INVALID);
+    kvd_config_destroy(config);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Threads                                                                  */
 /* ------------------------------------------------------------------------ */
@@ -1043,6 +1083,7 @@ int main(void)
         cmocka_unit_test_setup(test_apply_unknown_keys, setup),
         cmocka_unit_test_setup(test_apply_bad_table, setup),
         cmocka_unit_test_setup(test_print, setup),
+        cmocka_unit_test_setup(test_visit, setup),
         cmocka_unit_test_setup(test_concurrent_set_apply, setup),
     };
     /* Expected errors are logged; keep them off the test output. */
