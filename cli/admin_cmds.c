@@ -31,15 +31,20 @@ void kvd_cli_evict_usage(FILE *out)
     fprintf(out,
             "usage: kvdepot evict --namespace HEX32 [--hash HEX64 ...] "
             "[--address unix:PATH]\n"
-            "                     [--timeout DURATION]\n\n"
+            "                     [--timeout DURATION]\n"
+            "       kvdepot evict --tenant NAME [--address unix:PATH] "
+            "[--timeout DURATION]\n\n"
             "Removes objects from every tier of a running kvdepotd: the "
             "given hashes of\nthe namespace, or, without --hash, the whole "
-            "namespace. Objects an engine\nholds (leased) or is writing "
-            "are kept; the tool says how many.\n\n"
+            "namespace, or everything a\ntenant saved. Objects an engine "
+            "holds (leased) or is writing are kept; the\ntool says how "
+            "many.\n\n"
             "  -n, --namespace HEX32    the namespace digest, 16 bytes as 32 "
             "hex digits\n"
             "  -k, --hash HEX64         a block hash, 32 bytes as 64 hex "
-            "digits (repeatable)\n" KVD_CLI_CONN_HELP);
+            "digits (repeatable)\n"
+            "  -t, --tenant NAME        every object of this "
+            "tenant\n" KVD_CLI_CONN_HELP);
 }
 
 void kvd_cli_drain_usage(FILE *out)
@@ -69,11 +74,12 @@ void kvd_cli_config_usage(FILE *out)
 static int admin_parse(const char *cmd, int argc, char **argv,
                        kvd_cli_conn_t *conn, const char **ns_hex,
                        const char **hashes, size_t *n_hashes,
-                       void (*usage)(FILE *))
+                       const char **tenant, void (*usage)(FILE *))
 {
     static const struct option opts[] = {
         {"namespace", required_argument, NULL, 'n'},
         {"hash", required_argument, NULL, 'k'},
+        {"tenant", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         KVD_CLI_CONN_LONGOPTS,
         {NULL, 0, NULL, 0}};
@@ -83,7 +89,7 @@ static int admin_parse(const char *cmd, int argc, char **argv,
     optind = 1;
     opterr = 0;
     int ch;
-    while ((ch = getopt_long(argc, argv, "n:k:h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "n:k:t:h", opts, NULL)) != -1) {
         if (ch == 'h') {
             usage(stdout);
             kvd_cli_conn_cleanup(conn);
@@ -91,6 +97,10 @@ static int admin_parse(const char *cmd, int argc, char **argv,
         }
         if (ch == 'n' && ns_hex != NULL) {
             *ns_hex = optarg;
+            continue;
+        }
+        if (ch == 't' && tenant != NULL) {
+            *tenant = optarg;
             continue;
         }
         if (ch == 'k' && hashes != NULL && *n_hashes < EVICT_MAX_HASHES) {
@@ -128,7 +138,7 @@ static void human_bytes(uint64_t b, char *out, size_t len)
 int kvd_cli_ls_run(int argc, char **argv)
 {
     kvd_cli_conn_t conn;
-    int rc = admin_parse("ls", argc, argv, &conn, NULL, NULL, NULL,
+    int rc = admin_parse("ls", argc, argv, &conn, NULL, NULL, NULL, NULL,
                          kvd_cli_ls_usage);
     if (rc >= 0) {
         return rc;
@@ -189,7 +199,7 @@ out:
 int kvd_cli_evict_run(int argc, char **argv)
 {
     kvd_cli_conn_t conn;
-    const char *ns_hex = NULL;
+    const char *ns_hex = NULL, *tenant = NULL;
     const char **hashes = calloc(EVICT_MAX_HASHES, sizeof *hashes);
     kvd_store_key_t *keys = calloc(EVICT_MAX_HASHES, sizeof *keys);
     size_t n = 0;
@@ -200,7 +210,7 @@ int kvd_cli_evict_run(int argc, char **argv)
         return KVD_CLI_EXIT_FAILURE;
     }
     int rc = admin_parse("evict", argc, argv, &conn, &ns_hex, hashes, &n,
-                         kvd_cli_evict_usage);
+                         &tenant, kvd_cli_evict_usage);
     if (rc >= 0) {
         free(hashes);
         free(keys);
@@ -208,6 +218,30 @@ int kvd_cli_evict_run(int argc, char **argv)
     }
     kvd_namespace_t ns;
     rc = KVD_CLI_EXIT_USAGE;
+    if (tenant != NULL) {
+        if (ns_hex != NULL || n > 0 || optind != argc) {
+            fprintf(stderr, "kvdepot evict: --tenant goes alone\n");
+            kvd_cli_evict_usage(stderr);
+            goto out_args;
+        }
+        kvd_store_t *store = NULL;
+        rc = KVD_CLI_EXIT_FAILURE;
+        if (kvd_cli_conn_open(&conn, &store)) {
+            uint64_t dropped = 0;
+            kvd_status_t st = kvd_client_drop_tenant(
+                kvd_store_daemon_client(store), tenant, &dropped);
+            if (st == KVD_OK) {
+                printf("evicted %" PRIu64 " objects of tenant %s (leased "
+                       "ones, if any, were kept)\n",
+                       dropped, tenant);
+                rc = KVD_CLI_EXIT_OK;
+            } else {
+                fprintf(stderr, "kvdepot evict: %s\n", kvd_status_str(st));
+            }
+        }
+        kvd_store_close(store);
+        goto out_args;
+    }
     if (ns_hex == NULL || optind != argc) {
         fprintf(stderr, "kvdepot evict: %s\n",
                 ns_hex == NULL ? "--namespace is required"
@@ -267,7 +301,7 @@ out_args:
 int kvd_cli_drain_run(int argc, char **argv)
 {
     kvd_cli_conn_t conn;
-    int rc = admin_parse("drain", argc, argv, &conn, NULL, NULL, NULL,
+    int rc = admin_parse("drain", argc, argv, &conn, NULL, NULL, NULL, NULL,
                          kvd_cli_drain_usage);
     if (rc >= 0) {
         return rc;
@@ -305,7 +339,7 @@ int kvd_cli_drain_run(int argc, char **argv)
 int kvd_cli_config_run(int argc, char **argv)
 {
     kvd_cli_conn_t conn;
-    int rc = admin_parse("config", argc, argv, &conn, NULL, NULL, NULL,
+    int rc = admin_parse("config", argc, argv, &conn, NULL, NULL, NULL, NULL,
                          kvd_cli_config_usage);
     if (rc >= 0) {
         return rc;

@@ -209,6 +209,8 @@ KVD_PROTO_TYPEDEF_(list_namespaces_reply, LIST_NAMESPACES_REPLY,
                    ListNamespacesReply)
 KVD_PROTO_TYPEDEF_(drain, DRAIN, Drain)
 KVD_PROTO_TYPEDEF_(drain_reply, DRAIN_REPLY, DrainReply)
+KVD_PROTO_TYPEDEF_(drop_tenant, DROP_TENANT, DropTenant)
+KVD_PROTO_TYPEDEF_(drop_tenant_reply, DROP_TENANT_REPLY, DropTenantReply)
 KVD_PROTO_TYPEDEF_(config_dump, CONFIG_DUMP, ConfigDump)
 KVD_PROTO_TYPEDEF_(config_entry, CONFIG_ENTRY, ConfigEntry)
 KVD_PROTO_TYPEDEF_(config_dump_reply, CONFIG_DUMP_REPLY, ConfigDumpReply)

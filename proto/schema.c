@@ -149,6 +149,7 @@ static const kvd_proto_rule_t rules[] = {
     {D(ping_reply), "version", REQ | RNG, 1, ID_MAX, 0},
     {D(ping_reply), "protocol_major", RNG, KVD_PROTO_MAJOR, KVD_PROTO_MAJOR, 0},
     {D(ping_reply), "node_id", RNG, 0, NODE_MAX, 0},
+    {D(drop_tenant), "tenant", RNG, 0, ID_MAX, 0},
     {D(config_entry), "key", REQ | RNG, 1, KVD_PROTO_MAX_CONFIG_TEXT, 0},
     {D(config_entry), "value", RNG, 0, KVD_PROTO_MAX_CONFIG_TEXT, 0},
     {D(config_entry), "source", REQ | RNG, 1, 16, 0},

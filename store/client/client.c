@@ -1397,6 +1397,27 @@ kvd_status_t kvd_client_drain(kvd_client_t *c, bool enable,
     return s;
 }
 
+kvd_status_t kvd_client_drop_tenant(kvd_client_t *c, const char *tenant,
+                                    uint64_t *dropped_out)
+{
+    if (tenant == NULL || dropped_out == NULL ||
+        strlen(tenant) > KVD_PROTO_MAX_ID_BYTES) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_pb_drop_tenant_t op = KVDEPOT__V1__DROP_TENANT__INIT;
+    op.tenant = (char *)tenant;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_DROP_TENANT;
+    rq.drop_tenant = &op;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s == KVD_OK) {
+        *dropped_out = rsp->drop_tenant->num_objects_dropped;
+    }
+    kvd_proto_admin_response_free(rsp);
+    return s;
+}
+
 kvd_status_t kvd_client_config_dump(kvd_client_t *c, char **text_out)
 {
     if (text_out == NULL) {

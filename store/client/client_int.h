@@ -110,6 +110,12 @@ kvd_status_t kvd_client_drop_namespace(kvd_client_t *c,
 kvd_status_t kvd_client_drain(kvd_client_t *c, bool enable,
                               uint64_t *leases_out, uint64_t *reservations_out);
 
+/* Admin drop_tenant: deletes every object `tenant` saved (leased ones
+ * stay); writes how many went. A caller bound to a tenant may only name
+ * its own ("" = its own). */
+kvd_status_t kvd_client_drop_tenant(kvd_client_t *c, const char *tenant,
+                                    uint64_t *dropped_out);
+
 /* Admin config_dump: the settings the daemon started with, one
  * "key = value  # from: source" line each (secrets "<redacted>"), into a
  * malloc'd text (free it). KVD_ERR_AUTH for a caller bound to a tenant. */

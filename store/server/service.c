@@ -1165,12 +1165,13 @@ static kvd_status_t svc_list(kvd_service_t *svc, svc_listing_t *l,
     return s;
 }
 
-/* Deletes every object of `ns` in both tiers; leased or half-written ones
- * stay (they are counted out of *dropped). */
-static kvd_status_t svc_drop_namespace(kvd_service_t *svc,
-                                       const kvd_namespace_t *ns,
-                                       const uint32_t *only_tenant,
-                                       uint64_t *dropped)
+/* Deletes every object of `ns` (NULL: of every namespace) that
+ * `only_tenant` (NULL: any) saved, in both tiers; leased or half-written
+ * ones stay (they are counted out of *dropped). */
+static kvd_status_t svc_drop_objects(kvd_service_t *svc,
+                                     const kvd_namespace_t *ns,
+                                     const uint32_t *only_tenant,
+                                     uint64_t *dropped)
 {
     kvd_store_object_t *chunk = malloc(SVC_SCAN_CHUNK * sizeof *chunk);
     kvd_store_key_t *keys = malloc(SVC_SCAN_CHUNK * sizeof *keys);
@@ -1191,8 +1192,8 @@ static kvd_status_t svc_drop_namespace(kvd_service_t *svc,
             break;
         }
         for (size_t i = 0; i < got; i++) {
-            if (memcmp(chunk[i].key.ns.bytes, ns->bytes, sizeof ns->bytes) ==
-                    0 &&
+            if ((ns == NULL || memcmp(chunk[i].key.ns.bytes, ns->bytes,
+                                      sizeof ns->bytes) == 0) &&
                 (only_tenant == NULL || chunk[i].tenant == *only_tenant)) {
                 keys[k++] = chunk[i].key;
             }
@@ -1286,6 +1287,8 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
     kvd_pb_drop_namespace_reply_t drop =
         KVDEPOT__V1__DROP_NAMESPACE_REPLY__INIT;
     kvd_pb_drain_reply_t drain = KVDEPOT__V1__DRAIN_REPLY__INIT;
+    kvd_pb_drop_tenant_reply_t drop_tenant =
+        KVDEPOT__V1__DROP_TENANT_REPLY__INIT;
     kvd_pb_config_dump_reply_t dump = KVDEPOT__V1__CONFIG_DUMP_REPLY__INIT;
     kvd_pb_config_entry_t *entries = NULL, **entryp = NULL;
     svc_listing_t list;
@@ -1339,7 +1342,7 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
         kvd_namespace_t ns;
         svc_ns(&rq->drop_namespace->namespace_id, &ns);
         uint64_t dropped = 0;
-        s = svc_drop_namespace(svc, &ns, only, &dropped);
+        s = svc_drop_objects(svc, &ns, only, &dropped);
         if (s != KVD_OK) {
             kvd_config_err(reason, reason_len, "drop_namespace: %s",
                            kvd_status_str(s));
@@ -1371,6 +1374,29 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
         rsp.result_case = KVDEPOT__V1__ADMIN_RESPONSE__RESULT_DRAIN;
         rsp.drain = &drain;
         break;
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_DROP_TENANT: {
+        const char *name = rq->drop_tenant->tenant;
+        if (only != NULL && name[0] != '\0' &&
+            strcmp(name, svc_caller_tenant) != 0) {
+            kvd_config_err(reason, reason_len,
+                           "drop_tenant %s: the caller is bound to tenant %s",
+                           name, svc_caller_tenant);
+            s = KVD_ERR_AUTH;
+            goto out;
+        }
+        uint32_t id = only != NULL ? own : svc_tenant_id(name);
+        uint64_t dropped = 0;
+        s = svc_drop_objects(svc, NULL, &id, &dropped);
+        if (s != KVD_OK) {
+            kvd_config_err(reason, reason_len, "drop_tenant: %s",
+                           kvd_status_str(s));
+            goto out;
+        }
+        drop_tenant.num_objects_dropped = dropped;
+        rsp.result_case = KVDEPOT__V1__ADMIN_RESPONSE__RESULT_DROP_TENANT;
+        rsp.drop_tenant = &drop_tenant;
+        break;
+    }
     case KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP: {
         size_t n = svc->cfg.n_config_entries;
         entries = calloc(n ? n : 1, sizeof *entries);

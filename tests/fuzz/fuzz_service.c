@@ -28,6 +28,14 @@ static const kvd_proto_msg_t rsp_type[KVD_RPC_COUNT] = {
     KVD_PROTO_MSG_ADMIN_RESPONSE,   KVD_PROTO_MSG_DELETE_RESPONSE,
 };
 
+/* What Admin config_dump answers with (the daemon fills it from its
+ * settings). */
+static const kvd_service_config_entry_t g_config[] = {
+    {"store.arena_size", "8m", "call"},
+    {"server.token", "<redacted>", "env"},
+    {"server.node_id", "", "default"},
+};
+
 static void fuzz_setup(void)
 {
     kvd_config_t *cfg = NULL;
@@ -49,7 +57,9 @@ static void fuzz_setup(void)
                                .reservation_ttl_ms = 1000,
                                .flush_timeout_ms = 100,
                                .verify_commits = true,
-                               .tick_ms = 10};
+                               .tick_ms = 10,
+                               .config_entries = g_config,
+                               .n_config_entries = 3};
     if (kvd_service_create(&sc, &g_svc) != KVD_OK) {
         abort();
     }
@@ -64,11 +74,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     kvd_rpc_method_t m = (kvd_rpc_method_t)(data[0] % KVD_RPC_COUNT);
+    /* The high bit: a caller bound to a tenant by its credentials. */
+    const char *tenant = (data[0] & 0x80) != 0 ? "fuzz-tenant" : NULL;
     uint8_t *rsp = NULL;
     size_t len = 0;
     char reason[KVD_PROTO_REASON_MAX];
     kvd_status_t s =
-        kvd_service_call(g_svc, m, size > 1 ? data + 1 : NULL, size - 1, NULL,
+        kvd_service_call(g_svc, m, size > 1 ? data + 1 : NULL, size - 1, tenant,
                          &rsp, &len, reason, sizeof reason);
     if (s == KVD_ERR_INTERNAL) {
         abort(); /* the service built an invalid response */

@@ -181,6 +181,16 @@ if grep -qF -- "$NS" "$WORK/out"; then
 fi
 run 2 evict --hash "$HASH"
 expect_text err "--namespace is required"
+# A tenant's objects: the tool saves without a tenant ("").
+run 0 put --namespace "$NS" --hash "$HASH" "$WORK/in.bin"
+run 0 evict --tenant nobody
+expect_text out "evicted 0 objects of tenant nobody"
+run 0 get --namespace "$NS" --hash "$HASH" "$WORK/still.bin"
+run 0 evict --tenant ""   # with what `bench` above saved
+expect_text out "objects of tenant  (leased ones"
+run 1 get --namespace "$NS" --hash "$HASH" "$WORK/gone2.bin"
+run 2 evict --tenant nobody --namespace "$NS"
+expect_text err "--tenant goes alone"
 run 0 drain on
 expect_text out "draining"
 run 1 put --namespace "$NS" --hash "$HASH" "$WORK/in.bin"

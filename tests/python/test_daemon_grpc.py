@@ -404,6 +404,10 @@ try:
         r = admin(pb.AdminRequest(drop_namespace=pb.DropNamespace(
             namespace_id=ns)), timeout=5, metadata=md)
         out = r.drop_namespace.num_objects_dropped
+    elif op == "drop_tenant":
+        r = admin(pb.AdminRequest(drop_tenant=pb.DropTenant(
+            tenant=sys.argv[4])), timeout=5, metadata=md)
+        out = r.drop_tenant.num_objects_dropped
     elif op == "drain":
         out = admin(pb.AdminRequest(drain=pb.Drain(enable=False)), timeout=5,
                     metadata=md).drain.draining
@@ -435,9 +439,9 @@ def test_tenants_bound_to_tcp_tokens(tmp_path, stubs):
     tokens.chmod(0o644)
     env = dict(os.environ, PYTHONPATH=str(stubs))
 
-    def call(op, token):
+    def call(op, token, *extra):
         p = subprocess.run([sys.executable, str(stubs / "tenant_client.py"),
-                            str(port), op, token], env=env,
+                            str(port), op, token, *extra], env=env,
                            capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)
@@ -470,6 +474,17 @@ def test_tenants_bound_to_tcp_tokens(tmp_path, stubs):
         assert cfg["store.arena_size"] == ["64m", "call"]
         assert TOKEN not in json.dumps(cfg) and ta not in json.dumps(cfg)
         assert call("drop", ta) == {"ok": 1}
+        assert call("list", TOKEN) == {"ok": []}
+        # Clearing a tenant: its own (by name or "") or, for the operator,
+        # any tenant's; never another tenant's.
+        assert call("save", ta) == {"ok": 1}
+        assert call("drop_tenant", tb, "team-a") == {
+            "error": "UNAUTHENTICATED"}
+        assert call("drop_tenant", tb, "") == {"ok": 0}
+        assert call("drop_tenant", TOKEN, "team-b") == {"ok": 0}
+        assert call("drop_tenant", ta, "") == {"ok": 1}
+        assert call("save", ta) == {"ok": 1}
+        assert call("drop_tenant", TOKEN, "team-a") == {"ok": 1}
         assert call("list", TOKEN) == {"ok": []}
     finally:
         stop_daemon(proc)
