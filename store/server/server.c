@@ -59,6 +59,11 @@ typedef struct srv_tenancy {
     size_t n_tokens;
     srv_cred_t cns[SRV_TENANTS_MAX];
     size_t n_cns;
+    struct {
+        char tenant[SRV_TENANT_NAME_MAX + 1];
+        uint64_t bytes;
+    } quotas[SRV_TENANTS_MAX];
+    size_t n_quotas;
 } srv_tenancy_t;
 
 typedef struct srv_session {
@@ -112,6 +117,11 @@ static const kvd_config_field_t server_fields[] = {
      "cn=tenant pairs, comma-separated (\"engine-a=team-a\"): a TCP caller "
      "whose client certificate has that common name is bound to the tenant",
      kvd_config_parse_string, SRV_OFF(tls_tenants), 0, 0, NULL},
+    {"server.tenant_quotas", "",
+     "tenant=size pairs, comma-separated (\"team-a=8g,team-b=4g\"): the most "
+     "arena bytes a tenant's objects hold; its saves evict its own objects "
+     "beyond that, never another tenant's",
+     kvd_config_parse_string, SRV_OFF(tenant_quotas), 0, 0, NULL},
     {"server.node_id", "", "this daemon's node id (\"\": the host name)",
      kvd_config_parse_string, SRV_OFF(node_id), 0, 0, NULL},
     {"server.threads", "2", "gRPC completion-queue threads",
@@ -269,6 +279,41 @@ static kvd_status_t server_token_tenants(const char *path, srv_tenancy_t *t,
     return s;
 }
 
+/* server.tenant_quotas: "tenant=size" pairs. */
+static kvd_status_t server_tenant_quotas(const char *list_text,
+                                         srv_tenancy_t *t, char *err,
+                                         size_t err_len)
+{
+    static const kvd_config_field_t size_field = {
+        "server.tenant_quotas", "", "", kvd_config_parse_size, 0, 0, 0, NULL};
+    char *save = NULL, list[KVD_CONFIG_STRING_MAX];
+    snprintf(list, sizeof list, "%s", list_text);
+    t->n_quotas = 0;
+    for (char *tok = strtok_r(list, ",", &save); tok != NULL;
+         tok = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(tok, '=');
+        char perr[128] = "";
+        uint64_t bytes = 0;
+        if (eq == NULL || !srv_tenant_name_ok(tok, (size_t)(eq - tok)) ||
+            t->n_quotas == SRV_TENANTS_MAX ||
+            kvd_config_parse_size(&size_field, eq + 1, &bytes, perr,
+                                  sizeof perr) != KVD_OK ||
+            bytes == 0) {
+            kvd_config_err(err, err_len,
+                           "server.tenant_quotas \"%s\": want tenant=size "
+                           "pairs such as team-a=8g (at most %d; sizes above "
+                           "0)%s%s",
+                           list_text, SRV_TENANTS_MAX, perr[0] ? ": " : "",
+                           perr);
+            return KVD_ERR_INVALID;
+        }
+        snprintf(t->quotas[t->n_quotas].tenant, sizeof t->quotas[0].tenant,
+                 "%.*s", (int)(eq - tok), tok);
+        t->quotas[t->n_quotas++].bytes = bytes;
+    }
+    return KVD_OK;
+}
+
 /* server.tls_tenants: "cn=tenant" pairs. */
 static kvd_status_t server_tls_tenants(const char *list_text, srv_tenancy_t *t,
                                        char *err, size_t err_len)
@@ -371,6 +416,10 @@ static kvd_status_t server_settings(const kvd_config_t *config,
         }
         if (ts == KVD_OK && cfg->tls_tenants[0] != '\0') {
             ts = server_tls_tenants(cfg->tls_tenants, tenancy, err, err_len);
+        }
+        if (ts == KVD_OK && cfg->tenant_quotas[0] != '\0') {
+            ts =
+                server_tenant_quotas(cfg->tenant_quotas, tenancy, err, err_len);
         }
         if (ts != KVD_OK) {
             return ts;
@@ -813,6 +862,16 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
     s = kvd_store_open(config, &srv->store, err, err_len);
     if (s != KVD_OK) {
         goto err;
+    }
+    for (size_t i = 0; i < srv->tenancy->n_quotas; i++) {
+        s = kvd_store_tenant_set_quota(
+            srv->store, kvd_service_tenant_id(srv->tenancy->quotas[i].tenant),
+            srv->tenancy->quotas[i].bytes);
+        if (s != KVD_OK) {
+            kvd_config_err(err, err_len, "server.tenant_quotas %s: %s",
+                           srv->tenancy->quotas[i].tenant, kvd_status_str(s));
+            goto err;
+        }
     }
     kvd_service_config_t scfg = {
         .store = srv->store,

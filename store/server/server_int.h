@@ -36,6 +36,7 @@ typedef struct kvd_server_settings {
     char tenants[KVD_CONFIG_STRING_MAX];
     char token_tenants[KVD_CONFIG_STRING_MAX];
     char tls_tenants[KVD_CONFIG_STRING_MAX];
+    char tenant_quotas[KVD_CONFIG_STRING_MAX];
     int64_t threads;
     uint64_t max_message_bytes;
     uint64_t lease_ttl_ms;

@@ -103,6 +103,7 @@ struct svc_lease {
     bool dead;            /* out of the table; free when pending is 0 */
     bool promote;         /* Promote's: give each block back when loaded */
     bool in_table;
+    uint32_t tenant; /* the creator's bound tenant (0: none) */
 };
 
 enum svc_key_state { SVC_RESERVED = 0, SVC_DONE = 1 };
@@ -122,6 +123,7 @@ typedef struct svc_resv {
     size_t n, open; /* keys, and those still reserved */
     size_t cursor;  /* where the next commit entry is probably */
     svc_resv_key_t *keys;
+    uint32_t tenant; /* the creator's bound tenant (0: none) */
 } svc_resv_t;
 
 struct kvd_service {
@@ -169,11 +171,41 @@ static size_t svc_bucket(uint64_t id)
     return (size_t)((id * 0x9E3779B97F4A7C15ull) >> 52) % SVC_BUCKETS;
 }
 
+/* The caller's tenant as its credentials say, for the handler running on
+ * this thread (NULL: the request's own); kvd_service_call sets it around
+ * the handler. */
+static _Thread_local const char *svc_caller_tenant;
+
+static uint32_t svc_tenant_id(const char *tenant)
+{
+    if (tenant == NULL || tenant[0] == '\0') {
+        return 0;
+    }
+    uint32_t t = (uint32_t)kvd_xxh3_64(tenant, strlen(tenant));
+    return t == 0 ? 1 : t;
+}
+
+uint32_t kvd_service_tenant_id(const char *tenant)
+{
+    return svc_tenant_id(tenant);
+}
+
+/* Whether this thread's caller may use a lease or reservation its creator
+ * (bound to `owner`, 0: none) made: callers bound to a tenant use their
+ * tenant's only (ids are sequential, so they could be guessed); an
+ * unbound caller is an operator. */
+static bool svc_owns(uint32_t owner)
+{
+    return svc_caller_tenant == NULL ||
+           owner == svc_tenant_id(svc_caller_tenant);
+}
+
+/* A lease by id, if this thread's caller may use it. */
 static svc_lease_t *lease_find(kvd_service_t *svc, uint64_t id)
 {
     for (svc_lease_t *l = svc->leases[svc_bucket(id)]; l != NULL; l = l->next) {
         if (l->id == id) {
-            return l;
+            return svc_owns(l->tenant) ? l : NULL;
         }
     }
     return NULL;
@@ -344,21 +376,7 @@ static void resv_abort_open(kvd_service_t *svc, svc_resv_t *r)
     r->open = 0;
 }
 
-/* The caller's tenant as its credentials say, for the handler running on
- * this thread (NULL: the request's own); kvd_service_call sets it around
- * the handler. */
-static _Thread_local const char *svc_caller_tenant;
-
 /* ---- helpers ------------------------------------------------------------ */
-
-static uint32_t svc_tenant_id(const char *tenant)
-{
-    if (tenant == NULL || tenant[0] == '\0') {
-        return 0;
-    }
-    uint32_t t = (uint32_t)kvd_xxh3_64(tenant, strlen(tenant));
-    return t == 0 ? 1 : t;
-}
 
 /* The request's hashes as one array (proto/ checked each is 32 bytes). */
 static kvd_block_hash_t *svc_hashes(const ProtobufCBinaryData *src, size_t n)
@@ -372,9 +390,43 @@ static kvd_block_hash_t *svc_hashes(const ProtobufCBinaryData *src, size_t n)
     return h;
 }
 
+/* The request's namespace as the store knows it. A caller bound to a
+ * tenant gets its own copy of every namespace: the first 16 bytes of
+ * SHA-256("kvdepot tenant namespace", tenant, namespace), so knowing
+ * another tenant's namespace and hashes finds none of its objects (no
+ * lookup hit, no "exists" on reserve) and never collides with them. */
 static void svc_ns(const ProtobufCBinaryData *src, kvd_namespace_t *ns)
 {
     memcpy(ns->bytes, src->data, sizeof ns->bytes);
+    const char *tenant = svc_caller_tenant;
+    if (tenant == NULL) {
+        return;
+    }
+    static const char tag[] = "kvdepot tenant namespace";
+    size_t tlen = strlen(tenant);
+    uint8_t buf[sizeof tag + KVD_PROTO_MAX_ID_BYTES + 1 + sizeof ns->bytes];
+    uint8_t digest[KVD_SHA256_BYTES];
+    if (tlen > KVD_PROTO_MAX_ID_BYTES) {
+        tlen = KVD_PROTO_MAX_ID_BYTES; /* names are bounded by the config */
+    }
+    size_t n = 0;
+    memcpy(buf, tag, sizeof tag); /* with its NUL: a separator */
+    n += sizeof tag;
+    memcpy(buf + n, tenant, tlen);
+    n += tlen;
+    buf[n++] = 0;
+    memcpy(buf + n, ns->bytes, sizeof ns->bytes);
+    n += sizeof ns->bytes;
+    if (kvd_sha256(buf, n, digest) == KVD_OK) {
+        memcpy(ns->bytes, digest, sizeof ns->bytes);
+    } else {
+        /* libcrypto broken: a fixed per-tenant mark keeps the caller out
+         * of the unscoped namespace (its saves are then merely shared
+         * among its tenant's own namespaces). */
+        uint64_t h = kvd_xxh3_64(buf, n);
+        memcpy(ns->bytes, &h, sizeof h);
+        memset(ns->bytes + sizeof h, 0xa5, sizeof ns->bytes - sizeof h);
+    }
 }
 
 static Kvdepot__V1__Tier svc_tier(uint32_t tier)
@@ -511,6 +563,7 @@ static kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req,
          * nothing below touches `rec` again. */
         pthread_mutex_lock(&svc->mu);
         rec->id = svc_id_new(svc);
+        rec->tenant = svc_tenant_id(svc_caller_tenant);
         rsp.lease_id = rec->id;
         lease_insert(svc, rec);
         pthread_mutex_unlock(&svc->mu);
@@ -629,6 +682,7 @@ static kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req,
         rsp.ttl_ms = ttl;
         pthread_mutex_lock(&svc->mu);
         rec->id = svc_id_new(svc);
+        rec->tenant = svc_tenant_id(svc_caller_tenant);
         size_t b = svc_bucket(rec->id);
         rec->next = svc->resvs[b];
         svc->resvs[b] = rec;
@@ -669,6 +723,9 @@ static svc_resv_t *resv_lock(kvd_service_t *svc, uint64_t id, char *reason,
 {
     pthread_mutex_lock(&svc->mu);
     svc_resv_t *r = resv_find(svc, id);
+    if (r != NULL && !svc_owns(r->tenant)) {
+        r = NULL;
+    }
     if (r == NULL) {
         pthread_mutex_unlock(&svc->mu);
         kvd_config_err(reason, reason_len,
@@ -927,6 +984,7 @@ static kvd_status_t svc_get(kvd_service_t *svc, const uint8_t *req, size_t len,
             goto out;
         }
         l->id = svc_id_new(svc);
+        l->tenant = svc_tenant_id(svc_caller_tenant);
         fresh = true;
     }
     l->deadline_ns = kvd_time_now_ns() + (uint64_t)ttl * 1000000u;
@@ -1018,6 +1076,7 @@ static kvd_status_t svc_promote(kvd_service_t *svc, const uint8_t *req,
             return KVD_ERR_NOMEM;
         }
         l->id = svc_id_new(svc);
+        l->tenant = svc_tenant_id(svc_caller_tenant);
         l->promote = true;
         for (size_t i = 0; i < rq->n_block_hashes; i++) {
             kvd_block_hash_t h;
@@ -1343,6 +1402,13 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
         svc_ns(&rq->drop_namespace->namespace_id, &ns);
         uint64_t dropped = 0;
         s = svc_drop_objects(svc, &ns, only, &dropped);
+        if (s == KVD_OK && only != NULL && dropped == 0) {
+            /* A tenant's listing shows the daemon-side ids (svc_ns): take
+             * one of those too; the tenant filter still applies. */
+            memcpy(ns.bytes, rq->drop_namespace->namespace_id.data,
+                   sizeof ns.bytes);
+            s = svc_drop_objects(svc, &ns, only, &dropped);
+        }
         if (s != KVD_OK) {
             kvd_config_err(reason, reason_len, "drop_namespace: %s",
                            kvd_status_str(s));

@@ -75,6 +75,10 @@ typedef struct kvd_service_config {
     size_t n_config_entries;
 } kvd_service_config_t;
 
+/* The store's tenant id (quota domain) of a tenant name: 0 for NULL or "",
+ * never 0 otherwise. What a bound caller's saves are counted under. */
+uint32_t kvd_service_tenant_id(const char *tenant);
+
 /* Creates the service and starts its housekeeping thread. Errors:
  * KVD_ERR_INVALID (NULL store, zero TTLs), KVD_ERR_NOMEM, thread errors. */
 kvd_status_t kvd_service_create(const kvd_service_config_t *cfg,

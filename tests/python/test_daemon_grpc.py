@@ -175,6 +175,11 @@ def test_grpc_client_over_tcp(tmp_path, stubs):
     (["server.unix_socket=", "server.tcp_address="], "nothing to listen on"),
     (["server.tls_cert=/nonexistent.pem"], "go together"),
     (["server.tenants=alice=team"], "server.tenants"),
+    (["server.tenant_quotas=team-a"], "server.tenant_quotas"),
+    (["server.tenant_quotas=team-a=lots"], "server.tenant_quotas"),
+    (["server.tenant_quotas=team-a=0"], "server.tenant_quotas"),
+    (["server.tls_tenants=client=team-a"], "server.tls_tenants"),
+    (["server.token_tenants=/nonexistent"], "server.token_tenants"),
 ])
 def test_bad_config_fails_at_start(tmp_path, sets, needle):
     args = [KVDEPOTD, "--set", f"server.unix_socket={tmp_path}/d.sock",
@@ -376,6 +381,8 @@ port, op, token = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 ch = grpc.insecure_channel(f"127.0.0.1:{port}")
 md = [("authorization", "Bearer " + token)]
 ns, h = bytes([7]) * 16, bytes([9]) * 32
+if op in ("save", "lookup") and len(sys.argv) > 4:  # another block
+    h = bytes([int(sys.argv[4])]) * 32
 
 def method(name, req, rsp):
     return ch.unary_unary("/kvdepot.v1.KvStore/" + name,
@@ -395,6 +402,15 @@ try:
                                                      layer_checksums=[0])]),
             timeout=5, metadata=md)
         out = c.num_committed
+    elif op == "lookup":
+        r = method("Lookup", pb.LookupRequest, pb.LookupResponse)(
+            pb.LookupRequest(namespace_id=ns, block_hashes=[h],
+                             lease_ttl_ms=10000), timeout=5, metadata=md)
+        out = [len(r.locations), r.lease_id]
+    elif op == "release":
+        out = method("Release", pb.ReleaseRequest, pb.ReleaseResponse)(
+            pb.ReleaseRequest(lease_ids=[int(sys.argv[4])]), timeout=5,
+            metadata=md).num_released
     elif op == "list":
         r = admin(pb.AdminRequest(list_namespaces=pb.ListNamespaces()),
                   timeout=5, metadata=md)
@@ -427,10 +443,12 @@ except grpc.RpcError as e:
 
 def test_tenants_bound_to_tcp_tokens(tmp_path, stubs):
     """server.token_tenants binds each TCP token to a tenant: its saves are
-    the tenant's whatever the request says, it lists and drops only its
-    tenant's objects, and the daemon-wide admin calls (drain, config dump)
-    and delete-by-key need the operator's token. The config dump shows
-    every setting with server.token redacted."""
+    the tenant's whatever the request says, in the tenant's own copy of the
+    namespace (another tenant knowing the namespace and the hashes finds
+    nothing and saves its own object), its leases are its own, it lists and
+    drops only its tenant's objects, and the daemon-wide admin calls (drain,
+    config dump) and delete-by-key need the operator's token. The config
+    dump shows every setting with server.token redacted."""
     pytest.importorskip("grpc")
     (stubs / "tenant_client.py").write_text(TENANT_CLIENT)
     tokens = tmp_path / "tenant-tokens"
@@ -460,11 +478,26 @@ def test_tenants_bound_to_tcp_tokens(tmp_path, stubs):
     ns = "07" * 16
     try:
         assert call("save", ta) == {"ok": 1}
-        assert call("list", ta) == {"ok": [[ns, 1]]}
+        listed = call("list", ta)["ok"]
+        assert len(listed) == 1 and listed[0][1] == 1
+        scoped = listed[0][0]                     # team-a's copy of ns
+        assert scoped != ns
         assert call("list", tb) == {"ok": []}
-        assert call("list", TOKEN) == {"ok": [[ns, 1]]}
+        assert call("list", TOKEN) == {"ok": [[scoped, 1]]}
+        # team-b knows the namespace and the hash: no hit, and its own save.
+        assert call("lookup", tb)["ok"][0] == 0
+        assert call("lookup", TOKEN)["ok"][0] == 0
+        hits, lease = call("lookup", ta)["ok"]
+        assert hits == 1 and lease != 0
+        assert call("release", tb, str(lease)) == {"ok": 0}   # not its lease
+        assert call("release", ta, str(lease)) == {"ok": 1}
+        assert call("save", tb) == {"ok": 1}
+        hits, lease = call("lookup", tb)["ok"]
+        assert hits == 1
+        assert call("release", tb, str(lease)) == {"ok": 1}
+        assert call("drop_tenant", tb, "") == {"ok": 1}
         assert call("drop", tb) == {"ok": 0}      # not team-b's object
-        assert call("list", ta) == {"ok": [[ns, 1]]}
+        assert call("list", ta) == {"ok": [[scoped, 1]]}
         for op in ("drain", "config", "delete"):
             assert call(op, ta) == {"error": "UNAUTHENTICATED"}, op
         assert call("list", "c" * 24) == {"error": "UNAUTHENTICATED"}
@@ -486,5 +519,20 @@ def test_tenants_bound_to_tcp_tokens(tmp_path, stubs):
         assert call("save", ta) == {"ok": 1}
         assert call("drop_tenant", TOKEN, "team-a") == {"ok": 1}
         assert call("list", TOKEN) == {"ok": []}
+    finally:
+        stop_daemon(proc)
+
+    # server.tenant_quotas: team-a may hold two 4 KiB objects; its third
+    # save evicts one of its own, never team-b's.
+    proc, port, _ = start_daemon(tmp_path, f"server.token_tenants={tokens}",
+                                 "server.verify_commits=false",
+                                 "server.tenant_quotas=team-a=8k")
+    try:
+        assert call("save", tb, "50") == {"ok": 1}
+        for b in ("51", "52", "53"):
+            assert call("save", ta, b) == {"ok": 1}
+        hits = [call("lookup", ta, b)["ok"][0] for b in ("51", "52", "53")]
+        assert sum(hits) == 2 and hits[2] == 1
+        assert call("lookup", tb, "50")["ok"][0] == 1
     finally:
         stop_daemon(proc)
