@@ -20,9 +20,23 @@
  * to the pool the moment its last slot is freed: carving is O(1), so there
  * is nothing to gain from keeping empty chunks per class, and keeping them
  * would starve other classes.
+ *
+ * Classes live in a fixed table of KVD_ARENA_CLASSES_MAX places. A place is
+ * bound to a slot size exactly while the class holds a chunk: it is taken
+ * with the first chunk carved and handed back when the last chunk returns
+ * to the pool, both under the lock, so a place is never seen half-bound and
+ * a size never lingers on a place nobody uses (otherwise 64 sizes seen once
+ * would lock every later size out). Callers never see places: a class id is
+ * the slot size in pages, and class_of[] maps it to its place, if any, in
+ * O(1). An id kept across frees and evictions therefore keeps meaning the
+ * same size, whichever place its class has by then. The lock-free offset
+ * lookup reads the slot size from the chunk itself (one atomic word set
+ * when the chunk is carved), never the class table, which changes under
+ * the lock.
  */
 #include "store/arena_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -38,22 +52,33 @@
 #include "common/log_int.h"
 #include "common/time_int.h"
 
-/* chunk class_id of a chunk in the free pool; end of every list. */
+/* End of every chunk list; "no place" for arena_class_bind(). */
 #define ARENA_NONE UINT32_MAX
+/* class_of[] entry of a slot size whose class holds no chunk. */
+#define ARENA_NO_PLACE UINT8_MAX
+/* Every class place free: one bit per place. */
+#define ARENA_PLACES_ALL (UINT64_MAX >> (64 - KVD_ARENA_CLASSES_MAX))
+
 /* Prefault progress is logged for arenas at least this large. */
 #define ARENA_PREFAULT_LOG_BYTES (1ull << 30)
 
+_Static_assert(KVD_ARENA_CLASSES_MAX >= 1 && KVD_ARENA_CLASSES_MAX <= 64 &&
+                   KVD_ARENA_CLASSES_MAX < ARENA_NO_PLACE,
+               "class places are bits of a uint64_t and fit a uint8_t");
+
 typedef struct arena_chunk {
-    uint32_t class_id;  /* ARENA_NONE when free; atomic (read lock-free) */
-    uint32_t used;      /* allocated slots */
-    uint32_t bump;      /* slots [bump, slots_per_chunk) never handed out */
-    uint32_t free_head; /* first freed slot index, links[] chained */
-    uint32_t prev;      /* class partial list (prev/next) or pool (next) */
+    uint32_t slot_pages; /* 0 when free; atomic (read lock-free) */
+    uint32_t place;      /* its class's place in classes[] while carved */
+    uint32_t used;       /* allocated slots */
+    uint32_t bump;       /* slots [bump, slots_per_chunk) never handed out */
+    uint32_t free_head;  /* first freed slot index, links[] chained */
+    uint32_t prev;       /* class partial list (prev/next) or pool (next) */
     uint32_t next;
 } arena_chunk_t;
 
+/* A class place; slot_bytes 0 while the place is free. */
 typedef struct arena_class {
-    uint64_t slot_bytes; /* immutable once the class is published */
+    uint64_t slot_bytes;
     uint32_t slots_per_chunk;
     uint32_t partial_head; /* chunks of this class with a free slot */
     uint32_t chunks;
@@ -76,9 +101,12 @@ struct kvd_arena {
     pthread_mutex_t lock; /* guards everything below */
     uint32_t free_chunk_head;
     uint32_t chunks_free;
-    uint32_t num_classes; /* atomic: read lock-free by slot_offset */
+    uint32_t num_classes;    /* places bound to a size */
+    uint64_t places_free;    /* bit i: classes[i] is free */
+    uint64_t places_refused; /* allocations refused for want of a place */
     uint64_t bytes_used;
     arena_class_t classes[KVD_ARENA_CLASSES_MAX];
+    uint8_t *class_of; /* per class id (slot pages): its place or NO_PLACE */
     arena_chunk_t *chunks;
     uint32_t *links;     /* next free index, per possible slot */
     uint64_t *allocated; /* one bit per possible slot */
@@ -401,17 +429,22 @@ static kvd_status_t arena_alloc_metadata(kvd_arena_t *arena)
     arena->chunks = malloc(arena->num_chunks * sizeof(*arena->chunks));
     arena->links = malloc(slots * sizeof(*arena->links));
     arena->allocated = calloc((slots + 63) / 64, sizeof(uint64_t));
+    /* Class ids run from 1 to slots_max_chunk. */
+    arena->class_of = malloc((size_t)arena->slots_max_chunk + 1);
     if (arena->chunks == NULL || arena->links == NULL ||
-        arena->allocated == NULL) {
+        arena->allocated == NULL || arena->class_of == NULL) {
         free(arena->chunks);
         free(arena->links);
         free(arena->allocated);
+        free(arena->class_of);
         return KVD_ERR_NOMEM;
     }
+    memset(arena->class_of, ARENA_NO_PLACE, (size_t)arena->slots_max_chunk + 1);
+    arena->places_free = ARENA_PLACES_ALL;
     /* Pool in address order, so a fresh arena fills from the base. */
     for (uint32_t c = 0; c < arena->num_chunks; c++) {
         arena->chunks[c] = (arena_chunk_t){
-            .class_id = ARENA_NONE,
+            .place = ARENA_NONE,
             .free_head = ARENA_NONE,
             .prev = ARENA_NONE,
             .next = c + 1 < arena->num_chunks ? c + 1 : ARENA_NONE,
@@ -479,6 +512,7 @@ err_metadata:
     free(arena->chunks);
     free(arena->links);
     free(arena->allocated);
+    free(arena->class_of);
 err_free:
     free(arena);
     return status;
@@ -495,6 +529,7 @@ void kvd_arena_destroy(kvd_arena_t *arena)
     free(arena->chunks);
     free(arena->links);
     free(arena->allocated);
+    free(arena->class_of);
     free(arena);
 }
 
@@ -531,40 +566,53 @@ kvd_status_t kvd_arena_class_register(kvd_arena_t *arena, uint64_t object_bytes,
                       object_bytes, arena->chunk_bytes);
         return KVD_ERR_RANGE;
     }
-    uint64_t slot_bytes = arena_round_up(object_bytes, KVD_ARENA_SLOT_ALIGN);
-    kvd_status_t status = KVD_OK;
-    pthread_mutex_lock(&arena->lock);
-    uint32_t n = arena->num_classes;
-    uint32_t id = 0;
-    while (id < n && arena->classes[id].slot_bytes != slot_bytes) {
-        id++;
+    /* At most chunk_bytes / 4096 <= 2^18: fits, and never CLASS_INVALID. */
+    *class_out = (uint32_t)(arena_round_up(object_bytes, KVD_ARENA_SLOT_ALIGN) /
+                            KVD_ARENA_SLOT_ALIGN);
+    return KVD_OK;
+}
+
+/*
+ * Binds a free place to the class of `class_id` (slot pages); ARENA_NONE
+ * when every place is bound. The caller holds the lock and carves the
+ * class's first chunk right after, so a bound place always holds a chunk.
+ */
+static uint32_t arena_class_bind(kvd_arena_t *arena, uint32_t class_id)
+{
+    if (arena->places_free == 0) {
+        return ARENA_NONE;
     }
-    if (id == n) {
-        if (n == KVD_ARENA_CLASSES_MAX) {
-            /* Reachable from a daemon client's Reserve sizes: rate-limited
-             * so a client cannot flood the log. */
-            KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_ERROR, 1000,
-                                "arena: no room for a class of %" PRIu64
-                                "-byte slots (%u classes exist)",
-                                slot_bytes, n);
-            status = KVD_ERR_RANGE;
-            goto out;
-        }
-        arena->classes[n] = (arena_class_t){
-            .slot_bytes = slot_bytes,
-            .slots_per_chunk = (uint32_t)(arena->chunk_bytes / slot_bytes),
-            .partial_head = ARENA_NONE,
-        };
-        /* Release: the class is complete before lock-free readers can
-         * count it. */
-        __atomic_store_n(&arena->num_classes, n + 1, __ATOMIC_RELEASE);
-        KVD_LOG_DEBUG("arena: class %u: %" PRIu64 "-byte slots, %u per chunk",
-                      id, slot_bytes, arena->classes[n].slots_per_chunk);
-    }
-    *class_out = id;
-out:
-    pthread_mutex_unlock(&arena->lock);
-    return status;
+    uint32_t place = (uint32_t)__builtin_ctzll(arena->places_free);
+    uint64_t slot_bytes = (uint64_t)class_id * KVD_ARENA_SLOT_ALIGN;
+    arena->places_free &= ~(1ull << place);
+    arena->classes[place] = (arena_class_t){
+        .slot_bytes = slot_bytes,
+        .slots_per_chunk = (uint32_t)(arena->chunk_bytes / slot_bytes),
+        .partial_head = ARENA_NONE,
+    };
+    arena->class_of[class_id] = (uint8_t)place;
+    arena->num_classes++;
+    KVD_LOG_DEBUG("arena: class %u (%" PRIu64 "-byte slots, %u per chunk) "
+                  "takes place %u",
+                  class_id, slot_bytes, arena->classes[place].slots_per_chunk,
+                  place);
+    return place;
+}
+
+/* Frees the place of a class whose last chunk went back to the pool; the
+ * caller holds the lock. */
+static void arena_class_unbind(kvd_arena_t *arena, uint32_t place)
+{
+    arena_class_t *cls = &arena->classes[place];
+    assert(cls->chunks == 0 && cls->slots_used == 0 && cls->slots_free == 0 &&
+           cls->partial_head == ARENA_NONE);
+    uint32_t class_id = (uint32_t)(cls->slot_bytes / KVD_ARENA_SLOT_ALIGN);
+    arena->class_of[class_id] = ARENA_NO_PLACE;
+    *cls = (arena_class_t){.partial_head = ARENA_NONE};
+    arena->places_free |= 1ull << place;
+    arena->num_classes--;
+    KVD_LOG_DEBUG("arena: class %u holds no chunk; place %u is free", class_id,
+                  place);
 }
 
 static uint64_t arena_slot_bit(const kvd_arena_t *arena, uint32_t chunk,
@@ -601,38 +649,49 @@ static void arena_partial_remove(kvd_arena_t *arena, arena_class_t *cls,
     ch->prev = ch->next = ARENA_NONE;
 }
 
-/* Takes a chunk from the pool for `class_id`; ARENA_NONE if none. */
-static uint32_t arena_chunk_carve(kvd_arena_t *arena, uint32_t class_id)
+/* Takes a chunk from the pool for the class at `place`; ARENA_NONE if
+ * none. */
+static uint32_t arena_chunk_carve(kvd_arena_t *arena, uint32_t place)
 {
     uint32_t c = arena->free_chunk_head;
     if (c == ARENA_NONE) {
         return ARENA_NONE;
     }
     arena_chunk_t *ch = &arena->chunks[c];
-    arena_class_t *cls = &arena->classes[class_id];
+    arena_class_t *cls = &arena->classes[place];
     arena->free_chunk_head = ch->next;
     arena->chunks_free--;
+    ch->place = place;
     ch->used = 0;
     ch->bump = 0;
     ch->free_head = ARENA_NONE;
-    __atomic_store_n(&ch->class_id, class_id, __ATOMIC_RELEASE);
+    __atomic_store_n(&ch->slot_pages,
+                     (uint32_t)(cls->slot_bytes / KVD_ARENA_SLOT_ALIGN),
+                     __ATOMIC_RELEASE);
     cls->chunks++;
     cls->slots_free += cls->slots_per_chunk;
     arena_partial_push(arena, cls, c);
     return c;
 }
 
-static void arena_chunk_release(kvd_arena_t *arena, arena_class_t *cls,
-                                uint32_t c)
+/* Returns an empty chunk (off its class's partial list) to the pool, and
+ * the class's place with it when that was the class's last chunk. */
+static void arena_chunk_release(kvd_arena_t *arena, uint32_t c)
 {
     arena_chunk_t *ch = &arena->chunks[c];
-    __atomic_store_n(&ch->class_id, ARENA_NONE, __ATOMIC_RELEASE);
+    uint32_t place = ch->place;
+    arena_class_t *cls = &arena->classes[place];
+    __atomic_store_n(&ch->slot_pages, 0, __ATOMIC_RELEASE);
+    ch->place = ARENA_NONE;
     cls->chunks--;
     cls->slots_free -= cls->slots_per_chunk;
     ch->prev = ARENA_NONE;
     ch->next = arena->free_chunk_head;
     arena->free_chunk_head = c;
     arena->chunks_free++;
+    if (cls->chunks == 0) {
+        arena_class_unbind(arena, place);
+    }
 }
 
 kvd_status_t kvd_arena_slot_alloc(kvd_arena_t *arena, uint32_t class_id,
@@ -641,16 +700,36 @@ kvd_status_t kvd_arena_slot_alloc(kvd_arena_t *arena, uint32_t class_id,
     if (arena == NULL || slot_out == NULL) {
         return KVD_ERR_INVALID;
     }
+    if (class_id == 0 || class_id > arena->slots_max_chunk) {
+        return KVD_ERR_INVALID;
+    }
     kvd_status_t status = KVD_OK;
     pthread_mutex_lock(&arena->lock);
-    if (class_id >= arena->num_classes) {
-        status = KVD_ERR_INVALID;
-        goto out;
+    uint32_t place = arena->class_of[class_id];
+    if (place == ARENA_NO_PLACE) {
+        /* Bind only with a chunk to carve, so that a bound place always
+         * holds one and is handed back by the free of its last slot. */
+        if (arena->free_chunk_head == ARENA_NONE) {
+            status = KVD_ERR_NOSPACE;
+            goto out;
+        }
+        place = arena_class_bind(arena, class_id);
+        if (place == ARENA_NONE) {
+            /* A client may choose many sizes: rate-limited, and counted. */
+            arena->places_refused++;
+            KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
+                                "arena: %u sizes hold chunks; %" PRIu64
+                                "-byte slots wait for one to drain",
+                                arena->num_classes,
+                                (uint64_t)class_id * KVD_ARENA_SLOT_ALIGN);
+            status = KVD_ERR_NOSPACE;
+            goto out;
+        }
     }
-    arena_class_t *cls = &arena->classes[class_id];
+    arena_class_t *cls = &arena->classes[place];
     uint32_t c = cls->partial_head;
     if (c == ARENA_NONE) {
-        c = arena_chunk_carve(arena, class_id);
+        c = arena_chunk_carve(arena, place);
         if (c == ARENA_NONE) {
             status = KVD_ERR_NOSPACE;
             goto out;
@@ -693,7 +772,7 @@ kvd_status_t kvd_arena_slot_free(kvd_arena_t *arena, uint32_t slot)
     uint64_t bit = arena_slot_bit(arena, c, index);
     pthread_mutex_lock(&arena->lock);
     arena_chunk_t *ch = &arena->chunks[c];
-    if (ch->class_id == ARENA_NONE ||
+    if (ch->place == ARENA_NONE ||
         (arena->allocated[bit / 64] & (1ull << (bit % 64))) == 0) {
         pthread_mutex_unlock(&arena->lock);
         KVD_LOG_ERROR("arena: free of slot %" PRIu32
@@ -701,7 +780,7 @@ kvd_status_t kvd_arena_slot_free(kvd_arena_t *arena, uint32_t slot)
                       slot, c, index);
         return KVD_ERR_INVALID;
     }
-    arena_class_t *cls = &arena->classes[ch->class_id];
+    arena_class_t *cls = &arena->classes[ch->place];
     arena->allocated[bit / 64] &= ~(1ull << (bit % 64));
     arena->links[bit] = ch->free_head;
     ch->free_head = index;
@@ -715,7 +794,7 @@ kvd_status_t kvd_arena_slot_free(kvd_arena_t *arena, uint32_t slot)
         if (!was_full) {
             arena_partial_remove(arena, cls, c);
         }
-        arena_chunk_release(arena, cls, c);
+        arena_chunk_release(arena, c);
     } else if (was_full) {
         arena_partial_push(arena, cls, c);
     }
@@ -733,18 +812,18 @@ uint64_t kvd_arena_slot_offset(const kvd_arena_t *arena, uint32_t slot)
         return UINT64_MAX;
     }
     uint32_t index = slot & ((1u << arena->index_bits) - 1);
-    /* Acquire pairs with the release in carve/register: the class is fully
-     * visible. The caller holding the slot already orders this. */
-    uint32_t class_id =
-        __atomic_load_n(&arena->chunks[c].class_id, __ATOMIC_ACQUIRE);
-    if (class_id == ARENA_NONE) {
+    /* The slot size comes from the chunk, not from the class table, whose
+     * places are rebound under the lock: one atomic word cannot be seen
+     * half-written. A caller holding the slot is ordered after the carve
+     * by the lock it allocated under; acquire pairs with carve's release
+     * for one that was handed the id by another thread. */
+    uint32_t pages =
+        __atomic_load_n(&arena->chunks[c].slot_pages, __ATOMIC_ACQUIRE);
+    uint64_t slot_bytes = (uint64_t)pages * KVD_ARENA_SLOT_ALIGN;
+    if (pages == 0 || (uint64_t)(index + 1) * slot_bytes > arena->chunk_bytes) {
         return UINT64_MAX;
     }
-    const arena_class_t *cls = &arena->classes[class_id];
-    if (index >= cls->slots_per_chunk) {
-        return UINT64_MAX;
-    }
-    return (uint64_t)c * arena->chunk_bytes + (uint64_t)index * cls->slot_bytes;
+    return (uint64_t)c * arena->chunk_bytes + (uint64_t)index * slot_bytes;
 }
 
 void *kvd_arena_slot_ptr(const kvd_arena_t *arena, uint32_t slot)
@@ -774,10 +853,15 @@ kvd_status_t kvd_arena_stats(kvd_arena_t *arena, kvd_arena_stats_t *out)
     out->chunks_free = arena->chunks_free;
     out->bytes_carved =
         (uint64_t)(arena->num_chunks - arena->chunks_free) * arena->chunk_bytes;
-    out->num_classes = arena->num_classes;
-    for (uint32_t i = 0; i < arena->num_classes; i++) {
-        const arena_class_t *cls = &arena->classes[i];
-        out->classes[i] = (kvd_arena_class_stats_t){
+    out->class_places_full = arena->places_refused;
+    uint32_t n = 0;
+    for (uint32_t place = 0; place < KVD_ARENA_CLASSES_MAX; place++) {
+        const arena_class_t *cls = &arena->classes[place];
+        if (cls->slot_bytes == 0) {
+            continue;
+        }
+        out->classes[n++] = (kvd_arena_class_stats_t){
+            .class_id = (uint32_t)(cls->slot_bytes / KVD_ARENA_SLOT_ALIGN),
             .slot_bytes = cls->slot_bytes,
             .slots_per_chunk = cls->slots_per_chunk,
             .chunks = cls->chunks,
@@ -785,6 +869,7 @@ kvd_status_t kvd_arena_stats(kvd_arena_t *arena, kvd_arena_stats_t *out)
             .slots_free = cls->slots_free,
         };
     }
+    out->num_classes = n;
     pthread_mutex_unlock(&arena->lock);
     return KVD_OK;
 }

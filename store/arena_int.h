@@ -20,13 +20,20 @@
  * is the tail of each chunk (chunk_bytes % slot_bytes), reported by
  * kvd_arena_stats().
  *
+ * A class exists while it holds a chunk: at most KVD_ARENA_CLASSES_MAX slot
+ * sizes hold chunks at the same time, and a class whose last chunk returns
+ * to the pool gives its place to any other size. Class ids are therefore
+ * not places in a table but the slot size in KVD_ARENA_SLOT_ALIGN units: an
+ * id never goes stale and never comes to mean another size.
+ *
  * Slot ids are stable uint32 values, (chunk << index_bits) | index within
  * the chunk; KVD_ARENA_SLOT_INVALID is never a valid id.
  *
  * Threading: kvd_arena_create() and kvd_arena_destroy() must not run
  * concurrently with any other call on the same arena. Every other call is
- * thread-safe. Allocation, free, class registration and stats take one
- * mutex and are O(1) (stats is O(classes)). kvd_arena_slot_ptr(),
+ * thread-safe. Allocation, free and stats take one
+ * mutex and are O(1) (stats is O(classes)); class registration is
+ * arithmetic and takes no lock. kvd_arena_slot_ptr(),
  * kvd_arena_slot_offset() and kvd_arena_slot_chunk() take no lock: they are
  * arithmetic on a slot the caller holds. Mappings (kvd_arena_mapping_t) are
  * immutable after open and may be used from any thread.
@@ -54,7 +61,7 @@ extern "C" {
 
 /* Slot granularity and alignment: the O_DIRECT / DMA page. */
 #define KVD_ARENA_SLOT_ALIGN 4096u
-/* At most this many slab classes per arena. */
+/* At most this many slot sizes hold chunks at the same time (a bit mask). */
 #define KVD_ARENA_CLASSES_MAX 64u
 /* Largest chunk: io_uring registers at most 1 GiB per buffer. */
 #define KVD_ARENA_CHUNK_BYTES_MAX (1ull << 30)
@@ -165,14 +172,17 @@ kvd_status_t kvd_arena_query(const kvd_arena_t *arena,
                              kvd_arena_info_t *info_out);
 
 /*
- * Registers (or finds) the slab class for objects of `object_bytes`. The
- * slot size is object_bytes rounded up to KVD_ARENA_SLOT_ALIGN; objects
- * whose slot sizes are equal share one class, so registering the same size
- * twice returns the same id. Class ids are dense from 0 and stay valid
- * until destroy (classes are never unregistered).
+ * The slab class id for objects of `object_bytes`. The slot size is
+ * object_bytes rounded up to KVD_ARENA_SLOT_ALIGN; objects whose slot sizes
+ * are equal share one class, so registering the same size twice returns
+ * the same id. The id is the slot size in KVD_ARENA_SLOT_ALIGN units (1 to
+ * chunk_bytes / 4096) and stays valid until destroy, whether or not the
+ * class holds chunks now: registering reserves nothing, and the number of
+ * sizes registered is not limited (kvd_arena_slot_alloc() says when
+ * KVD_ARENA_CLASSES_MAX other sizes hold all the class places).
  *
  * Errors: KVD_ERR_INVALID (NULL argument, object_bytes 0), KVD_ERR_RANGE
- * (slot larger than a chunk, or KVD_ARENA_CLASSES_MAX classes exist).
+ * (slot larger than a chunk).
  */
 kvd_status_t kvd_arena_class_register(kvd_arena_t *arena, uint64_t object_bytes,
                                       uint32_t *class_out);
@@ -183,15 +193,22 @@ kvd_status_t kvd_arena_class_register(kvd_arena_t *arena, uint64_t object_bytes,
  * keep others draining), else carves a chunk from the free pool. O(1).
  * The slot's bytes are whatever its previous holder left.
  *
- * Errors: KVD_ERR_INVALID (NULL argument, unknown class), KVD_ERR_NOSPACE
- * (no free slot in the class and no free chunk: evict, then retry).
+ * A class that holds no chunk takes one of the KVD_ARENA_CLASSES_MAX class
+ * places with its first chunk and gives it back when its last chunk
+ * returns to the pool.
+ *
+ * Errors: KVD_ERR_INVALID (NULL argument, id not from
+ * kvd_arena_class_register()), KVD_ERR_NOSPACE (no free slot in the class
+ * and no free chunk, or the class holds no chunk and KVD_ARENA_CLASSES_MAX
+ * other sizes do: evict, then retry; either way freeing slots is the cure).
  */
 kvd_status_t kvd_arena_slot_alloc(kvd_arena_t *arena, uint32_t class_id,
                                   uint32_t *slot_out);
 
 /*
  * Returns an allocated slot to its class; when it was the last allocated
- * slot of its chunk, the chunk returns to the free pool. O(1).
+ * slot of its chunk, the chunk returns to the free pool, and when that was
+ * the class's last chunk, its class place is free for any size. O(1).
  * Errors: KVD_ERR_INVALID (NULL arena, id that is not an allocated slot,
  * including a double free; logged, nothing changes).
  */
@@ -215,6 +232,7 @@ uint32_t kvd_arena_slot_chunk(const kvd_arena_t *arena, uint32_t slot);
 /* Per-class counters. Slots "available" = free slots in the class's chunks
  * plus what the free chunks would give it. */
 typedef struct kvd_arena_class_stats {
+    uint32_t class_id; /* as kvd_arena_class_register() returns it */
     uint64_t slot_bytes;
     uint32_t slots_per_chunk;
     uint32_t chunks;     /* chunks carved for this class now */
@@ -228,6 +246,11 @@ typedef struct kvd_arena_stats {
     uint64_t bytes_carved; /* chunks carved * chunk_bytes */
     uint32_t chunks_total;
     uint32_t chunks_free;
+    /* Allocations refused with KVD_ERR_NOSPACE because KVD_ARENA_CLASSES_MAX
+     * other sizes held every class place (since create). */
+    uint64_t class_places_full;
+    /* The classes that hold chunks now, classes[0 .. num_classes), in no
+     * particular order; a class without chunks is not listed. */
     uint32_t num_classes;
     kvd_arena_class_stats_t classes[KVD_ARENA_CLASSES_MAX];
 } kvd_arena_stats_t;

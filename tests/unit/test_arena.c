@@ -1,10 +1,12 @@
 /*
  * Host arena (store/arena_int.h): creation in each huge-page mode and with
  * bad settings, slab classes, exact capacity, free and reuse, chunks moving
- * between classes (no fragmentation failure), slot alignment and
+ * between classes (no fragmentation failure), class places handed back
+ * when a size drains and reused by other sizes, slot alignment and
  * disjointness, prefault, the export/import path across fork(), the config
  * table, every failpoint (nothing leaked: ASan for memory, /proc/self/fd
- * for descriptors) and concurrent allocation from four threads.
+ * for descriptors) and concurrent allocation from four threads, over two
+ * sizes and over more sizes than class places.
  *
  * Arenas here are a few MiB with 1 MiB chunks so that the whole file runs
  * in well under a second, sanitizers included. Worker threads and forked
@@ -119,6 +121,19 @@ static uint32_t fill_class(kvd_arena_t *arena, uint32_t class_id,
     }
     assert_int_equal(st, KVD_ERR_NOSPACE);
     return n;
+}
+
+/* The stats of class `id`; all zero when the class holds no chunk (it is
+ * not listed then). */
+static kvd_arena_class_stats_t class_stats(const kvd_arena_stats_t *st,
+                                           uint32_t id)
+{
+    for (uint32_t i = 0; i < st->num_classes; i++) {
+        if (st->classes[i].class_id == id) {
+            return st->classes[i];
+        }
+    }
+    return (kvd_arena_class_stats_t){.class_id = id};
 }
 
 /* ------------------------------------------------------------------------ */
@@ -267,6 +282,9 @@ static void test_class_register(void **state)
     assert_int_equal(kvd_arena_class_register(arena, 4097, &c), KVD_OK);
     assert_int_not_equal(a, c);
     assert_int_equal(kvd_arena_class_register(arena, MIB, &c), KVD_OK);
+    /* The id is the slot size in pages. */
+    assert_int_equal(a, 1);
+    assert_int_equal(c, 256);
 
     kvd_log_set_level(KVD_LOG_LEVEL_OFF);
     assert_int_equal(kvd_arena_class_register(arena, 0, &c), KVD_ERR_INVALID);
@@ -274,24 +292,28 @@ static void test_class_register(void **state)
     assert_int_equal(kvd_arena_class_register(arena, 1, NULL), KVD_ERR_INVALID);
     assert_int_equal(kvd_arena_class_register(arena, MIB + 1, &c),
                      KVD_ERR_RANGE);
-
-    /* Fill the class table, then one more distinct size is refused while
-     * existing sizes still resolve. */
-    kvd_arena_stats_t st;
-    assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
-    for (uint64_t pages = 3; st.num_classes < KVD_ARENA_CLASSES_MAX; pages++) {
-        assert_int_equal(kvd_arena_class_register(arena, pages * 4096, &c),
-                         KVD_OK);
-        assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
-    }
-    assert_int_equal(kvd_arena_class_register(arena, 200 * 4096, &c),
-                     KVD_ERR_RANGE);
-    assert_int_equal(kvd_arena_class_register(arena, 4000, &c), KVD_OK);
-    assert_int_equal(c, a);
     kvd_log_set_level(saved);
 
-    assert_int_equal(st.classes[a].slot_bytes, 4096);
-    assert_int_equal(st.classes[a].slots_per_chunk, 256);
+    /* Registering reserves nothing: any number of sizes can be registered,
+     * and no class is listed before it holds a chunk. */
+    for (uint64_t pages = 1; pages <= 256; pages++) {
+        assert_int_equal(kvd_arena_class_register(arena, pages * 4096 - 7, &c),
+                         KVD_OK);
+        assert_int_equal(c, pages);
+    }
+    kvd_arena_stats_t st;
+    assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
+    assert_int_equal(st.num_classes, 0);
+
+    uint32_t s;
+    assert_int_equal(kvd_arena_slot_alloc(arena, a, &s), KVD_OK);
+    assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
+    assert_int_equal(st.num_classes, 1);
+    assert_int_equal(st.classes[0].class_id, a);
+    assert_int_equal(st.classes[0].slot_bytes, 4096);
+    assert_int_equal(st.classes[0].slots_per_chunk, 256);
+    assert_int_equal(st.classes[0].chunks, 1);
+    assert_int_equal(kvd_arena_slot_free(arena, s), KVD_OK);
     kvd_arena_destroy(arena);
 }
 
@@ -312,9 +334,9 @@ static void test_capacity(void **state)
     assert_int_equal(st.bytes_total, 16 * MIB);
     assert_int_equal(st.bytes_used, 16 * MIB);
     assert_int_equal(st.chunks_free, 0);
-    assert_int_equal(st.classes[small].slots_used, 256);
-    assert_int_equal(st.classes[small].slots_free, 0);
-    assert_int_equal(st.classes[small].chunks, 16);
+    assert_int_equal(class_stats(&st, small).slots_used, 256);
+    assert_int_equal(class_stats(&st, small).slots_free, 0);
+    assert_int_equal(class_stats(&st, small).chunks, 16);
     /* Full: the other class gets nothing either. */
     uint32_t s;
     assert_int_equal(kvd_arena_slot_alloc(arena, odd, &s), KVD_ERR_NOSPACE);
@@ -326,7 +348,7 @@ static void test_capacity(void **state)
     assert_int_equal(st.chunks_free, 16);
     assert_int_equal(st.bytes_used, 0);
     assert_int_equal(st.bytes_carved, 0);
-    assert_int_equal(st.classes[small].chunks, 0);
+    assert_int_equal(class_stats(&st, small).chunks, 0);
 
     assert_int_equal(fill_class(arena, odd, slots, 1024), 48);
     assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
@@ -369,7 +391,12 @@ static void test_free_realloc(void **state)
     assert_int_equal(kvd_arena_slot_free(arena, free_chunk_slot),
                      KVD_ERR_INVALID);
     assert_int_equal(kvd_arena_slot_free(NULL, s[0]), KVD_ERR_INVALID);
-    assert_int_equal(kvd_arena_slot_alloc(arena, 99, &again), KVD_ERR_INVALID);
+    /* Class ids run from 1 to chunk pages (256 here). */
+    assert_int_equal(kvd_arena_slot_alloc(arena, 0, &again), KVD_ERR_INVALID);
+    assert_int_equal(kvd_arena_slot_alloc(arena, 257, &again), KVD_ERR_INVALID);
+    assert_int_equal(
+        kvd_arena_slot_alloc(arena, KVD_ARENA_CLASS_INVALID, &again),
+        KVD_ERR_INVALID);
     assert_int_equal(kvd_arena_slot_alloc(arena, cls, NULL), KVD_ERR_INVALID);
     assert_int_equal(kvd_arena_slot_alloc(NULL, cls, &again), KVD_ERR_INVALID);
     kvd_log_set_level(saved);
@@ -383,9 +410,9 @@ static void test_free_realloc(void **state)
 
     kvd_arena_stats_t st;
     assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
-    assert_int_equal(st.classes[cls].slots_used, 2);
-    assert_int_equal(st.classes[cls].slots_free, 10 - 2);
-    assert_int_equal(st.classes[other].chunks, 0);
+    assert_int_equal(class_stats(&st, cls).slots_used, 2);
+    assert_int_equal(class_stats(&st, cls).slots_free, 10 - 2);
+    assert_int_equal(class_stats(&st, other).chunks, 0);
     assert_int_equal(kvd_arena_stats(arena, NULL), KVD_ERR_INVALID);
     assert_int_equal(kvd_arena_slot_free(arena, s[0]), KVD_OK);
     assert_int_equal(kvd_arena_slot_free(arena, s[2]), KVD_OK);
@@ -418,8 +445,8 @@ static void test_no_fragmentation(void **state)
     kvd_arena_stats_t st;
     assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
     assert_int_equal(st.chunks_free, 0);
-    uint32_t a_chunks = st.classes[a].chunks;
-    assert_int_equal(a_chunks + st.classes[b].chunks, 16);
+    uint32_t a_chunks = class_stats(&st, a).chunks;
+    assert_int_equal(a_chunks + class_stats(&st, b).chunks, 16);
     assert_int_equal(na, a_chunks * 16);
     assert_true(a_chunks >= 2);
 
@@ -431,8 +458,8 @@ static void test_no_fragmentation(void **state)
     uint32_t more = fill_class(arena, b, b_slots + nb, 512 - nb);
     assert_int_equal(more, a_chunks * 4);
     assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
-    assert_int_equal(st.classes[b].chunks, 16);
-    assert_int_equal(st.classes[a].chunks, 0);
+    assert_int_equal(class_stats(&st, b).chunks, 16);
+    assert_int_equal(class_stats(&st, a).chunks, 0);
     kvd_arena_destroy(arena);
 }
 
@@ -454,6 +481,164 @@ static bool check_pattern(const uint8_t *p, uint64_t len, uint32_t seed)
         }
     }
     return true;
+}
+
+/* Writes `seed`'s pattern over the first and the last 64 bytes of a slot of
+ * `len` bytes (whole slots of the large classes would be slow to fill). */
+static void mark_slot(uint8_t *p, uint64_t len, uint32_t seed)
+{
+    fill_pattern(p, 64, seed);
+    fill_pattern(p + len - 64, 64, seed + 1);
+}
+
+static bool check_mark(const uint8_t *p, uint64_t len, uint32_t seed)
+{
+    return check_pattern(p, 64, seed) &&
+           check_pattern(p + len - 64, 64, seed + 1);
+}
+
+/*
+ * Slab-class exhaustion (docs/reliability.md): with objects of
+ * KVD_ARENA_CLASSES_MAX distinct sizes live, freeing every object of some
+ * sizes must make room for new sizes, while the live objects keep their
+ * offsets and bytes, and an id registered before its class drained still
+ * allocates slots of its own size.
+ */
+static void test_class_reclaim(void **state)
+{
+    (void)state;
+    /* 128 pages per chunk: sizes of 1..64 pages take one chunk each. */
+    const uint64_t chunk = 512 * 1024;
+    kvd_arena_t *arena = test_arena(80 * chunk, chunk);
+    enum { N = KVD_ARENA_CLASSES_MAX };
+    uint32_t cls[N], slots[N][2];
+    uint64_t offs[N][2];
+    for (uint32_t i = 0; i < N; i++) {
+        uint64_t bytes = (i + 1) * 4096ull;
+        assert_int_equal(kvd_arena_class_register(arena, bytes - 100, &cls[i]),
+                         KVD_OK);
+        for (uint32_t k = 0; k < 2; k++) {
+            assert_int_equal(kvd_arena_slot_alloc(arena, cls[i], &slots[i][k]),
+                             KVD_OK);
+            offs[i][k] = kvd_arena_slot_offset(arena, slots[i][k]);
+            fill_pattern(kvd_arena_slot_ptr(arena, slots[i][k]), bytes,
+                         i * 2 + k);
+        }
+    }
+    /* Every object of the even-indexed sizes goes: 32 classes drain. */
+    for (uint32_t i = 0; i < N; i += 2) {
+        for (uint32_t k = 0; k < 2; k++) {
+            assert_int_equal(kvd_arena_slot_free(arena, slots[i][k]), KVD_OK);
+        }
+    }
+
+    /* A 65th size, then 31 more: the table is full of live classes again. */
+    uint32_t fresh[N / 2], fresh_slot[N / 2];
+    for (uint32_t j = 0; j < N / 2; j++) {
+        uint64_t bytes = (65 + j) * 4096ull;
+        assert_int_equal(kvd_arena_class_register(arena, bytes, &fresh[j]),
+                         KVD_OK);
+        assert_int_equal(kvd_arena_slot_alloc(arena, fresh[j], &fresh_slot[j]),
+                         KVD_OK);
+        uint64_t off = kvd_arena_slot_offset(arena, fresh_slot[j]);
+        assert_int_equal(off % KVD_ARENA_SLOT_ALIGN, 0);
+        assert_true(off % chunk + bytes <= chunk);
+        mark_slot(kvd_arena_slot_ptr(arena, fresh_slot[j]), bytes, 1000 + j);
+    }
+
+    /* The id of a drained size: no class slot while 64 sizes are live (the
+     * caller evicts and retries), its own slot size once one drains. */
+    uint32_t s;
+    kvd_log_level_t saved = kvd_log_get_level();
+    kvd_log_set_level(KVD_LOG_LEVEL_OFF);
+    assert_int_equal(kvd_arena_slot_alloc(arena, cls[2], &s), KVD_ERR_NOSPACE);
+    kvd_log_set_level(saved);
+    assert_int_equal(kvd_arena_slot_free(arena, fresh_slot[0]), KVD_OK);
+    assert_int_equal(kvd_arena_slot_alloc(arena, cls[2], &s), KVD_OK);
+    uint64_t off = kvd_arena_slot_offset(arena, s);
+    assert_true(off % chunk + 3 * 4096 <= chunk);
+    fill_pattern(kvd_arena_slot_ptr(arena, s), 3 * 4096, 7777);
+
+    /* Nothing live moved or was overwritten. */
+    for (uint32_t i = 1; i < N; i += 2) {
+        for (uint32_t k = 0; k < 2; k++) {
+            assert_int_equal(kvd_arena_slot_offset(arena, slots[i][k]),
+                             offs[i][k]);
+            assert_true(check_pattern(kvd_arena_slot_ptr(arena, slots[i][k]),
+                                      (i + 1) * 4096ull, i * 2 + k));
+        }
+    }
+    for (uint32_t j = 1; j < N / 2; j++) {
+        assert_true(check_mark(kvd_arena_slot_ptr(arena, fresh_slot[j]),
+                               (65 + j) * 4096ull, 1000 + j));
+    }
+    assert_true(check_pattern(kvd_arena_slot_ptr(arena, s), 3 * 4096, 7777));
+
+    /* Free everything: no class, slot or chunk is left behind. */
+    assert_int_equal(kvd_arena_slot_free(arena, s), KVD_OK);
+    for (uint32_t i = 1; i < N; i += 2) {
+        for (uint32_t k = 0; k < 2; k++) {
+            assert_int_equal(kvd_arena_slot_free(arena, slots[i][k]), KVD_OK);
+        }
+    }
+    for (uint32_t j = 1; j < N / 2; j++) {
+        assert_int_equal(kvd_arena_slot_free(arena, fresh_slot[j]), KVD_OK);
+    }
+    kvd_arena_stats_t st;
+    assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
+    assert_int_equal(st.num_classes, 0);
+    assert_int_equal(st.bytes_used, 0);
+    assert_int_equal(st.chunks_free, st.chunks_total);
+    kvd_arena_destroy(arena);
+}
+
+/* 1000 distinct sizes pass through the arena, 63 of them live at a time
+ * next to one long-lived object: the table never runs out. */
+static void test_class_cycle_sizes(void **state)
+{
+    (void)state;
+    enum { SIZES = 1000, WINDOW = KVD_ARENA_CLASSES_MAX - 1 };
+    const uint64_t chunk = 4 * MIB; /* 1024 pages: room for every size */
+    kvd_arena_t *arena = test_arena(66 * chunk, chunk);
+    uint32_t anchor_cls, anchor;
+    assert_int_equal(kvd_arena_class_register(arena, 4096, &anchor_cls),
+                     KVD_OK);
+    assert_int_equal(kvd_arena_slot_alloc(arena, anchor_cls, &anchor), KVD_OK);
+    uint64_t anchor_off = kvd_arena_slot_offset(arena, anchor);
+    fill_pattern(kvd_arena_slot_ptr(arena, anchor), 4096, 42);
+
+    static uint32_t slots[SIZES];
+    for (uint32_t i = 0; i < SIZES; i++) {
+        if (i >= WINDOW) {
+            uint32_t old = i - WINDOW;
+            uint64_t old_bytes = (2 + old) * 4096ull;
+            assert_true(check_mark(kvd_arena_slot_ptr(arena, slots[old]),
+                                   old_bytes, old));
+            assert_int_equal(kvd_arena_slot_free(arena, slots[old]), KVD_OK);
+        }
+        uint64_t bytes = (2 + i) * 4096ull;
+        uint32_t cls;
+        assert_int_equal(kvd_arena_class_register(arena, bytes, &cls), KVD_OK);
+        assert_int_equal(kvd_arena_slot_alloc(arena, cls, &slots[i]), KVD_OK);
+        uint64_t off = kvd_arena_slot_offset(arena, slots[i]);
+        assert_true(off % chunk + bytes <= chunk);
+        mark_slot(kvd_arena_slot_ptr(arena, slots[i]), bytes, i);
+    }
+    for (uint32_t i = SIZES - WINDOW; i < SIZES; i++) {
+        assert_true(check_mark(kvd_arena_slot_ptr(arena, slots[i]),
+                               (2 + i) * 4096ull, i));
+        assert_int_equal(kvd_arena_slot_free(arena, slots[i]), KVD_OK);
+    }
+    assert_int_equal(kvd_arena_slot_offset(arena, anchor), anchor_off);
+    assert_true(check_pattern(kvd_arena_slot_ptr(arena, anchor), 4096, 42));
+
+    kvd_arena_stats_t st;
+    assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
+    assert_int_equal(st.num_classes, 1);
+    assert_int_equal(st.chunks_free, st.chunks_total - 1);
+    assert_int_equal(st.bytes_used, 4096);
+    assert_int_equal(kvd_arena_slot_free(arena, anchor), KVD_OK);
+    kvd_arena_destroy(arena);
 }
 
 static void test_slots_aligned_disjoint(void **state)
@@ -795,7 +980,8 @@ static void test_config_table(void **state)
 
 typedef struct thread_arg {
     kvd_arena_t *arena;
-    uint32_t classes[2];
+    const uint32_t *classes;
+    uint32_t num_classes;
     uint32_t id;
     uint32_t failures; /* read by the test thread after join */
     uint32_t nospace;  /* NOSPACE answers: expected, not failures */
@@ -819,7 +1005,7 @@ static void *thread_main(void *p)
         if (do_alloc) {
             uint32_t slot;
             kvd_status_t st = kvd_arena_slot_alloc(
-                arg->arena, arg->classes[(rng >> 4) & 1], &slot);
+                arg->arena, arg->classes[(rng >> 4) % arg->num_classes], &slot);
             if (st == KVD_ERR_NOSPACE) {
                 arg->nospace++;
                 continue;
@@ -855,19 +1041,18 @@ static void *thread_main(void *p)
     return NULL;
 }
 
-static void test_threads(void **state)
+/* Runs NUM_THREADS thread_main()s over `classes`, then checks that no
+ * slot, chunk or class place leaked. */
+static void run_threads(kvd_arena_t *arena, const uint32_t *classes,
+                        uint32_t num_classes)
 {
-    (void)state;
-    /* Small enough that the four threads (up to 48 slots each) contend for
-     * chunks and hit NOSPACE, so carve/release races are exercised. */
-    kvd_arena_t *arena = test_arena(8 * MIB, MIB);
-    uint32_t c0, c1;
-    assert_int_equal(kvd_arena_class_register(arena, 16 * 1024, &c0), KVD_OK);
-    assert_int_equal(kvd_arena_class_register(arena, 200 * 1024, &c1), KVD_OK);
     pthread_t th[NUM_THREADS];
     thread_arg_t args[NUM_THREADS];
     for (uint32_t i = 0; i < NUM_THREADS; i++) {
-        args[i] = (thread_arg_t){.arena = arena, .classes = {c0, c1}, .id = i};
+        args[i] = (thread_arg_t){.arena = arena,
+                                 .classes = classes,
+                                 .num_classes = num_classes,
+                                 .id = i};
         assert_int_equal(pthread_create(&th[i], NULL, thread_main, &args[i]),
                          0);
     }
@@ -875,13 +1060,48 @@ static void test_threads(void **state)
         assert_int_equal(pthread_join(th[i], NULL), 0);
         assert_int_equal(args[i].failures, 0);
     }
-    /* Everything went back: no slot or chunk leaked. */
     kvd_arena_stats_t st;
     assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
     assert_int_equal(st.bytes_used, 0);
     assert_int_equal(st.chunks_free, st.chunks_total);
-    assert_int_equal(st.classes[c0].slots_used + st.classes[c1].slots_used, 0);
-    assert_int_equal(st.classes[c0].chunks + st.classes[c1].chunks, 0);
+    assert_int_equal(st.num_classes, 0);
+}
+
+static void test_threads(void **state)
+{
+    (void)state;
+    /* Small enough that the four threads (up to 48 slots each) contend for
+     * chunks and hit NOSPACE, so carve/release races are exercised. */
+    kvd_arena_t *arena = test_arena(8 * MIB, MIB);
+    uint32_t cls[2];
+    assert_int_equal(kvd_arena_class_register(arena, 16 * 1024, &cls[0]),
+                     KVD_OK);
+    assert_int_equal(kvd_arena_class_register(arena, 200 * 1024, &cls[1]),
+                     KVD_OK);
+    run_threads(arena, cls, 2);
+    kvd_arena_destroy(arena);
+}
+
+/* 96 sizes over 160 chunks: the four threads contend for class places as
+ * well as chunks, so places are taken and handed back concurrently. */
+static void test_threads_many_sizes(void **state)
+{
+    (void)state;
+    const uint64_t chunk = 512 * 1024;
+    kvd_arena_t *arena = test_arena(160 * chunk, chunk);
+    uint32_t cls[96];
+    for (uint32_t i = 0; i < 96; i++) {
+        assert_int_equal(
+            kvd_arena_class_register(arena, (i + 1) * 4096ull, &cls[i]),
+            KVD_OK);
+    }
+    kvd_log_level_t saved = kvd_log_get_level();
+    kvd_log_set_level(KVD_LOG_LEVEL_ERROR); /* the places-full warning */
+    run_threads(arena, cls, 96);
+    kvd_log_set_level(saved);
+    kvd_arena_stats_t st;
+    assert_int_equal(kvd_arena_stats(arena, &st), KVD_OK);
+    assert_true(st.class_places_full > 0);
     kvd_arena_destroy(arena);
 }
 
@@ -896,11 +1116,14 @@ int main(void)
         cmocka_unit_test(test_free_realloc),
         cmocka_unit_test(test_no_fragmentation),
         cmocka_unit_test(test_slots_aligned_disjoint),
+        cmocka_unit_test(test_class_reclaim),
+        cmocka_unit_test(test_class_cycle_sizes),
         cmocka_unit_test(test_export_fork),
         cmocka_unit_test(test_mapping_invalid),
         cmocka_unit_test(test_failpoints),
         cmocka_unit_test(test_config_table),
         cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_threads_many_sizes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
