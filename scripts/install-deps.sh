@@ -28,6 +28,9 @@ pkgs+=(python3-grpcio python3-protobuf protobuf-compiler)
 pkgs+=(fio redis-server libhiredis-dev)
 # make soak reads the daemon's /metrics.
 pkgs+=(curl)
+# The cluster: etcd's protos (golang-etcd-server-dev, compiled at build time)
+# and the etcd server the cluster tests start.
+pkgs+=(golang-etcd-server-dev etcd-server)
 
 missing=()
 for p in "${pkgs[@]}"; do
