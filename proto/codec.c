@@ -41,6 +41,7 @@ static const kvd_proto_msg_t small_messages[] = {
     KVD_PROTO_MSG_PROMOTE_RESPONSE,     KVD_PROTO_MSG_STATS_REQUEST,
     KVD_PROTO_MSG_STATS_RESPONSE,       KVD_PROTO_MSG_ADMIN_REQUEST,
     KVD_PROTO_MSG_ADMIN_RESPONSE,       KVD_PROTO_MSG_DELETE_RESPONSE,
+    KVD_PROTO_MSG_NODE_INFO,
 };
 
 const kvd_proto_msg_info_t *kvd_proto_msg_info(kvd_proto_msg_t type)

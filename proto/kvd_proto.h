@@ -65,6 +65,7 @@
 #include "kvdepot/common.h"
 #include "kvdepot/v1/metadata.pb-c.h"
 #include "kvdepot/v1/store.pb-c.h"
+#include "kvdepot/v1/cluster.pb-c.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -105,6 +106,9 @@ extern "C" {
 #define KVD_PROTO_MAX_LEASES 4096
 /* Namespaces, and separately tenants, in one ListNamespacesReply. */
 #define KVD_PROTO_MAX_NAMESPACES 4096
+/* A node's UCX worker address and gRPC address in its NodeInfo. */
+#define KVD_PROTO_MAX_UCX_ADDRESS_BYTES 1024
+#define KVD_PROTO_MAX_ADDRESS_BYTES 256
 /* Entries of a ConfigDumpReply, and the longest key, value or source. */
 #define KVD_PROTO_MAX_CONFIG_ENTRIES 256
 #define KVD_PROTO_MAX_CONFIG_TEXT 1024
@@ -170,7 +174,8 @@ extern "C" {
     X(admin_request, ADMIN_REQUEST, AdminRequest)                              \
     X(admin_response, ADMIN_RESPONSE, AdminResponse)                           \
     X(delete_request, DELETE_REQUEST, DeleteRequest)                           \
-    X(delete_response, DELETE_RESPONSE, DeleteResponse)
+    X(delete_response, DELETE_RESPONSE, DeleteResponse)                        \
+    X(node_info, NODE_INFO, NodeInfo)
 
 /* KVD_PROTO_MSG_STEP_PLAN, ... KVD_PROTO_MSG_COUNT. */
 typedef enum kvd_proto_msg {

@@ -92,6 +92,8 @@ typedef struct kvd_samples {
     kvd_pb_drop_namespace_reply_t drop_namespace_reply;
     kvd_pb_flush_reply_t flush_reply;
     kvd_pb_admin_response_t admin_response;
+    uint8_t ucx_address[64];
+    kvd_pb_node_info_t node_info;
 } kvd_samples_t;
 
 static inline void kvd_samples_key(kvd_samples_t *s, kvd_pb_object_key_t *key,
@@ -450,6 +452,19 @@ static inline void kvd_samples_ops(kvd_samples_t *s, unsigned variant)
     s->flush_reply = fr;
     kvd_pb_admin_response_t aresp = KVDEPOT__V1__ADMIN_RESPONSE__INIT;
     s->admin_response = aresp;
+
+    kvd_pb_node_info_t node = KVDEPOT__V1__NODE_INFO__INIT;
+    node.node_id = (char *)(variant == 1 ? "node-b" : "node-a");
+    node.grpc_address = (char *)(variant == 0 ? "" : "10.0.0.7:7070");
+    for (size_t i = 0; i < sizeof(s->ucx_address); i++) {
+        s->ucx_address[i] = (uint8_t)(i * 7u + variant);
+    }
+    node.ucx_address.data = s->ucx_address;
+    node.ucx_address.len = variant == 0 ? 0 : sizeof(s->ucx_address);
+    node.capacity_bytes = UINT64_C(64) << 30;
+    node.version = (char *)"0.1.0";
+    node.protocol_revision = KVD_PROTO_REVISION;
+    s->node_info = node;
 
     switch (variant) {
     case 0:

@@ -8,7 +8,10 @@
  * lease are read back by prefix with the read's revision; a watch opened
  * from that revision + 1 sees later puts and the deletion a lease expiry
  * causes; a dead etcd fails calls within the deadline; a restarted etcd is
- * used again by the same client.
+ * used again by the same client. Membership (cluster/membership.c) on top:
+ * nodes see each other, a stopped node leaves at once, a SIGKILLed node
+ * (a child process: this binary run with --member) leaves after its lease
+ * TTL, and a view goes stale while etcd is down and recovers after.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,6 +33,7 @@
 #include <unistd.h>
 
 #include "cluster/etcd_int.h"
+#include "cluster/membership_int.h"
 #include "tests/unit/kvd_testdir_int.h"
 
 #define TIMEOUT_MS 2000
@@ -283,8 +287,155 @@ static void test_dead_and_restarted_etcd(void **state)
     kvd_etcd_close(e);
 }
 
-int main(void)
+/* ---- membership ---------------------------------------------------------- */
+
+static kvd_membership_t *member_start(const etcd_proc_t *p, const char *id,
+                                      int ttl_s)
 {
+    kvd_member_t self;
+    memset(&self, 0, sizeof self);
+    snprintf(self.node_id, sizeof self.node_id, "%s", id);
+    snprintf(self.grpc_address, sizeof self.grpc_address, "127.0.0.1:%d",
+             1000 + id[0]);
+    self.ucx_address_len = 16;
+    memset(self.ucx_address, id[0], 16);
+    self.capacity_bytes = UINT64_C(1) << 30;
+    snprintf(self.version, sizeof self.version, "test");
+    kvd_membership_config_t cfg = {.etcd_endpoint = p->endpoint,
+                                   .cluster = "t1",
+                                   .self = &self,
+                                   .lease_ttl_s = ttl_s,
+                                   .timeout_ms = 500};
+    kvd_membership_t *m = NULL;
+    assert_int_equal(kvd_membership_start(&cfg, &m), KVD_OK);
+    return m;
+}
+
+/* Waits up to `secs` for `m`'s view to list exactly `ids` (comma-separated,
+ * in order, "" for none) and not be stale. */
+static bool view_is(kvd_membership_t *m, const char *ids, double secs)
+{
+    static kvd_member_t nodes[8];
+    for (double end = now_s() + secs;; usleep(20000)) {
+        kvd_membership_stats_t st;
+        size_t n = kvd_membership_view(m, nodes, 8, &st);
+        char got[256] = "";
+        for (size_t i = 0; i < n && i < 8; i++) {
+            size_t len = strlen(got);
+            snprintf(got + len, sizeof got - len, "%s%.32s", i ? "," : "",
+                     nodes[i].node_id);
+        }
+        if (!st.stale && strcmp(got, ids) == 0) {
+            return true;
+        }
+        if (now_s() > end) {
+            fprintf(stderr, "view: [%s]%s, want [%s]\n", got,
+                    st.stale ? " (stale)" : "", ids);
+            return false;
+        }
+    }
+}
+
+static bool is_stale(kvd_membership_t *m, double secs)
+{
+    for (double end = now_s() + secs; now_s() < end; usleep(20000)) {
+        kvd_membership_stats_t st;
+        (void)kvd_membership_view(m, NULL, 0, &st);
+        if (st.stale) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static void test_membership(void **state)
+{
+    etcd_proc_t *p = *state;
+    kvd_etcd_t *e = NULL;
+    assert_int_equal(kvd_etcd_open(p->endpoint, TIMEOUT_MS, &e), KVD_OK);
+    etcd_wait_ready(e);
+    kvd_etcd_close(e);
+
+    kvd_membership_t *a = member_start(p, "a", 2);
+    kvd_membership_t *b = member_start(p, "b", 2);
+    assert_true(view_is(a, "a,b", 5));
+    assert_true(view_is(b, "a,b", 5));
+    kvd_member_t nodes[2];
+    assert_int_equal(kvd_membership_view(a, nodes, 2, NULL), 2);
+    assert_string_equal(nodes[1].grpc_address, "127.0.0.1:1098");
+    assert_int_equal(nodes[1].ucx_address_len, 16);
+    assert_int_equal(nodes[1].ucx_address[15], 'b');
+
+    /* A stopped node revokes its lease: gone at once. */
+    double t0 = now_s();
+    kvd_membership_stop(b);
+    assert_true(view_is(a, "a", 2));
+    double left_stopped = now_s() - t0;
+
+    /* A node SIGKILLed in another process: gone after its lease's TTL
+     * (2 s), while a keeps its own lease alive. */
+    char port[16];
+    snprintf(port, sizeof port, "%d", p->client_port);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        execl("/proc/self/exe", "test_etcd", "--member", port, "c",
+              (char *)NULL);
+        _exit(127);
+    }
+    assert_true(view_is(a, "a,c", 10));
+    t0 = now_s();
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    assert_true(view_is(a, "a", 8));
+    double left_killed = now_s() - t0;
+    fprintf(stderr,
+            "membership: stopped node left in %.2f s, SIGKILLed node (TTL 2 "
+            "s) in %.2f s\n",
+            left_stopped, left_killed);
+    assert_true(left_killed >= 1.0);
+
+    /* etcd down: the view goes stale, keeps its last members, and comes
+     * back when etcd does. */
+    etcd_kill(p, SIGKILL);
+    assert_true(is_stale(a, 5));
+    assert_int_equal(kvd_membership_view(a, nodes, 2, NULL), 1);
+    etcd_start(p);
+    t0 = now_s();
+    assert_true(view_is(a, "a", 15));
+    fprintf(stderr, "membership: view fresh again %.2f s after etcd restart\n",
+            now_s() - t0);
+    kvd_membership_stop(a);
+}
+
+/* The child of test_membership: a member until killed. */
+static int member_child(const char *port, const char *id)
+{
+    etcd_proc_t p;
+    memset(&p, 0, sizeof p);
+    snprintf(p.endpoint, sizeof p.endpoint, "127.0.0.1:%s", port);
+    kvd_member_t self;
+    memset(&self, 0, sizeof self);
+    snprintf(self.node_id, sizeof self.node_id, "%s", id);
+    kvd_membership_config_t cfg = {.etcd_endpoint = p.endpoint,
+                                   .cluster = "t1",
+                                   .self = &self,
+                                   .lease_ttl_s = 2,
+                                   .timeout_ms = 500};
+    kvd_membership_t *m = NULL;
+    if (kvd_membership_start(&cfg, &m) != KVD_OK) {
+        return 1;
+    }
+    for (;;) {
+        pause();
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 4 && strcmp(argv[1], "--member") == 0) {
+        return member_child(argv[2], argv[3]);
+    }
     const char *bin = getenv("KVDEPOT_ETCD");
     if (bin == NULL || bin[0] == '\0' || access(bin, X_OK) != 0) {
         fprintf(stderr, "test_etcd: no etcd binary (KVDEPOT_ETCD); skipped\n");
@@ -295,6 +446,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_dead_and_restarted_etcd, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_membership, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
