@@ -1038,7 +1038,10 @@ static kvd_status_t svc_get(kvd_service_t *svc, const uint8_t *req, size_t len,
             l = NULL;
         }
     }
-    if (l != NULL) {
+    /* The reply names the lease only when it covers one of its entries
+     * (GetResponse.lease_id): a lease whose every asked block failed is
+     * still open for its other blocks, but not part of this answer. */
+    if (l != NULL && any_held) {
         rsp.lease_id = l->id;
         rsp.lease_ttl_ms = ttl;
     }
