@@ -21,9 +21,9 @@
 struct kvd_membership {
     kvd_membership_config_t cfg;
     kvd_member_t self;
-    char cluster[128];
-    char prefix[KVD_ETCD_KEY_MAX];
-    char key[KVD_ETCD_KEY_MAX];
+    char cluster[101];
+    char prefix[sizeof "/kvdepot//nodes/" + 100];
+    char key[sizeof "/kvdepot//nodes/" + 100 + KVD_PROTO_MAX_NODE_ID_BYTES];
     uint8_t *value; /* self, packed */
     size_t value_len;
     kvd_etcd_t *etcd;
