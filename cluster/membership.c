@@ -124,7 +124,10 @@ static bool decode_member(kvd_membership_t *m, const kvd_etcd_kv_t *kv,
         snprintf(out->node_id, sizeof out->node_id, "%s", info->node_id);
         snprintf(out->grpc_address, sizeof out->grpc_address, "%s",
                  info->grpc_address);
-        memcpy(out->ucx_address, info->ucx_address.data, info->ucx_address.len);
+        if (info->ucx_address.len > 0) {
+            memcpy(out->ucx_address, info->ucx_address.data,
+                   info->ucx_address.len);
+        }
         out->ucx_address_len = info->ucx_address.len;
         out->capacity_bytes = info->capacity_bytes;
         snprintf(out->version, sizeof out->version, "%s", info->version);
