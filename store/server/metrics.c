@@ -16,6 +16,7 @@
 
 #include "common/config_int.h"
 #include "common/log_int.h"
+#include "cluster/membership_int.h"
 #include "store/server/server_int.h"
 
 struct kvd_metrics {
@@ -96,6 +97,22 @@ char *kvd_metrics_render(kvd_server_t *server)
        "# HELP kvdepot_up 1 while the daemon takes calls.\n"
        "# TYPE kvdepot_up gauge\nkvdepot_up %d\n",
        kvd_server_ready(server) ? 1 : 0);
+    kvd_membership_stats_t cs;
+    if (kvd_server_cluster(server, &cs)) {
+        mb(&b,
+           "# HELP kvdepot_cluster_stale 1 while etcd is unreachable and the "
+           "view of the other nodes may be out of date.\n"
+           "# TYPE kvdepot_cluster_stale gauge\nkvdepot_cluster_stale %d\n"
+           "# TYPE kvdepot_cluster_registered gauge\n"
+           "kvdepot_cluster_registered %d\n"
+           "# TYPE kvdepot_cluster_nodes gauge\nkvdepot_cluster_nodes %zu\n"
+           "# TYPE kvdepot_cluster_registrations_total counter\n"
+           "kvdepot_cluster_registrations_total %llu\n"
+           "# TYPE kvdepot_cluster_ignored_total counter\n"
+           "kvdepot_cluster_ignored_total %llu\n",
+           cs.stale ? 1 : 0, cs.registered ? 1 : 0, cs.num_nodes,
+           (unsigned long long)cs.reconnects, (unsigned long long)cs.ignored);
+    }
     mb(&b,
        "# HELP kvdepot_uptime_seconds Time since the daemon started.\n"
        "# TYPE kvdepot_uptime_seconds gauge\n"
@@ -236,9 +253,17 @@ static enum MHD_Result metrics_handler(void *cls, struct MHD_Connection *conn,
     }
     if (strcmp(url, "/readyz") == 0) {
         bool ready = kvd_server_ready(m->server);
-        return metrics_reply(
-            conn, ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE,
-            (char *)(ready ? "ready\n" : "not ready\n"), false, text);
+        /* A stale cluster view is reported, not failed: the daemon keeps
+         * serving its local cache while etcd is unreachable. */
+        kvd_membership_stats_t cs;
+        bool stale = kvd_server_cluster(m->server, &cs) && cs.stale;
+        const char *body = !ready  ? "not ready\n"
+                           : stale ? "ready (cluster view stale: etcd "
+                                     "unreachable)\n"
+                                   : "ready\n";
+        return metrics_reply(conn,
+                             ready ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE,
+                             (char *)body, false, text);
     }
     return metrics_reply(conn, MHD_HTTP_NOT_FOUND, (char *)"not found\n", false,
                          text);

@@ -25,6 +25,7 @@
 #include "common/log_int.h"
 #include "proto/kvd_proto.h"
 #include "store/handoff_int.h"
+#include "cluster/membership_int.h"
 #include "store/server/rpc_int.h"
 #include "store/server/server_int.h"
 
@@ -122,6 +123,22 @@ static const kvd_config_field_t server_fields[] = {
      "arena bytes a tenant's objects hold; its saves evict its own objects "
      "beyond that, never another tenant's",
      kvd_config_parse_string, SRV_OFF(tenant_quotas), 0, 0, NULL},
+    {"cluster.etcd", "",
+     "etcd endpoint host:port of the cluster (\"\": this daemon is alone); "
+     "the daemon registers there and keeps the view of the others",
+     kvd_config_parse_string, SRV_OFF(cluster_etcd), 0, 0, NULL},
+    {"cluster.name", "default",
+     "the cluster's name: its nodes are /kvdepot/<name>/nodes/<node_id>",
+     kvd_config_parse_string, SRV_OFF(cluster_name), 0, 0, NULL},
+    {"cluster.advertise", "",
+     "host:port peers reach this daemon's gRPC at (\"\": server.tcp_address "
+     "with its bound port)",
+     kvd_config_parse_string, SRV_OFF(cluster_advertise), 0, 0, NULL},
+    {"cluster.lease_ttl", "10s",
+     "etcd lease of this node's registration: a dead node leaves the "
+     "others' views after this",
+     kvd_config_parse_duration_ms, SRV_OFF(cluster_lease_ttl_ms), 1000, 3600000,
+     NULL},
     {"server.node_id", "", "this daemon's node id (\"\": the host name)",
      kvd_config_parse_string, SRV_OFF(node_id), 0, 0, NULL},
     {"server.threads", "2", "gRPC completion-queue threads",
@@ -171,6 +188,7 @@ struct kvd_server {
     kvd_service_t *svc;
     kvd_rpc_server_t *rpc;
     kvd_metrics_t *metrics;
+    kvd_membership_t *membership; /* NULL without cluster.etcd */
     int tcp_port, metrics_port;
 
     char handoff_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -773,6 +791,7 @@ static void server_free(kvd_server_t *srv)
     __atomic_store_n(&srv->ready, false, __ATOMIC_RELEASE);
     __atomic_store_n(&srv->stopping, true, __ATOMIC_RELEASE);
     kvd_metrics_stop(srv->metrics);
+    kvd_membership_stop(srv->membership); /* leave the cluster first */
     kvd_rpc_server_stop(srv->rpc, (int)srv->cfg.shutdown_grace_ms);
     if (srv->handoff_started) {
         pthread_join(srv->handoff_thread, NULL);
@@ -806,6 +825,52 @@ static void server_free(kvd_server_t *srv)
     free(srv->config_entries);
     OPENSSL_cleanse(srv->cfg.token, sizeof srv->cfg.token);
     free(srv);
+}
+
+/* Registers this daemon in its cluster (cluster.etcd): node id, the gRPC
+ * address peers use, the capacity it offers. The membership thread does
+ * the rest; an unreachable etcd only makes the view stale. */
+static kvd_status_t server_join_cluster(kvd_server_t *srv, char *err,
+                                        size_t err_len)
+{
+    kvd_member_t *self = calloc(1, sizeof *self);
+    if (self == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    snprintf(self->node_id, sizeof self->node_id, "%.*s",
+             KVD_PROTO_MAX_NODE_ID_BYTES, srv->cfg.node_id);
+    if (srv->cfg.cluster_advertise[0] != '\0') {
+        snprintf(self->grpc_address, sizeof self->grpc_address, "%s",
+                 srv->cfg.cluster_advertise);
+    } else if (srv->cfg.tcp_address[0] != '\0') {
+        const char *colon = strrchr(srv->cfg.tcp_address, ':');
+        int host_len = colon != NULL ? (int)(colon - srv->cfg.tcp_address)
+                                     : (int)strlen(srv->cfg.tcp_address);
+        snprintf(self->grpc_address, sizeof self->grpc_address, "%.*s:%d",
+                 host_len, srv->cfg.tcp_address, srv->tcp_port);
+    }
+    kvd_store_stats_t st;
+    memset(&st, 0, sizeof st);
+    (void)kvd_store_stats(srv->store, &st);
+    self->capacity_bytes = st.host.capacity_bytes + st.disk.capacity_bytes;
+    snprintf(self->version, sizeof self->version, "%s", kvd_version());
+    self->protocol_revision = KVD_PROTO_REVISION;
+    kvd_membership_config_t mc = {
+        .etcd_endpoint = srv->cfg.cluster_etcd,
+        .cluster = srv->cfg.cluster_name,
+        .self = self,
+        .lease_ttl_s = (int)((srv->cfg.cluster_lease_ttl_ms + 999) / 1000),
+        .timeout_ms = 2000,
+    };
+    kvd_status_t s = kvd_membership_start(&mc, &srv->membership);
+    free(self);
+    if (s != KVD_OK) {
+        kvd_config_err(err, err_len,
+                       "cluster: cannot join (cluster.name and server.node_id "
+                       "must be letters, digits, . _ -): %s",
+                       kvd_status_str(s));
+    }
+    return s;
 }
 
 kvd_status_t kvd_server_open(const kvd_config_t *config,
@@ -919,6 +984,12 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
             goto err;
         }
     }
+    if (srv->cfg.cluster_etcd[0] != '\0') {
+        s = server_join_cluster(srv, err, err_len);
+        if (s != KVD_OK) {
+            goto err;
+        }
+    }
     if (srv->cfg.metrics_address[0] != '\0') {
         s = kvd_metrics_start(srv, srv->cfg.metrics_address, &srv->metrics,
                               &srv->metrics_port, err, err_len);
@@ -934,6 +1005,15 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
 err:
     server_free(srv);
     return s;
+}
+
+bool kvd_server_cluster(kvd_server_t *server, struct kvd_membership_stats *out)
+{
+    if (server == NULL || server->membership == NULL) {
+        return false;
+    }
+    (void)kvd_membership_view(server->membership, NULL, 0, out);
+    return true;
 }
 
 int kvd_server_tcp_port(const kvd_server_t *server)

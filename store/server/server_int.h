@@ -37,6 +37,10 @@ typedef struct kvd_server_settings {
     char token_tenants[KVD_CONFIG_STRING_MAX];
     char tls_tenants[KVD_CONFIG_STRING_MAX];
     char tenant_quotas[KVD_CONFIG_STRING_MAX];
+    char cluster_etcd[KVD_CONFIG_STRING_MAX];
+    char cluster_name[KVD_CONFIG_STRING_MAX];
+    char cluster_advertise[KVD_CONFIG_STRING_MAX];
+    uint64_t cluster_lease_ttl_ms;
     int64_t threads;
     uint64_t max_message_bytes;
     uint64_t lease_ttl_ms;
@@ -76,6 +80,11 @@ int kvd_server_metrics_port(const kvd_server_t *server);
 /* Readiness for /readyz: the store opened and the listeners are up, and the
  * daemon is not stopping. */
 bool kvd_server_ready(const kvd_server_t *server);
+
+/* The cluster view for /readyz and /metrics: false without a cluster
+ * (cluster.etcd empty); else its stats. */
+struct kvd_membership_stats;
+bool kvd_server_cluster(kvd_server_t *server, struct kvd_membership_stats *out);
 
 /* Snapshot for /metrics. */
 void kvd_server_collect(kvd_server_t *server, kvd_store_stats_t *store_out,
