@@ -44,6 +44,7 @@
 
 #include "kvdepot/store.h"
 #include "tests/unit/kvd_testdir_int.h"
+#include "tests/integration/kvd_testdaemon_int.h"
 
 #define OBJ_BYTES (64u << 10)
 #define NKEYS 8
@@ -57,71 +58,18 @@
 
 static const char *daemon_bin(void)
 {
-    const char *p = getenv("KVDEPOTD");
-    return p != NULL && p[0] != '\0' ? p : NULL;
+    return kvd_test_daemon_bin();
 }
 
 static uint64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return kvd_test_now_ms();
 }
 
-/* Forks and execs kvdepotd in `d` with KVDEPOT_FAILPOINTS=`failpoints`
- * (NULL: none) and extra --set values (a NULL-terminated va_list). The
- * child dies with the test and logs to d/daemon.log. */
 static pid_t daemon_spawn(const kvd_test_dir_t *d, const char *failpoints,
                           va_list ap)
 {
-    char sock[300], ready[300];
-    snprintf(sock, sizeof sock, "server.unix_socket=%s/d.sock", d->path);
-    snprintf(ready, sizeof ready, "%s/ready", d->path);
-    (void)unlink(ready);
-    const char *argv[64];
-    int n = 0;
-    argv[n++] = daemon_bin();
-    const char *const base[] = {
-        sock,
-        "store.arena_size=16m",
-        "store.arena_chunk=2m",
-        "store.arena_hugepages=off",
-        "store.arena_prefault=false",
-        "server.tick=20ms",
-        "log.level=warn",
-    };
-    for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) {
-        argv[n++] = "--set";
-        argv[n++] = base[i];
-    }
-    for (const char *s; (s = va_arg(ap, const char *)) != NULL && n < 58;) {
-        argv[n++] = "--set";
-        argv[n++] = s;
-    }
-    argv[n++] = "--ready-file";
-    argv[n++] = ready;
-    argv[n] = NULL;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
-        char log[300];
-        snprintf(log, sizeof log, "%s/daemon.log", d->path);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (fd >= 0) {
-            dup2(fd, STDOUT_FILENO);
-            dup2(fd, STDERR_FILENO);
-            close(fd);
-        }
-        if (failpoints != NULL) {
-            (void)setenv("KVDEPOT_FAILPOINTS", failpoints, 1);
-        } else {
-            (void)unsetenv("KVDEPOT_FAILPOINTS");
-        }
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return pid;
+    return kvd_test_daemon_spawn(d, failpoints, ap);
 }
 
 /* Starts kvdepotd and waits for its ready file. Returns the pid. */
@@ -131,15 +79,7 @@ static pid_t daemon_start(const kvd_test_dir_t *d, const char *failpoints, ...)
     va_start(ap, failpoints);
     pid_t pid = daemon_spawn(d, failpoints, ap);
     va_end(ap);
-    char ready[300];
-    snprintf(ready, sizeof ready, "%s/ready", d->path);
-    uint64_t deadline = now_ms() + 20000;
-    while (access(ready, F_OK) != 0) {
-        int st;
-        assert_int_equal(waitpid(pid, &st, WNOHANG), 0); /* still alive */
-        assert_true(now_ms() < deadline);
-        usleep(5000);
-    }
+    kvd_test_daemon_wait_ready(d, pid);
     return pid;
 }
 
@@ -179,11 +119,7 @@ static void daemon_assert_alive(pid_t pid)
 static void daemon_stop(pid_t pid)
 {
     daemon_assert_alive(pid);
-    assert_int_equal(kill(pid, SIGTERM), 0);
-    int st = 0;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    assert_true(WIFEXITED(st));
-    assert_int_equal(WEXITSTATUS(st), 0);
+    kvd_test_daemon_stop(pid);
 }
 
 /* Whether d/daemon.log contains `what`. */
