@@ -118,6 +118,7 @@ static const kvd_proto_rule_t rules[] = {
     {D(commit_request), "entries", REQ, 0, 0, KVD_PROTO_MAX_HASHES},
     {D(commit_response), "num_committed", RNG, 0, KVD_PROTO_MAX_HASHES, 0},
     {D(commit_response), "statuses", RNG, INT32_MIN, 0, KVD_PROTO_MAX_HASHES},
+    {D(block_reservation), "status", RNG, INT32_MIN, 0, 0},
     {D(abort_request), "reservation_id", REQ, 0, 0, 0},
     {D(abort_request), "block_hashes", UNIQ | RNG, HASH_BYTES, HASH_BYTES,
      KVD_PROTO_MAX_HASHES},

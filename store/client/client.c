@@ -742,6 +742,13 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
             out[i].status = KVD_ERR_EXISTS;
             continue;
         }
+        /* Why a block was refused, from revision 3 on (before: 0, taken
+         * as no space). */
+        if (b->outcome ==
+                KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_REJECTED &&
+            b->status < 0) {
+            out[i].status = (kvd_status_t)b->status;
+        }
         if (b->outcome !=
             KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_RESERVED) {
             continue;

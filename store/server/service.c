@@ -665,6 +665,10 @@ static kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req,
         kvdepot__v1__block_reservation__init(&blocks[i]);
         blocks[i].block_hash = rq->block_hashes[i];
         blocks[i].outcome = svc_outcome(res[i].status);
+        if (blocks[i].outcome ==
+            KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_REJECTED) {
+            blocks[i].status = (int32_t)res[i].status;
+        }
         if (res[i].status == KVD_OK) {
             blocks[i].arena_offset = res[i].arena_offset;
             svc_resv_key_t *k = &rec->keys[rec->n++];

@@ -581,9 +581,9 @@ static void test_tenant_alloc_nomem(void **state)
         assert_within_deadline(t0, "refused reserve");
         fprintf(stderr, "  tenant %u: reserve status %s\n", t,
                 kvd_status_str(r.status));
-        /* The protocol's per-block outcome is REJECTED ("skip this
-         * save"), which the client reports as KVD_ERR_NOSPACE. */
-        assert_int_equal(r.status, KVD_ERR_NOSPACE);
+        /* REJECTED ("skip this save") with its cause (BlockReservation
+         * .status, revision 3): out of memory, not "no space". */
+        assert_int_equal(r.status, KVD_ERR_NOMEM);
         failed_tenant = t;
     }
     /* The table starts with 16 places at most half full: 8 tenants. */
