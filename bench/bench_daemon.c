@@ -474,13 +474,10 @@ static void client_main(bench_t *b, int cmd_fd, int res_fd)
     free(leases);
 }
 
-/* Forks the lookup clients; 0 when every one is connected. */
+/* Forks the lookup clients (`c` comes with pid and fds at -1, so
+ * clients_stop can follow a failure); 0 when every one is connected. */
 static int clients_start(bench_t *b, client_t *c)
 {
-    for (int i = 0; i < CLIENTS; i++) {
-        c[i].pid = -1;
-        c[i].cmd_fd = c[i].res_fd = -1;
-    }
     pid_t parent = getpid();
     for (int i = 0; i < CLIENTS; i++) {
         int cmd[2], res[2];

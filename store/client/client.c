@@ -1448,8 +1448,11 @@ kvd_status_t kvd_client_config_dump(kvd_client_t *c, char **text_out)
             const kvd_pb_config_entry_t *e = rsp->config_dump->entries[i];
             fprintf(f, "%s = %s  # from: %s\n", e->key, e->value, e->source);
         }
-        if (f != NULL && (ferror(f) || fclose(f) != 0)) {
-            s = KVD_ERR_NOMEM;
+        if (f != NULL) {
+            bool failed = ferror(f) != 0;
+            if (fclose(f) != 0 || failed) {
+                s = KVD_ERR_NOMEM;
+            }
         }
         if (s == KVD_OK) {
             *text_out = text;

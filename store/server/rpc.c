@@ -7,12 +7,11 @@
  *         serve, then {SEND_INITIAL_METADATA, SEND_MESSAGE,
  *         SEND_STATUS_FROM_SERVER, RECV_CLOSE_ON_SERVER};
  *   DONE  the status went out: free the call.
- * Any other path comes through a generic request_call (NEW without a
- * message) and is answered UNIMPLEMENTED. A read stage remains for a
- * generic call to a known method (READ: the message arrived, serve it).
- * Each thread owns a completion queue with RPC_PENDING calls of each kind
- * requested on it, so a burst never waits for a thread to ask for the next
- * call; the registered read saves one completion-queue round per call.
+ * Any other path comes through a generic request_call and is answered
+ * UNIMPLEMENTED without reading anything. Each thread owns a completion queue
+ * with RPC_PENDING calls of each kind requested on it, so a burst never waits
+ * for a thread to ask for the next call; the registered read saves one
+ * completion-queue round per call.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -41,7 +40,7 @@
 #define RPC_PENDING 8 /* request_call outstanding per thread */
 #define RPC_TOKEN_MAX 256
 
-enum rpc_stage { RPC_NEW = 0, RPC_READ = 1, RPC_DONE = 2 };
+enum rpc_stage { RPC_NEW = 0, RPC_DONE = 1 };
 
 typedef struct rpc_thread rpc_thread_t;
 
@@ -78,7 +77,6 @@ struct kvd_rpc_server {
     bool tls;                      /* TCP speaks TLS with client certificates */
     char token[RPC_TOKEN_MAX + 8]; /* "Bearer " + token */
     size_t token_len;
-    char **tenant_tokens; /* "Bearer " + each tenant's token */
     size_t n_tenant_tokens, n_tenant_cns;
     char instance_hex[17];
     grpc_server *server;
@@ -158,17 +156,6 @@ static void rpc_call_free(rpc_call_t *c)
     free(c);
 }
 
-static void rpc_tokens_free(kvd_rpc_server_t *srv)
-{
-    for (size_t i = 0; i < srv->n_tenant_tokens; i++) {
-        OPENSSL_cleanse(srv->tenant_tokens[i], strlen(srv->tenant_tokens[i]));
-        free(srv->tenant_tokens[i]);
-    }
-    free(srv->tenant_tokens);
-    srv->tenant_tokens = NULL;
-    srv->n_tenant_tokens = 0;
-}
-
 /* Asks for one more call of `method` (its message read with it), or for
  * one more call of any other path when `method` is negative. */
 static void rpc_request_one(rpc_thread_t *t, int method)
@@ -206,15 +193,13 @@ static void rpc_request_one(rpc_thread_t *t, int method)
 }
 
 /* Sends the reply (message when `resp` is non-NULL) and the status. */
-static void rpc_finish(rpc_call_t *c, bool send_initial, kvd_status_t status,
-                       const char *reason, uint8_t *resp, size_t resp_len)
+static void rpc_finish(rpc_call_t *c, kvd_status_t status, const char *reason,
+                       uint8_t *resp, size_t resp_len)
 {
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     size_t n = 0;
-    if (send_initial) {
-        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-    }
+    ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
     if (resp != NULL) {
         grpc_slice s = grpc_slice_new(resp, resp_len, free);
         c->send = grpc_raw_byte_buffer_create(&s, 1);
@@ -270,17 +255,23 @@ static const char *rpc_cn_tenant(const kvd_rpc_server_t *srv,
 static bool rpc_token_ok(const kvd_rpc_server_t *srv, grpc_slice v,
                          const char **tenant_out)
 {
+    static const char scheme[] = "Bearer ";
+    const size_t plen = sizeof scheme - 1;
     size_t len = GRPC_SLICE_LENGTH(v);
     const uint8_t *p = GRPC_SLICE_START_PTR(v);
     bool ok = false;
     *tenant_out = NULL;
-    if (srv->token_len > sizeof "Bearer " - 1 && len == srv->token_len &&
+    if (srv->token_len > plen && len == srv->token_len &&
         CRYPTO_memcmp(p, srv->token, len) == 0) {
         ok = true;
     }
+    if (len <= plen || memcmp(p, scheme, plen) != 0) {
+        return ok;
+    }
     for (size_t i = 0; i < srv->n_tenant_tokens; i++) {
-        const char *t = srv->tenant_tokens[i];
-        if (len == strlen(t) && CRYPTO_memcmp(p, t, len) == 0) {
+        const char *t = srv->cfg.tenant_tokens[i].secret;
+        if (len - plen == strlen(t) &&
+            CRYPTO_memcmp(p + plen, t, len - plen) == 0) {
             ok = true;
             *tenant_out = srv->cfg.tenant_tokens[i].tenant;
         }
@@ -366,21 +357,18 @@ static kvd_status_t rpc_admit(kvd_rpc_server_t *srv, rpc_call_t *c,
     return s;
 }
 
-/* Serves the request in c->recv and replies; `send_initial` when the
- * initial metadata has not gone out yet. */
-static void rpc_serve(rpc_call_t *c, bool send_initial)
+/* Serves the request that came with the call (c->recv) and replies. */
+static void rpc_serve(rpc_call_t *c)
 {
     kvd_rpc_server_t *srv = c->t->srv;
     char reason[256] = "";
     if (c->recv == NULL) {
-        rpc_finish(c, send_initial, KVD_ERR_PROTO, "no request message", NULL,
-                   0);
+        rpc_finish(c, KVD_ERR_PROTO, "no request message", NULL, 0);
         return;
     }
     grpc_byte_buffer_reader rd;
     if (!grpc_byte_buffer_reader_init(&rd, c->recv)) {
-        rpc_finish(c, send_initial, KVD_ERR_PROTO, "undecodable request", NULL,
-                   0);
+        rpc_finish(c, KVD_ERR_PROTO, "undecodable request", NULL, 0);
         return;
     }
     grpc_slice body = grpc_byte_buffer_reader_readall(&rd);
@@ -396,10 +384,10 @@ static void rpc_serve(rpc_call_t *c, bool send_initial)
     if (s != KVD_OK) {
         KVD_LOG_DEBUG("kvdepotd: %s: %s", kvd_rpc_method_name(c->method),
                       reason);
-        rpc_finish(c, send_initial, s, reason, NULL, 0);
+        rpc_finish(c, s, reason, NULL, 0);
         return;
     }
-    rpc_finish(c, send_initial, KVD_OK, NULL, resp, resp_len);
+    rpc_finish(c, KVD_OK, NULL, resp, resp_len);
 }
 
 static void rpc_on_new(rpc_call_t *c)
@@ -411,40 +399,18 @@ static void rpc_on_new(rpc_call_t *c)
         kvd_status_t s = rpc_admit(srv, c, reason, sizeof reason);
         if (s != KVD_OK) {
             kvd_service_count_refused(srv->cfg.svc, s);
-            rpc_finish(c, true, s, reason, NULL, 0);
+            rpc_finish(c, s, reason, NULL, 0);
             return;
         }
-        rpc_serve(c, true);
+        rpc_serve(c);
         return;
     }
-    c->method = kvd_rpc_method_find(
-        (const char *)GRPC_SLICE_START_PTR(c->details.method),
-        GRPC_SLICE_LENGTH(c->details.method));
-    if (c->method < 0) {
-        kvd_config_err(reason, sizeof reason, "unknown method %.*s",
-                       (int)GRPC_SLICE_LENGTH(c->details.method),
-                       (const char *)GRPC_SLICE_START_PTR(c->details.method));
-        kvd_service_count_refused(srv->cfg.svc, KVD_ERR_UNSUPPORTED);
-        rpc_finish(c, true, KVD_ERR_UNSUPPORTED, reason, NULL, 0);
-        return;
-    }
-    kvd_status_t s = rpc_admit(srv, c, reason, sizeof reason);
-    if (s != KVD_OK) {
-        kvd_service_count_refused(srv->cfg.svc, s);
-        rpc_finish(c, true, s, reason, NULL, 0);
-        return;
-    }
-    grpc_op ops[2];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_RECV_MESSAGE;
-    ops[1].data.recv_message.recv_message = &c->recv;
-    c->stage = RPC_READ;
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, 2, c, NULL);
-    if (e != GRPC_CALL_OK) {
-        KVD_LOG_ERROR("kvdepotd: read batch: %d", (int)e);
-        rpc_call_free(c);
-    }
+    /* Every KvStore method is registered: what comes here is another. */
+    kvd_config_err(reason, sizeof reason, "unknown method %.*s",
+                   (int)GRPC_SLICE_LENGTH(c->details.method),
+                   (const char *)GRPC_SLICE_START_PTR(c->details.method));
+    kvd_service_count_refused(srv->cfg.svc, KVD_ERR_UNSUPPORTED);
+    rpc_finish(c, KVD_ERR_UNSUPPORTED, reason, NULL, 0);
 }
 
 static void *rpc_thread_main(void *arg)
@@ -475,7 +441,6 @@ static void *rpc_thread_main(void *arg)
         }
         switch (c->stage) {
         case RPC_NEW: rpc_on_new(c); break;
-        case RPC_READ: rpc_serve(c, false); break;
         case RPC_DONE: rpc_call_free(c); break;
         }
     }
@@ -618,26 +583,7 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
     srv->token_len = (size_t)snprintf(srv->token, sizeof srv->token,
                                       "Bearer %s", token_len ? cfg->token : "");
     srv->n_tenant_cns = srv->tls ? cfg->n_tenant_cns : 0;
-    if (cfg->n_tenant_tokens > 0) {
-        srv->tenant_tokens =
-            calloc(cfg->n_tenant_tokens, sizeof *srv->tenant_tokens);
-        for (size_t i = 0;
-             srv->tenant_tokens != NULL && i < cfg->n_tenant_tokens; i++) {
-            size_t n = sizeof "Bearer " + strlen(cfg->tenant_tokens[i].secret);
-            srv->tenant_tokens[i] = malloc(n);
-            if (srv->tenant_tokens[i] == NULL) {
-                break;
-            }
-            snprintf(srv->tenant_tokens[i], n, "Bearer %s",
-                     cfg->tenant_tokens[i].secret);
-            srv->n_tenant_tokens = i + 1;
-        }
-        if (srv->n_tenant_tokens != cfg->n_tenant_tokens) {
-            rpc_tokens_free(srv);
-            free(srv);
-            return KVD_ERR_NOMEM;
-        }
-    }
+    srv->n_tenant_tokens = cfg->n_tenant_tokens;
     snprintf(srv->instance_hex, sizeof srv->instance_hex, "%016" PRIx64,
              cfg->instance_id);
     pthread_mutex_init(&srv->mu, NULL);
@@ -647,7 +593,6 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
     if (srv->threads == NULL) {
         pthread_cond_destroy(&srv->cv);
         pthread_mutex_destroy(&srv->mu);
-        rpc_tokens_free(srv);
         free(srv);
         return KVD_ERR_NOMEM;
     }
@@ -813,7 +758,6 @@ destroy:
         (void)unlink(srv->unix_path);
     }
     grpc_shutdown();
-    rpc_tokens_free(srv);
     free(srv->threads);
     pthread_cond_destroy(&srv->cv);
     pthread_mutex_destroy(&srv->mu);

@@ -297,66 +297,82 @@ static kvd_status_t server_token_tenants(const char *path, srv_tenancy_t *t,
     return s;
 }
 
-/* server.tenant_quotas: "tenant=size" pairs. */
-static kvd_status_t server_tenant_quotas(const char *list_text,
-                                         srv_tenancy_t *t, char *err,
-                                         size_t err_len)
+/* One "left=right" pair of a comma-separated list (split at the last '=':
+ * a certificate's common name may hold one); false: the pair is bad. */
+typedef bool (*srv_pair_fn)(srv_tenancy_t *t, const char *left, size_t left_len,
+                            const char *right);
+
+/* Hands every pair of `text` to `fn`; on a pair without '=' or one `fn`
+ * refuses, writes "`key` \"text\": want `want`" and fails. */
+static kvd_status_t srv_pairs(const char *key, const char *text,
+                              const char *want, srv_pair_fn fn,
+                              srv_tenancy_t *t, char *err, size_t err_len)
 {
-    static const kvd_config_field_t size_field = {
-        "server.tenant_quotas", "", "", kvd_config_parse_size, 0, 0, 0, NULL};
     char *save = NULL, list[KVD_CONFIG_STRING_MAX];
-    snprintf(list, sizeof list, "%s", list_text);
-    t->n_quotas = 0;
+    snprintf(list, sizeof list, "%s", text);
     for (char *tok = strtok_r(list, ",", &save); tok != NULL;
          tok = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(tok, '=');
-        char perr[128] = "";
-        uint64_t bytes = 0;
-        if (eq == NULL || !srv_tenant_name_ok(tok, (size_t)(eq - tok)) ||
-            t->n_quotas == SRV_TENANTS_MAX ||
-            kvd_config_parse_size(&size_field, eq + 1, &bytes, perr,
-                                  sizeof perr) != KVD_OK ||
-            bytes == 0) {
-            kvd_config_err(err, err_len,
-                           "server.tenant_quotas \"%s\": want tenant=size "
-                           "pairs such as team-a=8g (at most %d; sizes above "
-                           "0)%s%s",
-                           list_text, SRV_TENANTS_MAX, perr[0] ? ": " : "",
-                           perr);
+        char *eq = strrchr(tok, '=');
+        if (eq == NULL || eq == tok ||
+            !fn(t, tok, (size_t)(eq - tok), eq + 1)) {
+            kvd_config_err(err, err_len, "%s \"%s\": want %s (at most %d)", key,
+                           text, want, SRV_TENANTS_MAX);
             return KVD_ERR_INVALID;
         }
-        snprintf(t->quotas[t->n_quotas].tenant, sizeof t->quotas[0].tenant,
-                 "%.*s", (int)(eq - tok), tok);
-        t->quotas[t->n_quotas++].bytes = bytes;
     }
     return KVD_OK;
 }
 
-/* server.tls_tenants: "cn=tenant" pairs. */
-static kvd_status_t server_tls_tenants(const char *list_text, srv_tenancy_t *t,
-                                       char *err, size_t err_len)
+/* server.tenants: uid=tenant. */
+static bool srv_uid_pair(srv_tenancy_t *t, const char *left, size_t left_len,
+                         const char *right)
 {
-    char *save = NULL, list[KVD_CONFIG_STRING_MAX];
-    snprintf(list, sizeof list, "%s", list_text);
-    for (char *tok = strtok_r(list, ",", &save); tok != NULL;
-         tok = strtok_r(NULL, ",", &save)) {
-        char *eq = strrchr(tok, '=');
-        if (eq == NULL || eq == tok || (size_t)(eq - tok) > SRV_CN_MAX ||
-            !srv_tenant_name_ok(eq + 1, strlen(eq + 1)) ||
-            t->n_cns == SRV_TENANTS_MAX) {
-            kvd_config_err(err, err_len,
-                           "server.tls_tenants \"%s\": want cn=tenant pairs "
-                           "(at most %d; tenant names of letters, digits, "
-                           ". _ -, up to %d characters)",
-                           list_text, SRV_TENANTS_MAX, SRV_TENANT_NAME_MAX);
-            return KVD_ERR_INVALID;
-        }
-        srv_cred_t *c = &t->cns[t->n_cns++];
-        snprintf(c->secret, sizeof c->secret, "%.*s", (int)(eq - tok), tok);
-        snprintf(c->tenant, sizeof c->tenant, "%s", eq + 1);
+    char *end = NULL;
+    unsigned long uid = strtoul(left, &end, 10);
+    if (end != left + left_len || uid > UINT32_MAX ||
+        !srv_tenant_name_ok(right, strlen(right)) ||
+        t->n_uids == SRV_TENANTS_MAX) {
+        return false;
     }
-    return KVD_OK;
+    t->uids[t->n_uids].uid = (uint32_t)uid;
+    snprintf(t->uids[t->n_uids].name, sizeof t->uids[0].name, "%s", right);
+    t->n_uids++;
+    return true;
 }
+
+/* server.tls_tenants: cn=tenant. */
+static bool srv_cn_pair(srv_tenancy_t *t, const char *left, size_t left_len,
+                        const char *right)
+{
+    if (left_len > SRV_CN_MAX || !srv_tenant_name_ok(right, strlen(right)) ||
+        t->n_cns == SRV_TENANTS_MAX) {
+        return false;
+    }
+    srv_cred_t *c = &t->cns[t->n_cns++];
+    snprintf(c->secret, sizeof c->secret, "%.*s", (int)left_len, left);
+    snprintf(c->tenant, sizeof c->tenant, "%s", right);
+    return true;
+}
+
+/* server.tenant_quotas: tenant=size, above 0. */
+static bool srv_quota_pair(srv_tenancy_t *t, const char *left, size_t left_len,
+                           const char *right)
+{
+    static const kvd_config_field_t size_field = {
+        "server.tenant_quotas", "", "", kvd_config_parse_size, 0, 0, 0, NULL};
+    uint64_t bytes = 0;
+    if (!srv_tenant_name_ok(left, left_len) || t->n_quotas == SRV_TENANTS_MAX ||
+        kvd_config_parse_size(&size_field, right, &bytes, NULL, 0) != KVD_OK ||
+        bytes == 0) {
+        return false;
+    }
+    snprintf(t->quotas[t->n_quotas].tenant, sizeof t->quotas[0].tenant, "%.*s",
+             (int)left_len, left);
+    t->quotas[t->n_quotas++].bytes = bytes;
+    return true;
+}
+
+#define SRV_NAMES "tenant names of letters, digits, . _ -"
 
 static kvd_status_t server_settings(const kvd_config_t *config,
                                     kvd_server_settings_t *cfg, unsigned *mode,
@@ -399,45 +415,24 @@ static kvd_status_t server_settings(const kvd_config_t *config,
         cfg->token[strcspn(cfg->token, "\r\n")] = '\0';
     }
     if (tenancy != NULL) {
-        srv_tenant_t *tenants_out = tenancy->uids;
-        size_t *n_tenants_out = &tenancy->n_uids;
-        *n_tenants_out = 0;
-        tenancy->n_tokens = tenancy->n_cns = 0;
-        char *save = NULL, list[KVD_CONFIG_STRING_MAX];
-        snprintf(list, sizeof list, "%s", cfg->tenants);
-        for (char *tok = strtok_r(list, ",", &save); tok != NULL;
-             tok = strtok_r(NULL, ",", &save)) {
-            char *eq = strchr(tok, '=');
-            char *uid_end = NULL;
-            unsigned long uid = eq != NULL ? strtoul(tok, &uid_end, 10) : 0;
-            size_t name_len = eq != NULL ? strlen(eq + 1) : 0;
-            if (eq == NULL || uid_end != eq || eq == tok || uid > UINT32_MAX ||
-                !srv_tenant_name_ok(eq + 1, name_len) ||
-                *n_tenants_out == SRV_TENANTS_MAX) {
-                kvd_config_err(err, err_len,
-                               "server.tenants \"%s\": want uid=tenant pairs "
-                               "(at most %d, names of letters, digits, . _ -, "
-                               "up to %d characters)",
-                               cfg->tenants, SRV_TENANTS_MAX,
-                               SRV_TENANT_NAME_MAX);
-                return KVD_ERR_INVALID;
-            }
-            tenants_out[*n_tenants_out].uid = (uint32_t)uid;
-            snprintf(tenants_out[*n_tenants_out].name,
-                     sizeof tenants_out[0].name, "%s", eq + 1);
-            (*n_tenants_out)++;
-        }
-        kvd_status_t ts = KVD_OK;
-        if (cfg->token_tenants[0] != '\0') {
+        tenancy->n_uids = tenancy->n_tokens = tenancy->n_cns = 0;
+        tenancy->n_quotas = 0;
+        kvd_status_t ts = srv_pairs("server.tenants", cfg->tenants,
+                                    "uid=tenant pairs, " SRV_NAMES,
+                                    srv_uid_pair, tenancy, err, err_len);
+        if (ts == KVD_OK && cfg->token_tenants[0] != '\0') {
             ts =
                 server_token_tenants(cfg->token_tenants, tenancy, err, err_len);
         }
-        if (ts == KVD_OK && cfg->tls_tenants[0] != '\0') {
-            ts = server_tls_tenants(cfg->tls_tenants, tenancy, err, err_len);
+        if (ts == KVD_OK) {
+            ts = srv_pairs("server.tls_tenants", cfg->tls_tenants,
+                           "cn=tenant pairs, " SRV_NAMES, srv_cn_pair, tenancy,
+                           err, err_len);
         }
-        if (ts == KVD_OK && cfg->tenant_quotas[0] != '\0') {
-            ts =
-                server_tenant_quotas(cfg->tenant_quotas, tenancy, err, err_len);
+        if (ts == KVD_OK) {
+            ts = srv_pairs("server.tenant_quotas", cfg->tenant_quotas,
+                           "tenant=size pairs such as team-a=8g, sizes above 0",
+                           srv_quota_pair, tenancy, err, err_len);
         }
         if (ts != KVD_OK) {
             return ts;

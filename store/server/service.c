@@ -172,9 +172,10 @@ static size_t svc_bucket(uint64_t id)
 }
 
 /* The caller's tenant as its credentials say, for the handler running on
- * this thread (NULL: the request's own); kvd_service_call sets it around
- * the handler. */
+ * this thread (NULL: the request's own), and its id (0 with none);
+ * kvd_service_call sets both around the handler. */
 static _Thread_local const char *svc_caller_tenant;
+static _Thread_local uint32_t svc_caller_id;
 
 static uint32_t svc_tenant_id(const char *tenant)
 {
@@ -196,8 +197,7 @@ uint32_t kvd_service_tenant_id(const char *tenant)
  * unbound caller is an operator. */
 static bool svc_owns(uint32_t owner)
 {
-    return svc_caller_tenant == NULL ||
-           owner == svc_tenant_id(svc_caller_tenant);
+    return svc_caller_tenant == NULL || owner == svc_caller_id;
 }
 
 /* A lease by id, if this thread's caller may use it. */
@@ -395,38 +395,34 @@ static kvd_block_hash_t *svc_hashes(const ProtobufCBinaryData *src, size_t n)
  * SHA-256("kvdepot tenant namespace", tenant, namespace), so knowing
  * another tenant's namespace and hashes finds none of its objects (no
  * lookup hit, no "exists" on reserve) and never collides with them. */
-static void svc_ns(const ProtobufCBinaryData *src, kvd_namespace_t *ns)
+static kvd_status_t svc_ns(const ProtobufCBinaryData *src, kvd_namespace_t *ns,
+                           char *reason, size_t reason_len)
 {
     memcpy(ns->bytes, src->data, sizeof ns->bytes);
     const char *tenant = svc_caller_tenant;
     if (tenant == NULL) {
-        return;
+        return KVD_OK;
     }
     static const char tag[] = "kvdepot tenant namespace";
-    size_t tlen = strlen(tenant);
+    size_t tlen = strnlen(tenant, KVD_PROTO_MAX_ID_BYTES);
     uint8_t buf[sizeof tag + KVD_PROTO_MAX_ID_BYTES + 1 + sizeof ns->bytes];
     uint8_t digest[KVD_SHA256_BYTES];
-    if (tlen > KVD_PROTO_MAX_ID_BYTES) {
-        tlen = KVD_PROTO_MAX_ID_BYTES; /* names are bounded by the config */
-    }
     size_t n = 0;
     memcpy(buf, tag, sizeof tag); /* with its NUL: a separator */
     n += sizeof tag;
-    memcpy(buf + n, tenant, tlen);
+    memcpy(buf + n, tenant, tlen); /* names are bounded by the config */
     n += tlen;
     buf[n++] = 0;
     memcpy(buf + n, ns->bytes, sizeof ns->bytes);
     n += sizeof ns->bytes;
-    if (kvd_sha256(buf, n, digest) == KVD_OK) {
-        memcpy(ns->bytes, digest, sizeof ns->bytes);
-    } else {
-        /* libcrypto broken: a fixed per-tenant mark keeps the caller out
-         * of the unscoped namespace (its saves are then merely shared
-         * among its tenant's own namespaces). */
-        uint64_t h = kvd_xxh3_64(buf, n);
-        memcpy(ns->bytes, &h, sizeof h);
-        memset(ns->bytes + sizeof h, 0xa5, sizeof ns->bytes - sizeof h);
+    kvd_status_t s = kvd_sha256(buf, n, digest);
+    if (s != KVD_OK) {
+        kvd_config_err(reason, reason_len, "tenant %s's namespace: %s", tenant,
+                       kvd_status_str(s));
+        return s;
     }
+    memcpy(ns->bytes, digest, sizeof ns->bytes);
+    return KVD_OK;
 }
 
 static Kvdepot__V1__Tier svc_tier(uint32_t tier)
@@ -493,7 +489,11 @@ static kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req,
     }
     size_t n = rq->n_block_hashes, m = 0;
     kvd_namespace_t ns;
-    svc_ns(&rq->namespace_id, &ns);
+    s = svc_ns(&rq->namespace_id, &ns, reason, reason_len);
+    if (s != KVD_OK) {
+        kvd_proto_lookup_request_free(rq);
+        return s;
+    }
     kvd_block_hash_t *hashes;
     if (n == 0) { /* the packed form (proto/ checked its length) */
         n = rq->packed_hashes.len / sizeof(kvd_block_hash_t);
@@ -563,7 +563,7 @@ static kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req,
          * nothing below touches `rec` again. */
         pthread_mutex_lock(&svc->mu);
         rec->id = svc_id_new(svc);
-        rec->tenant = svc_tenant_id(svc_caller_tenant);
+        rec->tenant = svc_caller_id;
         rsp.lease_id = rec->id;
         lease_insert(svc, rec);
         pthread_mutex_unlock(&svc->mu);
@@ -624,7 +624,11 @@ static kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req,
     }
     size_t n = rq->n_block_hashes;
     kvd_namespace_t ns;
-    svc_ns(&rq->namespace_id, &ns);
+    s = svc_ns(&rq->namespace_id, &ns, reason, reason_len);
+    if (s != KVD_OK) {
+        kvd_proto_reserve_request_free(rq);
+        return s;
+    }
     kvd_block_hash_t *hashes = svc_hashes(rq->block_hashes, n);
     kvd_store_reservation_t *res = calloc(n, sizeof *res);
     kvd_pb_block_reservation_t *blocks = calloc(n, sizeof *blocks);
@@ -686,7 +690,7 @@ static kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req,
         rsp.ttl_ms = ttl;
         pthread_mutex_lock(&svc->mu);
         rec->id = svc_id_new(svc);
-        rec->tenant = svc_tenant_id(svc_caller_tenant);
+        rec->tenant = svc_caller_id;
         size_t b = svc_bucket(rec->id);
         rec->next = svc->resvs[b];
         svc->resvs[b] = rec;
@@ -955,7 +959,11 @@ static kvd_status_t svc_get(kvd_service_t *svc, const uint8_t *req, size_t len,
     }
     size_t n = rq->n_block_hashes;
     kvd_namespace_t ns;
-    svc_ns(&rq->namespace_id, &ns);
+    s = svc_ns(&rq->namespace_id, &ns, reason, reason_len);
+    if (s != KVD_OK) {
+        kvd_proto_get_request_free(rq);
+        return s;
+    }
     uint32_t ttl = svc_ttl(rq->lease_ttl_ms, svc->cfg.lease_ttl_ms);
     kvd_pb_get_entry_t *ents = calloc(n, sizeof *ents);
     kvd_pb_get_entry_t **ep = calloc(n, sizeof *ep);
@@ -988,7 +996,7 @@ static kvd_status_t svc_get(kvd_service_t *svc, const uint8_t *req, size_t len,
             goto out;
         }
         l->id = svc_id_new(svc);
-        l->tenant = svc_tenant_id(svc_caller_tenant);
+        l->tenant = svc_caller_id;
         fresh = true;
     }
     l->deadline_ns = kvd_time_now_ns() + (uint64_t)ttl * 1000000u;
@@ -1071,7 +1079,11 @@ static kvd_status_t svc_promote(kvd_service_t *svc, const uint8_t *req,
     }
     uint32_t accepted = 0;
     kvd_namespace_t ns;
-    svc_ns(&rq->namespace_id, &ns);
+    s = svc_ns(&rq->namespace_id, &ns, reason, reason_len);
+    if (s != KVD_OK) {
+        kvd_proto_promote_request_free(rq);
+        return s;
+    }
     /* Only promotion into the arena exists: the disk tier already keeps
      * what write-back admits, so TIER_DISK accepts nothing. */
     if (rq->target_tier == KVDEPOT__V1__TIER__TIER_HOST) {
@@ -1083,7 +1095,7 @@ static kvd_status_t svc_promote(kvd_service_t *svc, const uint8_t *req,
             return KVD_ERR_NOMEM;
         }
         l->id = svc_id_new(svc);
-        l->tenant = svc_tenant_id(svc_caller_tenant);
+        l->tenant = svc_caller_id;
         l->promote = true;
         for (size_t i = 0; i < rq->n_block_hashes; i++) {
             kvd_block_hash_t h;
@@ -1361,7 +1373,7 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
     svc_listing_init(&list);
     /* A caller bound to a tenant sees and drops its tenant's objects only,
      * and the daemon-wide operations need an operator's credentials. */
-    uint32_t own = svc_tenant_id(svc_caller_tenant);
+    const uint32_t own = svc_caller_id;
     const uint32_t *only = svc_caller_tenant != NULL ? &own : NULL;
     if (only != NULL &&
         (rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN ||
@@ -1406,8 +1418,11 @@ static kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req,
     }
     case KVDEPOT__V1__ADMIN_REQUEST__OP_DROP_NAMESPACE: {
         kvd_namespace_t ns;
-        svc_ns(&rq->drop_namespace->namespace_id, &ns);
         uint64_t dropped = 0;
+        s = svc_ns(&rq->drop_namespace->namespace_id, &ns, reason, reason_len);
+        if (s != KVD_OK) {
+            goto out;
+        }
         s = svc_drop_objects(svc, &ns, only, &dropped);
         if (s == KVD_OK && only != NULL && dropped == 0) {
             /* A tenant's listing shows the daemon-side ids (svc_ns): take
@@ -1537,7 +1552,9 @@ static kvd_status_t svc_delete(kvd_service_t *svc, const uint8_t *req,
         return KVD_ERR_NOMEM;
     }
     for (size_t i = 0; i < n; i++) {
-        svc_ns(&rq->namespace_id, &keys[i].ns);
+        /* Operators only (above): the request's own namespace. */
+        memcpy(keys[i].ns.bytes, rq->namespace_id.data,
+               sizeof keys[i].ns.bytes);
         memcpy(keys[i].hash.bytes, rq->block_hashes[i].data,
                sizeof keys[i].hash.bytes);
     }
@@ -1596,9 +1613,11 @@ kvd_status_t kvd_service_call(kvd_service_t *svc, kvd_rpc_method_t method,
     uint8_t *out = NULL;
     size_t out_len = 0;
     svc_caller_tenant = tenant;
+    svc_caller_id = svc_tenant_id(tenant);
     kvd_status_t s =
         svc_handlers[method](svc, req, len, &out, &out_len, reason, reason_len);
     svc_caller_tenant = NULL;
+    svc_caller_id = 0;
     uint64_t us = (kvd_time_now_ns() - t0) / 1000u;
     kvd_service_method_stats_t *m = &svc->m[method];
     count(&m->calls, 1);
