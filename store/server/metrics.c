@@ -17,6 +17,7 @@
 #include "common/config_int.h"
 #include "common/log_int.h"
 #include "cluster/membership_int.h"
+#include "cluster/remote_int.h"
 #include "store/server/server_int.h"
 
 struct kvd_metrics {
@@ -98,7 +99,8 @@ char *kvd_metrics_render(kvd_server_t *server)
        "# TYPE kvdepot_up gauge\nkvdepot_up %d\n",
        kvd_server_ready(server) ? 1 : 0);
     kvd_membership_stats_t cs;
-    if (kvd_server_cluster(server, &cs)) {
+    kvd_remote_stats_t rs;
+    if (kvd_server_cluster(server, &cs, &rs)) {
         mb(&b,
            "# HELP kvdepot_cluster_stale 1 while etcd is unreachable and the "
            "view of the other nodes may be out of date.\n"
@@ -112,6 +114,45 @@ char *kvd_metrics_render(kvd_server_t *server)
            "kvdepot_cluster_ignored_total %llu\n",
            cs.stale ? 1 : 0, cs.registered ? 1 : 0, cs.num_nodes,
            (unsigned long long)cs.reconnects, (unsigned long long)cs.ignored);
+        const struct {
+            const char *name, *help;
+            uint64_t v;
+        } c[] = {
+            {"remote_lookups", "Lookups that asked other nodes.", rs.lookups},
+            {"remote_hits", "Keys found on other nodes and fetched here.",
+             rs.remote_hits},
+            {"remote_lookup_errors",
+             "Batches to other nodes that failed (then asked elsewhere).",
+             rs.lookup_errors},
+            {"pushes", "Saved keys offered to their home nodes.", rs.pushes},
+            {"pulls", "Offered keys fetched here.", rs.pulls},
+            {"pull_errors", "Offered keys that could not be fetched.",
+             rs.pull_errors},
+            {"queue_dropped", "Pushes or pulls dropped: the queue was full.",
+             rs.dropped},
+            {"fetched_bytes", "Bytes fetched from other nodes.",
+             rs.peer.bytes_fetched},
+            {"served_bytes", "Bytes sent to other nodes.",
+             rs.peer.bytes_served},
+            {"checksum_errors", "Objects that arrived corrupt (not cached).",
+             rs.peer.checksum_errors},
+            {"peer_errors", "Peer endpoints failed by the transport.",
+             rs.peer.peer_errors},
+            {"timeouts", "Peer calls that reached their deadline.",
+             rs.peer.timeouts},
+            {"auth_rejected", "Peer messages with the wrong cluster token.",
+             rs.peer.auth_rejected},
+            {"malformed", "Peer messages that did not decode.",
+             rs.peer.malformed},
+        };
+        for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+            mb(&b,
+               "# HELP kvdepot_cluster_%s_total %s\n"
+               "# TYPE kvdepot_cluster_%s_total counter\n"
+               "kvdepot_cluster_%s_total %llu\n",
+               c[i].name, c[i].help, c[i].name, c[i].name,
+               (unsigned long long)c[i].v);
+        }
     }
     mb(&b,
        "# HELP kvdepot_uptime_seconds Time since the daemon started.\n"
@@ -256,7 +297,7 @@ static enum MHD_Result metrics_handler(void *cls, struct MHD_Connection *conn,
         /* A stale cluster view is reported, not failed: the daemon keeps
          * serving its local cache while etcd is unreachable. */
         kvd_membership_stats_t cs;
-        bool stale = kvd_server_cluster(m->server, &cs) && cs.stale;
+        bool stale = kvd_server_cluster(m->server, &cs, NULL) && cs.stale;
         const char *body = !ready  ? "not ready\n"
                            : stale ? "ready (cluster view stale: etcd "
                                      "unreachable)\n"

@@ -26,6 +26,8 @@
 #include "proto/kvd_proto.h"
 #include "store/handoff_int.h"
 #include "cluster/membership_int.h"
+#include "cluster/placement_int.h"
+#include "cluster/remote_int.h"
 #include "store/server/rpc_int.h"
 #include "store/server/server_int.h"
 
@@ -139,6 +141,25 @@ static const kvd_config_field_t server_fields[] = {
      "others' views after this",
      kvd_config_parse_duration_ms, SRV_OFF(cluster_lease_ttl_ms), 1000, 3600000,
      NULL},
+    {"cluster.token_file", "",
+     "file whose first line is the cluster token (16 to 256 characters; "
+     "mode 0600 or stricter): every node of the cluster has the same, and "
+     "peer messages without it are dropped (\"\": no token; private networks "
+     "only)",
+     kvd_config_parse_string, SRV_OFF(cluster_token_file), 0, 0, NULL},
+    {"cluster.replicas", "1",
+     "home nodes of each object (R): saves are pushed to them, and a lookup "
+     "that misses here asks them in turn",
+     kvd_config_parse_int, SRV_OFF(cluster_replicas), 1,
+     KVD_PLACEMENT_MAX_REPLICAS, NULL},
+    {"cluster.timeout", "1s",
+     "deadline of a lookup's questions to other nodes and its fetches",
+     kvd_config_parse_duration_ms, SRV_OFF(cluster_timeout_ms), 1, 600000,
+     NULL},
+    {"cluster.queue", "16384",
+     "keys waiting to be pushed to their homes or pulled from a node that "
+     "offered them; beyond this they are dropped (and counted)",
+     kvd_config_parse_int, SRV_OFF(cluster_queue), 1, 1 << 24, NULL},
     {"server.node_id", "", "this daemon's node id (\"\": the host name)",
      kvd_config_parse_string, SRV_OFF(node_id), 0, 0, NULL},
     {"server.threads", "2", "gRPC completion-queue threads",
@@ -188,7 +209,7 @@ struct kvd_server {
     kvd_service_t *svc;
     kvd_rpc_server_t *rpc;
     kvd_metrics_t *metrics;
-    kvd_membership_t *membership; /* NULL without cluster.etcd */
+    kvd_remote_t *remote; /* NULL without cluster.etcd */
     int tcp_port, metrics_port;
 
     char handoff_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -216,37 +237,76 @@ static bool srv_tenant_name_ok(const char *name, size_t len)
                         "VWXYZ0123456789._-") == len;
 }
 
-/* server.token_tenants: "tenant token" lines of a file only its owner can
- * read; blank lines and lines starting with # are skipped. */
-static kvd_status_t server_token_tenants(const char *path, srv_tenancy_t *t,
-                                         char *err, size_t err_len)
+/* Opens a secrets file (`key` names the setting in errors): a regular
+ * file that neither group nor others may read. NULL with *status set
+ * otherwise. */
+static FILE *srv_open_private(const char *key, const char *path,
+                              kvd_status_t *status, char *err, size_t err_len)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
         int e = errno;
-        kvd_config_err(err, err_len, "server.token_tenants %s: %s", path,
-                       strerror(e));
+        kvd_config_err(err, err_len, "%s %s: %s", key, path, strerror(e));
         if (fd >= 0) {
             close(fd);
         }
-        return kvd_status_from_errno(e);
+        *status = kvd_status_from_errno(e);
+        return NULL;
     }
     if ((st.st_mode & 077) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        kvd_config_err(err, err_len, "server.token_tenants %s: %s", path,
+        kvd_config_err(err, err_len, "%s %s: %s", key, path,
                        S_ISREG(st.st_mode)
                            ? "readable by group or others (chmod 600 it)"
                            : "not a regular file");
-        return KVD_ERR_AUTH;
+        *status = KVD_ERR_AUTH;
+        return NULL;
     }
     FILE *f = fdopen(fd, "r");
     if (f == NULL) {
         close(fd);
-        return KVD_ERR_NOMEM;
+        *status = KVD_ERR_NOMEM;
+    }
+    return f;
+}
+
+/* cluster.token_file: its first line, 16 to 256 characters. */
+static kvd_status_t server_cluster_token(kvd_server_settings_t *cfg, char *err,
+                                         size_t err_len)
+{
+    kvd_status_t s = KVD_OK;
+    FILE *f = srv_open_private("cluster.token_file", cfg->cluster_token_file,
+                               &s, err, err_len);
+    if (f == NULL) {
+        return s;
+    }
+    char *line = fgets(cfg->cluster_token, (int)sizeof cfg->cluster_token, f);
+    fclose(f);
+    size_t n = line != NULL ? strcspn(cfg->cluster_token, "\r\n") : 0;
+    cfg->cluster_token[n] = '\0';
+    if (n < SRV_TOKEN_MIN || n > SRV_TOKEN_MAX) {
+        OPENSSL_cleanse(cfg->cluster_token, sizeof cfg->cluster_token);
+        kvd_config_err(err, err_len,
+                       "cluster.token_file %s: the first line must be a "
+                       "token of %d to %d characters",
+                       cfg->cluster_token_file, SRV_TOKEN_MIN, SRV_TOKEN_MAX);
+        return KVD_ERR_INVALID;
+    }
+    return KVD_OK;
+}
+
+/* server.token_tenants: "tenant token" lines of a file only its owner can
+ * read; blank lines and lines starting with # are skipped. */
+static kvd_status_t server_token_tenants(const char *path, srv_tenancy_t *t,
+                                         char *err, size_t err_len)
+{
+    kvd_status_t s = KVD_OK;
+    FILE *f = srv_open_private("server.token_tenants", path, &s, err, err_len);
+    if (f == NULL) {
+        return s;
     }
     char line[SRV_TENANT_NAME_MAX + SRV_TOKEN_MAX + 16];
-    kvd_status_t s = KVD_OK;
     for (unsigned no = 1; s == KVD_OK && fgets(line, sizeof line, f) != NULL;
          no++) {
         size_t n = strlen(line);
@@ -413,6 +473,12 @@ static kvd_status_t server_settings(const kvd_config_t *config,
         }
         fclose(f);
         cfg->token[strcspn(cfg->token, "\r\n")] = '\0';
+    }
+    if (cfg->cluster_token_file[0] != '\0') {
+        kvd_status_t ts = server_cluster_token(cfg, err, err_len);
+        if (ts != KVD_OK) {
+            return ts;
+        }
     }
     if (tenancy != NULL) {
         tenancy->n_uids = tenancy->n_tokens = tenancy->n_cns = 0;
@@ -786,8 +852,9 @@ static void server_free(kvd_server_t *srv)
     __atomic_store_n(&srv->ready, false, __ATOMIC_RELEASE);
     __atomic_store_n(&srv->stopping, true, __ATOMIC_RELEASE);
     kvd_metrics_stop(srv->metrics);
-    kvd_membership_stop(srv->membership); /* leave the cluster first */
+    kvd_remote_leave(srv->remote); /* leave the cluster first */
     kvd_rpc_server_stop(srv->rpc, (int)srv->cfg.shutdown_grace_ms);
+    kvd_remote_stop(srv->remote); /* no call can use it now */
     if (srv->handoff_started) {
         pthread_join(srv->handoff_thread, NULL);
     }
@@ -819,6 +886,7 @@ static void server_free(kvd_server_t *srv)
     }
     free(srv->config_entries);
     OPENSSL_cleanse(srv->cfg.token, sizeof srv->cfg.token);
+    OPENSSL_cleanse(srv->cfg.cluster_token, sizeof srv->cfg.cluster_token);
     free(srv);
 }
 
@@ -850,22 +918,45 @@ static kvd_status_t server_join_cluster(kvd_server_t *srv, char *err,
     self->capacity_bytes = st.host.capacity_bytes + st.disk.capacity_bytes;
     snprintf(self->version, sizeof self->version, "%s", kvd_version());
     self->protocol_revision = KVD_PROTO_REVISION;
-    kvd_membership_config_t mc = {
+    kvd_remote_config_t rc = {
+        .store = srv->store,
         .etcd_endpoint = srv->cfg.cluster_etcd,
         .cluster = srv->cfg.cluster_name,
         .self = self,
         .lease_ttl_s = (int)((srv->cfg.cluster_lease_ttl_ms + 999) / 1000),
-        .timeout_ms = 2000,
+        .token = srv->cfg.cluster_token,
+        .replicas = (size_t)srv->cfg.cluster_replicas,
+        .timeout_ms = srv->cfg.cluster_timeout_ms,
+        .queue = (size_t)srv->cfg.cluster_queue,
     };
-    kvd_status_t s = kvd_membership_start(&mc, &srv->membership);
+    kvd_remote_t *remote = NULL;
+    kvd_status_t s = kvd_remote_start(&rc, &remote, err, err_len);
     free(self);
-    if (s != KVD_OK) {
-        kvd_config_err(err, err_len,
-                       "cluster: cannot join (cluster.name and server.node_id "
-                       "must be letters, digits, . _ -): %s",
-                       kvd_status_str(s));
+    if (s == KVD_OK) {
+        __atomic_store_n(&srv->remote, remote, __ATOMIC_RELEASE);
     }
     return s;
+}
+
+/* The service's cluster hooks: no-ops until the daemon has joined. */
+static size_t server_miss(void *ctx, const kvd_namespace_t *ns,
+                          const kvd_block_hash_t *hashes, size_t n,
+                          uint32_t tenant)
+{
+    kvd_server_t *srv = ctx;
+    kvd_remote_t *r = __atomic_load_n(&srv->remote, __ATOMIC_ACQUIRE);
+    return r != NULL ? kvd_remote_fill(r, ns, hashes, n, tenant) : 0;
+}
+
+static void server_saved(void *ctx, const kvd_namespace_t *ns,
+                         const kvd_block_hash_t *hashes, size_t n,
+                         uint64_t object_bytes)
+{
+    kvd_server_t *srv = ctx;
+    kvd_remote_t *r = __atomic_load_n(&srv->remote, __ATOMIC_ACQUIRE);
+    if (r != NULL) {
+        kvd_remote_saved(r, ns, hashes, n, object_bytes);
+    }
 }
 
 kvd_status_t kvd_server_open(const kvd_config_t *config,
@@ -944,6 +1035,11 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
         .config_entries = srv->config_entries,
         .n_config_entries = srv->n_config_entries,
     };
+    if (srv->cfg.cluster_etcd[0] != '\0') {
+        scfg.miss = server_miss;
+        scfg.saved = server_saved;
+        scfg.cluster_ctx = srv;
+    }
     s = kvd_service_create(&scfg, &srv->svc);
     if (s != KVD_OK) {
         kvd_config_err(err, err_len, "service: %s", kvd_status_str(s));
@@ -1002,12 +1098,19 @@ err:
     return s;
 }
 
-bool kvd_server_cluster(kvd_server_t *server, struct kvd_membership_stats *out)
+bool kvd_server_cluster(kvd_server_t *server, struct kvd_membership_stats *out,
+                        struct kvd_remote_stats *remote_out)
 {
-    if (server == NULL || server->membership == NULL) {
+    kvd_remote_t *r = server != NULL
+                          ? __atomic_load_n(&server->remote, __ATOMIC_ACQUIRE)
+                          : NULL;
+    kvd_membership_stats_t ms;
+    if (!kvd_remote_view_stats(r, out != NULL ? out : &ms)) {
         return false;
     }
-    (void)kvd_membership_view(server->membership, NULL, 0, out);
+    if (remote_out != NULL) {
+        kvd_remote_stats(r, remote_out);
+    }
     return true;
 }
 

@@ -41,6 +41,11 @@ typedef struct kvd_server_settings {
     char cluster_name[KVD_CONFIG_STRING_MAX];
     char cluster_advertise[KVD_CONFIG_STRING_MAX];
     uint64_t cluster_lease_ttl_ms;
+    char cluster_token_file[KVD_CONFIG_STRING_MAX];
+    char cluster_token[KVD_CONFIG_STRING_MAX]; /* read from the file */
+    int64_t cluster_replicas;
+    uint64_t cluster_timeout_ms;
+    int64_t cluster_queue;
     int64_t threads;
     uint64_t max_message_bytes;
     uint64_t lease_ttl_ms;
@@ -84,7 +89,11 @@ bool kvd_server_ready(const kvd_server_t *server);
 /* The cluster view for /readyz and /metrics: false without a cluster
  * (cluster.etcd empty); else its stats. */
 struct kvd_membership_stats;
-bool kvd_server_cluster(kvd_server_t *server, struct kvd_membership_stats *out);
+struct kvd_remote_stats;
+/* The cluster view's state and the data plane's counters (either may be
+ * NULL); false when the daemon is not in a cluster. */
+bool kvd_server_cluster(kvd_server_t *server, struct kvd_membership_stats *out,
+                        struct kvd_remote_stats *remote_out);
 
 /* Snapshot for /metrics. */
 void kvd_server_collect(kvd_server_t *server, kvd_store_stats_t *store_out,

@@ -514,6 +514,14 @@ static kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req,
         goto out;
     }
     s = kvd_store_lookup(svc->store, &ns, hashes, n, leases, &m);
+    if (s == KVD_OK && m < n && svc->cfg.miss != NULL &&
+        svc->cfg.miss(svc->cfg.cluster_ctx, &ns, hashes + m, n - m,
+                      svc_caller_id) > 0) {
+        /* Other nodes had more of the chain; it is here now. */
+        (void)kvd_store_release(svc->store, leases, m);
+        m = 0;
+        s = kvd_store_lookup(svc->store, &ns, hashes, n, leases, &m);
+    }
     if (s != KVD_OK) {
         goto out;
     }
@@ -782,8 +790,11 @@ static kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req,
         return KVD_ERR_NOMEM;
     }
     uint32_t committed = 0;
+    kvd_block_hash_t *saved =
+        svc->cfg.saved != NULL ? malloc(n * sizeof *saved) : NULL;
     svc_resv_t *r = resv_lock(svc, rq->reservation_id, reason, reason_len);
     if (r == NULL) {
+        free(saved);
         free(statuses);
         kvd_proto_commit_request_free(rq);
         return KVD_ERR_NOT_FOUND;
@@ -813,10 +824,20 @@ static kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req,
         k->state = SVC_DONE;
         r->open--;
         statuses[i] = (int32_t)ks;
+        if (ks == KVD_OK && saved != NULL) {
+            saved[committed] = k->hash;
+        }
         committed += ks == KVD_OK;
     }
+    kvd_namespace_t ns = r->ns;
+    uint64_t object_bytes = r->object_bytes;
     resv_maybe_done(svc, r);
     pthread_mutex_unlock(&svc->mu);
+    if (saved != NULL && committed > 0) {
+        svc->cfg.saved(svc->cfg.cluster_ctx, &ns, saved, committed,
+                       object_bytes);
+    }
+    free(saved);
 
     kvd_pb_commit_response_t rsp = KVDEPOT__V1__COMMIT_RESPONSE__INIT;
     rsp.num_committed = committed;

@@ -35,73 +35,9 @@
 #include "cluster/etcd_int.h"
 #include "cluster/membership_int.h"
 #include "tests/unit/kvd_testdir_int.h"
+#include "tests/integration/kvd_testetcd_int.h"
 
 #define TIMEOUT_MS 2000
-
-typedef struct etcd_proc {
-    kvd_test_dir_t dir;
-    pid_t pid;
-    int client_port, peer_port;
-    char endpoint[64];
-} etcd_proc_t;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_true(fd >= 0);
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
-/* Starts etcd on the ports in `p` (picked once, so a restart reuses them
- * and the data directory). */
-static void etcd_start(etcd_proc_t *p)
-{
-    const char *bin = getenv("KVDEPOT_ETCD");
-    char client[64], peer[64], cluster[96], data[256], log[256];
-    snprintf(client, sizeof client, "http://127.0.0.1:%d", p->client_port);
-    snprintf(peer, sizeof peer, "http://127.0.0.1:%d", p->peer_port);
-    snprintf(cluster, sizeof cluster, "t=%s", peer);
-    snprintf(data, sizeof data, "%s/etcd", p->dir.path);
-    snprintf(log, sizeof log, "%s/etcd.log", p->dir.path);
-    pid_t parent = getpid();
-    p->pid = fork();
-    assert_true(p->pid >= 0);
-    if (p->pid == 0) {
-        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent || freopen(log, "a", stdout) == NULL) {
-            _exit(126);
-        }
-        (void)dup2(STDOUT_FILENO, STDERR_FILENO);
-        execl(bin, bin, "--name", "t", "--data-dir", data,
-              "--listen-client-urls", client, "--advertise-client-urls", client,
-              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-              "--initial-cluster", cluster, "--log-level", "warn", "--logger",
-              "zap", (char *)NULL);
-        _exit(127);
-    }
-}
-
-static void etcd_kill(etcd_proc_t *p, int sig)
-{
-    if (p->pid > 0) {
-        kill(p->pid, sig);
-        waitpid(p->pid, NULL, 0);
-        p->pid = -1;
-    }
-}
 
 /* Waits until etcd grants a lease (it is serving). */
 static void etcd_wait_ready(kvd_etcd_t *e)

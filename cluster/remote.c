@@ -1,0 +1,716 @@
+/*
+ * A clustered node's share of the one cache (cluster/remote_int.h).
+ *
+ * The view of the live nodes is a refcounted snapshot, taken again when
+ * the membership's generation moves, so a lookup keeps a consistent view
+ * for its whole duration without holding a lock while it waits on peers.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cluster/placement_int.h"
+#include "cluster/remote_int.h"
+#include "common/log_int.h"
+#include "common/time_int.h"
+
+#define REMOTE_BATCH 1024u /* jobs the mover takes at once */
+#define REMOTE_PULL_TIMEOUT_MS 30000u
+
+enum { JOB_PUSH = 1, JOB_PULL = 2 };
+
+typedef struct remote_job {
+    uint8_t kind;
+    kvd_namespace_t ns;
+    kvd_block_hash_t hash;
+    uint64_t size;
+    char node[KVD_PEER_MAX_NODE_ID + 1]; /* JOB_PULL: who offered it */
+} remote_job_t;
+
+typedef struct remote_view {
+    int refs;
+    uint64_t generation;
+    size_t n;
+    kvd_member_t *m;
+} remote_view_t;
+
+struct kvd_remote {
+    kvd_remote_config_t cfg;
+    char self_id[KVD_PROTO_MAX_NODE_ID_BYTES + 1];
+    kvd_peer_t *peer;
+    kvd_membership_t *membership;
+
+    pthread_mutex_t view_mu;
+    remote_view_t *view;
+
+    pthread_mutex_t mu; /* the job ring */
+    pthread_cond_t cv;
+    remote_job_t *jobs;
+    size_t head, count;
+    bool stop;
+    pthread_t mover;
+    bool mover_started;
+
+    kvd_remote_stats_t stats; /* counters only; atomics */
+};
+
+static void count(uint64_t *c, uint64_t v)
+{
+    __atomic_fetch_add(c, v, __ATOMIC_RELAXED);
+}
+
+/* ---- the view ------------------------------------------------------------ */
+
+static void view_put(kvd_remote_t *r, remote_view_t *v)
+{
+    if (v == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&r->view_mu);
+    bool last = --v->refs == 0;
+    pthread_mutex_unlock(&r->view_mu);
+    if (last) {
+        free(v->m);
+        free(v);
+    }
+}
+
+/* The current view (taken again when it changed); release with view_put.
+ * NULL once the node has left (or without memory). */
+static remote_view_t *view_get(kvd_remote_t *r)
+{
+    pthread_mutex_lock(&r->view_mu);
+    remote_view_t *v = r->view;
+    kvd_membership_stats_t st;
+    if (r->membership == NULL) {
+        pthread_mutex_unlock(&r->view_mu);
+        return NULL;
+    }
+    (void)kvd_membership_view(r->membership, NULL, 0, &st);
+    if (v != NULL && v->generation == st.generation) {
+        v->refs++;
+        pthread_mutex_unlock(&r->view_mu);
+        return v;
+    }
+    remote_view_t *nv = calloc(1, sizeof *nv);
+    size_t cap = st.num_nodes + 4;
+    if (nv == NULL || (nv->m = calloc(cap, sizeof *nv->m)) == NULL) {
+        pthread_mutex_unlock(&r->view_mu);
+        free(nv);
+        return NULL;
+    }
+    size_t n = kvd_membership_view(r->membership, nv->m, cap, &st);
+    nv->n = n < cap ? n : cap;
+    nv->generation = st.generation;
+    nv->refs = 2; /* the remote's and the caller's */
+    r->view = nv;
+    bool last = v != NULL && --v->refs == 0;
+    pthread_mutex_unlock(&r->view_mu);
+    if (last) {
+        free(v->m);
+        free(v);
+    }
+    return nv;
+}
+
+static ptrdiff_t view_find(const remote_view_t *v, const char *node_id)
+{
+    for (size_t i = 0; i < v->n; i++) {
+        if (strcmp(v->m[i].node_id, node_id) == 0) {
+            return (ptrdiff_t)i;
+        }
+    }
+    return -1;
+}
+
+/* The homes of (ns, hash) other than this node, best first. */
+static size_t homes_of(kvd_remote_t *r, const remote_view_t *v,
+                       const kvd_namespace_t *ns, const kvd_block_hash_t *h,
+                       size_t *out)
+{
+    kvd_store_key_t key;
+    key.ns = *ns;
+    key.hash = *h;
+    size_t idx[KVD_PLACEMENT_MAX_REPLICAS];
+    size_t n = kvd_placement_homes(&key, v->m, v->n, r->cfg.replicas, idx);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(v->m[idx[i]].node_id, r->self_id) != 0 &&
+            v->m[idx[i]].ucx_address_len > 0) {
+            out[k++] = idx[i];
+        }
+    }
+    return k;
+}
+
+/* ---- lookups that missed here -------------------------------------------- */
+
+/* Keys grouped by the node asked for them. */
+typedef struct remote_group {
+    size_t node;
+    size_t n;
+    size_t *keys;             /* indexes into the caller's hashes */
+    kvd_block_hash_t *hashes; /* those keys, in that order */
+    uint64_t *sizes;
+    kvd_status_t *status;
+} remote_group_t;
+
+typedef struct remote_groups {
+    remote_group_t *g;
+    size_t n;
+    size_t cap_keys; /* each group's arrays hold this many */
+} remote_groups_t;
+
+static void groups_free(remote_groups_t *gs)
+{
+    for (size_t i = 0; i < gs->n; i++) {
+        free(gs->g[i].keys);
+        free(gs->g[i].hashes);
+        free(gs->g[i].sizes);
+        free(gs->g[i].status);
+    }
+    free(gs->g);
+    memset(gs, 0, sizeof *gs);
+}
+
+/* Adds key `k` (hash h) to the group of `node`; false when out of memory. */
+static bool groups_add(remote_groups_t *gs, size_t max_groups, size_t node,
+                       size_t k, const kvd_block_hash_t *h)
+{
+    remote_group_t *g = NULL;
+    for (size_t i = 0; i < gs->n; i++) {
+        if (gs->g[i].node == node) {
+            g = &gs->g[i];
+            break;
+        }
+    }
+    if (g == NULL) {
+        if (gs->g == NULL) {
+            gs->g = calloc(max_groups, sizeof *gs->g);
+            if (gs->g == NULL) {
+                return false;
+            }
+        }
+        g = &gs->g[gs->n];
+        g->node = node;
+        g->keys = malloc(gs->cap_keys * sizeof *g->keys);
+        g->hashes = malloc(gs->cap_keys * sizeof *g->hashes);
+        g->sizes = calloc(gs->cap_keys, sizeof *g->sizes);
+        g->status = calloc(gs->cap_keys, sizeof *g->status);
+        gs->n++;
+        if (g->keys == NULL || g->hashes == NULL || g->sizes == NULL ||
+            g->status == NULL) {
+            return false;
+        }
+    }
+    g->keys[g->n] = k;
+    g->hashes[g->n] = *h;
+    g->n++;
+    return true;
+}
+
+static kvd_peer_batch_t *groups_batches(const remote_groups_t *gs,
+                                        const remote_view_t *v)
+{
+    kvd_peer_batch_t *b = calloc(gs->n ? gs->n : 1, sizeof *b);
+    if (b == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < gs->n; i++) {
+        const kvd_member_t *m = &v->m[gs->g[i].node];
+        b[i].address = m->ucx_address;
+        b[i].address_len = m->ucx_address_len;
+        b[i].hashes = gs->g[i].hashes;
+        b[i].n = gs->g[i].n;
+        b[i].sizes = gs->g[i].sizes;
+        b[i].status = gs->g[i].status;
+    }
+    return b;
+}
+
+size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
+                       const kvd_block_hash_t *hashes, size_t n,
+                       uint32_t tenant)
+{
+    if (r == NULL || ns == NULL || hashes == NULL || n == 0) {
+        return 0;
+    }
+    if (n > KVD_PEER_MAX_KEYS) {
+        n = KVD_PEER_MAX_KEYS;
+    }
+    remote_view_t *v = view_get(r);
+    if (v == NULL || v->n < 2) {
+        view_put(r, v);
+        return 0;
+    }
+    count(&r->stats.lookups, 1);
+    uint64_t deadline = kvd_time_deadline_ns((int64_t)r->cfg.timeout_ms);
+    size_t R = r->cfg.replicas;
+    size_t *cand = malloc(n * R * sizeof *cand);
+    size_t *ncand = calloc(n, sizeof *ncand);
+    size_t *tried = calloc(n, sizeof *tried);
+    uint64_t *found = calloc(n, sizeof *found);
+    size_t *holder = calloc(n, sizeof *holder);
+    bool *absent = calloc(n, sizeof *absent);
+    size_t got = 0;
+    if (cand == NULL || ncand == NULL || tried == NULL || found == NULL ||
+        holder == NULL || absent == NULL) {
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ncand[i] = homes_of(r, v, ns, &hashes[i], cand + i * R);
+    }
+    /* Rounds: the first asks each key's first home; a key whose node
+     * failed (dead, unreachable, too slow) is asked of its next home in the
+     * next round. A home's "not here" settles the key: the prefix ends at
+     * the first key settled absent or out of homes. */
+    for (size_t round = 0; round < R; round++) {
+        size_t limit = n;
+        for (size_t i = 0; i < n; i++) {
+            if (found[i] == 0 && (absent[i] || tried[i] >= ncand[i])) {
+                limit = i;
+                break;
+            }
+        }
+        remote_groups_t gs = {.cap_keys = limit};
+        bool ok = true;
+        for (size_t i = 0; i < limit && ok; i++) {
+            if (found[i] == 0) {
+                ok = groups_add(&gs, v->n, cand[i * R + tried[i]], i,
+                                &hashes[i]);
+            }
+        }
+        kvd_peer_batch_t *b = ok ? groups_batches(&gs, v) : NULL;
+        if (b == NULL || gs.n == 0) {
+            free(b);
+            groups_free(&gs);
+            break;
+        }
+        (void)kvd_peer_lookup(r->peer, ns, b, gs.n, deadline);
+        for (size_t j = 0; j < gs.n; j++) {
+            if (b[j].result != KVD_OK) {
+                count(&r->stats.lookup_errors, 1);
+            }
+            for (size_t q = 0; q < gs.g[j].n; q++) {
+                size_t i = gs.g[j].keys[q];
+                tried[i]++;
+                if (b[j].result != KVD_OK) {
+                    continue;
+                }
+                if (gs.g[j].sizes[q] > 0) {
+                    found[i] = gs.g[j].sizes[q];
+                    holder[i] = gs.g[j].node;
+                } else {
+                    absent[i] = true;
+                }
+            }
+        }
+        free(b);
+        groups_free(&gs);
+        if (kvd_time_now_ns() >= deadline) {
+            break;
+        }
+    }
+    size_t prefix = 0;
+    while (prefix < n && found[prefix] > 0) {
+        prefix++;
+    }
+    if (prefix == 0) {
+        goto out;
+    }
+    remote_groups_t gs = {.cap_keys = prefix};
+    bool ok = true;
+    for (size_t i = 0; i < prefix && ok; i++) {
+        ok = groups_add(&gs, v->n, holder[i], i, &hashes[i]);
+    }
+    kvd_peer_batch_t *b = ok ? groups_batches(&gs, v) : NULL;
+    if (b != NULL) {
+        for (size_t j = 0; j < gs.n; j++) {
+            for (size_t q = 0; q < gs.g[j].n; q++) {
+                gs.g[j].sizes[q] = found[gs.g[j].keys[q]];
+            }
+        }
+        (void)kvd_peer_fetch(r->peer, ns, tenant, b, gs.n, deadline);
+        /* Reuse `found` as "here now" for the prefix. */
+        memset(found, 0, prefix * sizeof *found);
+        for (size_t j = 0; j < gs.n; j++) {
+            for (size_t q = 0; q < gs.g[j].n; q++) {
+                kvd_status_t s = gs.g[j].status[q];
+                if (s == KVD_OK) {
+                    count(&r->stats.remote_hits, 1);
+                }
+                found[gs.g[j].keys[q]] = s == KVD_OK || s == KVD_ERR_EXISTS;
+            }
+        }
+        while (got < prefix && found[got]) {
+            got++;
+        }
+    }
+    free(b);
+    groups_free(&gs);
+out:
+    free(cand);
+    free(ncand);
+    free(tried);
+    free(found);
+    free(holder);
+    free(absent);
+    view_put(r, v);
+    return got;
+}
+
+/* ---- the mover ----------------------------------------------------------- */
+
+static bool enqueue(kvd_remote_t *r, const remote_job_t *j)
+{
+    pthread_mutex_lock(&r->mu);
+    bool ok = r->count < r->cfg.queue && !r->stop;
+    if (ok) {
+        r->jobs[(r->head + r->count) % r->cfg.queue] = *j;
+        r->count++;
+        pthread_cond_signal(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (!ok) {
+        count(&r->stats.dropped, 1);
+    }
+    return ok;
+}
+
+void kvd_remote_saved(kvd_remote_t *r, const kvd_namespace_t *ns,
+                      const kvd_block_hash_t *hashes, size_t n,
+                      uint64_t object_bytes)
+{
+    if (r == NULL || n == 0) {
+        return;
+    }
+    remote_job_t j;
+    memset(&j, 0, sizeof j);
+    j.kind = JOB_PUSH;
+    j.ns = *ns;
+    j.size = object_bytes;
+    for (size_t i = 0; i < n; i++) {
+        j.hash = hashes[i];
+        (void)enqueue(r, &j);
+    }
+}
+
+static void on_offer(void *ctx, const char *node_id, const kvd_namespace_t *ns,
+                     const kvd_block_hash_t *hashes, const uint64_t *sizes,
+                     size_t n)
+{
+    kvd_remote_t *r = ctx;
+    remote_job_t j;
+    memset(&j, 0, sizeof j);
+    j.kind = JOB_PULL;
+    j.ns = *ns;
+    snprintf(j.node, sizeof j.node, "%s", node_id);
+    for (size_t i = 0; i < n; i++) {
+        j.hash = hashes[i];
+        j.size = sizes[i];
+        (void)enqueue(r, &j);
+    }
+}
+
+/* Offers the push jobs to their homes: one OFFER per (home, namespace). */
+static void do_pushes(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
+                      size_t n)
+{
+    kvd_block_hash_t *hashes = malloc(n * sizeof *hashes);
+    uint64_t *sizes = malloc(n * sizeof *sizes);
+    bool *done = calloc(n * KVD_PLACEMENT_MAX_REPLICAS, sizeof *done);
+    size_t *homes = malloc(n * KVD_PLACEMENT_MAX_REPLICAS * sizeof *homes);
+    size_t *nh = calloc(n, sizeof *nh);
+    if (hashes == NULL || sizes == NULL || done == NULL || homes == NULL ||
+        nh == NULL) {
+        count(&r->stats.dropped, n);
+        goto out;
+    }
+    const size_t R = KVD_PLACEMENT_MAX_REPLICAS;
+    for (size_t i = 0; i < n; i++) {
+        nh[i] = homes_of(r, v, &jobs[i].ns, &jobs[i].hash, homes + i * R);
+    }
+    /* Each unsent (job, home) pair starts a group of every later pair with
+     * the same home and namespace. */
+    for (size_t i = 0; i < n; i++) {
+        for (size_t h = 0; h < nh[i]; h++) {
+            if (done[i * R + h]) {
+                continue;
+            }
+            size_t node = homes[i * R + h];
+            size_t k = 0;
+            for (size_t j = i; j < n; j++) {
+                if (memcmp(&jobs[j].ns, &jobs[i].ns, sizeof jobs[i].ns) != 0) {
+                    continue;
+                }
+                for (size_t g = 0; g < nh[j]; g++) {
+                    if (!done[j * R + g] && homes[j * R + g] == node) {
+                        done[j * R + g] = true;
+                        hashes[k] = jobs[j].hash;
+                        sizes[k] = jobs[j].size;
+                        k++;
+                    }
+                }
+            }
+            const kvd_member_t *m = &v->m[node];
+            kvd_status_t s =
+                kvd_peer_offer(r->peer, m->ucx_address, m->ucx_address_len,
+                               &jobs[i].ns, hashes, sizes, k);
+            count(s == KVD_OK ? &r->stats.pushes : &r->stats.dropped, k);
+        }
+    }
+out:
+    free(hashes);
+    free(sizes);
+    free(done);
+    free(homes);
+    free(nh);
+}
+
+/* Fetches the pull jobs from the nodes that offered them: one FETCH per
+ * (node, namespace). */
+static void do_pulls(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
+                     size_t n)
+{
+    kvd_block_hash_t *hashes = malloc(n * sizeof *hashes);
+    uint64_t *sizes = malloc(n * sizeof *sizes);
+    kvd_status_t *status = malloc(n * sizeof *status);
+    bool *done = calloc(n, sizeof *done);
+    if (hashes == NULL || sizes == NULL || status == NULL || done == NULL) {
+        count(&r->stats.pull_errors, n);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (done[i]) {
+            continue;
+        }
+        size_t k = 0;
+        for (size_t j = i; j < n; j++) {
+            if (!done[j] && strcmp(jobs[j].node, jobs[i].node) == 0 &&
+                memcmp(&jobs[j].ns, &jobs[i].ns, sizeof jobs[i].ns) == 0) {
+                done[j] = true;
+                hashes[k] = jobs[j].hash;
+                sizes[k] = jobs[j].size;
+                k++;
+            }
+        }
+        ptrdiff_t node = view_find(v, jobs[i].node);
+        if (node < 0 || v->m[node].ucx_address_len == 0) {
+            count(&r->stats.pull_errors, k);
+            continue;
+        }
+        kvd_peer_batch_t b;
+        memset(&b, 0, sizeof b);
+        b.address = v->m[node].ucx_address;
+        b.address_len = v->m[node].ucx_address_len;
+        b.hashes = hashes;
+        b.n = k;
+        b.sizes = sizes;
+        b.status = status;
+        uint64_t t = r->cfg.timeout_ms > REMOTE_PULL_TIMEOUT_MS
+                         ? r->cfg.timeout_ms
+                         : REMOTE_PULL_TIMEOUT_MS;
+        (void)kvd_peer_fetch(r->peer, &jobs[i].ns, 0, &b, 1,
+                             kvd_time_deadline_ns((int64_t)t));
+        for (size_t q = 0; q < k; q++) {
+            if (status[q] == KVD_OK) {
+                count(&r->stats.pulls, 1);
+            } else if (status[q] != KVD_ERR_EXISTS) {
+                count(&r->stats.pull_errors, 1);
+            }
+        }
+    }
+out:
+    free(hashes);
+    free(sizes);
+    free(status);
+    free(done);
+}
+
+static void *mover_main(void *arg)
+{
+    kvd_remote_t *r = arg;
+    remote_job_t *batch = malloc(REMOTE_BATCH * sizeof *batch);
+    remote_job_t *pulls = malloc(REMOTE_BATCH * sizeof *pulls);
+    if (batch == NULL || pulls == NULL) {
+        KVD_LOG_ERROR("cluster: the mover has no memory; pushes stop");
+        free(batch);
+        free(pulls);
+        return NULL;
+    }
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        while (r->count == 0 && !r->stop) {
+            pthread_cond_wait(&r->cv, &r->mu);
+        }
+        if (r->stop) {
+            pthread_mutex_unlock(&r->mu);
+            break;
+        }
+        size_t n = 0;
+        while (n < REMOTE_BATCH && r->count > 0) {
+            batch[n++] = r->jobs[r->head];
+            r->head = (r->head + 1) % r->cfg.queue;
+            r->count--;
+        }
+        pthread_mutex_unlock(&r->mu);
+        /* Pushes first, in place; pulls after, copied apart. */
+        size_t np = 0, nl = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (batch[i].kind == JOB_PUSH) {
+                batch[np++] = batch[i];
+            } else {
+                pulls[nl++] = batch[i];
+            }
+        }
+        remote_view_t *v = view_get(r);
+        if (v == NULL) {
+            count(&r->stats.dropped, n);
+            continue;
+        }
+        if (np > 0) {
+            do_pushes(r, v, batch, np);
+        }
+        if (nl > 0) {
+            do_pulls(r, v, pulls, nl);
+        }
+        view_put(r, v);
+    }
+    free(batch);
+    free(pulls);
+    return NULL;
+}
+
+/* ---- life ---------------------------------------------------------------- */
+
+kvd_status_t kvd_remote_start(const kvd_remote_config_t *cfg,
+                              kvd_remote_t **out, char *err, size_t err_len)
+{
+    if (cfg == NULL || out == NULL || cfg->store == NULL || cfg->self == NULL ||
+        cfg->replicas < 1 || cfg->replicas > KVD_PLACEMENT_MAX_REPLICAS ||
+        cfg->queue < 1 || cfg->timeout_ms < 1) {
+        snprintf(err, err_len, "cluster: bad settings");
+        return KVD_ERR_INVALID;
+    }
+    kvd_remote_t *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    r->cfg = *cfg;
+    snprintf(r->self_id, sizeof r->self_id, "%s", cfg->self->node_id);
+    pthread_mutex_init(&r->view_mu, NULL);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->jobs = calloc(cfg->queue, sizeof *r->jobs);
+    if (r->jobs == NULL) {
+        kvd_remote_stop(r);
+        return KVD_ERR_NOMEM;
+    }
+    kvd_peer_config_t pc = {
+        .store = cfg->store,
+        .node_id = r->self_id,
+        .token = cfg->token,
+        .on_offer = on_offer,
+        .offer_ctx = r,
+    };
+    kvd_status_t s = kvd_peer_start(&pc, &r->peer, err, err_len);
+    if (s != KVD_OK) {
+        kvd_remote_stop(r);
+        return s;
+    }
+    size_t alen = 0;
+    const uint8_t *addr = kvd_peer_address(r->peer, &alen);
+    memcpy(cfg->self->ucx_address, addr, alen);
+    cfg->self->ucx_address_len = alen;
+    if (pthread_create(&r->mover, NULL, mover_main, r) != 0) {
+        snprintf(err, err_len, "cluster: cannot start the mover thread");
+        kvd_remote_stop(r);
+        return KVD_ERR_INTERNAL;
+    }
+    r->mover_started = true;
+    kvd_membership_config_t mc = {
+        .etcd_endpoint = cfg->etcd_endpoint,
+        .cluster = cfg->cluster,
+        .self = cfg->self,
+        .lease_ttl_s = cfg->lease_ttl_s,
+        .timeout_ms = 2000,
+    };
+    s = kvd_membership_start(&mc, &r->membership);
+    if (s != KVD_OK) {
+        snprintf(err, err_len,
+                 "cluster: cannot join (cluster.name and server.node_id "
+                 "must be letters, digits, . _ -): %s",
+                 kvd_status_str(s));
+        kvd_remote_stop(r);
+        return s;
+    }
+    *out = r;
+    return KVD_OK;
+}
+
+void kvd_remote_leave(kvd_remote_t *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&r->view_mu);
+    kvd_membership_t *m = r->membership;
+    r->membership = NULL;
+    pthread_mutex_unlock(&r->view_mu);
+    kvd_membership_stop(m);
+}
+
+void kvd_remote_stop(kvd_remote_t *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    kvd_remote_leave(r); /* first, so the others stop sending here */
+    if (r->mover_started) {
+        pthread_mutex_lock(&r->mu);
+        r->stop = true;
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        pthread_join(r->mover, NULL);
+    }
+    kvd_peer_stop(r->peer);
+    if (r->view != NULL) {
+        free(r->view->m);
+        free(r->view);
+    }
+    free(r->jobs);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->view_mu);
+    free(r);
+}
+
+bool kvd_remote_view_stats(kvd_remote_t *r, kvd_membership_stats_t *out)
+{
+    if (r == NULL) {
+        return false;
+    }
+    pthread_mutex_lock(&r->view_mu);
+    bool in = r->membership != NULL;
+    if (in) {
+        (void)kvd_membership_view(r->membership, NULL, 0, out);
+    }
+    pthread_mutex_unlock(&r->view_mu);
+    return in;
+}
+
+void kvd_remote_stats(kvd_remote_t *r, kvd_remote_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (r == NULL) {
+        return;
+    }
+    const uint64_t *src = (const uint64_t *)&r->stats;
+    uint64_t *dst = (uint64_t *)out;
+    size_t words = offsetof(kvd_remote_stats_t, peer) / sizeof(uint64_t);
+    for (size_t i = 0; i < words; i++) {
+        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+    }
+    kvd_peer_stats(r->peer, &out->peer);
+}

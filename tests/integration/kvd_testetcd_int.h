@@ -1,0 +1,96 @@
+/*
+ * A real etcd (Debian's etcd-server, $KVDEPOT_ETCD) for the integration
+ * tests: started on 127.0.0.1 ports the kernel picked, its data and log in
+ * the test's directory, stopped by its pid, and killed with the test
+ * (PR_SET_PDEATHSIG). Header-only (static inline); the including test has
+ * cmocka.h included first.
+ */
+#ifndef KVD_TESTS_TESTETCD_INT_H
+#define KVD_TESTS_TESTETCD_INT_H
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tests/unit/kvd_testdir_int.h"
+
+typedef struct etcd_proc {
+    kvd_test_dir_t dir;
+    pid_t pid;
+    int client_port, peer_port;
+    char endpoint[64];
+} etcd_proc_t;
+
+static inline double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static inline int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* Starts etcd on the ports in `p` (picked once, so a restart reuses them
+ * and the data directory). */
+static inline void etcd_start(etcd_proc_t *p)
+{
+    const char *bin = getenv("KVDEPOT_ETCD");
+    char client[64], peer[64], cluster[96], data[256], log[256];
+    snprintf(client, sizeof client, "http://127.0.0.1:%d", p->client_port);
+    snprintf(peer, sizeof peer, "http://127.0.0.1:%d", p->peer_port);
+    snprintf(cluster, sizeof cluster, "t=%s", peer);
+    snprintf(data, sizeof data, "%s/etcd", p->dir.path);
+    snprintf(log, sizeof log, "%s/etcd.log", p->dir.path);
+    pid_t parent = getpid();
+    p->pid = fork();
+    assert_true(p->pid >= 0);
+    if (p->pid == 0) {
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent || freopen(log, "a", stdout) == NULL) {
+            _exit(126);
+        }
+        (void)dup2(STDOUT_FILENO, STDERR_FILENO);
+        execl(bin, bin, "--name", "t", "--data-dir", data,
+              "--listen-client-urls", client, "--advertise-client-urls", client,
+              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+              "--initial-cluster", cluster, "--log-level", "warn", "--logger",
+              "zap", (char *)NULL);
+        _exit(127);
+    }
+}
+
+static inline void etcd_kill(etcd_proc_t *p, int sig)
+{
+    if (p->pid > 0) {
+        kill(p->pid, sig);
+        waitpid(p->pid, NULL, 0);
+        p->pid = -1;
+    }
+}
+
+/* The etcd binary, or NULL when $KVDEPOT_ETCD names none (skip). */
+static inline const char *etcd_bin(void)
+{
+    const char *bin = getenv("KVDEPOT_ETCD");
+    return bin != NULL && bin[0] != '\0' && access(bin, X_OK) == 0 ? bin : NULL;
+}
+
+#endif /* KVD_TESTS_TESTETCD_INT_H */

@@ -1,0 +1,268 @@
+/*
+ * Three kvdepotd and one etcd on 127.0.0.1 (DESIGN.md §10): a chain saved
+ * through node A is loaded, byte for byte, through node C; with R=2 the
+ * chain stays loadable after A is SIGKILLed (its keys' other homes have
+ * them); lookups while A is dead but still in the view route around it
+ * within cluster.timeout, never hang. UCX on loopback TCP (ctest sets
+ * UCX_NET_DEVICES=lo, UCX_TLS=tcp; the daemons inherit them). Skipped (77)
+ * without etcd or kvdepotd.
+ *
+ * The engines' side is the daemon-mode store client (store.mode: daemon),
+ * opened only after every child process has been started: gRPC does not
+ * survive fork().
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvdepot/store.h"
+#include "tests/integration/kvd_testetcd_int.h" /* first: kvd_test_dir_t */
+
+#include "tests/integration/kvd_testdaemon_int.h"
+
+#define NODES 3
+#define CHAIN 6
+#define OBJ (256u << 10)
+
+typedef struct cluster {
+    etcd_proc_t etcd;
+    kvd_test_dir_t dir[NODES];
+    pid_t pid[NODES];
+    kvd_store_t *client[NODES];
+} cluster_t;
+
+static kvd_namespace_t g_ns = {{0xc1, 0x05, 0x7e, 0x12}};
+
+static pid_t spawn(const kvd_test_dir_t *d, ...)
+{
+    va_list ap;
+    va_start(ap, d);
+    pid_t pid = kvd_test_daemon_spawn(d, NULL, ap);
+    va_end(ap);
+    return pid;
+}
+
+static void client_open(cluster_t *c, int i)
+{
+    kvd_config_t *cfg = NULL;
+    assert_int_equal(kvd_config_create(&cfg), KVD_OK);
+    char addr[300];
+    snprintf(addr, sizeof addr, "unix:%s/d.sock", c->dir[i].path);
+    assert_int_equal(kvd_config_set(cfg, "store.mode", "daemon"), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.address", addr), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.timeout", "5s"), KVD_OK);
+    char err[256] = "";
+    kvd_status_t s = kvd_store_open(cfg, &c->client[i], err, sizeof err);
+    if (s != KVD_OK) {
+        fprintf(stderr, "client %d: %s\n", i, err);
+    }
+    assert_int_equal(s, KVD_OK);
+    kvd_config_destroy(cfg);
+}
+
+static int setup(void **state)
+{
+    if (etcd_bin() == NULL || kvd_test_daemon_bin() == NULL) {
+        return -1;
+    }
+    cluster_t *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    kvd_test_dir_make(&c->etcd.dir, "cluster_etcd");
+    c->etcd.client_port = free_port();
+    c->etcd.peer_port = free_port();
+    snprintf(c->etcd.endpoint, sizeof c->etcd.endpoint, "127.0.0.1:%d",
+             c->etcd.client_port);
+    etcd_start(&c->etcd);
+    char etcd[96];
+    snprintf(etcd, sizeof etcd, "cluster.etcd=%s", c->etcd.endpoint);
+    static const char *const ids[NODES] = {"server.node_id=node-a",
+                                           "server.node_id=node-b",
+                                           "server.node_id=node-c"};
+    for (int i = 0; i < NODES; i++) {
+        kvd_test_dir_make(&c->dir[i], "cluster");
+        c->pid[i] = spawn(&c->dir[i], ids[i], etcd, "cluster.name=t",
+                          "cluster.lease_ttl=2s", "cluster.replicas=2",
+                          "cluster.timeout=1500ms",
+                          "server.metrics_address=127.0.0.1:0", (char *)NULL);
+    }
+    for (int i = 0; i < NODES; i++) {
+        kvd_test_daemon_wait_ready(&c->dir[i], c->pid[i]);
+    }
+    /* Every node sees the three (registration is asynchronous). */
+    uint64_t t0 = kvd_test_now_ms();
+    for (int i = 0; i < NODES; i++) {
+        while (kvd_test_daemon_metric(&c->dir[i], "kvdepot_cluster_nodes") !=
+               NODES) {
+            assert_true(kvd_test_now_ms() - t0 < 20000);
+            usleep(20000);
+        }
+    }
+    for (int i = 0; i < NODES; i++) {
+        client_open(c, i);
+    }
+    *state = c;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    cluster_t *c = *state;
+    for (int i = 0; i < NODES; i++) {
+        kvd_store_close(c->client[i]);
+    }
+    for (int i = 0; i < NODES; i++) {
+        if (c->pid[i] > 0) {
+            kvd_test_daemon_stop(c->pid[i]);
+        }
+        kvd_test_dir_remove(&c->dir[i]);
+    }
+    etcd_kill(&c->etcd, SIGKILL);
+    kvd_test_dir_remove(&c->etcd.dir);
+    free(c);
+    return 0;
+}
+
+static void chain(unsigned tag, kvd_block_hash_t *h)
+{
+    for (unsigned i = 0; i < CHAIN; i++) {
+        memset(&h[i], 0, sizeof h[i]);
+        h[i].bytes[0] = (uint8_t)tag;
+        h[i].bytes[1] = (uint8_t)i;
+        for (unsigned b = 2; b < 32; b++) {
+            h[i].bytes[b] = (uint8_t)(tag * 31u + i * 7u + b);
+        }
+    }
+}
+
+static void pattern(uint8_t *p, size_t n, const kvd_block_hash_t *h)
+{
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ h->bytes[0] ^ (h->bytes[1] << 8);
+    for (size_t i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (uint8_t)(x >> 56);
+    }
+}
+
+static void save(kvd_store_t *s, const kvd_block_hash_t *h)
+{
+    kvd_store_reservation_t r[CHAIN];
+    assert_int_equal(kvd_store_reserve(s, &g_ns, h, CHAIN, OBJ, 0, r), KVD_OK);
+    kvd_store_key_t keys[CHAIN];
+    for (int i = 0; i < CHAIN; i++) {
+        assert_int_equal(r[i].status, KVD_OK);
+        uint8_t *dst = kvd_store_arena_ptr(s, r[i].arena_offset, OBJ);
+        assert_non_null(dst);
+        pattern(dst, OBJ, &h[i]);
+        keys[i].ns = g_ns;
+        keys[i].hash = h[i];
+    }
+    assert_int_equal(kvd_store_commit(s, keys, CHAIN, NULL), KVD_OK);
+}
+
+/* Looks the chain up through `s`; checks the bytes of what matched. */
+static size_t load(kvd_store_t *s, const kvd_block_hash_t *h)
+{
+    kvd_store_lease_t l[CHAIN];
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(s, &g_ns, h, CHAIN, l, &m), KVD_OK);
+    uint8_t *want = malloc(OBJ);
+    assert_non_null(want);
+    for (size_t i = 0; i < m; i++) {
+        assert_int_equal(l[i].tier, KVD_STORE_TIER_HOST);
+        assert_int_equal(l[i].size_bytes, OBJ);
+        pattern(want, OBJ, &h[i]);
+        const uint8_t *got = kvd_store_arena_ptr(s, l[i].arena_offset, OBJ);
+        assert_non_null(got);
+        assert_memory_equal(got, want, OBJ);
+    }
+    free(want);
+    if (m > 0) {
+        assert_int_equal(kvd_store_release(s, l, m), KVD_OK);
+    }
+    return m;
+}
+
+static void test_saved_on_a_loaded_on_c(void **state)
+{
+    cluster_t *c = *state;
+    kvd_block_hash_t h[CHAIN];
+    chain(1, h);
+    save(c->client[0], h);
+    /* C asks each key's homes; a home that is not A has it once A's
+     * background push has landed (milliseconds). */
+    uint64_t t0 = kvd_test_now_ms();
+    size_t m = 0;
+    while ((m = load(c->client[2], h)) < CHAIN &&
+           kvd_test_now_ms() - t0 < 5000) {
+        usleep(20000);
+    }
+    fprintf(stderr, "# chain saved on A loaded through C after %llu ms\n",
+            (unsigned long long)(kvd_test_now_ms() - t0));
+    assert_int_equal(m, CHAIN);
+    assert_true(kvd_test_daemon_metric(
+                    &c->dir[2], "kvdepot_cluster_remote_lookups_total") >= 1);
+    /* B too, and a chain nobody saved is a quick miss everywhere. */
+    assert_int_equal(load(c->client[1], h), CHAIN);
+    kvd_block_hash_t none[CHAIN];
+    chain(99, none);
+    uint64_t t1 = kvd_test_now_ms();
+    assert_int_equal(load(c->client[1], none), 0);
+    assert_true(kvd_test_now_ms() - t1 < 1000);
+}
+
+static void test_replicas_survive_a_killed_node(void **state)
+{
+    cluster_t *c = *state;
+    kvd_block_hash_t h[CHAIN];
+    chain(2, h);
+    save(c->client[0], h);
+    /* The pushes to the homes are in the background; give them a moment
+     * (each is a 256 KiB transfer on loopback). */
+    usleep(1500000);
+    assert_int_equal(kill(c->pid[0], SIGKILL), 0);
+    assert_int_equal(waitpid(c->pid[0], NULL, 0), c->pid[0]);
+    c->pid[0] = -1;
+    kvd_store_close(c->client[0]);
+    c->client[0] = NULL;
+    /* A is still in the view (lease TTL 2 s): C's lookup must go round it
+     * within cluster.timeout, and find every key at its other home. */
+    uint64_t t0 = kvd_test_now_ms();
+    size_t m = load(c->client[2], h);
+    uint64_t took = kvd_test_now_ms() - t0;
+    fprintf(stderr,
+            "# after SIGKILL of A: first lookup through C matched %zu/%d "
+            "in %llu ms\n",
+            m, CHAIN, (unsigned long long)took);
+    assert_int_equal(m, CHAIN);
+    assert_true(took < 4000);
+    /* After A's lease ends the view drops it; lookups stay quick. */
+    usleep(2500000);
+    kvd_block_hash_t none[CHAIN];
+    chain(98, none);
+    t0 = kvd_test_now_ms();
+    assert_int_equal(load(c->client[1], none), 0);
+    assert_true(kvd_test_now_ms() - t0 < 1000);
+}
+
+int main(void)
+{
+    if (getenv("UCX_NET_DEVICES") == NULL) {
+        setenv("UCX_NET_DEVICES", "lo", 1); /* loopback only */
+        setenv("UCX_TLS", "tcp", 1);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_saved_on_a_loaded_on_c),
+        cmocka_unit_test(test_replicas_survive_a_killed_node),
+    };
+    int rc = cmocka_run_group_tests(tests, setup, teardown);
+    if (etcd_bin() == NULL || kvd_test_daemon_bin() == NULL) {
+        return 77;
+    }
+    return rc;
+}

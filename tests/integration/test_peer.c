@@ -1,0 +1,417 @@
+/*
+ * The UCX data plane (cluster/peer_int.h) between two embedded stores of
+ * this process, over loopback TCP (ctest sets UCX_NET_DEVICES=lo and
+ * UCX_TLS=tcp): LOOKUP, FETCH into the local arena with checksums, OFFER,
+ * a corrupt transfer, a wrong cluster token, a dead peer, deadlines.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "cluster/peer_int.h"
+#include "common/failpoint_int.h"
+#include "common/time_int.h"
+#include "kvdepot/store.h"
+
+#define SMALL 4096u
+#define BIG (2u << 20) /* rendezvous */
+
+typedef struct node {
+    kvd_store_t *store;
+    kvd_peer_t *peer;
+    /* what on_offer saw */
+    char offer_from[KVD_PEER_MAX_NODE_ID + 1];
+    size_t offer_n;
+    kvd_block_hash_t offer_hash;
+    uint64_t offer_size;
+} node_t;
+
+static kvd_namespace_t g_ns = {
+    {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}};
+
+static void on_offer(void *ctx, const char *node_id, const kvd_namespace_t *ns,
+                     const kvd_block_hash_t *hashes, const uint64_t *sizes,
+                     size_t n)
+{
+    node_t *nd = ctx;
+    assert_memory_equal(ns, &g_ns, sizeof *ns);
+    snprintf(nd->offer_from, sizeof nd->offer_from, "%s", node_id);
+    nd->offer_hash = hashes[0];
+    nd->offer_size = sizes[0];
+    __atomic_store_n(&nd->offer_n, n, __ATOMIC_RELEASE);
+}
+
+static void node_start(node_t *nd, const char *id, const char *token)
+{
+    memset(nd, 0, sizeof *nd);
+    kvd_config_t *cfg = NULL;
+    assert_int_equal(kvd_config_create(&cfg), KVD_OK);
+    static const char *const kv[] = {
+        "store.arena_size",      "32m", "store.arena_chunk",    "4m",
+        "store.arena_hugepages", "off", "store.arena_prefault", "false",
+        "store.reserve_timeout", "0"};
+    for (size_t i = 0; i < sizeof kv / sizeof *kv; i += 2) {
+        assert_int_equal(kvd_config_set(cfg, kv[i], kv[i + 1]), KVD_OK);
+    }
+    char err[256] = "";
+    assert_int_equal(kvd_store_open(cfg, &nd->store, err, sizeof err), KVD_OK);
+    kvd_config_destroy(cfg);
+    kvd_peer_config_t pc = {
+        .store = nd->store,
+        .node_id = id,
+        .token = token,
+        .on_offer = on_offer,
+        .offer_ctx = nd,
+    };
+    kvd_status_t s = kvd_peer_start(&pc, &nd->peer, err, sizeof err);
+    if (s != KVD_OK) {
+        fprintf(stderr, "%s\n", err);
+    }
+    assert_int_equal(s, KVD_OK);
+}
+
+static void node_stop(node_t *nd)
+{
+    kvd_peer_stop(nd->peer);
+    kvd_store_close(nd->store);
+}
+
+static kvd_block_hash_t key_hash(unsigned i)
+{
+    kvd_block_hash_t h;
+    memset(&h, 0, sizeof h);
+    h.bytes[0] = (uint8_t)i;
+    h.bytes[1] = (uint8_t)(i >> 8);
+    h.bytes[31] = 0x5a;
+    return h;
+}
+
+static void fill(uint8_t *p, size_t n, unsigned seed)
+{
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p[i] = (uint8_t)x;
+    }
+}
+
+/* Saves key i with `size` pattern bytes in nd's store. */
+static void put(node_t *nd, unsigned i, size_t size)
+{
+    kvd_block_hash_t h = key_hash(i);
+    kvd_store_reservation_t r;
+    assert_int_equal(kvd_store_reserve(nd->store, &g_ns, &h, 1, size, 0, &r),
+                     KVD_OK);
+    assert_int_equal(r.status, KVD_OK);
+    uint8_t *dst = kvd_store_arena_ptr(nd->store, r.arena_offset, size);
+    assert_non_null(dst);
+    fill(dst, size, i);
+    kvd_store_key_t k = {.ns = g_ns, .hash = h};
+    assert_int_equal(kvd_store_commit(nd->store, &k, 1, NULL), KVD_OK);
+}
+
+/* True when nd holds key i with the right bytes. */
+static bool holds(node_t *nd, unsigned i, size_t size)
+{
+    kvd_block_hash_t h = key_hash(i);
+    kvd_store_lease_t l;
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(nd->store, &g_ns, &h, 1, &l, &m), KVD_OK);
+    if (m == 0) {
+        return false;
+    }
+    assert_int_equal(l.size_bytes, size);
+    uint8_t *want = malloc(size);
+    assert_non_null(want);
+    fill(want, size, i);
+    bool same = memcmp(kvd_store_arena_ptr(nd->store, l.arena_offset, size),
+                       want, size) == 0;
+    free(want);
+    assert_int_equal(kvd_store_release(nd->store, &l, 1), KVD_OK);
+    return same;
+}
+
+static kvd_peer_batch_t batch_to(node_t *to, const kvd_block_hash_t *hashes,
+                                 size_t n, uint64_t *sizes,
+                                 kvd_status_t *status)
+{
+    kvd_peer_batch_t b;
+    memset(&b, 0, sizeof b);
+    b.address = kvd_peer_address(to->peer, &b.address_len);
+    b.hashes = hashes;
+    b.n = n;
+    b.sizes = sizes;
+    b.status = status;
+    return b;
+}
+
+static void test_lookup_and_fetch(void **state)
+{
+    (void)state;
+    node_t a, b;
+    node_start(&a, "node-a", NULL);
+    node_start(&b, "node-b", NULL);
+    put(&b, 0, SMALL);
+    put(&b, 1, BIG);
+    put(&b, 3, BIG);
+    kvd_block_hash_t hashes[4] = {key_hash(0), key_hash(1), key_hash(2),
+                                  key_hash(3)};
+    uint64_t sizes[4];
+    kvd_status_t st[4];
+    kvd_peer_batch_t bt = batch_to(&b, hashes, 4, sizes, st);
+    assert_int_equal(
+        kvd_peer_lookup(a.peer, &g_ns, &bt, 1, kvd_time_deadline_ns(5000)),
+        KVD_OK);
+    assert_int_equal(sizes[0], SMALL);
+    assert_int_equal(sizes[1], BIG);
+    assert_int_equal(sizes[2], 0);
+    assert_int_equal(sizes[3], BIG);
+
+    /* Fetch the three present (key 2 is skipped by its size 0). */
+    assert_int_equal(
+        kvd_peer_fetch(a.peer, &g_ns, 0, &bt, 1, kvd_time_deadline_ns(5000)),
+        KVD_OK);
+    assert_int_equal(st[0], KVD_OK);
+    assert_int_equal(st[1], KVD_OK);
+    assert_int_equal(st[2], KVD_ERR_INVALID);
+    assert_int_equal(st[3], KVD_OK);
+    assert_true(holds(&a, 0, SMALL));
+    assert_true(holds(&a, 1, BIG));
+    assert_true(holds(&a, 3, BIG));
+    assert_false(holds(&a, 2, SMALL));
+
+    /* Again: already here, nothing moves. */
+    assert_int_equal(
+        kvd_peer_fetch(a.peer, &g_ns, 0, &bt, 1, kvd_time_deadline_ns(5000)),
+        KVD_OK);
+    assert_int_equal(st[1], KVD_ERR_EXISTS);
+
+    /* A key gone from the node since its LOOKUP: NOT_FOUND, slot freed. */
+    kvd_block_hash_t gone = key_hash(9);
+    uint64_t gone_size = SMALL;
+    kvd_status_t gone_st;
+    kvd_peer_batch_t gb = batch_to(&b, &gone, 1, &gone_size, &gone_st);
+    assert_int_equal(
+        kvd_peer_fetch(a.peer, &g_ns, 0, &gb, 1, kvd_time_deadline_ns(5000)),
+        KVD_OK);
+    assert_int_equal(gone_st, KVD_ERR_NOT_FOUND);
+    assert_false(holds(&a, 9, SMALL));
+
+    kvd_peer_stats_t ps;
+    kvd_peer_stats(a.peer, &ps);
+    assert_int_equal(ps.objects_fetched, 3);
+    assert_int_equal(ps.bytes_fetched, SMALL + 2 * BIG);
+    kvd_peer_stats(b.peer, &ps);
+    assert_int_equal(ps.objects_served, 3);
+    node_stop(&a);
+    node_stop(&b);
+}
+
+static void test_corrupt_not_cached(void **state)
+{
+    (void)state;
+    node_t a, b;
+    node_start(&a, "node-a", "cluster-secret-0123456789");
+    node_start(&b, "node-b", "cluster-secret-0123456789");
+    put(&b, 5, BIG);
+    kvd_block_hash_t h = key_hash(5);
+    uint64_t size = BIG;
+    kvd_status_t st;
+    kvd_peer_batch_t bt = batch_to(&b, &h, 1, &size, &st);
+    char err[128];
+    assert_int_equal(kvd_failpoint_set("peer.corrupt=EIO", err, sizeof err),
+                     KVD_OK);
+    assert_int_equal(
+        kvd_peer_fetch(a.peer, &g_ns, 0, &bt, 1, kvd_time_deadline_ns(5000)),
+        KVD_OK);
+    assert_int_equal(kvd_failpoint_set("", err, sizeof err), KVD_OK);
+    assert_int_equal(st, KVD_ERR_CHECKSUM);
+    assert_false(holds(&a, 5, BIG));
+    kvd_peer_stats_t ps;
+    kvd_peer_stats(a.peer, &ps);
+    assert_int_equal(ps.checksum_errors, 1);
+    /* The same fetch without the fault lands. */
+    assert_int_equal(
+        kvd_peer_fetch(a.peer, &g_ns, 0, &bt, 1, kvd_time_deadline_ns(5000)),
+        KVD_OK);
+    assert_int_equal(st, KVD_OK);
+    assert_true(holds(&a, 5, BIG));
+    node_stop(&a);
+    node_stop(&b);
+}
+
+static void test_wrong_token_dropped(void **state)
+{
+    (void)state;
+    node_t a, b;
+    node_start(&a, "node-a", "token-of-cluster-one-xx");
+    node_start(&b, "node-b", "token-of-cluster-two-yy");
+    put(&b, 7, SMALL);
+    kvd_block_hash_t h = key_hash(7);
+    uint64_t size = 0;
+    kvd_peer_batch_t bt = batch_to(&b, &h, 1, &size, NULL);
+    uint64_t t0 = kvd_time_now_ns();
+    assert_int_equal(
+        kvd_peer_lookup(a.peer, &g_ns, &bt, 1, kvd_time_deadline_ns(300)),
+        KVD_ERR_TIMEOUT);
+    uint64_t took_ms = (kvd_time_now_ns() - t0) / KVD_NSEC_PER_MSEC;
+    assert_true(took_ms >= 290 && took_ms < 2000);
+    assert_int_equal(size, 0);
+    kvd_peer_stats_t ps;
+    kvd_peer_stats(b.peer, &ps);
+    assert_int_equal(ps.auth_rejected, 1);
+    assert_int_equal(ps.requests_served, 0);
+    node_stop(&a);
+    node_stop(&b);
+}
+
+static void test_dead_peer_fails_within_deadline(void **state)
+{
+    (void)state;
+    node_t a, b;
+    node_start(&a, "node-a", NULL);
+    node_start(&b, "node-b", NULL);
+    put(&b, 1, SMALL);
+    size_t len = 0;
+    const uint8_t *addr = kvd_peer_address(b.peer, &len);
+    uint8_t *copy = malloc(len);
+    assert_non_null(copy);
+    memcpy(copy, addr, len);
+    kvd_block_hash_t h = key_hash(1);
+    uint64_t size = 0;
+    kvd_peer_batch_t bt = batch_to(&b, &h, 1, &size, NULL);
+    bt.address = copy;
+    assert_int_equal(
+        kvd_peer_lookup(a.peer, &g_ns, &bt, 1, kvd_time_deadline_ns(5000)),
+        KVD_OK);
+    assert_int_equal(size, SMALL);
+    node_stop(&b); /* its worker and listening socket are gone */
+    uint64_t t0 = kvd_time_now_ns();
+    kvd_status_t s =
+        kvd_peer_lookup(a.peer, &g_ns, &bt, 1, kvd_time_deadline_ns(1000));
+    uint64_t took_ms = (kvd_time_now_ns() - t0) / KVD_NSEC_PER_MSEC;
+    assert_true(s == KVD_ERR_PEER || s == KVD_ERR_UNREACHABLE ||
+                s == KVD_ERR_TIMEOUT);
+    assert_true(took_ms < 1500);
+    /* A fetch from the dead node gives its slot back. */
+    kvd_status_t st = KVD_OK;
+    size = SMALL;
+    bt.status = &st;
+    s = kvd_peer_fetch(a.peer, &g_ns, 0, &bt, 1, kvd_time_deadline_ns(1000));
+    assert_int_not_equal(s, KVD_OK);
+    assert_int_not_equal(st, KVD_OK);
+    assert_false(holds(&a, 1, SMALL));
+    kvd_store_stats_t ss;
+    assert_int_equal(kvd_store_stats(a.store, &ss), KVD_OK);
+    assert_int_equal(ss.host.bytes, 0);
+    free(copy);
+    node_stop(&a);
+}
+
+static void test_offer(void **state)
+{
+    (void)state;
+    node_t a, b;
+    node_start(&a, "node-a", NULL);
+    node_start(&b, "node-b", NULL);
+    size_t len = 0;
+    const uint8_t *addr = kvd_peer_address(b.peer, &len);
+    kvd_block_hash_t h = key_hash(42);
+    uint64_t size = BIG;
+    assert_int_equal(kvd_peer_offer(a.peer, addr, len, &g_ns, &h, &size, 1),
+                     KVD_OK);
+    uint64_t until = kvd_time_deadline_ns(5000);
+    while (__atomic_load_n(&b.offer_n, __ATOMIC_ACQUIRE) == 0 &&
+           kvd_time_now_ns() < until) {
+        usleep(1000);
+    }
+    assert_int_equal(b.offer_n, 1);
+    assert_string_equal(b.offer_from, "node-a");
+    assert_memory_equal(&b.offer_hash, &h, sizeof h);
+    assert_int_equal(b.offer_size, BIG);
+    assert_int_equal(kvd_peer_offer(a.peer, addr, len, &g_ns, &h, &size, 0),
+                     KVD_ERR_INVALID);
+    node_stop(&a);
+    node_stop(&b);
+}
+
+static void test_wire_rejects_bad_headers(void **state)
+{
+    (void)state;
+    kvd_peer_hdr_t h, out;
+    memset(&h, 0, sizeof h);
+    h.op = KVD_PEER_OP_LOOKUP;
+    h.count = 2;
+    uint8_t buf[KVD_PEER_HDR_BYTES];
+    kvd_peer_hdr_encode(&h, buf);
+    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 64, &out), KVD_OK);
+    assert_int_equal(out.count, 2);
+    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 63, &out),
+                     KVD_ERR_PROTO);
+    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf - 1, 64, &out),
+                     KVD_ERR_PROTO);
+    h.count = KVD_PEER_MAX_KEYS + 1;
+    kvd_peer_hdr_encode(&h, buf);
+    assert_int_equal(
+        kvd_peer_hdr_decode(buf, sizeof buf, (size_t)h.count * 32, &out),
+        KVD_ERR_PROTO);
+    h.op = 99;
+    h.count = 1;
+    kvd_peer_hdr_encode(&h, buf);
+    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 32, &out),
+                     KVD_ERR_PROTO);
+    h.op = KVD_PEER_OP_DATA;
+    h.count = 0;
+    h.size = 100;
+    kvd_peer_hdr_encode(&h, buf);
+    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 100, &out), KVD_OK);
+    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 99, &out),
+                     KVD_ERR_PROTO);
+    buf[0] ^= 1; /* magic */
+    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 100, &out),
+                     KVD_ERR_PROTO);
+
+    uint8_t body[2 + 6 + 40];
+    body[0] = 6;
+    body[1] = 0;
+    memcpy(body + 2, "node-1", 6);
+    char id[KVD_PEER_MAX_NODE_ID + 1];
+    const uint8_t *entries = NULL;
+    assert_int_equal(kvd_peer_offer_decode(body, sizeof body, 1, id, &entries),
+                     KVD_OK);
+    assert_string_equal(id, "node-1");
+    assert_ptr_equal(entries, body + 8);
+    body[4] = '/';
+    assert_int_equal(kvd_peer_offer_decode(body, sizeof body, 1, id, &entries),
+                     KVD_ERR_PROTO);
+    assert_int_equal(
+        kvd_peer_offer_decode(body, sizeof body - 1, 1, id, &entries),
+        KVD_ERR_PROTO);
+}
+
+int main(void)
+{
+    if (getenv("UCX_NET_DEVICES") == NULL) {
+        /* Loopback only (DESIGN.md §11), also when run by hand. */
+        setenv("UCX_NET_DEVICES", "lo", 1);
+        setenv("UCX_TLS", "tcp", 1);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wire_rejects_bad_headers),
+        cmocka_unit_test(test_lookup_and_fetch),
+        cmocka_unit_test(test_corrupt_not_cached),
+        cmocka_unit_test(test_wrong_token_dropped),
+        cmocka_unit_test(test_dead_peer_fails_within_deadline),
+        cmocka_unit_test(test_offer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
