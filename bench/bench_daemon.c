@@ -47,6 +47,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "bench/bench_proc_int.h"
 #include "kvdepot/store.h"
 
 #define CLIENTS 16
@@ -101,94 +102,13 @@ typedef struct client_res {
 static char headlines[4][200];
 static size_t num_headlines;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void headline(const char *metric, double value, const char *target)
 {
     snprintf(headlines[num_headlines++], sizeof headlines[0],
              "BENCH daemon: %s = %.3g (%s)", metric, value, target);
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(const double *v, size_t n)
-{
-    double s[PASSES];
-    memcpy(s, v, n * sizeof *s);
-    qsort(s, n, sizeof *s, cmp_double);
-    return n % 2 == 1 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
-}
-
 /* ---- the two servers ---------------------------------------------------- */
-
-/* Forks and execs argv with stdout and stderr in `log`; -1 if fork failed. */
-static pid_t child_spawn(char *const argv[], const char *log)
-{
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        /* Dies with the benchmark, even when it is killed. */
-        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (getppid() != parent || freopen(log, "w", stdout) == NULL) {
-            _exit(126);
-        }
-        (void)dup2(STDOUT_FILENO, STDERR_FILENO);
-        execvp(argv[0], argv);
-        _exit(127);
-    }
-    if (pid < 0) {
-        fprintf(stderr, "bench_daemon: fork: %s\n", strerror(errno));
-    }
-    return pid;
-}
-
-static bool child_alive(pid_t pid, const char *name)
-{
-    int st = 0;
-    if (pid > 0 && waitpid(pid, &st, WNOHANG) == 0) {
-        return true;
-    }
-    fprintf(stderr, "bench_daemon: %s has exited (wait status 0x%x)\n", name,
-            (unsigned)st);
-    return false;
-}
-
-/* SIGTERM, then waits; returns the exit status (-1: killed or unknown). */
-static int child_stop(pid_t pid)
-{
-    int st = 0;
-    if (pid <= 0 || kill(pid, SIGTERM) != 0 || waitpid(pid, &st, 0) != pid) {
-        return -1;
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-/* A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0) {
-        port = ntohs(a.sin_port);
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    return port;
-}
 
 /* Starts kvdepotd and waits for its ready file, whose pid= must be the
  * child's (the pid SIGTERM goes to). */
@@ -203,28 +123,11 @@ static int daemon_start(bench_t *b, const char *bin)
     if (b->daemon_pid < 0) {
         return -1;
     }
-    for (double end = now_s() + START_TIMEOUT_S; now_s() < end;) {
-        FILE *f = fopen(b->ready, "r");
-        int pid = 0;
-        if (f != NULL) {
-            int n = fscanf(f, "pid=%d", &pid);
-            fclose(f);
-            if (n == 1 && pid == b->daemon_pid) {
-                return 0;
-            }
-            fprintf(stderr, "bench_daemon: ready file says pid=%d, not %d\n",
-                    pid, (int)b->daemon_pid);
-            return -1;
-        }
-        if (!child_alive(b->daemon_pid, "kvdepotd")) {
-            b->daemon_pid = -1;
-            return -1;
-        }
-        usleep(10000);
+    if (daemon_wait_ready(b->daemon_pid, b->ready, START_TIMEOUT_S) != 0) {
+        b->daemon_pid = -1;
+        return -1;
     }
-    fprintf(stderr, "bench_daemon: kvdepotd not ready after %.0f s\n",
-            START_TIMEOUT_S);
-    return -1;
+    return 0;
 }
 
 static int redis_start(bench_t *b, const char *bin)
@@ -769,6 +672,7 @@ static const char *env_or(const char *name, const char *def)
 
 int main(void)
 {
+    bench_prog = "bench_daemon";
     static bench_t b = {.daemon_pid = -1, .redis_pid = -1};
     static client_t clients[CLIENTS];
     double total = atof(env_or("KVDEPOT_BENCH_SECONDS", "3"));

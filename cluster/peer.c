@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,7 @@
 #define PEER_AM_ID 17u
 #define PEER_BUCKETS 256u
 #define PEER_QUEUE_MAX 4096u
+#define PEER_SPIN_NS (200 * KVD_NSEC_PER_USEC)
 
 enum { ENTRY_WAIT = 0, ENTRY_RECV = 1, ENTRY_DONE = 2 };
 
@@ -112,7 +114,8 @@ struct kvd_peer {
     size_t queued;
     peer_op_t *table[PEER_BUCKETS];
     uint64_t next_id;
-    peer_ep_t *eps; /* progress thread only */
+    peer_ep_t *eps;  /* progress thread only */
+    uint32_t active; /* UCX requests in flight (atomic) */
     kvd_peer_stats_t stats;
 };
 
@@ -371,8 +374,10 @@ static void send_finish(peer_send_t *s, ucs_status_t st)
 
 static void send_cb(void *request, ucs_status_t st, void *user_data)
 {
+    peer_send_t *s = user_data;
+    __atomic_fetch_sub(&s->p->active, 1, __ATOMIC_RELAXED);
     ucp_request_free(request);
-    send_finish(user_data, st);
+    send_finish(s, st);
 }
 
 /* Sends header + body; `s` is consumed (finished now or at completion). */
@@ -392,8 +397,9 @@ static void send_msg(kvd_peer_t *p, ucp_ep_h ep, peer_send_t *s,
         send_finish(s, UCS_OK);
     } else if (UCS_PTR_IS_ERR(r)) {
         send_finish(s, UCS_PTR_STATUS(r));
+    } else {
+        __atomic_fetch_add(&p->active, 1, __ATOMIC_RELAXED);
     }
-    (void)p;
 }
 
 static void hdr_init(const kvd_peer_t *p, kvd_peer_hdr_t *h, uint16_t op,
@@ -623,6 +629,7 @@ static void recv_cb(void *request, ucs_status_t st, size_t length,
 {
     peer_recv_t *r = user_data;
     kvd_peer_t *p = r->p;
+    __atomic_fetch_sub(&p->active, 1, __ATOMIC_RELAXED);
     ucp_request_free(request);
     pthread_mutex_lock(&p->mu);
     if (st == UCS_OK && length == r->op->sizes[r->idx]) {
@@ -705,6 +712,8 @@ static ucs_status_t got_data(kvd_peer_t *p, const kvd_peer_hdr_t *h, void *data,
         entry_done(p, op, i, KVD_ERR_PEER);
         op_unref(op);
         free(r);
+    } else {
+        __atomic_fetch_add(&p->active, 1, __ATOMIC_RELAXED);
     }
     /* UCX owns the descriptor now (the receive was started). */
     ret = UCS_OK;
@@ -761,11 +770,24 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length,
 static void *peer_main(void *arg)
 {
     kvd_peer_t *p = arg;
+    uint64_t busy_until = 0;
     while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
         queue_drain(p);
+        bool progressed = false;
         while (ucp_worker_progress(p->worker) != 0) {
+            progressed = true;
         }
         eps_close_dead(p, false);
+        /* While transfers are under way, poll instead of sleeping: over
+         * TCP each wake-up costs a context switch per socket buffer. */
+        uint64_t now = kvd_time_now_ns();
+        if (progressed || __atomic_load_n(&p->active, __ATOMIC_RELAXED) > 0) {
+            busy_until = now + PEER_SPIN_NS;
+        }
+        if (now < busy_until) {
+            sched_yield();
+            continue;
+        }
         ucs_status_t st = ucp_worker_arm(p->worker);
         if (st == UCS_ERR_BUSY) {
             continue;

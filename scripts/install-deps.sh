@@ -26,6 +26,8 @@ pkgs+=(python3-grpcio python3-protobuf protobuf-compiler)
 # Benchmarks run their peers in the same run (bench/README.md): fio for NVMe,
 # redis-server (driven through hiredis) for the daemon.
 pkgs+=(fio redis-server libhiredis-dev)
+# ucx_perftest (ucx-utils) for the cluster data plane (bench_cluster).
+pkgs+=(ucx-utils)
 # make soak reads the daemon's /metrics.
 pkgs+=(curl)
 # The cluster: etcd's protos (golang-etcd-server-dev, compiled at build time)

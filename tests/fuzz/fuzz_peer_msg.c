@@ -49,8 +49,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case KVD_PEER_OP_OFFER: {
         char id[KVD_PEER_MAX_NODE_ID + 1];
         const uint8_t *entries = NULL;
-        if (kvd_peer_offer_decode(body, len, h.count, id, &entries) ==
-            KVD_OK) {
+        if (kvd_peer_offer_decode(body, len, h.count, id, &entries) == KVD_OK) {
             size_t id_len = strlen(id);
             if (id_len == 0 || id_len > KVD_PEER_MAX_NODE_ID ||
                 entries != body + 2 + id_len ||
@@ -60,8 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         break;
     }
-    default:
-        break;
+    default: break;
     }
     return 0;
 }

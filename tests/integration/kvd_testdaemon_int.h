@@ -9,20 +9,18 @@
 #ifndef KVD_TESTS_TESTDAEMON_INT_H
 #define KVD_TESTS_TESTDAEMON_INT_H
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "tests/integration/kvd_metric_int.h"
 
 /* The daemon binary, or NULL when $KVDEPOTD is not set. */
 static inline const char *kvd_test_daemon_bin(void)
@@ -118,55 +116,14 @@ static inline void kvd_test_daemon_stop(pid_t pid)
     assert_int_equal(WEXITSTATUS(st), 0);
 }
 
-/* The value of metric `name` (a line "name value") in the /metrics of the
- * daemon in `d` (started with server.metrics_address=127.0.0.1:0), or -1
- * when it cannot be read. */
+/* The value of metric `name` in the /metrics of the daemon in `d`
+ * (started with server.metrics_address=127.0.0.1:0), or -1. */
 static inline double kvd_test_daemon_metric(const kvd_test_dir_t *d,
                                             const char *name)
 {
-    char path[300], line[128];
-    snprintf(path, sizeof path, "%s/ready", d->path);
-    FILE *f = fopen(path, "re");
-    int port = 0;
-    while (f != NULL && fgets(line, sizeof line, f) != NULL) {
-        (void)sscanf(line, "metrics_port=%d", &port);
-    }
-    if (f != NULL) {
-        fclose(f);
-    }
-    int fd = port > 0 ? socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
-    struct sockaddr_in a = {.sin_family = AF_INET,
-                            .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        if (fd >= 0) {
-            close(fd);
-        }
-        return -1;
-    }
-    static const char rq[] = "GET /metrics HTTP/1.0\r\n\r\n";
-    size_t cap = 1 << 20, len = 0;
-    char *buf = malloc(cap + 1);
-    ssize_t n = buf != NULL ? write(fd, rq, sizeof rq - 1) : -1;
-    while (n > 0 && len < cap && (n = read(fd, buf + len, cap - len)) > 0) {
-        len += (size_t)n;
-    }
-    close(fd);
-    double v = -1;
-    if (buf != NULL) {
-        buf[len] = '\0';
-        size_t nl = strlen(name);
-        for (char *p = buf; p != NULL && *p != '\0';) {
-            if (strncmp(p, name, nl) == 0 && p[nl] == ' ') {
-                v = strtod(p + nl + 1, NULL);
-                break;
-            }
-            p = strchr(p, '\n');
-            p = p != NULL ? p + 1 : NULL;
-        }
-    }
-    free(buf);
-    return v;
+    char ready[300];
+    snprintf(ready, sizeof ready, "%s/ready", d->path);
+    return kvd_metric_read(ready, name);
 }
 
 #endif /* KVD_TESTS_TESTDAEMON_INT_H */

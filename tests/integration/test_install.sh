@@ -78,10 +78,12 @@ for v in $(compgen -e | grep '^KVDEPOT_' || true); do
     unset "$v"
 done
 "$kvdepotd" --config "$example" --print-config >"$tmp/print-config"
-# The example sets every key the daemon has; server.token_file alone stays
-# commented out (the path of a secret the administrator provides).
-unset_keys=$(grep -v 'from: file)$' "$tmp/print-config" | cut -d' ' -f1)
-if [ "$unset_keys" != "server.token_file" ]; then
+# The example sets every key the daemon has; server.token_file and
+# cluster.token_file alone stay commented out (paths of secrets the
+# administrator provides).
+unset_keys=$(grep -v 'from: file)$' "$tmp/print-config" | cut -d' ' -f1 |
+    sort | tr '\n' ' ')
+if [ "$unset_keys" != "cluster.token_file server.token_file " ]; then
     echo "keys the example config does not set:"; echo "$unset_keys"; exit 1
 fi
 
