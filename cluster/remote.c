@@ -231,7 +231,7 @@ static kvd_peer_batch_t *groups_batches(const remote_groups_t *gs,
 
 size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
                        const kvd_block_hash_t *hashes, size_t n,
-                       uint32_t tenant)
+                       const char *source_node, uint32_t tenant)
 {
     if (r == NULL || ns == NULL || hashes == NULL || n == 0) {
         return 0;
@@ -246,7 +246,14 @@ size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
     }
     count(&r->stats.lookups, 1);
     uint64_t deadline = kvd_time_deadline_ns((int64_t)r->cfg.timeout_ms);
-    size_t R = r->cfg.replicas;
+    ptrdiff_t src = source_node != NULL && source_node[0] != '\0' &&
+                            strcmp(source_node, r->self_id) != 0
+                        ? view_find(v, source_node)
+                        : -1;
+    if (src >= 0 && v->m[src].ucx_address_len == 0) {
+        src = -1;
+    }
+    size_t R = r->cfg.replicas + (src >= 0); /* candidates per key */
     size_t *cand = malloc(n * R * sizeof *cand);
     size_t *ncand = calloc(n, sizeof *ncand);
     size_t *tried = calloc(n, sizeof *tried);
@@ -259,7 +266,19 @@ size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        ncand[i] = homes_of(r, v, ns, &hashes[i], cand + i * R);
+        size_t *c = cand + i * R;
+        size_t k = 0;
+        if (src >= 0) {
+            c[k++] = (size_t)src;
+        }
+        size_t homes[KVD_PLACEMENT_MAX_REPLICAS];
+        size_t nh = homes_of(r, v, ns, &hashes[i], homes);
+        for (size_t j = 0; j < nh; j++) {
+            if (src < 0 || homes[j] != (size_t)src) {
+                c[k++] = homes[j];
+            }
+        }
+        ncand[i] = k;
     }
     /* Rounds: the first asks each key's first home; a key whose node
      * failed (dead, unreachable, too slow) is asked of its next home in the
@@ -301,7 +320,9 @@ size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
                 if (gs.g[j].sizes[q] > 0) {
                     found[i] = gs.g[j].sizes[q];
                     holder[i] = gs.g[j].node;
-                } else {
+                } else if (gs.g[j].node != (size_t)src) {
+                    /* A home's "not here" settles the key; the source's
+                     * does not (it may have evicted what it pushed). */
                     absent[i] = true;
                 }
             }

@@ -79,10 +79,13 @@ bool kvd_remote_view_stats(kvd_remote_t *r, kvd_membership_stats_t *out);
 /* A lookup found hashes[0..n) missing here (the rest of its chain): fetches
  * the longest prefix of them the cluster holds into the local store and
  * returns its length (0 when nothing was found or the cluster is just this
- * node). `tenant`: whose quota the copies count against. */
+ * node). `source_node` (NULL or "": none), when in the view, is every
+ * key's first candidate, before its homes: the node that computed the
+ * blocks has them before its pushes land. `tenant`: whose quota the
+ * copies count against. */
 size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
                        const kvd_block_hash_t *hashes, size_t n,
-                       uint32_t tenant);
+                       const char *source_node, uint32_t tenant);
 
 /* Keys just committed here (`object_bytes` each): queue them for their
  * homes. Never blocks. */

@@ -50,6 +50,7 @@ struct lreq {
     kvd_block_hash_t *hashes;
     size_t num_hashes, cap_hashes;
     char *lora, *salt;
+    char *source; /* the node that computed the blocks, or NULL */
     size_t prompt_tokens;
 
     /* Lookup: blocks [first_block, first_block + num_leases) are leased.
@@ -235,6 +236,7 @@ static void req_free(lreq_t *r)
     free(r->hashes);
     free(r->lora);
     free(r->salt);
+    free(r->source);
     free(r->leases);
     free(r->block_ids);
     free(r);
@@ -307,6 +309,7 @@ static kvd_status_t req_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
     r->prompt_tokens = q->num_tokens;
     r->lora = dup_or_null(q->lora_name, &ok);
     r->salt = dup_or_null(q->cache_salt, &ok);
+    r->source = dup_or_null(q->source_node, &ok);
     r->hashes_mode = q->hashes != NULL;
     if (ok && r->hashes_mode) {
         ok = kvd_grow((void **)&r->hashes, &r->cap_hashes, q->num_hashes,
@@ -348,6 +351,17 @@ static kvd_status_t embedded_lookup(void *ctx, const kvd_namespace_t *ns,
                             matched_out);
 }
 
+static kvd_status_t embedded_lookup_from(void *ctx, const char *source_node,
+                                         const kvd_namespace_t *ns,
+                                         const kvd_block_hash_t *hashes,
+                                         size_t num_hashes,
+                                         kvd_store_lease_t *leases_out,
+                                         size_t *matched_out)
+{
+    return kvd_store_lookup_from(ctx, ns, hashes, num_hashes, source_node,
+                                 leases_out, matched_out);
+}
+
 static kvd_status_t embedded_release(void *ctx, const kvd_store_lease_t *l,
                                      size_t num)
 {
@@ -361,6 +375,7 @@ KVD_API void kvd_leader_backend_embedded(kvd_store_t *store,
         out->ctx = store;
         out->lookup = embedded_lookup;
         out->release = embedded_release;
+        out->lookup_from = embedded_lookup_from;
     }
 }
 
@@ -522,7 +537,11 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     size_t m = 0;
     ld->st.lookups++;
     kvd_status_t s =
-        ld->be.lookup(ld->be.ctx, &ld->cfg.ns, r->hashes, cap, leases, &m);
+        r->source != NULL && ld->be.lookup_from != NULL
+            ? ld->be.lookup_from(ld->be.ctx, r->source, &ld->cfg.ns, r->hashes,
+                                 cap, leases, &m)
+            : ld->be.lookup(ld->be.ctx, &ld->cfg.ns, r->hashes, cap, leases,
+                            &m);
     if (s == KVD_INPROGRESS && !may_wait) {
         /* Not ready and the engine cannot wait: a miss, asked again only
          * if the request comes back (preemption). */

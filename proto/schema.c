@@ -92,6 +92,7 @@ static const kvd_proto_rule_t rules[] = {
      (int64_t)HASH_BYTES *KVD_PROTO_MAX_HASHES, 0},
     {D(lookup_request), "lease_ttl_ms", RNG, 0, TTL_MAX, 0},
     {D(lookup_request), "tenant", RNG, 0, ID_MAX, 0},
+    {D(lookup_request), "source_node", RNG, 0, NODE_MAX, 0},
     {D(lookup_request), "release_lease_ids", UNIQ | RNG, 1, KVD_PROTO_NO_MAX,
      KVD_PROTO_MAX_LEASES},
     {D(block_location), "tier", REQ, 0, 0, 0},
@@ -385,6 +386,13 @@ static kvd_status_t check_lookup_request(kvd_proto_walk_t *walk,
     if (packed % HASH_BYTES != 0) {
         return FAIL_AT(walk, "packed_hashes",
                        "%zu bytes, want a multiple of %d", packed, HASH_BYTES);
+    }
+    const char *src = r->source_node;
+    if (src != NULL &&
+        strspn(src, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                    "0123456789._-") != strlen(src)) {
+        return FAIL_AT(walk, "source_node",
+                       "\"%.40s\": want letters, digits, . _ -", src);
     }
     return KVD_OK;
 }

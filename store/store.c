@@ -890,14 +890,24 @@ KVD_API kvd_status_t kvd_store_lookup(kvd_store_t *store,
                                       kvd_store_lease_t *leases_out,
                                       size_t *matched_out)
 {
+    return kvd_store_lookup_from(store, ns, hashes, num_hashes, NULL,
+                                 leases_out, matched_out);
+}
+
+KVD_API kvd_status_t kvd_store_lookup_from(
+    kvd_store_t *store, const kvd_namespace_t *ns,
+    const kvd_block_hash_t *hashes, size_t num_hashes, const char *source_node,
+    kvd_store_lease_t *leases_out, size_t *matched_out)
+{
     if (store == NULL || ns == NULL || matched_out == NULL ||
         (num_hashes > 0 && (hashes == NULL || leases_out == NULL))) {
         return KVD_ERR_INVALID;
     }
     if (store->client != NULL) {
         return kvd_client_lookup(store->client, ns, hashes, num_hashes,
-                                 leases_out, matched_out);
+                                 source_node, leases_out, matched_out);
     }
+    /* Embedded: this process is the only node; nothing to ask. */
     size_t m = 0;
     for (size_t i = 0; i < num_hashes; i++) {
         kvd_store_key_t key = {.ns = *ns, .hash = hashes[i]};

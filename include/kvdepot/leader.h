@@ -61,6 +61,14 @@ typedef struct kvd_leader_backend {
                            kvd_store_lease_t *leases_out, size_t *matched_out);
     kvd_status_t (*release)(void *ctx, const kvd_store_lease_t *leases,
                             size_t num);
+    /* Optional (NULL: lookup): kvd_store_lookup_from, for requests that
+     * name the node that computed their blocks (prefill -> decode). */
+    kvd_status_t (*lookup_from)(void *ctx, const char *source_node,
+                                const kvd_namespace_t *ns,
+                                const kvd_block_hash_t *hashes,
+                                size_t num_hashes,
+                                kvd_store_lease_t *leases_out,
+                                size_t *matched_out);
 } kvd_leader_backend_t;
 
 /* Fills `*out` with a backend over an embedded store (`store` is retained
@@ -113,6 +121,10 @@ typedef struct kvd_leader_request {
     size_t num_hashes;
     const char *lora_name;  /* NULL: none */
     const char *cache_salt; /* NULL: none (tenant isolation) */
+    /* The node that computed the blocks (a decode node taking over a
+     * request: the prefill side's kvd_leader_transfer.node_id; copied at
+     * the first call), asked first by the store. NULL: none. */
+    const char *source_node;
 } kvd_leader_request_t;
 
 /*

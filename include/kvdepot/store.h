@@ -206,6 +206,19 @@ KVD_API kvd_status_t kvd_store_lookup(kvd_store_t *store,
                                       kvd_store_lease_t *leases_out,
                                       size_t *matched_out);
 
+/*
+ * kvd_store_lookup, naming the node that computed the blocks (a prefill
+ * node handing a request over; `source_node` as its kvd_leader_transfer's
+ * node_id, NULL or "" for none). In daemon mode the daemon, when it is in
+ * a cluster, asks that node first for what it does not hold, before the
+ * blocks' home nodes, and pulls what it finds into its arena before it
+ * answers; an embedded store has no other node and ignores it.
+ */
+KVD_API kvd_status_t kvd_store_lookup_from(
+    kvd_store_t *store, const kvd_namespace_t *ns,
+    const kvd_block_hash_t *hashes, size_t num_hashes, const char *source_node,
+    kvd_store_lease_t *leases_out, size_t *matched_out);
+
 /* Gives leases back (either tier). Returns KVD_OK, or the first error
  * (KVD_ERR_NOT_FOUND / KVD_ERR_STATE: not a lease held; nothing else is
  * affected by one bad element). Thread: any. */

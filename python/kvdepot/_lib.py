@@ -102,7 +102,7 @@ class NamespaceDesc(ctypes.Structure):
 
 class LeaderBackend(ctypes.Structure):
     _fields_ = [("ctx", ctypes.c_void_p), ("lookup", ctypes.c_void_p),
-                ("release", ctypes.c_void_p)]
+                ("release", ctypes.c_void_p), ("lookup_from", ctypes.c_void_p)]
 
 
 class LeaderConfig(ctypes.Structure):
@@ -114,13 +114,21 @@ class LeaderConfig(ctypes.Structure):
                 ("lookup_timeout_ms", ctypes.c_uint32)]
 
 
+class LeaderTransfer(ctypes.Structure):
+    _fields_ = [("node_id", ctypes.c_char_p), ("ns", Namespace),
+                ("hashes", ctypes.POINTER(BlockHash)),
+                ("num_hashes", ctypes.c_size_t),
+                ("num_tokens", ctypes.c_uint64)]
+
+
 class LeaderRequest(ctypes.Structure):
     _fields_ = [("request_id", ctypes.c_char_p),
                 ("tokens", ctypes.POINTER(ctypes.c_uint32)),
                 ("num_tokens", ctypes.c_size_t),
                 ("hashes", ctypes.POINTER(BlockHash)),
                 ("num_hashes", ctypes.c_size_t),
-                ("lora_name", ctypes.c_char_p), ("cache_salt", ctypes.c_char_p)]
+                ("lora_name", ctypes.c_char_p), ("cache_salt", ctypes.c_char_p),
+                ("source_node", ctypes.c_char_p)]
 
 
 class ObjectFormat(ctypes.Structure):
@@ -204,6 +212,8 @@ def _declare(h):
         "kvd_leader_take_finished_loads": (sz, [vp, P(cp), sz]),
         "kvd_leader_request_preempted": (st, [vp, cp]),
         "kvd_leader_request_finished": (st, [vp, cp, P(ctypes.c_bool)]),
+        "kvd_leader_request_finished_transfer": (
+            st, [vp, cp, P(ctypes.c_bool), P(LeaderTransfer)]),
         "kvd_worker_create": (st, [P(WorkerConfig), P(vp), cp, sz]),
         "kvd_worker_destroy": (None, [vp]),
         "kvd_worker_register_kv_caches": (st, [vp, P(KvLayout), cp, sz]),
@@ -291,11 +301,12 @@ class Leader:
     """One kvd_leader_t over an embedded store (leader.h)."""
 
     def __init__(self, store, block_size, ns, num_workers=1, layerwise=True,
-                 lookup_timeout_ms=0, no_retry=False, seed=b"kvdepot"):
+                 lookup_timeout_ms=0, no_retry=False, seed=b"kvdepot",
+                 node_id=""):
         L = lib()
         cfg = LeaderConfig(block_size=block_size, ns=ns,
                            num_workers=num_workers, layerwise=layerwise,
-                           no_retry=no_retry,
+                           no_retry=no_retry, node_id=node_id.encode(),
                            lookup_timeout_ms=lookup_timeout_ms)
         _check("block hash seed", L.kvd_block_hash_seed(seed,
                                                         ctypes.byref(cfg.root)))
@@ -307,13 +318,16 @@ class Leader:
             ctypes.byref(self.handle)))
 
     def match(self, request_id, tokens, num_computed, lora_name=None,
-              cache_salt=None):
-        """(matched, is_async), or None for "not yet"."""
+              cache_salt=None, source_node=None):
+        """(matched, is_async), or None for "not yet". `source_node`: the
+        node that computed the blocks (prefill -> decode), asked first."""
         toks = (ctypes.c_uint32 * len(tokens))(*tokens)
         q = LeaderRequest(request_id=request_id.encode(), tokens=toks,
                           num_tokens=len(tokens),
                           lora_name=lora_name.encode() if lora_name else None,
                           cache_salt=cache_salt.encode() if cache_salt
+                          else None,
+                          source_node=source_node.encode() if source_node
                           else None)
         m, a = ctypes.c_uint64(0), ctypes.c_bool(False)
         s = lib().kvd_leader_get_num_new_matched_tokens(
@@ -386,6 +400,25 @@ class Leader:
             return False
         _check("request_finished", s)
         return d.value
+
+    def request_finished_transfer(self, request_id):
+        """request_finished for a request a decode node takes over:
+        (delay_free, hand-off dict with node, ns, hashes (hex) and
+        num_tokens), or (False, None) for a request the leader never saw."""
+        d, t = ctypes.c_bool(False), LeaderTransfer()
+        s = lib().kvd_leader_request_finished_transfer(
+            self.handle, request_id.encode(), ctypes.byref(d),
+            ctypes.byref(t))
+        if s == KVD_ERR_NOT_FOUND:
+            return False, None
+        _check("request_finished_transfer", s)
+        return d.value, {
+            "node": (t.node_id or b"").decode(),
+            "ns": bytes(t.ns.bytes).hex(),
+            "hashes": [bytes(t.hashes[i].bytes).hex()
+                       for i in range(t.num_hashes)],
+            "num_tokens": t.num_tokens,
+        }
 
     def close(self):
         if self.handle:

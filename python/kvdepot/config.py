@@ -26,6 +26,9 @@ class Settings:
     layerwise: bool = True         # per-layer loads and saves
     lookup_timeout_ms: int = 2000  # longest "not yet" for one request
     threads: int = 0               # worker threads, 0 = library default
+    node_id: str = ""              # this node's kvdepotd server.node_id
+    #   ("" = the host name, kvdepotd's default): the node a prefill
+    #   engine's kv_transfer_params name for the decode side
     store_settings: dict = field(default_factory=dict)  # raw store.* keys
 
     @property

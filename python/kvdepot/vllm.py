@@ -22,6 +22,7 @@ logic can be tested without it.
 """
 
 import logging
+import socket
 
 from kvdepot import _lib, config
 from kvdepot._shared import (_DTYPES, _KVD_DTYPES, _dtype_name, _layout_of,
@@ -145,7 +146,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self.leader = _lib.Leader(
                 self.store, self.block_size, self.ns,
                 layerwise=self.settings.layerwise,
-                lookup_timeout_ms=self.settings.lookup_timeout_ms)
+                lookup_timeout_ms=self.settings.lookup_timeout_ms,
+                node_id=self.settings.node_id or socket.gethostname())
             self._requests = {}   # id -> [request, tokens given]
             self._delayed = []    # kept blocks, for the next plan
         else:
@@ -157,6 +159,22 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ---- scheduler role ----------------------------------------------------
 
+    def _source_node(self, request):
+        """The prefill node named by a decode request's kv_transfer_params
+        (see request_finished), or None."""
+        p = getattr(request, "kv_transfer_params", None) or {}
+        node = p.get("kvdepot_node") if p.get("do_remote_prefill") else None
+        if not node:
+            return None
+        ns = bytes(self.ns.bytes).hex()
+        if p.get("kvdepot_ns", ns) != ns:
+            log.warning("kvdepot: request %s was prefilled for namespace %s, "
+                        "this engine's is %s (another model or codec): "
+                        "loading only what matches here", request.request_id,
+                        p.get("kvdepot_ns"), ns)
+            return None
+        return str(node)
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         tokens = list(request.prompt_token_ids)
         lora = getattr(request, "lora_request", None)
@@ -165,7 +183,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                                   num_computed_tokens,
                                   lora_name=getattr(lora, "lora_name", None),
                                   cache_salt=getattr(request, "cache_salt",
-                                                     None))
+                                                     None),
+                                  source_node=self._source_node(request))
         except _lib.KvdepotError as e:
             log.warning("kvdepot: request %s: %s; computing it",
                         request.request_id, e)
@@ -221,11 +240,30 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self.leader.take_finished_loads()
 
     def request_finished(self, request, block_ids):
+        """(delay_free, kv_transfer_params). A request the proxy marked
+        do_remote_decode (prefill -> decode) returns the hand-off for the
+        decode engine: do_remote_prefill plus the node that holds the
+        blocks, their namespace and hashes; the proxy passes these as the
+        decode request's kv_transfer_params, and that engine's connector
+        asks this node first (get_num_new_matched_tokens)."""
         self._requests.pop(request.request_id, None)
-        delay = self.leader.request_finished(request.request_id)
+        p = getattr(request, "kv_transfer_params", None) or {}
+        params = None
+        if p.get("do_remote_decode"):
+            delay, t = self.leader.request_finished_transfer(
+                request.request_id)
+            if t is not None:
+                params = {"do_remote_prefill": True,
+                          "do_remote_decode": False,
+                          "kvdepot_node": t["node"],
+                          "kvdepot_ns": t["ns"],
+                          "kvdepot_hashes": t["hashes"],
+                          "kvdepot_num_tokens": t["num_tokens"]}
+        else:
+            delay = self.leader.request_finished(request.request_id)
         if delay:
             self._delayed.append(request.request_id)
-        return delay, None
+        return delay, params
 
     def request_finished_all_groups(self, request, block_ids):
         return self.request_finished(request, block_ids[0] if block_ids

@@ -535,6 +535,7 @@ static void cl_hash_refs(const kvd_block_hash_t *hashes, size_t n,
 
 kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
                                const kvd_block_hash_t *hashes, size_t n,
+                               const char *source_node,
                                kvd_store_lease_t *leases_out,
                                size_t *matched_out)
 {
@@ -551,6 +552,9 @@ kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
     rq.packed_hashes.len = n * sizeof *hashes;
     rq.lease_ttl_ms = (uint32_t)c->cfg.lease_ttl_ms;
     rq.packed_locations = true;
+    /* In a cluster the daemon fills a local miss from the other nodes. */
+    rq.include_remote = true;
+    rq.source_node = (char *)(source_node != NULL ? source_node : "");
     /* Releases ride along (a failed call leaves them to the daemon's TTL). */
     uint64_t rel[256];
     pthread_mutex_lock(&c->mu);

@@ -60,8 +60,10 @@ kvd_status_t kvd_client_commit(kvd_client_t *c, const kvd_store_key_t *keys,
                                size_t n, kvd_status_t *statuses_out);
 kvd_status_t kvd_client_abort(kvd_client_t *c, const kvd_store_key_t *keys,
                               size_t n, kvd_status_t *statuses_out);
+/* `source_node`: kvd_store_lookup_from's (NULL or "": none). */
 kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
                                const kvd_block_hash_t *hashes, size_t n,
+                               const char *source_node,
                                kvd_store_lease_t *leases_out,
                                size_t *matched_out);
 kvd_status_t kvd_client_release(kvd_client_t *c,

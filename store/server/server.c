@@ -941,11 +941,12 @@ static kvd_status_t server_join_cluster(kvd_server_t *srv, char *err,
 /* The service's cluster hooks: no-ops until the daemon has joined. */
 static size_t server_miss(void *ctx, const kvd_namespace_t *ns,
                           const kvd_block_hash_t *hashes, size_t n,
-                          uint32_t tenant)
+                          const char *source_node, uint32_t tenant)
 {
     kvd_server_t *srv = ctx;
     kvd_remote_t *r = __atomic_load_n(&srv->remote, __ATOMIC_ACQUIRE);
-    return r != NULL ? kvd_remote_fill(r, ns, hashes, n, tenant) : 0;
+    return r != NULL ? kvd_remote_fill(r, ns, hashes, n, source_node, tenant)
+                     : 0;
 }
 
 static void server_saved(void *ctx, const kvd_namespace_t *ns,

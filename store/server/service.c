@@ -514,9 +514,9 @@ static kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req,
         goto out;
     }
     s = kvd_store_lookup(svc->store, &ns, hashes, n, leases, &m);
-    if (s == KVD_OK && m < n && svc->cfg.miss != NULL &&
+    if (s == KVD_OK && m < n && rq->include_remote && svc->cfg.miss != NULL &&
         svc->cfg.miss(svc->cfg.cluster_ctx, &ns, hashes + m, n - m,
-                      svc_caller_id) > 0) {
+                      rq->source_node, svc_caller_id) > 0) {
         /* Other nodes had more of the chain; it is here now. */
         (void)kvd_store_release(svc->store, leases, m);
         m = 0;

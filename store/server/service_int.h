@@ -75,10 +75,13 @@ typedef struct kvd_service_config {
     size_t n_config_entries;
     /* Clustered daemons (cluster/remote_int.h); NULL when alone. `miss`
      * fetches what the cluster holds of a lookup's missing keys into the
-     * store and returns how many of them (a prefix) are here now; `saved`
+     * store (for lookups that set include_remote; source_node, when set,
+     * asked first) and returns how many of them (a prefix) are here now;
+     * `saved`
      * hears of each commit. Both run on the calling thread. */
     size_t (*miss)(void *ctx, const kvd_namespace_t *ns,
-                   const kvd_block_hash_t *hashes, size_t n, uint32_t tenant);
+                   const kvd_block_hash_t *hashes, size_t n,
+                   const char *source_node, uint32_t tenant);
     void (*saved)(void *ctx, const kvd_namespace_t *ns,
                   const kvd_block_hash_t *hashes, size_t n,
                   uint64_t object_bytes);

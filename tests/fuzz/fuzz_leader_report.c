@@ -51,7 +51,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&cfg, 0, sizeof cfg);
     cfg.block_size = 4;
     cfg.num_workers = 1;
-    kvd_leader_backend_t be = {NULL, fuzz_lookup, fuzz_release};
+    kvd_leader_backend_t be = {NULL, fuzz_lookup, fuzz_release, NULL};
     kvd_leader_t *ld = NULL;
     if (kvd_leader_create(&cfg, &be, &ld) != KVD_OK) {
         abort();

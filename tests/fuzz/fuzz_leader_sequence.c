@@ -347,7 +347,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
 
-    kvd_leader_backend_t be = {&w.store, fs_lookup, fs_release};
+    kvd_leader_backend_t be = {&w.store, fs_lookup, fs_release, NULL};
     if (kvd_leader_create(&cfg, &be, &w.ld) != KVD_OK) {
         abort();
     }

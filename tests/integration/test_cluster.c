@@ -3,9 +3,10 @@
  * through node A is loaded, byte for byte, through node C; with R=2 the
  * chain stays loadable after A is SIGKILLed (its keys' other homes have
  * them); lookups while A is dead but still in the view route around it
- * within cluster.timeout, never hang. UCX on loopback TCP (ctest sets
- * UCX_NET_DEVICES=lo, UCX_TLS=tcp; the daemons inherit them). Skipped (77)
- * without etcd or kvdepotd.
+ * within cluster.timeout, never hang; a decode node naming the prefill
+ * node (transfer params) gets the blocks at once, byte for byte. UCX on
+ * loopback TCP (ctest sets UCX_NET_DEVICES=lo, UCX_TLS=tcp; the daemons inherit
+ * them). Skipped (77) without etcd or kvdepotd.
  *
  * The engines' side is the daemon-mode store client (store.mode: daemon),
  * opened only after every child process has been started: gRPC does not
@@ -165,12 +166,15 @@ static void save(kvd_store_t *s, const kvd_block_hash_t *h)
     assert_int_equal(kvd_store_commit(s, keys, CHAIN, NULL), KVD_OK);
 }
 
-/* Looks the chain up through `s`; checks the bytes of what matched. */
-static size_t load(kvd_store_t *s, const kvd_block_hash_t *h)
+/* Looks the chain up through `s` (asking `source` first when not NULL);
+ * checks the bytes of what matched. */
+static size_t load_from(kvd_store_t *s, const kvd_block_hash_t *h,
+                        const char *source)
 {
     kvd_store_lease_t l[CHAIN];
     size_t m = 0;
-    assert_int_equal(kvd_store_lookup(s, &g_ns, h, CHAIN, l, &m), KVD_OK);
+    assert_int_equal(kvd_store_lookup_from(s, &g_ns, h, CHAIN, source, l, &m),
+                     KVD_OK);
     uint8_t *want = malloc(OBJ);
     assert_non_null(want);
     for (size_t i = 0; i < m; i++) {
@@ -186,6 +190,11 @@ static size_t load(kvd_store_t *s, const kvd_block_hash_t *h)
         assert_int_equal(kvd_store_release(s, l, m), KVD_OK);
     }
     return m;
+}
+
+static size_t load(kvd_store_t *s, const kvd_block_hash_t *h)
+{
+    return load_from(s, h, NULL);
 }
 
 static void test_saved_on_a_loaded_on_c(void **state)
@@ -214,6 +223,24 @@ static void test_saved_on_a_loaded_on_c(void **state)
     uint64_t t1 = kvd_test_now_ms();
     assert_int_equal(load(c->client[1], none), 0);
     assert_true(kvd_test_now_ms() - t1 < 1000);
+}
+
+/* Prefill on A, decode on B: B's lookup names A (the transfer params of
+ * the prefill side), so it matches at once, before A's pushes land, and
+ * the bytes are A's. */
+static void test_prefill_decode_handoff(void **state)
+{
+    cluster_t *c = *state;
+    for (unsigned tag = 10; tag < 16; tag++) {
+        kvd_block_hash_t h[CHAIN];
+        chain(tag, h);
+        save(c->client[0], h);
+        assert_int_equal(load_from(c->client[1], h, "node-a"), CHAIN);
+    }
+    /* A source that is not in the cluster is only a hint: no error. */
+    kvd_block_hash_t none[CHAIN];
+    chain(97, none);
+    assert_int_equal(load_from(c->client[2], none, "no-such-node"), 0);
 }
 
 static void test_replicas_survive_a_killed_node(void **state)
@@ -258,6 +285,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_saved_on_a_loaded_on_c),
+        cmocka_unit_test(test_prefill_decode_handoff),
         cmocka_unit_test(test_replicas_survive_a_killed_node),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);

@@ -105,3 +105,41 @@ def test_two_daemons_one_cluster(tmp_path):
                 stop_daemon(d)
         etcd.send_signal(signal.SIGKILL)
         etcd.wait()
+
+
+def test_prefill_decode_over_two_daemons(tmp_path):
+    """Disaggregated serving: a prefill engine on node P's kvdepotd, a
+    decode engine on node D's; the decode request carries the prefill
+    side's kv_transfer_params, D pulls the blocks from P over UCX (loopback
+    TCP) at once, and the decode engine's KV equals the prefill engine's
+    bit for bit."""
+    pytest.importorskip("torch")
+    import test_vllm_connector as tv
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    os.environ.setdefault("UCX_TLS", "tcp")
+    cport, pport = free_port(), free_port()
+    etcd = start_etcd(tmp_path, cport, pport)
+    p_dir, d_dir = tmp_path / "p", tmp_path / "d"
+    p_dir.mkdir()
+    d_dir.mkdir()
+    common = [f"cluster.etcd=127.0.0.1:{cport}", "cluster.name=pd",
+              "cluster.lease_ttl=2s"]
+    p = d = None
+    try:
+        p, _, pm = start_daemon(p_dir, "server.node_id=node-p", *common)
+        d, _, dm = start_daemon(d_dir, "server.node_id=node-d", *common)
+        assert wait_for(lambda: metric(pm, "kvdepot_cluster_nodes") == 2
+                        and metric(dm, "kvdepot_cluster_nodes") == 2, 20)
+        cfg_p = tv.vllm_config("", store_mode="daemon", node_id="node-p",
+                               store_address=f"unix:{p_dir}/d.sock")
+        cfg_d = tv.vllm_config("", store_mode="daemon", node_id="node-d",
+                               store_address=f"unix:{d_dir}/d.sock")
+        params = tv.prefill_then_decode(cfg_p, cfg_d)
+        assert params["kvdepot_node"] == "node-p"
+        assert metric(dm, "kvdepot_cluster_remote_hits_total") >= 1
+    finally:
+        for x in (p, d):
+            if x is not None:
+                stop_daemon(x)
+        etcd.send_signal(signal.SIGKILL)
+        etcd.wait()

@@ -461,3 +461,80 @@ def test_every_vllm_method_is_there():
             assert isinstance(inspect.getattr_static(cls, name),
                               classmethod), name
         assert got == params, (name, got, params)
+
+
+def prefill_then_decode(cfg_p, cfg_d, kind="flash", ns_override=None,
+                        seed=5):
+    """A prefill engine (connectors on cfg_p) computes a prompt the proxy
+    marked do_remote_decode; its request_finished returns the hand-off; a
+    decode engine (cfg_d) gets it as the request's kv_transfer_params and
+    loads the blocks. Returns (params, the two engines' caches, blocks)."""
+    tokens = [(i * 13 + seed) % 32000 for i in range(PROMPT)]
+    p_blocks = [2, 4, 6, 8, 10, 12, 14]
+    kv_p = caches(kind, fill=True)
+    s, w, names = connector_pair(cfg_p, kv_p)
+    req = Request("pre", tokens)
+    req.kv_transfer_params = {"do_remote_decode": True}
+    assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+    s.update_state_after_alloc(req, Blocks(p_blocks), 0)
+    meta = s.build_connector_meta(sched_output(new=[(req, 0)],
+                                               tokens={"pre": PROMPT}))
+    out = worker_step(w, meta, kv_p, names)
+    delay, params = s.request_finished(req, p_blocks)
+    s.update_connector_output(out)
+    if delay:  # the saves' report comes with the next step
+        meta = s.build_connector_meta(sched_output())
+        s.update_connector_output(worker_step(w, meta, kv_p, names,
+                                              finished={"pre"}))
+    s.shutdown()
+    w.shutdown()
+    assert params["do_remote_prefill"] is True
+    assert params["do_remote_decode"] is False
+    assert len(params["kvdepot_hashes"]) == 6
+    assert params["kvdepot_num_tokens"] == 96
+
+    kv_d = caches(kind, fill=False)
+    s, w, names = connector_pair(cfg_d, kv_d)
+    req = Request("dec", tokens)
+    req.kv_transfer_params = dict(params)
+    if ns_override is not None:
+        req.kv_transfer_params["kvdepot_ns"] = ns_override
+    n, is_async = s.get_num_new_matched_tokens(req, 0)
+    assert n == 96
+    d_blocks = [1, 3, 5, 7, 9, 11, 13]
+    s.update_state_after_alloc(req, Blocks(d_blocks), 96)
+    if is_async:  # from NVMe or another node: loaded before it runs
+        recving, deadline = None, time.monotonic() + 20
+        while not recving and time.monotonic() < deadline:
+            time.sleep(0.001)
+            meta = s.build_connector_meta(sched_output())
+            out = worker_step(w, meta, kv_d, names)
+            s.update_connector_output(out)
+            recving = out.finished_recving
+        assert recving == {"dec"}
+    else:  # in this node's arena: loaded by the step that runs it
+        meta = s.build_connector_meta(sched_output(
+            new=[(req, 96)], tokens={"dec": PROMPT - 96}))
+        out = worker_step(w, meta, kv_d, names)
+        s.update_connector_output(out)
+    assert out.invalid_block_ids == set()
+    for layer in range(LAYERS):
+        for i in range(6):
+            assert torch.equal(block_of(kind, kv_p, layer, p_blocks[i]),
+                               block_of(kind, kv_d, layer, d_blocks[i]))
+    s.request_finished(req, d_blocks)
+    s.shutdown()
+    w.shutdown()
+    return params
+
+
+def test_prefill_decode_transfer_params():
+    """Engine-free part of the hand-off, on one embedded store: the prefill
+    side names its node (node_id), the namespace and the block hashes; the
+    decode side accepts them (and, with a foreign namespace, only warns)."""
+    with tempfile.TemporaryDirectory() as d:
+        cfg = vllm_config(d, node_id="prefill-a")
+        params = prefill_then_decode(cfg, cfg)
+        assert params["kvdepot_node"] == "prefill-a"
+        assert len(params["kvdepot_ns"]) == 32
+        prefill_then_decode(cfg, cfg, ns_override="00" * 16, seed=6)

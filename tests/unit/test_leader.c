@@ -27,8 +27,9 @@ typedef struct fake {
     uint32_t tier[256];
     size_t num_stored;
     int64_t leases;
-    int busy;          /* lookups answer KVD_INPROGRESS while set */
-    kvd_status_t fail; /* lookups answer this error while non-zero */
+    int busy;             /* lookups answer KVD_INPROGRESS while set */
+    char last_source[64]; /* lookup_from's source node, last seen */
+    kvd_status_t fail;    /* lookups answer this error while non-zero */
 } fake_t;
 
 static kvd_status_t fake_lookup(void *ctx, const kvd_namespace_t *ns,
@@ -60,6 +61,16 @@ static kvd_status_t fake_lookup(void *ctx, const kvd_namespace_t *ns,
     }
     *matched = m;
     return KVD_OK;
+}
+
+static kvd_status_t fake_lookup_from(void *ctx, const char *source,
+                                     const kvd_namespace_t *ns,
+                                     const kvd_block_hash_t *hashes, size_t n,
+                                     kvd_store_lease_t *out, size_t *matched)
+{
+    fake_t *f = ctx;
+    snprintf(f->last_source, sizeof f->last_source, "%s", source);
+    return fake_lookup(ctx, ns, hashes, n, out, matched);
 }
 
 static kvd_status_t fake_release(void *ctx, const kvd_store_lease_t *l,
@@ -96,7 +107,7 @@ static kvd_leader_config_t config(uint32_t workers)
 static kvd_leader_t *leader_on(fake_t *f, uint32_t workers)
 {
     kvd_leader_config_t c = config(workers);
-    kvd_leader_backend_t be = {f, fake_lookup, fake_release};
+    kvd_leader_backend_t be = {f, fake_lookup, fake_release, fake_lookup_from};
     kvd_leader_t *ld = NULL;
     assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
     return ld;
@@ -588,7 +599,7 @@ static void test_not_yet_is_bounded(void **state)
     fake_store(&f, h, 5, KVD_STORE_TIER_DISK);
     kvd_leader_config_t c = config(1);
     c.lookup_timeout_ms = 20;
-    kvd_leader_backend_t be = {&f, fake_lookup, fake_release};
+    kvd_leader_backend_t be = {&f, fake_lookup, fake_release, fake_lookup_from};
     kvd_leader_t *ld = NULL;
     assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
     uint64_t m = 0;
@@ -782,7 +793,7 @@ static void test_prefill_handoff(void **state)
     chain(tok, 100, NULL, h);
     kvd_leader_config_t c = config(1);
     c.node_id = "prefill-node-a";
-    kvd_leader_backend_t be = {&f, fake_lookup, fake_release};
+    kvd_leader_backend_t be = {&f, fake_lookup, fake_release, fake_lookup_from};
     kvd_leader_t *ld = NULL;
     assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
     uint64_t m = 0;
@@ -814,6 +825,31 @@ static void test_prefill_handoff(void **state)
     assert_int_equal(kvd_leader_request_finished_transfer(ld, "p", NULL, &t),
                      KVD_ERR_INVALID);
     kvd_leader_destroy(ld);
+
+    /* The decode node's leader names the prefill node: its store is asked
+     * through lookup_from with that node (the daemon asks it first). */
+    fake_store(&f, h, 6, KVD_STORE_TIER_HOST);
+    c.node_id = "decode-node-b";
+    assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
+    kvd_leader_request_t q;
+    memset(&q, 0, sizeof q);
+    q.request_id = "d";
+    q.tokens = tok;
+    q.num_tokens = 100;
+    q.source_node = "prefill-node-a";
+    assert_int_equal(
+        kvd_leader_get_num_new_matched_tokens(ld, &q, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 96);
+    assert_string_equal(f.last_source, "prefill-node-a");
+    /* Without a source the plain lookup runs. */
+    f.last_source[0] = '\0';
+    q.request_id = "e";
+    q.source_node = NULL;
+    assert_int_equal(
+        kvd_leader_get_num_new_matched_tokens(ld, &q, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 96);
+    assert_string_equal(f.last_source, "");
+    kvd_leader_destroy(ld);
 }
 
 /* TensorRT-LLM's order and rules: integer request ids, no "retry later"
@@ -832,7 +868,7 @@ static void test_trtllm_sequence(void **state)
     fake_store(&f, h + 2, 3, KVD_STORE_TIER_HOST);
     kvd_leader_config_t c = config(2); /* every rank must report */
     c.no_retry = true;
-    kvd_leader_backend_t be = {&f, fake_lookup, fake_release};
+    kvd_leader_backend_t be = {&f, fake_lookup, fake_release, fake_lookup_from};
     kvd_leader_t *ld = NULL;
     assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
 
@@ -899,7 +935,7 @@ static void test_bad_input(void **state)
     fake_t f = {0};
     kvd_leader_t *ld = leader_on(&f, 1);
     kvd_leader_config_t c = config(1);
-    kvd_leader_backend_t be = {&f, fake_lookup, fake_release};
+    kvd_leader_backend_t be = {&f, fake_lookup, fake_release, fake_lookup_from};
     kvd_leader_t *x = NULL;
     c.block_size = 0;
     assert_int_equal(kvd_leader_create(&c, &be, &x), KVD_ERR_INVALID);

@@ -487,6 +487,10 @@ static void m_lookup_ns_missing(kvd_samples_t *s)
 {
     S->lookup_request.namespace_id.len = 0;
 }
+static void m_lookup_source_bad(kvd_samples_t *s)
+{
+    S->lookup_request.source_node = "node/../a";
+}
 static void m_lease_no_ttl(kvd_samples_t *s)
 {
     S->lookup_response.lease_ttl_ms = 0;
@@ -662,6 +666,10 @@ static const rule_case_t rule_cases[] = {
      "lookup_request.lease_ttl_ms: 3600001, want 0..3600000", NULL},
     {KVD_PROTO_MSG_LOOKUP_REQUEST, 1, m_lookup_ns_missing,
      "lookup_request.namespace_id: empty, required", NULL},
+    {KVD_PROTO_MSG_LOOKUP_REQUEST, 1, m_lookup_source_bad,
+     "lookup_request.source_node: \"node/../a\": want letters, digits, . _ "
+     "-",
+     NULL},
     {KVD_PROTO_MSG_LOOKUP_RESPONSE, 1, m_lease_no_ttl,
      "lookup_response.lease_ttl_ms: 0 with lease_id 555", NULL},
     {KVD_PROTO_MSG_RESERVE_RESPONSE, 1, m_reserved_no_id,
