@@ -37,6 +37,7 @@
 #define PEER_BUCKETS 256u
 #define PEER_QUEUE_MAX 4096u
 #define PEER_SPIN_NS (200 * KVD_NSEC_PER_USEC)
+#define PEER_DRAIN_QUIET_NS (50 * KVD_NSEC_PER_MSEC)
 
 enum { ENTRY_WAIT = 0, ENTRY_RECV = 1, ENTRY_DONE = 2 };
 
@@ -940,7 +941,20 @@ void kvd_peer_stop(kvd_peer_t *p)
          * endpoints fails what is in flight through the usual callbacks. */
         queue_drain(p);
         eps_close_dead(p, true);
-        for (int i = 0; i < 1000 && ucp_worker_progress(p->worker) != 0; i++) {
+        /* Let what is in flight finish or fail, and wire-up exchanges with
+         * peers settle: UCX 1.13 aborts in ucp_worker_destroy when it must
+         * purge a pending wire-up reply of an endpoint a peer opened. Until
+         * 50 ms pass without progress (2 s at most). */
+        uint64_t end = kvd_time_now_ns() + 2 * KVD_NSEC_PER_SEC;
+        uint64_t quiet = kvd_time_now_ns() + PEER_DRAIN_QUIET_NS;
+        for (uint64_t now = kvd_time_now_ns(); now < end && now < quiet;
+             now = kvd_time_now_ns()) {
+            if (ucp_worker_progress(p->worker) != 0 ||
+                __atomic_load_n(&p->active, __ATOMIC_RELAXED) > 0) {
+                quiet = now + PEER_DRAIN_QUIET_NS;
+            } else {
+                sched_yield();
+            }
         }
         pthread_mutex_lock(&p->mu);
         for (size_t b = 0; b < PEER_BUCKETS; b++) {

@@ -4,6 +4,7 @@
  * UCX_TLS=tcp): LOOKUP, FETCH into the local arena with checksums, OFFER,
  * a corrupt transfer, a wrong cluster token, a dead peer, deadlines.
  */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -317,6 +321,178 @@ static void test_dead_peer_fails_within_deadline(void **state)
     node_stop(&a);
 }
 
+typedef struct fetch_job {
+    node_t *a;
+    kvd_peer_batch_t *bt;
+    kvd_status_t result;
+} fetch_job_t;
+
+static void *fetch_thread(void *arg)
+{
+    fetch_job_t *j = arg;
+    j->result = kvd_peer_fetch(j->a->peer, &g_ns, 0, j->bt, 1,
+                               kvd_time_deadline_ns(5000));
+    return NULL;
+}
+
+/* The serving node stops (gracefully) while 32 MiB are on their way: the
+ * fetch returns, every key is either committed with the right bytes or
+ * absent, and no slot stays reserved. */
+static void test_peer_stops_mid_transfer(void **state)
+{
+    (void)state;
+    enum { N = 32 };
+    node_t a, b;
+    node_start(&a, "node-a", NULL);
+    node_start(&b, "node-b", NULL);
+    kvd_block_hash_t h[N];
+    uint64_t sizes[N];
+    kvd_status_t st[N];
+    for (unsigned i = 0; i < N; i++) {
+        put(&b, 100 + i, BIG / 2);
+        h[i] = key_hash(100 + i);
+        sizes[i] = BIG / 2;
+    }
+    kvd_peer_batch_t bt = batch_to(&b, h, N, sizes, st);
+    fetch_job_t j = {.a = &a, .bt = &bt, .result = KVD_OK};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fetch_thread, &j), 0);
+    usleep(5000);
+    uint64_t t0 = kvd_time_now_ns();
+    kvd_peer_stop(b.peer); /* closes its endpoints: transfers fail */
+    b.peer = NULL;
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true((kvd_time_now_ns() - t0) / KVD_NSEC_PER_MSEC < 5000);
+    size_t ok = 0;
+    for (unsigned i = 0; i < N; i++) {
+        if (st[i] == KVD_OK) {
+            ok++;
+            assert_true(holds(&a, 100 + i, BIG / 2));
+        } else {
+            assert_false(holds(&a, 100 + i, BIG / 2));
+        }
+    }
+    fprintf(stderr,
+            "# %zu of %d objects landed before the peer went away "
+            "(fetch: %s)\n",
+            ok, N, kvd_status_str(j.result));
+    /* Slots of transfers cut short are given back once UCX reports them. */
+    kvd_store_stats_t ss;
+    uint64_t until = kvd_time_deadline_ns(5000);
+    do {
+        assert_int_equal(kvd_store_stats(a.store, &ss), KVD_OK);
+    } while (ss.host.bytes != ok * (BIG / 2) && kvd_time_now_ns() < until &&
+             usleep(1000) == 0);
+    assert_int_equal(ss.host.bytes, ok * (BIG / 2));
+    kvd_store_close(b.store);
+    node_stop(&a);
+}
+
+/* --serve: this binary as a serving node in its own process, so the test
+ * can SIGKILL it. It saves `SERVE_N` objects of SERVE_BYTES (keys 200..),
+ * prints its UCX address in hex and waits to be killed. */
+#define SERVE_N 48
+#define SERVE_BYTES (BIG / 2)
+
+static int serve_main(void)
+{
+    node_t b;
+    node_start(&b, "node-b", NULL);
+    for (unsigned i = 0; i < SERVE_N; i++) {
+        put(&b, 200 + i, SERVE_BYTES);
+    }
+    size_t len = 0;
+    const uint8_t *addr = kvd_peer_address(b.peer, &len);
+    for (size_t i = 0; i < len; i++) {
+        printf("%02x", addr[i]);
+    }
+    printf("\n");
+    fflush(stdout);
+    while (pause() == -1) { /* until SIGKILL */
+    }
+    return 0;
+}
+
+/* The serving process is SIGKILLed while its objects are on their way: the
+ * fetch returns within its deadline with the peer's failure, every key is
+ * either committed with the right bytes or absent, no slot leaks. */
+static void test_peer_killed_mid_transfer(void **state)
+{
+    (void)state;
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        (void)prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(fds[1], STDOUT_FILENO);
+        close(fds[0]);
+        execl("/proc/self/exe", "test_peer", "--serve", (char *)NULL);
+        _exit(127);
+    }
+    close(fds[1]);
+    FILE *f = fdopen(fds[0], "r");
+    assert_non_null(f);
+    static char line[2 * 1024 + 8];
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    size_t len = strcspn(line, "\n") / 2;
+    uint8_t *addr = malloc(len);
+    assert_non_null(addr);
+    for (size_t i = 0; i < len; i++) {
+        unsigned v = 0;
+        assert_int_equal(sscanf(line + 2 * i, "%2x", &v), 1);
+        addr[i] = (uint8_t)v;
+    }
+    node_t a;
+    node_start(&a, "node-a", NULL);
+    kvd_block_hash_t h[SERVE_N];
+    uint64_t sizes[SERVE_N];
+    kvd_status_t st[SERVE_N];
+    for (unsigned i = 0; i < SERVE_N; i++) {
+        h[i] = key_hash(200 + i);
+        sizes[i] = SERVE_BYTES;
+    }
+    kvd_peer_batch_t bt;
+    memset(&bt, 0, sizeof bt);
+    bt.address = addr;
+    bt.address_len = len;
+    bt.hashes = h;
+    bt.n = SERVE_N;
+    bt.sizes = sizes;
+    bt.status = st;
+    fetch_job_t j = {.a = &a, .bt = &bt, .result = KVD_OK};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, fetch_thread, &j), 0);
+    usleep(8000);
+    uint64_t t0 = kvd_time_now_ns();
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(waitpid(pid, NULL, 0), pid);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_true((kvd_time_now_ns() - t0) / KVD_NSEC_PER_MSEC < 5000);
+    size_t ok = 0;
+    for (unsigned i = 0; i < SERVE_N; i++) {
+        if (st[i] == KVD_OK) {
+            ok++;
+            assert_true(holds(&a, 200 + i, SERVE_BYTES));
+        } else {
+            assert_false(holds(&a, 200 + i, SERVE_BYTES));
+        }
+    }
+    fprintf(stderr,
+            "# SIGKILL mid-transfer: %zu of %d objects landed (fetch: %s)\n",
+            ok, SERVE_N, kvd_status_str(j.result));
+    kvd_store_stats_t ss;
+    uint64_t until = kvd_time_deadline_ns(5000);
+    do {
+        assert_int_equal(kvd_store_stats(a.store, &ss), KVD_OK);
+    } while (ss.host.bytes != ok * SERVE_BYTES && kvd_time_now_ns() < until &&
+             usleep(1000) == 0);
+    assert_int_equal(ss.host.bytes, ok * SERVE_BYTES);
+    free(addr);
+    node_stop(&a);
+}
+
 static void test_offer(void **state)
 {
     (void)state;
@@ -398,8 +574,11 @@ static void test_wire_rejects_bad_headers(void **state)
         KVD_ERR_PROTO);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--serve") == 0) {
+        return serve_main();
+    }
     if (getenv("UCX_NET_DEVICES") == NULL) {
         /* Loopback only (DESIGN.md §11), also when run by hand. */
         setenv("UCX_NET_DEVICES", "lo", 1);
@@ -412,6 +591,8 @@ int main(void)
         cmocka_unit_test(test_wrong_token_dropped),
         cmocka_unit_test(test_dead_peer_fails_within_deadline),
         cmocka_unit_test(test_offer),
+        cmocka_unit_test(test_peer_stops_mid_transfer),
+        cmocka_unit_test(test_peer_killed_mid_transfer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
