@@ -38,6 +38,7 @@
 #define PEER_QUEUE_MAX 4096u
 #define PEER_SPIN_NS (200 * KVD_NSEC_PER_USEC)
 #define PEER_DRAIN_QUIET_NS (50 * KVD_NSEC_PER_MSEC)
+#define PEER_SERVE_MAX 1024u
 
 enum { ENTRY_WAIT = 0, ENTRY_RECV = 1, ENTRY_DONE = 2 };
 
@@ -91,6 +92,18 @@ typedef struct peer_send {
     bool has_lease;
 } peer_send_t;
 
+/* A FETCH being served, one object per progress-loop turn. */
+typedef struct peer_serve {
+    struct peer_serve *next;
+    uint8_t *addr; /* the requester's worker address */
+    size_t addr_len;
+    uint64_t req_id;
+    kvd_namespace_t ns;
+    uint8_t *entries; /* n (hash, size) */
+    uint32_t n, next_entry;
+    bool dead; /* its endpoint failed: drop */
+} peer_serve_t;
+
 typedef struct peer_recv {
     kvd_peer_t *p;
     peer_op_t *op;
@@ -115,7 +128,9 @@ struct kvd_peer {
     size_t queued;
     peer_op_t *table[PEER_BUCKETS];
     uint64_t next_id;
-    peer_ep_t *eps;  /* progress thread only */
+    peer_ep_t *eps;                        /* progress thread only */
+    peer_serve_t *serve_head, *serve_tail; /* progress thread only */
+    size_t serve_count;
     uint32_t active; /* UCX requests in flight (atomic) */
     kvd_peer_stats_t stats;
 };
@@ -260,6 +275,8 @@ static void op_fail(kvd_peer_t *p, peer_op_t *op, kvd_status_t s)
 
 /* ---- endpoints (progress thread) ---------------------------------------- */
 
+static void serve_drop_addr(kvd_peer_t *p, const uint8_t *addr, size_t len);
+
 static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     peer_ep_t *e = arg;
@@ -268,6 +285,7 @@ static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
                  ucs_status_string(status));
     e->dead = true;
     stat_add(p, &p->stats.peer_errors, 1);
+    serve_drop_addr(p, e->addr, e->addr_len);
     pthread_mutex_lock(&p->mu);
     for (size_t b = 0; b < PEER_BUCKETS; b++) {
         peer_op_t *op = p->table[b];
@@ -525,37 +543,123 @@ static void serve_lookup(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *rq,
           UCP_AM_SEND_FLAG_EAGER);
 }
 
-static void serve_fetch(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *rq,
-                        const uint8_t *body)
+/* Sends entry `i` of a queued FETCH: its object by rendezvous from the
+ * arena (leased until UCX is done), or its status. */
+static void serve_one(kvd_peer_t *p, ucp_ep_h ep, const peer_serve_t *job,
+                      uint32_t i)
 {
-    for (uint32_t i = 0; i < rq->count; i++) {
-        const uint8_t *e = body + (size_t)i * 40;
-        uint64_t want = kvd_get_le64(e + 32);
-        kvd_peer_hdr_t h;
-        hdr_init(p, &h, KVD_PEER_OP_DATA, rq->req_id, &rq->ns);
-        h.count = i;
-        kvd_store_lease_t lease;
-        if (!lease_host(p, &rq->ns, e, &lease)) {
-            h.status = KVD_ERR_NOT_FOUND;
-            reply(p, ep, &h, NULL, NULL, 0, NULL, 0);
-            continue;
+    const uint8_t *e = job->entries + (size_t)i * 40;
+    uint64_t want = kvd_get_le64(e + 32);
+    kvd_peer_hdr_t h;
+    hdr_init(p, &h, KVD_PEER_OP_DATA, job->req_id, &job->ns);
+    h.count = i;
+    kvd_store_lease_t lease;
+    if (!lease_host(p, &job->ns, e, &lease)) {
+        h.status = KVD_ERR_NOT_FOUND;
+        reply(p, ep, &h, NULL, NULL, 0, NULL, 0);
+        return;
+    }
+    void *data = kvd_store_arena_ptr(p->cfg.store, lease.arena_offset, want);
+    if (lease.size_bytes != want || data == NULL) {
+        (void)kvd_store_release(p->cfg.store, &lease, 1);
+        h.status = KVD_ERR_STATE; /* replaced since the LOOKUP */
+        reply(p, ep, &h, NULL, NULL, 0, NULL, 0);
+        return;
+    }
+    h.size = want;
+    h.checksum = kvd_xxh3_64(data, want);
+    if (KVD_FAILPOINT("peer.corrupt") != 0) {
+        h.checksum ^= 1; /* stands in for bytes damaged on the way */
+    }
+    stat_add(p, &p->stats.objects_served, 1);
+    stat_add(p, &p->stats.bytes_served, want);
+    reply(p, ep, &h, NULL, data, want, &lease, 0);
+}
+
+static void serve_free(peer_serve_t *job)
+{
+    free(job->addr);
+    free(job->entries);
+    free(job);
+}
+
+/* Queues a FETCH; the progress loop serves it one object at a time
+ * (serve_step). A full queue answers every key "busy" at once. */
+static void serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
+                        const kvd_peer_hdr_t *rq, const uint8_t *body,
+                        size_t len)
+{
+    const uint8_t *addr = NULL, *entries = NULL;
+    size_t alen = 0;
+    if (kvd_peer_fetch_decode(body, len, rq->count, &addr, &alen, &entries) !=
+        KVD_OK) {
+        stat_add(p, &p->stats.malformed, 1);
+        return;
+    }
+    peer_serve_t *job =
+        p->serve_count < PEER_SERVE_MAX ? calloc(1, sizeof *job) : NULL;
+    if (job != NULL) {
+        job->addr = malloc(alen);
+        job->entries = malloc((size_t)rq->count * 40);
+    }
+    if (job == NULL || job->addr == NULL || job->entries == NULL) {
+        if (job != NULL) {
+            serve_free(job);
         }
-        void *data =
-            kvd_store_arena_ptr(p->cfg.store, lease.arena_offset, want);
-        if (lease.size_bytes != want || data == NULL) {
-            (void)kvd_store_release(p->cfg.store, &lease, 1);
-            h.status = KVD_ERR_STATE; /* replaced since the LOOKUP */
-            reply(p, ep, &h, NULL, NULL, 0, NULL, 0);
-            continue;
+        for (uint32_t i = 0; i < rq->count; i++) {
+            kvd_peer_hdr_t h;
+            hdr_init(p, &h, KVD_PEER_OP_DATA, rq->req_id, &rq->ns);
+            h.count = i;
+            h.status = KVD_ERR_BUSY;
+            reply(p, reply_ep, &h, NULL, NULL, 0, NULL, 0);
         }
-        h.size = want;
-        h.checksum = kvd_xxh3_64(data, want);
-        if (KVD_FAILPOINT("peer.corrupt") != 0) {
-            h.checksum ^= 1; /* stands in for bytes damaged on the way */
+        return;
+    }
+    memcpy(job->addr, addr, alen);
+    job->addr_len = alen;
+    memcpy(job->entries, entries, (size_t)rq->count * 40);
+    job->n = rq->count;
+    job->req_id = rq->req_id;
+    job->ns = rq->ns;
+    if (p->serve_tail != NULL) {
+        p->serve_tail->next = job;
+    } else {
+        p->serve_head = job;
+    }
+    p->serve_tail = job;
+    p->serve_count++;
+}
+
+/* Serves the next object of the oldest queued FETCH; false when none. */
+static bool serve_step(kvd_peer_t *p)
+{
+    peer_serve_t *job = p->serve_head;
+    if (job == NULL) {
+        return false;
+    }
+    ucp_ep_h ep = job->dead ? NULL : ep_get(p, job->addr, job->addr_len);
+    if (ep != NULL) {
+        serve_one(p, ep, job, job->next_entry);
+    }
+    if (ep == NULL || ++job->next_entry == job->n) {
+        p->serve_head = job->next;
+        if (p->serve_head == NULL) {
+            p->serve_tail = NULL;
         }
-        stat_add(p, &p->stats.objects_served, 1);
-        stat_add(p, &p->stats.bytes_served, want);
-        reply(p, ep, &h, NULL, data, want, &lease, 0);
+        p->serve_count--;
+        serve_free(job);
+    }
+    return true;
+}
+
+/* The endpoint to `addr` failed: the FETCHes still queued for it are
+ * dropped (their requester is gone or will time out). */
+static void serve_drop_addr(kvd_peer_t *p, const uint8_t *addr, size_t len)
+{
+    for (peer_serve_t *job = p->serve_head; job != NULL; job = job->next) {
+        if (job->addr_len == len && memcmp(job->addr, addr, len) == 0) {
+            job->dead = true;
+        }
     }
 }
 
@@ -761,7 +865,7 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length,
     if (h.op == KVD_PEER_OP_LOOKUP) {
         serve_lookup(p, param->reply_ep, &h, data);
     } else {
-        serve_fetch(p, param->reply_ep, &h, data);
+        serve_fetch(p, param->reply_ep, &h, data, length);
     }
     return UCS_OK;
 }
@@ -774,7 +878,7 @@ static void *peer_main(void *arg)
     uint64_t busy_until = 0;
     while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
         queue_drain(p);
-        bool progressed = false;
+        bool progressed = serve_step(p);
         while (ucp_worker_progress(p->worker) != 0) {
             progressed = true;
         }
@@ -940,6 +1044,13 @@ void kvd_peer_stop(kvd_peer_t *p)
         /* The thread is gone: this one owns the worker now. Closing the
          * endpoints fails what is in flight through the usual callbacks. */
         queue_drain(p);
+        while (p->serve_head != NULL) {
+            peer_serve_t *job = p->serve_head;
+            p->serve_head = job->next;
+            serve_free(job);
+        }
+        p->serve_tail = NULL;
+        p->serve_count = 0;
         eps_close_dead(p, true);
         /* Let what is in flight finish or fail, and wire-up exchanges with
          * peers settle: UCX 1.13 aborts in ucp_worker_destroy when it must
@@ -1185,7 +1296,10 @@ static kvd_status_t fetch_prepare(kvd_peer_t *p, const kvd_namespace_t *ns,
     op->status = calloc(bt->n, sizeof *op->status);
     op->batch_index = calloc(bt->n, sizeof *op->batch_index);
     op->state = calloc(bt->n, 1);
-    op->body = malloc(bt->n * 40);
+    /* The body: this worker's address (the objects come to it), then the
+     * entries. */
+    size_t head = 2 + p->address_len;
+    op->body = malloc(head + bt->n * 40);
     if (op->offsets == NULL || op->checksums == NULL || op->status == NULL ||
         op->batch_index == NULL || op->state == NULL || op->body == NULL) {
         op_free(op);
@@ -1211,16 +1325,18 @@ static kvd_status_t fetch_prepare(kvd_peer_t *p, const kvd_namespace_t *ns,
         op->sizes[k] = bt->sizes[i];
         op->offsets[k] = r.arena_offset;
         op->batch_index[k] = i;
-        memcpy(op->body + k * 40, bt->hashes[i].bytes, 32);
-        kvd_put_le64(op->body + k * 40 + 32, bt->sizes[i]);
+        memcpy(op->body + head + k * 40, bt->hashes[i].bytes, 32);
+        kvd_put_le64(op->body + head + k * 40 + 32, bt->sizes[i]);
         k++;
     }
     if (k == 0) {
         op_free(op);
         return KVD_OK;
     }
+    kvd_put_le16(op->body, (uint16_t)p->address_len);
+    memcpy(op->body + 2, p->address, p->address_len);
     op->n = op->remaining = k;
-    op->body_len = k * 40;
+    op->body_len = head + k * 40;
     op->refs = 1;
     *op_out = op;
     return KVD_OK;

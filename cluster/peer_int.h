@@ -5,14 +5,14 @@
  *
  *   LOOKUP  which of these keys does the node hold in its arena? The answer
  *           is one size per key (0: not there).
- *   FETCH   send me these objects. The node answers one DATA message per
- *           key; a DATA message carries the object with UCX rendezvous,
- *           received straight into an arena slot reserved here beforehand,
- *           and its XXH3-64 checksum, verified on arrival. A verified
- *           object is committed to the local store; a corrupt one is
- *           aborted (not cached) and reported as KVD_ERR_CHECKSUM.
- *   OFFER   I saved these keys and you are their home: fetch them from me.
- *           No answer; the receiver hands the offer to `on_offer`.
+ *   FETCH   send me these objects (to this worker address). The node
+ *           answers one DATA message per key; a DATA message carries the object
+ * with UCX rendezvous, received straight into an arena slot reserved here
+ * beforehand, and its XXH3-64 checksum, verified on arrival. A verified object
+ * is committed to the local store; a corrupt one is aborted (not cached) and
+ * reported as KVD_ERR_CHECKSUM. OFFER   I saved these keys and you are their
+ * home: fetch them from me. No answer; the receiver hands the offer to
+ * `on_offer`.
  *
  * Endpoints are cached per peer address with UCX's PEER error handling: a
  * dead peer fails its transfers (KVD_ERR_UNREACHABLE / KVD_ERR_PEER), and
@@ -51,6 +51,8 @@ extern "C" {
 /* Node ids on the wire at most (as NodeInfo.node_id). */
 #define KVD_PEER_MAX_NODE_ID 128u
 #define KVD_PEER_AUTH_BYTES 32u
+/* A UCX worker address on the wire at most (as NodeInfo.ucx_address). */
+#define KVD_PEER_MAX_ADDRESS 1024u
 
 typedef struct kvd_peer kvd_peer_t;
 
@@ -150,7 +152,10 @@ enum {
  *   20 count u32 | 24 size u64 | 32 checksum u64 | 40 namespace [16] |
  *   56 auth [32]
  * count: keys in the body (DATA: the key's index in its FETCH); size and
- * checksum: DATA's object. */
+ * checksum: DATA's object. FETCH bodies start with the requester's worker
+ * address: the server queues the request and sends the objects one at a
+ * time from its progress loop on its own endpoint to that address, hashing
+ * the next while the previous is on its way. */
 typedef struct kvd_peer_hdr {
     uint16_t op;
     uint64_t req_id;
@@ -172,6 +177,14 @@ void kvd_peer_hdr_encode(const kvd_peer_hdr_t *h,
  * KVD_ERR_PROTO otherwise. The auth digest is the caller's to check. */
 kvd_status_t kvd_peer_hdr_decode(const void *buf, size_t len, size_t body_len,
                                  kvd_peer_hdr_t *out);
+
+/* FETCH body: the requester's UCX worker address (u16 length, then the
+ * bytes; the objects are sent to it) and count (hash, size) entries.
+ * KVD_ERR_PROTO for a bad length. */
+kvd_status_t kvd_peer_fetch_decode(const uint8_t *body, size_t len,
+                                   uint32_t count, const uint8_t **address,
+                                   size_t *address_len,
+                                   const uint8_t **entries);
 
 /* OFFER body: writes the node id (NUL-terminated, room for
  * KVD_PEER_MAX_NODE_ID + 1) and points at the entries (count of 40 bytes).

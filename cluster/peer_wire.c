@@ -48,7 +48,8 @@ kvd_status_t kvd_peer_hdr_decode(const void *buf, size_t len, size_t body_len,
                    ? KVD_OK
                    : KVD_ERR_PROTO;
     case KVD_PEER_OP_FETCH:
-        return n >= 1 && n <= KVD_PEER_MAX_KEYS && body_len == n * 40
+        return n >= 1 && n <= KVD_PEER_MAX_KEYS && body_len >= 2 + 1 + n * 40 &&
+                       body_len <= 2 + KVD_PEER_MAX_ADDRESS + n * 40
                    ? KVD_OK
                    : KVD_ERR_PROTO;
     case KVD_PEER_OP_LOOKUP_REPLY:
@@ -75,6 +76,24 @@ kvd_status_t kvd_peer_hdr_decode(const void *buf, size_t len, size_t body_len,
                    : KVD_ERR_PROTO;
     default: return KVD_ERR_PROTO;
     }
+}
+
+kvd_status_t kvd_peer_fetch_decode(const uint8_t *body, size_t len,
+                                   uint32_t count, const uint8_t **address,
+                                   size_t *address_len, const uint8_t **entries)
+{
+    if (body == NULL || len < 2 || count == 0 || count > KVD_PEER_MAX_KEYS) {
+        return KVD_ERR_PROTO;
+    }
+    size_t alen = kvd_get_le16(body);
+    if (alen == 0 || alen > KVD_PEER_MAX_ADDRESS ||
+        len != 2 + alen + (size_t)count * 40) {
+        return KVD_ERR_PROTO;
+    }
+    *address = body + 2;
+    *address_len = alen;
+    *entries = body + 2 + alen;
+    return KVD_OK;
 }
 
 kvd_status_t kvd_peer_offer_decode(const uint8_t *body, size_t len,

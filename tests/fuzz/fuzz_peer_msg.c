@@ -41,11 +41,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         }
         break;
-    case KVD_PEER_OP_FETCH:
-        if (len != (size_t)h.count * 40 || h.count == 0) {
+    case KVD_PEER_OP_FETCH: {
+        const uint8_t *addr = NULL, *entries = NULL;
+        size_t alen = 0;
+        if (len < 2 + (size_t)h.count * 40 || h.count == 0) {
+            abort();
+        }
+        if (kvd_peer_fetch_decode(body, len, h.count, &addr, &alen, &entries) ==
+                KVD_OK &&
+            (addr != body + 2 || alen == 0 || alen > KVD_PEER_MAX_ADDRESS ||
+             entries != body + 2 + alen ||
+             entries + (size_t)h.count * 40 != body + len)) {
             abort();
         }
         break;
+    }
     case KVD_PEER_OP_OFFER: {
         char id[KVD_PEER_MAX_NODE_ID + 1];
         const uint8_t *entries = NULL;
