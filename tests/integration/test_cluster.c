@@ -4,7 +4,8 @@
  * chain stays loadable after A is SIGKILLed (its keys' other homes have
  * them); lookups while A is dead but still in the view route around it
  * within cluster.timeout, never hang; a decode node naming the prefill
- * node (transfer params) gets the blocks at once, byte for byte. UCX on
+ * node (transfer params) gets the blocks at once, byte for byte; with etcd
+ * stopped the nodes keep their last view and keep working. UCX on
  * loopback TCP (ctest sets UCX_NET_DEVICES=lo, UCX_TLS=tcp; the daemons inherit
  * them). Skipped (77) without etcd or kvdepotd.
  *
@@ -243,6 +244,47 @@ static void test_prefill_decode_handoff(void **state)
     assert_int_equal(load_from(c->client[2], none, "no-such-node"), 0);
 }
 
+/* etcd stopped: every node keeps its last view (stale) and the cluster
+ * keeps working: a chain saved through A loads through C; etcd back: the
+ * views are fresh again and it still does. */
+static void test_etcd_down_and_back(void **state)
+{
+    cluster_t *c = *state;
+    etcd_kill(&c->etcd, SIGKILL);
+    uint64_t t0 = kvd_test_now_ms();
+    while (kvd_test_daemon_metric(&c->dir[2], "kvdepot_cluster_stale") != 1) {
+        assert_true(kvd_test_now_ms() - t0 < 15000);
+        usleep(50000);
+    }
+    for (unsigned tag = 20; tag < 22; tag++) {
+        kvd_block_hash_t h[CHAIN];
+        chain(tag, h);
+        save(c->client[0], h);
+        size_t m = 0;
+        for (uint64_t t = kvd_test_now_ms();
+             (m = load(c->client[2], h)) < CHAIN &&
+             kvd_test_now_ms() - t < 5000;) {
+            usleep(20000);
+        }
+        assert_int_equal(m, CHAIN);
+        if (tag == 20) {
+            etcd_start(&c->etcd); /* same ports and data */
+        }
+    }
+    t0 = kvd_test_now_ms();
+    for (int i = 0; i < NODES; i++) {
+        while (kvd_test_daemon_metric(&c->dir[i], "kvdepot_cluster_stale") !=
+                   0 ||
+               kvd_test_daemon_metric(&c->dir[i], "kvdepot_cluster_nodes") !=
+                   NODES) {
+            assert_true(kvd_test_now_ms() - t0 < 20000);
+            usleep(50000);
+        }
+    }
+    fprintf(stderr, "# etcd back: every view fresh after %llu ms\n",
+            (unsigned long long)(kvd_test_now_ms() - t0));
+}
+
 static void test_replicas_survive_a_killed_node(void **state)
 {
     cluster_t *c = *state;
@@ -286,6 +328,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_saved_on_a_loaded_on_c),
         cmocka_unit_test(test_prefill_decode_handoff),
+        cmocka_unit_test(test_etcd_down_and_back),
         cmocka_unit_test(test_replicas_survive_a_killed_node),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
