@@ -36,6 +36,10 @@ static inline uint64_t kvd_test_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* When set, daemons start inside this network namespace (`ip netns exec`;
+ * the partition test). */
+static const char *kvd_test_daemon_netns;
+
 /* Forks and execs kvdepotd in `d` with KVDEPOT_FAILPOINTS=`failpoints`
  * (NULL: none) and extra --set values (a NULL-terminated va_list). */
 static inline pid_t kvd_test_daemon_spawn(const kvd_test_dir_t *d,
@@ -45,8 +49,14 @@ static inline pid_t kvd_test_daemon_spawn(const kvd_test_dir_t *d,
     snprintf(sock, sizeof sock, "server.unix_socket=%s/d.sock", d->path);
     snprintf(ready, sizeof ready, "%s/ready", d->path);
     (void)unlink(ready);
-    const char *argv[64];
+    const char *argv[72];
     int n = 0;
+    if (kvd_test_daemon_netns != NULL) {
+        argv[n++] = "/usr/sbin/ip";
+        argv[n++] = "netns";
+        argv[n++] = "exec";
+        argv[n++] = kvd_test_daemon_netns;
+    }
     argv[n++] = kvd_test_daemon_bin();
     const char *const base[] = {
         sock,
@@ -61,7 +71,7 @@ static inline pid_t kvd_test_daemon_spawn(const kvd_test_dir_t *d,
         argv[n++] = "--set";
         argv[n++] = base[i];
     }
-    for (const char *s; (s = va_arg(ap, const char *)) != NULL && n < 58;) {
+    for (const char *s; (s = va_arg(ap, const char *)) != NULL && n < 66;) {
         argv[n++] = "--set";
         argv[n++] = s;
     }
