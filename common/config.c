@@ -642,6 +642,58 @@ static size_t first_part_len(const char *name)
     return dot != NULL ? (size_t)(dot - name) : strlen(name);
 }
 
+static kvd_status_t check_sections(const kvd_config_list_t *list,
+                                   const char *source,
+                                   const char *const *sections, char *err,
+                                   size_t err_len)
+{
+    for (size_t k = 0; k < list->count; k++) {
+        const kvd_config_entry_t *entry = &list->items[k];
+        size_t plen = first_part_len(entry->key);
+        bool known = false;
+        for (size_t i = 0; sections[i] != NULL && !known; i++) {
+            known = strlen(sections[i]) == plen &&
+                    strncmp(sections[i], entry->key, plen) == 0;
+        }
+        if (!known) {
+            if (entry->origin != NULL) {
+                kvd_config_err(err, err_len,
+                               "unknown setting '%s' (from %s %s:%u): no "
+                               "section '%.*s'",
+                               entry->key, source, entry->origin, entry->line,
+                               (int)plen, entry->key);
+            } else {
+                kvd_config_err(err, err_len,
+                               "unknown setting '%s' (from %s): no section "
+                               "'%.*s'",
+                               entry->key, source, (int)plen, entry->key);
+            }
+            return KVD_ERR_NOT_FOUND;
+        }
+    }
+    return KVD_OK;
+}
+
+kvd_status_t kvd_config_check_sections(const kvd_config_t *config,
+                                       const char *const *sections, char *err,
+                                       size_t err_len)
+{
+    if (sections == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    if (config == NULL) {
+        return KVD_OK;
+    }
+    config_lock(config);
+    kvd_status_t st =
+        check_sections(&config->call, "call parameter", sections, err, err_len);
+    if (st == KVD_OK) {
+        st = check_sections(&config->file, "file", sections, err, err_len);
+    }
+    config_unlock(config);
+    return st;
+}
+
 /* A key is checked only when some field shares its first dot-part, so
  * keys meant for other components pass through. */
 static kvd_status_t check_unknown(const kvd_config_list_t *list,

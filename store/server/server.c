@@ -439,8 +439,16 @@ static kvd_status_t server_settings(const kvd_config_t *config,
                                     srv_tenancy_t *tenancy, char *err,
                                     size_t err_len)
 {
-    kvd_status_t s = kvd_config_apply(config, server_fields, SERVER_NFIELDS,
-                                      cfg, err, err_len);
+    /* kvdepotd knows every component it reads: a key of any other section
+     * is a typo, not another component's. */
+    static const char *const sections[] = {"log", "server", "cluster", "store",
+                                           NULL};
+    kvd_status_t s = kvd_config_check_sections(config, sections, err, err_len);
+    if (s != KVD_OK) {
+        return s;
+    }
+    s = kvd_config_apply(config, server_fields, SERVER_NFIELDS, cfg, err,
+                         err_len);
     if (s != KVD_OK) {
         return s;
     }

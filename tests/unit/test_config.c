@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "common/config_int.h"
 #include "kvdepot/common.h"
 
 /* ------------------------------------------------------------------------ */
@@ -1061,9 +1062,44 @@ static void test_concurrent_set_apply(void **state)
     kvd_config_destroy(config);
 }
 
+/* A program that knows all its sections refuses a key of any other (a
+ * misspelt section would otherwise pass as another component's). */
+static void test_check_sections(void **state)
+{
+    (void)state;
+    static const char *const sections[] = {"store", "server", NULL};
+    kvd_config_t *config = NULL;
+    char err[256] = "";
+    assert_int_equal(kvd_config_create(&config), KVD_OK);
+    assert_int_equal(
+        kvd_config_check_sections(config, sections, err, sizeof err), KVD_OK);
+    static const char yaml[] = "store:\n  arena_size: 1g\n"
+                               "servr:\n  threads: 2\n";
+    assert_int_equal(
+        kvd_config_load_yaml(config, yaml, strlen(yaml), err, sizeof err),
+        KVD_OK);
+    assert_int_equal(
+        kvd_config_check_sections(config, sections, err, sizeof err),
+        KVD_ERR_NOT_FOUND);
+    assert_non_null(strstr(err, "servr.threads"));
+    assert_non_null(strstr(err, "no section 'servr'"));
+    kvd_config_destroy(config);
+    assert_int_equal(kvd_config_create(&config), KVD_OK);
+    assert_int_equal(kvd_config_set(config, "serverx", "1"), KVD_OK);
+    assert_int_equal(
+        kvd_config_check_sections(config, sections, err, sizeof err),
+        KVD_ERR_NOT_FOUND);
+    assert_int_equal(kvd_config_check_sections(config, NULL, err, sizeof err),
+                     KVD_ERR_INVALID);
+    assert_int_equal(kvd_config_check_sections(NULL, sections, err, sizeof err),
+                     KVD_OK);
+    kvd_config_destroy(config);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_check_sections),
         cmocka_unit_test_setup(test_parse_bool, setup),
         cmocka_unit_test_setup(test_parse_int, setup),
         cmocka_unit_test_setup(test_parse_size, setup),
