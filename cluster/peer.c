@@ -39,6 +39,7 @@
 #define PEER_SPIN_NS (200 * KVD_NSEC_PER_USEC)
 #define PEER_DRAIN_QUIET_NS (50 * KVD_NSEC_PER_MSEC)
 #define PEER_SERVE_MAX 1024u
+#define PEER_DISK_MAX 256u
 
 enum { ENTRY_WAIT = 0, ENTRY_RECV = 1, ENTRY_DONE = 2 };
 
@@ -104,6 +105,19 @@ typedef struct peer_serve {
     bool dead; /* its endpoint failed: drop */
 } peer_serve_t;
 
+/* An object of a FETCH being read from NVMe into the arena (a store get),
+ * sent when its completion comes back; one allocation, address inline. */
+typedef struct peer_diskget {
+    struct peer_diskget *next; /* the done list */
+    uint64_t req_id;
+    kvd_namespace_t ns;
+    uint32_t idx;
+    uint64_t want;
+    kvd_store_completion_t c;
+    size_t addr_len;
+    uint8_t addr[]; /* the requester's worker address */
+} peer_diskget_t;
+
 typedef struct peer_recv {
     kvd_peer_t *p;
     peer_op_t *op;
@@ -131,7 +145,10 @@ struct kvd_peer {
     peer_ep_t *eps;                        /* progress thread only */
     peer_serve_t *serve_head, *serve_tail; /* progress thread only */
     size_t serve_count;
-    uint32_t active; /* UCX requests in flight (atomic) */
+    size_t disk_inflight;      /* progress thread only */
+    bool closing;              /* kvd_peer_stop is draining (on its thread) */
+    peer_diskget_t *disk_done; /* under mu */
+    uint32_t active;           /* UCX requests in flight (atomic) */
     kvd_peer_stats_t stats;
 };
 
@@ -500,9 +517,10 @@ static void reply(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *h,
     send_msg(p, ep, s, body, len, flags);
 }
 
-/* Leases `hash` when it is in the arena; false otherwise. */
-static bool lease_host(kvd_peer_t *p, const kvd_namespace_t *ns,
-                       const uint8_t *hash, kvd_store_lease_t *lease)
+/* Leases `hash` when this node can serve it: in the arena, or on NVMe
+ * with disk_gets; false otherwise. */
+static bool lease_servable(kvd_peer_t *p, const kvd_namespace_t *ns,
+                           const uint8_t *hash, kvd_store_lease_t *lease)
 {
     kvd_block_hash_t h;
     memcpy(h.bytes, hash, sizeof h.bytes);
@@ -511,7 +529,8 @@ static bool lease_host(kvd_peer_t *p, const kvd_namespace_t *ns,
         m != 1) {
         return false;
     }
-    if (lease->tier != KVD_STORE_TIER_HOST) {
+    if (lease->tier != KVD_STORE_TIER_HOST &&
+        !(lease->tier == KVD_STORE_TIER_DISK && p->cfg.disk_gets)) {
         (void)kvd_store_release(p->cfg.store, lease, 1);
         return false;
     }
@@ -533,7 +552,7 @@ static void serve_lookup(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *rq,
     for (size_t i = 0; i < rq->count; i++) {
         kvd_store_lease_t lease;
         uint64_t size = 0;
-        if (lease_host(p, &rq->ns, body + i * 32, &lease)) {
+        if (lease_servable(p, &rq->ns, body + i * 32, &lease)) {
             size = lease.size_bytes;
             (void)kvd_store_release(p->cfg.store, &lease, 1);
         }
@@ -543,8 +562,62 @@ static void serve_lookup(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *rq,
           UCP_AM_SEND_FLAG_EAGER);
 }
 
+/* Sends a leased arena object as DATA (the lease goes back when UCX is
+ * done with the bytes), or `status` when it cannot. */
+static void send_object(kvd_peer_t *p, ucp_ep_h ep, kvd_peer_hdr_t *h,
+                        const kvd_store_lease_t *lease, uint64_t want)
+{
+    void *data = kvd_store_arena_ptr(p->cfg.store, lease->arena_offset, want);
+    if (lease->size_bytes != want || data == NULL) {
+        (void)kvd_store_release(p->cfg.store, lease, 1);
+        h->status = KVD_ERR_STATE; /* replaced since the LOOKUP */
+        reply(p, ep, h, NULL, NULL, 0, NULL, 0);
+        return;
+    }
+    h->size = want;
+    h->checksum = kvd_xxh3_64(data, want);
+    if (KVD_FAILPOINT("peer.corrupt") != 0) {
+        h->checksum ^= 1; /* stands in for bytes damaged on the way */
+    }
+    stat_add(p, &p->stats.objects_served, 1);
+    stat_add(p, &p->stats.bytes_served, want);
+    reply(p, ep, h, NULL, data, want, lease, 0);
+}
+
+/* Starts reading an NVMe object into the arena for entry `i` of `job`;
+ * false when it cannot (too many reads in flight, the store refused). */
+static bool disk_get(kvd_peer_t *p, const peer_serve_t *job, uint32_t i,
+                     const kvd_store_lease_t *lease, uint64_t want)
+{
+    if (p->disk_inflight >= PEER_DISK_MAX) {
+        return false;
+    }
+    peer_diskget_t *dg = malloc(sizeof *dg + job->addr_len);
+    if (dg == NULL) {
+        return false;
+    }
+    memset(dg, 0, sizeof *dg);
+    dg->req_id = job->req_id;
+    dg->ns = job->ns;
+    dg->idx = i;
+    dg->want = want;
+    dg->addr_len = job->addr_len;
+    memcpy(dg->addr, job->addr, job->addr_len);
+    kvd_store_get_t g = {.lease = *lease,
+                         .user_data = (uint64_t)(uintptr_t)dg | 1u};
+    size_t accepted = 0;
+    if (kvd_store_get_submit(p->cfg.store, &g, 1, &accepted) != KVD_OK ||
+        accepted != 1) {
+        free(dg);
+        return false;
+    }
+    p->disk_inflight++;
+    return true;
+}
+
 /* Sends entry `i` of a queued FETCH: its object by rendezvous from the
- * arena (leased until UCX is done), or its status. */
+ * arena (leased until UCX is done), after a read from NVMe when it is
+ * there only, or its status. */
 static void serve_one(kvd_peer_t *p, ucp_ep_h ep, const peer_serve_t *job,
                       uint32_t i)
 {
@@ -554,26 +627,78 @@ static void serve_one(kvd_peer_t *p, ucp_ep_h ep, const peer_serve_t *job,
     hdr_init(p, &h, KVD_PEER_OP_DATA, job->req_id, &job->ns);
     h.count = i;
     kvd_store_lease_t lease;
-    if (!lease_host(p, &job->ns, e, &lease)) {
+    if (!lease_servable(p, &job->ns, e, &lease)) {
         h.status = KVD_ERR_NOT_FOUND;
         reply(p, ep, &h, NULL, NULL, 0, NULL, 0);
         return;
     }
-    void *data = kvd_store_arena_ptr(p->cfg.store, lease.arena_offset, want);
-    if (lease.size_bytes != want || data == NULL) {
+    if (lease.tier == KVD_STORE_TIER_DISK) {
+        if (lease.size_bytes == want && disk_get(p, job, i, &lease, want)) {
+            return; /* sent by disk_finish */
+        }
         (void)kvd_store_release(p->cfg.store, &lease, 1);
-        h.status = KVD_ERR_STATE; /* replaced since the LOOKUP */
+        h.status = lease.size_bytes == want ? KVD_ERR_BUSY : KVD_ERR_STATE;
         reply(p, ep, &h, NULL, NULL, 0, NULL, 0);
         return;
     }
-    h.size = want;
-    h.checksum = kvd_xxh3_64(data, want);
-    if (KVD_FAILPOINT("peer.corrupt") != 0) {
-        h.checksum ^= 1; /* stands in for bytes damaged on the way */
+    send_object(p, ep, &h, &lease, want);
+}
+
+/* A read from NVMe for a FETCH finished: the object goes out (or the
+ * failure) to its requester. */
+static void disk_finish(kvd_peer_t *p, peer_diskget_t *dg)
+{
+    p->disk_inflight--;
+    ucp_ep_h ep = ep_get(p, dg->addr, dg->addr_len);
+    kvd_peer_hdr_t h;
+    hdr_init(p, &h, KVD_PEER_OP_DATA, dg->req_id, &dg->ns);
+    h.count = dg->idx;
+    if (dg->c.status != KVD_OK) {
+        /* A read error or a corrupt object (the store dropped it): gone. */
+        h.status = KVD_ERR_NOT_FOUND;
+        if (ep != NULL) {
+            reply(p, ep, &h, NULL, NULL, 0, NULL, 0);
+        }
+    } else if (ep == NULL) {
+        (void)kvd_store_release(p->cfg.store, &dg->c.lease, 1);
+    } else {
+        send_object(p, ep, &h, &dg->c.lease, dg->want);
     }
-    stat_add(p, &p->stats.objects_served, 1);
-    stat_add(p, &p->stats.bytes_served, want);
-    reply(p, ep, &h, NULL, data, want, &lease, 0);
+    free(dg);
+}
+
+static void disk_drain(kvd_peer_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    peer_diskget_t *list = p->disk_done;
+    p->disk_done = NULL;
+    pthread_mutex_unlock(&p->mu);
+    while (list != NULL) {
+        peer_diskget_t *dg = list;
+        list = dg->next;
+        disk_finish(p, dg);
+    }
+}
+
+void kvd_peer_store_completion(kvd_peer_t *p, const kvd_store_completion_t *c)
+{
+    peer_diskget_t *dg =
+        (peer_diskget_t *)(uintptr_t)(c->user_data & ~(uint64_t)1);
+    dg->c = *c;
+    pthread_mutex_lock(&p->mu);
+    dg->next = p->disk_done;
+    p->disk_done = dg;
+    pthread_mutex_unlock(&p->mu);
+    (void)ucp_worker_signal(p->worker);
+}
+
+void kvd_peer_forget_completion(kvd_store_t *store,
+                                const kvd_store_completion_t *c)
+{
+    if (c->status == KVD_OK) {
+        (void)kvd_store_release(store, &c->lease, 1);
+    }
+    free((void *)(uintptr_t)(c->user_data & ~(uint64_t)1));
 }
 
 static void serve_free(peer_serve_t *job)
@@ -650,6 +775,18 @@ static bool serve_step(kvd_peer_t *p)
         serve_free(job);
     }
     return true;
+}
+
+/* Drops every queued FETCH (stopping). */
+static void serve_clear(kvd_peer_t *p)
+{
+    while (p->serve_head != NULL) {
+        peer_serve_t *job = p->serve_head;
+        p->serve_head = job->next;
+        serve_free(job);
+    }
+    p->serve_tail = NULL;
+    p->serve_count = 0;
 }
 
 /* The endpoint to `addr` failed: the FETCHes still queued for it are
@@ -861,6 +998,9 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length,
         stat_add(p, &p->stats.malformed, 1);
         return UCS_OK;
     }
+    if (p->closing) { /* stopping: new requests are not served */
+        return UCS_OK;
+    }
     stat_add(p, &p->stats.requests_served, 1);
     if (h.op == KVD_PEER_OP_LOOKUP) {
         serve_lookup(p, param->reply_ep, &h, data);
@@ -878,6 +1018,7 @@ static void *peer_main(void *arg)
     uint64_t busy_until = 0;
     while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
         queue_drain(p);
+        disk_drain(p);
         bool progressed = serve_step(p);
         while (ucp_worker_progress(p->worker) != 0) {
             progressed = true;
@@ -898,7 +1039,7 @@ static void *peer_main(void *arg)
             continue;
         }
         pthread_mutex_lock(&p->mu);
-        bool more = p->queue != NULL;
+        bool more = p->queue != NULL || p->disk_done != NULL;
         pthread_mutex_unlock(&p->mu);
         if (more) {
             continue;
@@ -1044,13 +1185,17 @@ void kvd_peer_stop(kvd_peer_t *p)
         /* The thread is gone: this one owns the worker now. Closing the
          * endpoints fails what is in flight through the usual callbacks. */
         queue_drain(p);
-        while (p->serve_head != NULL) {
-            peer_serve_t *job = p->serve_head;
-            p->serve_head = job->next;
-            serve_free(job);
+        pthread_mutex_lock(&p->mu);
+        peer_diskget_t *done = p->disk_done;
+        p->disk_done = NULL;
+        pthread_mutex_unlock(&p->mu);
+        while (done != NULL) { /* read, never sent: give the leases back */
+            peer_diskget_t *dg = done;
+            done = dg->next;
+            kvd_peer_forget_completion(p->cfg.store, &dg->c);
         }
-        p->serve_tail = NULL;
-        p->serve_count = 0;
+        p->closing = true;
+        serve_clear(p);
         eps_close_dead(p, true);
         /* Let what is in flight finish or fail, and wire-up exchanges with
          * peers settle: UCX 1.13 aborts in ucp_worker_destroy when it must
@@ -1067,6 +1212,7 @@ void kvd_peer_stop(kvd_peer_t *p)
                 sched_yield();
             }
         }
+        serve_clear(p);
         pthread_mutex_lock(&p->mu);
         for (size_t b = 0; b < PEER_BUCKETS; b++) {
             while (p->table[b] != NULL) {

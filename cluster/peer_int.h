@@ -26,9 +26,9 @@
  * the digest is all zeros and any node that can reach the worker is a
  * peer: fine on a private network, documented in docs/cluster.md.
  *
- * Only arena-resident objects are served; an object on the NVMe tier only
- * is answered as absent (the store's one completion poller is the
- * service's).
+ * Objects on the NVMe tier only are read into the arena first (a store
+ * get, see disk_gets) and then sent; without disk_gets they are answered
+ * as absent.
  *
  * Threading: every call from any thread; `on_offer` runs on the progress
  * thread and must not block.
@@ -67,6 +67,13 @@ typedef struct kvd_peer_config {
     const char *token;   /* cluster token ("" or NULL: none) */
     kvd_peer_offer_fn on_offer;
     void *offer_ctx;
+    /* Serve objects that are on the NVMe tier only: the data plane submits
+     * store gets for them (user_data tagged with bit 0) and the owner of
+     * the store's completion poller hands their completions to
+     * kvd_peer_store_completion (after kvd_peer_stop: to
+     * kvd_peer_forget_completion). Without it such objects are answered
+     * as absent. */
+    bool disk_gets;
 } kvd_peer_config_t;
 
 /* One node's part of a batch call. */
@@ -132,6 +139,13 @@ kvd_status_t kvd_peer_offer(kvd_peer_t *p, const uint8_t *address,
                             const uint64_t *sizes, size_t n);
 
 void kvd_peer_stats(kvd_peer_t *p, kvd_peer_stats_t *out);
+
+/* A store get of this data plane completed (see disk_gets); any thread. */
+void kvd_peer_store_completion(kvd_peer_t *p, const kvd_store_completion_t *c);
+
+/* The same, once the data plane is gone: gives the lease back, frees. */
+void kvd_peer_forget_completion(kvd_store_t *store,
+                                const kvd_store_completion_t *c);
 
 /* ---- wire format (peer_wire.c; fuzzed by fuzz_peer_msg) ------------------ */
 

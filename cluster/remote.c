@@ -12,6 +12,7 @@
 
 #include "cluster/placement_int.h"
 #include "cluster/remote_int.h"
+#include "common/failpoint_int.h"
 #include "common/log_int.h"
 #include "common/time_int.h"
 
@@ -449,6 +450,10 @@ static void do_pushes(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
         goto out;
     }
     const size_t R = KVD_PLACEMENT_MAX_REPLICAS;
+    if (KVD_FAILPOINT("cluster.push") != 0) { /* as if the queue were full */
+        count(&r->stats.dropped, n);
+        goto out;
+    }
     for (size_t i = 0; i < n; i++) {
         nh[i] = homes_of(r, v, &jobs[i].ns, &jobs[i].hash, homes + i * R);
     }
@@ -605,6 +610,12 @@ static void *mover_main(void *arg)
 
 /* ---- life ---------------------------------------------------------------- */
 
+void kvd_remote_store_completion(kvd_remote_t *r,
+                                 const kvd_store_completion_t *c)
+{
+    kvd_peer_store_completion(r->peer, c);
+}
+
 kvd_status_t kvd_remote_start(const kvd_remote_config_t *cfg,
                               kvd_remote_t **out, char *err, size_t err_len)
 {
@@ -632,6 +643,7 @@ kvd_status_t kvd_remote_start(const kvd_remote_config_t *cfg,
         .store = cfg->store,
         .node_id = r->self_id,
         .token = cfg->token,
+        .disk_gets = true, /* kvdepotd's service routes their completions */
         .on_offer = on_offer,
         .offer_ctx = r,
     };

@@ -95,6 +95,11 @@ void kvd_remote_saved(kvd_remote_t *r, const kvd_namespace_t *ns,
 
 void kvd_remote_stats(kvd_remote_t *r, kvd_remote_stats_t *out);
 
+/* A store get the data plane submitted (user_data with its tag bit)
+ * completed: kvd_peer_store_completion. */
+void kvd_remote_store_completion(kvd_remote_t *r,
+                                 const kvd_store_completion_t *c);
+
 #ifdef __cplusplus
 }
 #endif

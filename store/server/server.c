@@ -210,6 +210,9 @@ struct kvd_server {
     kvd_rpc_server_t *rpc;
     kvd_metrics_t *metrics;
     kvd_remote_t *remote; /* NULL without cluster.etcd */
+    /* Guards `remote` against the service thread's foreign completions
+     * while the cluster stops (the RPC threads are gone by then). */
+    pthread_rwlock_t remote_lock;
     int tcp_port, metrics_port;
 
     char handoff_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -862,7 +865,11 @@ static void server_free(kvd_server_t *srv)
     kvd_metrics_stop(srv->metrics);
     kvd_remote_leave(srv->remote); /* leave the cluster first */
     kvd_rpc_server_stop(srv->rpc, (int)srv->cfg.shutdown_grace_ms);
-    kvd_remote_stop(srv->remote); /* no call can use it now */
+    pthread_rwlock_wrlock(&srv->remote_lock);
+    kvd_remote_t *remote = srv->remote;
+    __atomic_store_n(&srv->remote, NULL, __ATOMIC_RELEASE);
+    pthread_rwlock_unlock(&srv->remote_lock);
+    kvd_remote_stop(remote); /* no call can use it now */
     if (srv->handoff_started) {
         pthread_join(srv->handoff_thread, NULL);
     }
@@ -883,6 +890,7 @@ static void server_free(kvd_server_t *srv)
     }
     free(srv->sessions);
     pthread_mutex_destroy(&srv->sess_mu);
+    pthread_rwlock_destroy(&srv->remote_lock);
     if (srv->tenancy != NULL) {
         OPENSSL_cleanse(srv->tenancy, sizeof *srv->tenancy);
         free(srv->tenancy);
@@ -957,6 +965,23 @@ static size_t server_miss(void *ctx, const kvd_namespace_t *ns,
                      : 0;
 }
 
+/* A store get the data plane submitted (an object on NVMe another node
+ * asked for) completed; once the cluster has stopped, its lease goes back
+ * here. */
+static void server_foreign_completion(void *ctx,
+                                      const kvd_store_completion_t *c)
+{
+    kvd_server_t *srv = ctx;
+    pthread_rwlock_rdlock(&srv->remote_lock);
+    kvd_remote_t *r = __atomic_load_n(&srv->remote, __ATOMIC_ACQUIRE);
+    if (r != NULL) {
+        kvd_remote_store_completion(r, c);
+    } else {
+        kvd_peer_forget_completion(srv->store, c);
+    }
+    pthread_rwlock_unlock(&srv->remote_lock);
+}
+
 static void server_saved(void *ctx, const kvd_namespace_t *ns,
                          const kvd_block_hash_t *hashes, size_t n,
                          uint64_t object_bytes)
@@ -981,6 +1006,7 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
     }
     srv->handoff_fd = -1;
     pthread_mutex_init(&srv->sess_mu, NULL);
+    pthread_rwlock_init(&srv->remote_lock, NULL);
     srv->sessions = calloc(SRV_SESSIONS_MAX, sizeof *srv->sessions);
     if (srv->sessions == NULL) {
         pthread_mutex_destroy(&srv->sess_mu);
@@ -1047,6 +1073,7 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
     if (srv->cfg.cluster_etcd[0] != '\0') {
         scfg.miss = server_miss;
         scfg.saved = server_saved;
+        scfg.foreign_completion = server_foreign_completion;
         scfg.cluster_ctx = srv;
     }
     s = kvd_service_create(&scfg, &srv->svc);

@@ -1736,9 +1736,21 @@ static void *svc_main(void *arg)
         while ((n = kvd_store_poll(svc->store, c, SVC_POLL_BATCH)) > 0) {
             pthread_mutex_lock(&svc->mu);
             for (size_t i = 0; i < n; i++) {
-                svc_complete(svc, &c[i]);
+                if (!(c[i].user_data & KVD_SERVICE_FOREIGN)) {
+                    svc_complete(svc, &c[i]);
+                }
             }
             pthread_mutex_unlock(&svc->mu);
+            for (size_t i = 0; i < n; i++) {
+                if (!(c[i].user_data & KVD_SERVICE_FOREIGN)) {
+                    continue;
+                }
+                if (svc->cfg.foreign_completion != NULL) {
+                    svc->cfg.foreign_completion(svc->cfg.cluster_ctx, &c[i]);
+                } else if (c[i].status == KVD_OK) {
+                    (void)kvd_store_release(svc->store, &c[i].lease, 1);
+                }
+            }
         }
         uint64_t now = kvd_time_now_ns();
         if (now >= next_tick) {

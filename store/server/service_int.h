@@ -85,8 +85,16 @@ typedef struct kvd_service_config {
     void (*saved)(void *ctx, const kvd_namespace_t *ns,
                   const kvd_block_hash_t *hashes, size_t n,
                   uint64_t object_bytes);
+    /* Store gets submitted by others (the cluster's data plane, reading
+     * an object from NVMe for another node) carry user_data with
+     * KVD_SERVICE_FOREIGN set; their completions, drained by the service's
+     * thread like its own, go here (NULL: an OK lease is released). */
+    void (*foreign_completion)(void *ctx, const kvd_store_completion_t *c);
     void *cluster_ctx;
 } kvd_service_config_t;
+
+/* user_data bit of a foreign get (the service's own are aligned pointers). */
+#define KVD_SERVICE_FOREIGN UINT64_C(1)
 
 /* The store's tenant id (quota domain) of a tenant name: 0 for NULL or "",
  * never 0 otherwise. What a bound caller's saves are counted under. */

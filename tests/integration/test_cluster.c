@@ -14,6 +14,7 @@
  * survive fork().
  */
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -28,7 +29,7 @@
 
 #include "tests/integration/kvd_testdaemon_int.h"
 
-#define NODES 3
+#define NODES 4 /* A, B, C, and D: NVMe tier, pushes off (failpoint) */
 #define CHAIN 6
 #define OBJ (256u << 10)
 
@@ -41,11 +42,11 @@ typedef struct cluster {
 
 static kvd_namespace_t g_ns = {{0xc1, 0x05, 0x7e, 0x12}};
 
-static pid_t spawn(const kvd_test_dir_t *d, ...)
+static pid_t spawn(const kvd_test_dir_t *d, const char *failpoints, ...)
 {
     va_list ap;
-    va_start(ap, d);
-    pid_t pid = kvd_test_daemon_spawn(d, NULL, ap);
+    va_start(ap, failpoints);
+    pid_t pid = kvd_test_daemon_spawn(d, failpoints, ap);
     va_end(ap);
     return pid;
 }
@@ -83,15 +84,21 @@ static int setup(void **state)
     etcd_start(&c->etcd);
     char etcd[96];
     snprintf(etcd, sizeof etcd, "cluster.etcd=%s", c->etcd.endpoint);
-    static const char *const ids[NODES] = {"server.node_id=node-a",
-                                           "server.node_id=node-b",
-                                           "server.node_id=node-c"};
+    static const char *const ids[NODES] = {
+        "server.node_id=node-a", "server.node_id=node-b",
+        "server.node_id=node-c", "server.node_id=node-d"};
     for (int i = 0; i < NODES; i++) {
         kvd_test_dir_make(&c->dir[i], "cluster");
-        c->pid[i] = spawn(&c->dir[i], ids[i], etcd, "cluster.name=t",
-                          "cluster.lease_ttl=2s", "cluster.replicas=2",
-                          "cluster.timeout=1500ms",
-                          "server.metrics_address=127.0.0.1:0", (char *)NULL);
+        char disk[300];
+        snprintf(disk, sizeof disk, "store.disk_path=%s", c->dir[i].path);
+        bool d = i == NODES - 1;
+        c->pid[i] = spawn(&c->dir[i], d ? "cluster.push=EIO" : NULL, ids[i],
+                          etcd, "cluster.name=t", "cluster.lease_ttl=2s",
+                          "cluster.replicas=2", "cluster.timeout=1500ms",
+                          "server.metrics_address=127.0.0.1:0",
+                          d ? disk : "store.disk_path=", "store.disk_size=32m",
+                          "store.disk_write=through",
+                          "store.disk_admission=all", (char *)NULL);
     }
     for (int i = 0; i < NODES; i++) {
         kvd_test_daemon_wait_ready(&c->dir[i], c->pid[i]);
@@ -285,6 +292,45 @@ static void test_etcd_down_and_back(void **state)
             (unsigned long long)(kvd_test_now_ms() - t0));
 }
 
+/* D keeps its objects on NVMe (write-through) and pushes nothing
+ * (failpoint cluster.push): a chain D saved and then evicted from its
+ * arena is served to C from D's NVMe tier, read into the arena first. */
+static void test_disk_tier_served(void **state)
+{
+    cluster_t *c = *state;
+    kvd_store_t *d = c->client[NODES - 1];
+    kvd_block_hash_t h[CHAIN];
+    chain(30, h);
+    save(d, h);
+    /* 16 MiB arena: 80 more objects of 256 KiB push the chain out. */
+    for (unsigned tag = 31; tag < 31 + 80 / CHAIN + 1; tag++) {
+        kvd_block_hash_t f[CHAIN];
+        chain(tag, f);
+        save(d, f);
+    }
+    kvd_store_lease_t l[CHAIN];
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup_from(d, &g_ns, h, CHAIN, NULL, l, &m),
+                     KVD_OK);
+    assert_int_equal(m, CHAIN);
+    size_t on_disk = 0;
+    for (size_t i = 0; i < m; i++) {
+        on_disk += l[i].tier == KVD_STORE_TIER_DISK;
+    }
+    assert_int_equal(kvd_store_release(d, l, m), KVD_OK);
+    assert_true(on_disk > 0);
+    double served0 = kvd_test_daemon_metric(
+        &c->dir[NODES - 1], "kvdepot_cluster_served_bytes_total");
+    assert_int_equal(load_from(c->client[2], h, "node-d"), CHAIN);
+    double served = kvd_test_daemon_metric(
+        &c->dir[NODES - 1], "kvdepot_cluster_served_bytes_total");
+    fprintf(stderr,
+            "# %zu of %d blocks were on D's NVMe only; D served "
+            "%.0f bytes\n",
+            on_disk, CHAIN, served - served0);
+    assert_true(served - served0 >= (double)on_disk * OBJ);
+}
+
 static void test_replicas_survive_a_killed_node(void **state)
 {
     cluster_t *c = *state;
@@ -336,6 +382,7 @@ int main(void)
         cmocka_unit_test(test_saved_on_a_loaded_on_c),
         cmocka_unit_test(test_prefill_decode_handoff),
         cmocka_unit_test(test_etcd_down_and_back),
+        cmocka_unit_test(test_disk_tier_served),
         cmocka_unit_test(test_replicas_survive_a_killed_node),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
