@@ -18,6 +18,7 @@
 
 #define REMOTE_BATCH 1024u /* jobs the mover takes at once */
 #define REMOTE_PULL_TIMEOUT_MS 30000u
+#define REMOTE_SUSPECTS 64u
 
 enum { JOB_PUSH = 1, JOB_PULL = 2 };
 
@@ -52,6 +53,15 @@ struct kvd_remote {
     bool stop;
     pthread_t mover;
     bool mover_started;
+
+    /* Nodes whose last call failed (dead, cut off, too slow): skipped
+     * until `until_ns`, so lookups do not each wait out the deadline on a
+     * node that is still in the view. */
+    pthread_mutex_t suspect_mu;
+    struct {
+        char node[KVD_PROTO_MAX_NODE_ID_BYTES + 1];
+        uint64_t until_ns;
+    } suspects[REMOTE_SUSPECTS];
 
     kvd_remote_stats_t stats; /* counters only; atomics */
 };
@@ -143,6 +153,55 @@ static size_t homes_of(kvd_remote_t *r, const remote_view_t *v,
         }
     }
     return k;
+}
+
+/* ---- nodes that failed ----------------------------------------------------
+ */
+
+static bool suspect(kvd_remote_t *r, const char *node)
+{
+    uint64_t now = kvd_time_now_ns();
+    bool s = false;
+    pthread_mutex_lock(&r->suspect_mu);
+    for (size_t i = 0; i < REMOTE_SUSPECTS && !s; i++) {
+        s = r->suspects[i].until_ns > now &&
+            strcmp(r->suspects[i].node, node) == 0;
+    }
+    pthread_mutex_unlock(&r->suspect_mu);
+    return s;
+}
+
+/* After a call to `node`: a failure makes it a suspect for a lease TTL
+ * (by then it has left the view, or answers again); success clears it. */
+static void suspect_note(kvd_remote_t *r, const char *node, kvd_status_t s)
+{
+    bool failed =
+        s == KVD_ERR_TIMEOUT || s == KVD_ERR_UNREACHABLE || s == KVD_ERR_PEER;
+    if (s != KVD_OK && !failed) {
+        return;
+    }
+    uint64_t now = kvd_time_now_ns();
+    pthread_mutex_lock(&r->suspect_mu);
+    size_t slot = REMOTE_SUSPECTS, oldest = 0;
+    for (size_t i = 0; i < REMOTE_SUSPECTS; i++) {
+        if (strcmp(r->suspects[i].node, node) == 0) {
+            slot = i;
+            break;
+        }
+        if (r->suspects[i].until_ns < r->suspects[oldest].until_ns) {
+            oldest = i;
+        }
+    }
+    if (slot == REMOTE_SUSPECTS && failed) {
+        slot = oldest;
+        snprintf(r->suspects[slot].node, sizeof r->suspects[slot].node, "%s",
+                 node);
+    }
+    if (slot < REMOTE_SUSPECTS) {
+        r->suspects[slot].until_ns =
+            failed ? now + (uint64_t)r->cfg.lease_ttl_s * KVD_NSEC_PER_SEC : 0;
+    }
+    pthread_mutex_unlock(&r->suspect_mu);
 }
 
 /* ---- lookups that missed here -------------------------------------------- */
@@ -279,7 +338,16 @@ size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
                 c[k++] = homes[j];
             }
         }
-        ncand[i] = k;
+        /* Suspects are skipped (a key left with none is a quick miss). */
+        size_t kept = 0;
+        for (size_t j = 0; j < k; j++) {
+            if (!suspect(r, v->m[c[j]].node_id)) {
+                c[kept++] = c[j];
+            } else {
+                count(&r->stats.suspect_skips, 1);
+            }
+        }
+        ncand[i] = kept;
     }
     /* Rounds: the first asks each key's first home; a key whose node
      * failed (dead, unreachable, too slow) is asked of its next home in the
@@ -309,6 +377,7 @@ size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
         }
         (void)kvd_peer_lookup(r->peer, ns, b, gs.n, deadline);
         for (size_t j = 0; j < gs.n; j++) {
+            suspect_note(r, v->m[gs.g[j].node].node_id, b[j].result);
             if (b[j].result != KVD_OK) {
                 count(&r->stats.lookup_errors, 1);
             }
@@ -354,6 +423,9 @@ size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
             }
         }
         (void)kvd_peer_fetch(r->peer, ns, tenant, b, gs.n, deadline);
+        for (size_t j = 0; j < gs.n; j++) {
+            suspect_note(r, v->m[gs.g[j].node].node_id, b[j].result);
+        }
         /* Reuse `found` as "here now" for the prefix. */
         memset(found, 0, prefix * sizeof *found);
         for (size_t j = 0; j < gs.n; j++) {
@@ -522,7 +594,8 @@ static void do_pulls(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
             }
         }
         ptrdiff_t node = view_find(v, jobs[i].node);
-        if (node < 0 || v->m[node].ucx_address_len == 0) {
+        if (node < 0 || v->m[node].ucx_address_len == 0 ||
+            suspect(r, jobs[i].node)) {
             count(&r->stats.pull_errors, k);
             continue;
         }
@@ -539,6 +612,7 @@ static void do_pulls(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
                          : REMOTE_PULL_TIMEOUT_MS;
         (void)kvd_peer_fetch(r->peer, &jobs[i].ns, 0, &b, 1,
                              kvd_time_deadline_ns((int64_t)t));
+        suspect_note(r, jobs[i].node, b.result);
         for (size_t q = 0; q < k; q++) {
             if (status[q] == KVD_OK) {
                 count(&r->stats.pulls, 1);
@@ -633,6 +707,7 @@ kvd_status_t kvd_remote_start(const kvd_remote_config_t *cfg,
     snprintf(r->self_id, sizeof r->self_id, "%s", cfg->self->node_id);
     pthread_mutex_init(&r->view_mu, NULL);
     pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->suspect_mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     r->jobs = calloc(cfg->queue, sizeof *r->jobs);
     if (r->jobs == NULL) {
@@ -716,6 +791,7 @@ void kvd_remote_stop(kvd_remote_t *r)
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->view_mu);
+    pthread_mutex_destroy(&r->suspect_mu);
     free(r);
 }
 

@@ -15,6 +15,9 @@
  *     found there are fetched into the local arena. A node that fails (dead
  *     but still in the view, unreachable, too slow) is skipped for the
  *     key's next home, up to R homes. Everything within cluster.timeout.
+ *     A node whose call failed is then skipped for one lease TTL (by then
+ *     it has left the views, or answers again), so lookups do not each
+ *     wait out the deadline on a node cut off but still in the view.
  *
  * Threading: any thread calls; one mover thread does the pushes and pulls.
  */
@@ -55,6 +58,7 @@ typedef struct kvd_remote_stats {
     uint64_t pulls;         /* offered keys fetched here */
     uint64_t pull_errors;   /* offered keys that could not be fetched */
     uint64_t dropped;       /* pushes or pulls that found the queue full */
+    uint64_t suspect_skips; /* keys not asked of a node that just failed */
     kvd_peer_stats_t peer;
 } kvd_remote_stats_t;
 

@@ -326,6 +326,15 @@ static void test_partition_and_heal(void **state)
             m, (unsigned long long)took);
     assert_int_equal(m, 0);
     assert_true(took < 3000); /* cluster.timeout 1 s, plus a margin */
+    /* A is still in B's view, but B now skips it until its lease could
+     * have ended: the next lookups do not wait out the deadline again. */
+    t0 = kvd_test_now_ms();
+    assert_int_equal(load(n->client[1], y, "node-a"), 0);
+    took = kvd_test_now_ms() - t0;
+    fprintf(stderr, "# the next lookup through B: %llu ms\n",
+            (unsigned long long)took);
+    assert_true(took < 500);
+    assert_true(metric(n, 1, "kvdepot_cluster_suspect_skips_total") >= 1);
     assert_int_equal(load(n->client[1], x, NULL), CHAIN); /* B's copies */
     /* B sees A leave once A's lease ends; A's view goes stale. */
     wait_metric(n, 1, "kvdepot_cluster_nodes", 1, 15000);
