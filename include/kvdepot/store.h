@@ -148,7 +148,10 @@ typedef struct kvd_store_reservation {
     /* KVD_OK: write size_bytes at arena_offset, then commit or abort.
      * KVD_ERR_EXISTS: stored already (either tier) or being written: skip.
      * KVD_ERR_NOSPACE: no slot could be freed (everything leased/pinned).
-     * KVD_ERR_QUOTA: the tenant's quota cannot fit it. */
+     * KVD_ERR_QUOTA: the tenant's quota cannot fit it.
+     * Daemon mode also: KVD_ERR_NOMEM / KVD_ERR_BUSY (the daemon's cause,
+     * e.g. draining), or the failed call's status (KVD_ERR_UNREACHABLE,
+     * KVD_ERR_TIMEOUT, KVD_ERR_INTERNAL, ...): skip the save. */
     kvd_status_t status;
     uint32_t reserved;
     uint64_t arena_offset;

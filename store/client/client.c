@@ -713,9 +713,10 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
         return s; /* the call itself is wrong (e.g. larger than a chunk) */
     }
     if (s != KVD_OK) {
-        /* No daemon: the saves are skipped, the engine goes on. */
+        /* No daemon, or it failed the call: the saves are skipped, the
+         * engine goes on; each key says why (not "no space"). */
         for (size_t i = 0; i < n; i++) {
-            out[i] = (kvd_store_reservation_t){.status = KVD_ERR_NOSPACE};
+            out[i] = (kvd_store_reservation_t){.status = s};
         }
         KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 5000,
                             "store client: Reserve failed (%s): saves skipped",

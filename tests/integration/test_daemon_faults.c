@@ -600,6 +600,47 @@ static void test_tenant_alloc_nomem(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* A tenant-bound caller's namespace is SHA-256 of the tenant and the
+ * namespace; with libcrypto failing (failpoint hash.sha256, every call) its
+ * lookups and reserves fail with a clear status within the deadline, nothing
+ * is stored under an unscoped namespace, and the daemon keeps running. */
+static void test_tenant_namespace_sha256_fails(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "faults_sha");
+    char tenants[64];
+    snprintf(tenants, sizeof tenants, "server.tenants=%u=team-a",
+             (unsigned)getuid());
+    pid_t dpid =
+        daemon_start(&d, "hash.sha256=EIO@1+", tenants, (const char *)NULL);
+    kvd_store_t *st = client_open(&d);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[2];
+    keys_make(&ns, h, 2, 0x71);
+    kvd_store_lease_t l[2];
+    size_t m = 9;
+    uint64_t t0 = now_ms();
+    kvd_status_t s = kvd_store_lookup(st, &ns, h, 2, l, &m);
+    assert_within_deadline(t0, "lookup");
+    fprintf(stderr, "hash.sha256=EIO@1+: tenant lookup -> %s, matched %zu\n",
+            kvd_status_str(s), s == KVD_OK ? m : 0);
+    assert_true(s != KVD_OK || m == 0);
+    kvd_store_reservation_t r[2];
+    t0 = now_ms();
+    s = kvd_store_reserve(st, &ns, h, 2, OBJ_BYTES, 0, r);
+    assert_within_deadline(t0, "reserve");
+    fprintf(stderr, "  tenant reserve -> %s (%s)\n", kvd_status_str(s),
+            s == KVD_OK ? kvd_status_str(r[0].status) : "-");
+    /* The cause, not "no space" (the client said NOSPACE before). */
+    assert_true(s != KVD_OK || (r[0].status == KVD_ERR_INTERNAL &&
+                                r[1].status == KVD_ERR_INTERNAL));
+    daemon_assert_alive(dpid);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
 /* Case 5b: arena.alloc and l1.alloc are evaluated only while the store is
  * created (nothing allocates through them once the daemon serves), so an
  * injected ENOMEM there stops the start: exit code 1, the reason in the
@@ -653,6 +694,7 @@ int main(void)
         cmocka_unit_test(test_nvme_read_eio),
         cmocka_unit_test(test_index_put_enospc),
         cmocka_unit_test(test_tenant_alloc_nomem),
+        cmocka_unit_test(test_tenant_namespace_sha256_fails),
         cmocka_unit_test(test_alloc_nomem_at_start),
     };
     return cmocka_run_group_tests(tests, setup_group, NULL);
