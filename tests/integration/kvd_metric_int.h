@@ -16,9 +16,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* The value of metric `name` (a line "name value"), or -1 when it cannot
- * be read. */
-static inline double kvd_metric_read(const char *ready_path, const char *name)
+/* The metrics port a daemon wrote in its ready file, or 0. */
+static inline int kvd_metric_port(const char *ready_path)
 {
     char line[128];
     FILE *f = fopen(ready_path, "re");
@@ -29,6 +28,14 @@ static inline double kvd_metric_read(const char *ready_path, const char *name)
     if (f != NULL) {
         fclose(f);
     }
+    return port;
+}
+
+/* The value of metric `name` (a line "name value"), or -1 when it cannot
+ * be read. */
+static inline double kvd_metric_read(const char *ready_path, const char *name)
+{
+    int port = kvd_metric_port(ready_path);
     int fd = port > 0 ? socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) : -1;
     struct sockaddr_in a = {.sin_family = AF_INET,
                             .sin_port = htons((uint16_t)port),

@@ -27,6 +27,7 @@
 #include "kvdepot/store.h"
 #include "tests/integration/kvd_testetcd_int.h" /* first: kvd_test_dir_t */
 
+#include "tests/integration/kvd_testchain_int.h"
 #include "tests/integration/kvd_testdaemon_int.h"
 
 #define NODES 4 /* A, B, C, and D: NVMe tier, pushes off (failpoint) */
@@ -139,39 +140,12 @@ static int teardown(void **state)
 
 static void chain(unsigned tag, kvd_block_hash_t *h)
 {
-    for (unsigned i = 0; i < CHAIN; i++) {
-        memset(&h[i], 0, sizeof h[i]);
-        h[i].bytes[0] = (uint8_t)tag;
-        h[i].bytes[1] = (uint8_t)i;
-        for (unsigned b = 2; b < 32; b++) {
-            h[i].bytes[b] = (uint8_t)(tag * 31u + i * 7u + b);
-        }
-    }
-}
-
-static void pattern(uint8_t *p, size_t n, const kvd_block_hash_t *h)
-{
-    uint64_t x = 0x9e3779b97f4a7c15ull ^ h->bytes[0] ^ (h->bytes[1] << 8);
-    for (size_t i = 0; i < n; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        p[i] = (uint8_t)(x >> 56);
-    }
+    kvd_test_chain_keys(tag, h, CHAIN);
 }
 
 static void save(kvd_store_t *s, const kvd_block_hash_t *h)
 {
-    kvd_store_reservation_t r[CHAIN];
-    assert_int_equal(kvd_store_reserve(s, &g_ns, h, CHAIN, OBJ, 0, r), KVD_OK);
-    kvd_store_key_t keys[CHAIN];
-    for (int i = 0; i < CHAIN; i++) {
-        assert_int_equal(r[i].status, KVD_OK);
-        uint8_t *dst = kvd_store_arena_ptr(s, r[i].arena_offset, OBJ);
-        assert_non_null(dst);
-        pattern(dst, OBJ, &h[i]);
-        keys[i].ns = g_ns;
-        keys[i].hash = h[i];
-    }
-    assert_int_equal(kvd_store_commit(s, keys, CHAIN, NULL), KVD_OK);
+    kvd_test_chain_save(s, &g_ns, h, CHAIN, OBJ);
 }
 
 /* Looks the chain up through `s` (asking `source` first when not NULL);
@@ -179,25 +153,7 @@ static void save(kvd_store_t *s, const kvd_block_hash_t *h)
 static size_t load_from(kvd_store_t *s, const kvd_block_hash_t *h,
                         const char *source)
 {
-    kvd_store_lease_t l[CHAIN];
-    size_t m = 0;
-    assert_int_equal(kvd_store_lookup_from(s, &g_ns, h, CHAIN, source, l, &m),
-                     KVD_OK);
-    uint8_t *want = malloc(OBJ);
-    assert_non_null(want);
-    for (size_t i = 0; i < m; i++) {
-        assert_int_equal(l[i].tier, KVD_STORE_TIER_HOST);
-        assert_int_equal(l[i].size_bytes, OBJ);
-        pattern(want, OBJ, &h[i]);
-        const uint8_t *got = kvd_store_arena_ptr(s, l[i].arena_offset, OBJ);
-        assert_non_null(got);
-        assert_memory_equal(got, want, OBJ);
-    }
-    free(want);
-    if (m > 0) {
-        assert_int_equal(kvd_store_release(s, l, m), KVD_OK);
-    }
-    return m;
+    return kvd_test_chain_load(s, &g_ns, h, CHAIN, OBJ, source);
 }
 
 static size_t load(kvd_store_t *s, const kvd_block_hash_t *h)

@@ -33,6 +33,7 @@
 #include "kvdepot/store.h"
 #include "tests/integration/kvd_testetcd_int.h" /* first: kvd_test_dir_t */
 
+#include "tests/integration/kvd_testchain_int.h"
 #include "tests/integration/kvd_testdaemon_int.h"
 
 #define CHAIN 4
@@ -109,14 +110,7 @@ static double metric(const net_t *n, int i, const char *name)
 {
     char path[300], line[256], cmd[600];
     snprintf(path, sizeof path, "%s/ready", n->dir[i].path);
-    FILE *f = fopen(path, "re");
-    int port = 0;
-    while (f != NULL && fgets(line, sizeof line, f) != NULL) {
-        (void)sscanf(line, "metrics_port=%d", &port);
-    }
-    if (f != NULL) {
-        fclose(f);
-    }
+    int port = kvd_metric_port(path);
     snprintf(cmd, sizeof cmd,
              "ip netns exec %s curl -s -m 2 http://127.0.0.1:%d/metrics | "
              "grep '^%s ' | cut -d' ' -f2",
@@ -254,55 +248,19 @@ static int teardown(void **state)
 
 static void chain(unsigned tag, kvd_block_hash_t *h)
 {
-    for (unsigned i = 0; i < CHAIN; i++) {
-        memset(&h[i], 0, sizeof h[i]);
-        for (unsigned b = 0; b < 32; b++) {
-            h[i].bytes[b] = (uint8_t)(tag * 131u + i * 17u + b);
-        }
-    }
-}
-
-static void pattern(uint8_t *p, size_t n, const kvd_block_hash_t *h)
-{
-    for (size_t i = 0; i < n; i++) {
-        p[i] = (uint8_t)(h->bytes[i % 32] ^ (i >> 5));
-    }
+    kvd_test_chain_keys(tag, h, CHAIN);
 }
 
 static void save(kvd_store_t *s, const kvd_block_hash_t *h)
 {
-    kvd_store_reservation_t r[CHAIN];
-    assert_int_equal(kvd_store_reserve(s, &g_ns, h, CHAIN, OBJ, 0, r), KVD_OK);
-    kvd_store_key_t keys[CHAIN];
-    for (int i = 0; i < CHAIN; i++) {
-        assert_int_equal(r[i].status, KVD_OK);
-        pattern(kvd_store_arena_ptr(s, r[i].arena_offset, OBJ), OBJ, &h[i]);
-        keys[i].ns = g_ns;
-        keys[i].hash = h[i];
-    }
-    assert_int_equal(kvd_store_commit(s, keys, CHAIN, NULL), KVD_OK);
+    kvd_test_chain_save(s, &g_ns, h, CHAIN, OBJ);
 }
 
 /* Matched keys through `s` (naming `source` when not NULL), bytes checked. */
 static size_t load(kvd_store_t *s, const kvd_block_hash_t *h,
                    const char *source)
 {
-    kvd_store_lease_t l[CHAIN];
-    size_t m = 0;
-    assert_int_equal(kvd_store_lookup_from(s, &g_ns, h, CHAIN, source, l, &m),
-                     KVD_OK);
-    uint8_t *want = malloc(OBJ);
-    assert_non_null(want);
-    for (size_t i = 0; i < m; i++) {
-        pattern(want, OBJ, &h[i]);
-        assert_memory_equal(kvd_store_arena_ptr(s, l[i].arena_offset, OBJ),
-                            want, OBJ);
-    }
-    free(want);
-    if (m > 0) {
-        assert_int_equal(kvd_store_release(s, l, m), KVD_OK);
-    }
-    return m;
+    return kvd_test_chain_load(s, &g_ns, h, CHAIN, OBJ, source);
 }
 
 static void test_partition_and_heal(void **state)

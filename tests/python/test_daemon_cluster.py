@@ -67,20 +67,45 @@ def wait_for(fn, secs):
     return False
 
 
+class TwoNodes:
+    """An etcd and two daemons of one cluster (ids `names`), started in
+    tmp_path/<name>; `procs` and `metrics` hold each daemon's process and
+    metrics port once it sees the other. Stopped by close()."""
+
+    def __init__(self, tmp_path, cluster, names):
+        self.tmp_path, self.cport, self.pport = tmp_path, free_port(), \
+            free_port()
+        self.etcd = start_etcd(tmp_path, self.cport, self.pport)
+        self.dirs = [tmp_path / n for n in names]
+        self.procs, self.metrics = [None, None], [None, None]
+        common = [f"cluster.etcd=127.0.0.1:{self.cport}",
+                  f"cluster.name={cluster}", "cluster.lease_ttl=2s"]
+        try:
+            for i, n in enumerate(names):
+                self.dirs[i].mkdir()
+                self.procs[i], _, self.metrics[i] = start_daemon(
+                    self.dirs[i], f"server.node_id=node-{n}", *common)
+            assert wait_for(lambda: all(
+                metric(m, "kvdepot_cluster_nodes") == 2
+                for m in self.metrics), 20)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        for x in self.procs:
+            if x is not None:
+                stop_daemon(x)
+        self.procs = [None, None]
+        self.etcd.send_signal(signal.SIGKILL)
+        self.etcd.wait()
+
+
 def test_two_daemons_one_cluster(tmp_path):
-    cport, pport = free_port(), free_port()
-    etcd = start_etcd(tmp_path, cport, pport)
-    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
-    a_dir.mkdir()
-    b_dir.mkdir()
-    common = [f"cluster.etcd=127.0.0.1:{cport}", "cluster.name=t",
-              "cluster.lease_ttl=2s"]
-    a = b = None
+    c = TwoNodes(tmp_path, "t", ["a", "b"])
+    etcd, cport, pport = c.etcd, c.cport, c.pport
+    am = c.metrics[0]
     try:
-        a, _, am = start_daemon(a_dir, "server.node_id=node-a", *common)
-        b, _, bm = start_daemon(b_dir, "server.node_id=node-b", *common)
-        assert wait_for(lambda: metric(am, "kvdepot_cluster_nodes") == 2
-                        and metric(bm, "kvdepot_cluster_nodes") == 2, 20)
         assert metric(am, "kvdepot_cluster_stale") == 0
         assert get(am, "/readyz") == (200, "ready\n")
 
@@ -91,20 +116,16 @@ def test_two_daemons_one_cluster(tmp_path):
         assert status == 200 and "cluster view stale" in body
         assert metric(am, "kvdepot_cluster_nodes") == 2  # the last view
 
-        etcd = start_etcd(tmp_path, cport, pport)
+        etcd = c.etcd = start_etcd(tmp_path, cport, pport)
         assert wait_for(lambda: metric(am, "kvdepot_cluster_stale") == 0
                         and metric(am, "kvdepot_cluster_nodes") == 2, 20)
         assert get(am, "/readyz") == (200, "ready\n")
 
-        stop_daemon(b)
-        b = None
+        stop_daemon(c.procs[1])
+        c.procs[1] = None
         assert wait_for(lambda: metric(am, "kvdepot_cluster_nodes") == 1, 3)
     finally:
-        for d in (a, b):
-            if d is not None:
-                stop_daemon(d)
-        etcd.send_signal(signal.SIGKILL)
-        etcd.wait()
+        c.close()
 
 
 def test_prefill_decode_over_two_daemons(tmp_path):
@@ -117,29 +138,14 @@ def test_prefill_decode_over_two_daemons(tmp_path):
     import test_vllm_connector as tv
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
     os.environ.setdefault("UCX_TLS", "tcp")
-    cport, pport = free_port(), free_port()
-    etcd = start_etcd(tmp_path, cport, pport)
-    p_dir, d_dir = tmp_path / "p", tmp_path / "d"
-    p_dir.mkdir()
-    d_dir.mkdir()
-    common = [f"cluster.etcd=127.0.0.1:{cport}", "cluster.name=pd",
-              "cluster.lease_ttl=2s"]
-    p = d = None
+    c = TwoNodes(tmp_path, "pd", ["p", "d"])
     try:
-        p, _, pm = start_daemon(p_dir, "server.node_id=node-p", *common)
-        d, _, dm = start_daemon(d_dir, "server.node_id=node-d", *common)
-        assert wait_for(lambda: metric(pm, "kvdepot_cluster_nodes") == 2
-                        and metric(dm, "kvdepot_cluster_nodes") == 2, 20)
         cfg_p = tv.vllm_config("", store_mode="daemon", node_id="node-p",
-                               store_address=f"unix:{p_dir}/d.sock")
+                               store_address=f"unix:{c.dirs[0]}/d.sock")
         cfg_d = tv.vllm_config("", store_mode="daemon", node_id="node-d",
-                               store_address=f"unix:{d_dir}/d.sock")
+                               store_address=f"unix:{c.dirs[1]}/d.sock")
         params = tv.prefill_then_decode(cfg_p, cfg_d)
         assert params["kvdepot_node"] == "node-p"
-        assert metric(dm, "kvdepot_cluster_remote_hits_total") >= 1
+        assert metric(c.metrics[1], "kvdepot_cluster_remote_hits_total") >= 1
     finally:
-        for x in (p, d):
-            if x is not None:
-                stop_daemon(x)
-        etcd.send_signal(signal.SIGKILL)
-        etcd.wait()
+        c.close()
