@@ -19,6 +19,8 @@
 #define REMOTE_BATCH 1024u /* jobs the mover takes at once */
 #define REMOTE_PULL_TIMEOUT_MS 30000u
 #define REMOTE_SUSPECTS 64u
+#define REMOTE_REPAIR_BATCH 256u /* objects scanned per mover turn */
+#define REMOTE_TICK_MS 200u      /* the mover looks at the view this often */
 
 enum { JOB_PUSH = 1, JOB_PULL = 2 };
 
@@ -62,6 +64,22 @@ struct kvd_remote {
         char node[KVD_PROTO_MAX_NODE_ID_BYTES + 1];
         uint64_t until_ns;
     } suspects[REMOTE_SUSPECTS];
+
+    /* Repair (the mover's own): when a node joins the view, or the view
+     * comes back from stale (etcd or the network was away: pushes may
+     * have failed), the local store is scanned and every object whose
+     * homes include such a node is offered to its homes again. */
+    struct {
+        bool started; /* the first view has been seen */
+        bool was_stale;
+        uint64_t generation;
+        char (*known)[KVD_PROTO_MAX_NODE_ID_BYTES + 1]; /* last view */
+        size_t n_known;
+        bool active, all; /* scanning; for every node or for `targets` */
+        uint64_t cursor;
+        char (*targets)[KVD_PROTO_MAX_NODE_ID_BYTES + 1];
+        size_t n_targets;
+    } rep;
 
     kvd_remote_stats_t stats; /* counters only; atomics */
 };
@@ -495,6 +513,8 @@ static void on_offer(void *ctx, const char *node_id, const kvd_namespace_t *ns,
                      size_t n)
 {
     kvd_remote_t *r = ctx;
+    /* It talks to us: whatever failed before, it answers again. */
+    suspect_note(r, node_id, KVD_OK);
     remote_job_t j;
     memset(&j, 0, sizeof j);
     j.kind = JOB_PULL;
@@ -628,6 +648,139 @@ out:
     free(done);
 }
 
+static bool name_in(const char (*names)[KVD_PROTO_MAX_NODE_ID_BYTES + 1],
+                    size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(names[i], name) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Starts (or widens and restarts) a repair scan: for the nodes of `v`
+ * flagged in `is_new`, or for every node when `all`. */
+static void repair_start(kvd_remote_t *r, const remote_view_t *v,
+                         const bool *is_new, bool all)
+{
+    if (all || (r->rep.active && r->rep.all)) {
+        r->rep.all = true;
+    } else {
+        size_t cap = r->rep.n_targets + v->n;
+        void *t = realloc(r->rep.targets, cap * sizeof *r->rep.targets);
+        if (t == NULL) {
+            r->rep.all = true; /* cannot list them: repair for everyone */
+        } else {
+            r->rep.targets = t;
+            if (!r->rep.active) {
+                r->rep.n_targets = 0;
+            }
+            for (size_t i = 0; i < v->n; i++) {
+                if (is_new[i] && !name_in(r->rep.targets, r->rep.n_targets,
+                                          v->m[i].node_id)) {
+                    snprintf(r->rep.targets[r->rep.n_targets++],
+                             sizeof r->rep.targets[0], "%s", v->m[i].node_id);
+                }
+            }
+            r->rep.all = false;
+        }
+    }
+    r->rep.active = true;
+    r->rep.cursor = 0;
+    count(&r->stats.repairs, 1);
+}
+
+/* After each look at the view: a node new since the last view, the first
+ * view (a node that just started may hold objects from before), or a view
+ * fresh again after being stale start a repair. */
+static void repair_check(kvd_remote_t *r, const remote_view_t *v)
+{
+    kvd_membership_stats_t st;
+    if (!kvd_remote_view_stats(r, &st)) {
+        return;
+    }
+    bool refreshed = r->rep.started && r->rep.was_stale && !st.stale;
+    r->rep.was_stale = st.stale;
+    if (r->rep.started && v->generation == r->rep.generation && !refreshed) {
+        return;
+    }
+    bool *is_new = calloc(v->n ? v->n : 1, sizeof *is_new);
+    void *known = malloc((v->n ? v->n : 1) * sizeof *r->rep.known);
+    if (is_new == NULL || known == NULL) {
+        free(is_new);
+        free(known);
+        return; /* next turn */
+    }
+    size_t others = 0, fresh = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        if (strcmp(v->m[i].node_id, r->self_id) == 0) {
+            continue;
+        }
+        others++;
+        is_new[i] = !r->rep.started ||
+                    !name_in(r->rep.known, r->rep.n_known, v->m[i].node_id);
+        fresh += is_new[i];
+    }
+    if (others > 0 && (fresh > 0 || refreshed)) {
+        repair_start(r, v, is_new, refreshed || !r->rep.started);
+    }
+    /* Remember this view's other nodes. */
+    char(*k)[KVD_PROTO_MAX_NODE_ID_BYTES + 1] = known;
+    size_t nk = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        if (strcmp(v->m[i].node_id, r->self_id) != 0) {
+            snprintf(k[nk++], sizeof k[0], "%s", v->m[i].node_id);
+        }
+    }
+    free(r->rep.known);
+    r->rep.known = k;
+    r->rep.n_known = nk;
+    r->rep.generation = v->generation;
+    r->rep.started = r->rep.started || st.num_nodes > 0;
+    free(is_new);
+}
+
+/* One turn of a repair scan: up to REMOTE_REPAIR_BATCH objects, those with
+ * a home among the targets offered to their homes again (a home that has
+ * one answers "exists" without a transfer). `jobs`: REMOTE_BATCH room. */
+static void repair_step(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs)
+{
+    kvd_store_object_t objs[REMOTE_REPAIR_BATCH];
+    size_t n = 0;
+    if (kvd_store_scan(r->cfg.store, &r->rep.cursor, objs, REMOTE_REPAIR_BATCH,
+                       &n) != KVD_OK) {
+        r->rep.active = false;
+        return;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n && k < REMOTE_BATCH; i++) {
+        size_t homes[KVD_PLACEMENT_MAX_REPLICAS];
+        size_t nh = homes_of(r, v, &objs[i].key.ns, &objs[i].key.hash, homes);
+        bool wanted = false;
+        for (size_t h = 0; h < nh && !wanted; h++) {
+            wanted = r->rep.all || name_in(r->rep.targets, r->rep.n_targets,
+                                           v->m[homes[h]].node_id);
+        }
+        if (!wanted) {
+            continue;
+        }
+        memset(&jobs[k], 0, sizeof jobs[k]);
+        jobs[k].kind = JOB_PUSH;
+        jobs[k].ns = objs[i].key.ns;
+        jobs[k].hash = objs[i].key.hash;
+        jobs[k].size = objs[i].size_bytes;
+        k++;
+    }
+    if (k > 0) {
+        count(&r->stats.repair_offers, k);
+        do_pushes(r, v, jobs, k);
+    }
+    if (n < REMOTE_REPAIR_BATCH) {
+        r->rep.active = false;
+    }
+}
+
 static void *mover_main(void *arg)
 {
     kvd_remote_t *r = arg;
@@ -641,8 +794,13 @@ static void *mover_main(void *arg)
     }
     for (;;) {
         pthread_mutex_lock(&r->mu);
-        while (r->count == 0 && !r->stop) {
-            pthread_cond_wait(&r->cv, &r->mu);
+        if (r->count == 0 && !r->stop && !r->rep.active) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            uint64_t ns = (uint64_t)ts.tv_nsec + REMOTE_TICK_MS * 1000000ull;
+            ts.tv_sec += (time_t)(ns / KVD_NSEC_PER_SEC);
+            ts.tv_nsec = (long)(ns % KVD_NSEC_PER_SEC);
+            (void)pthread_cond_timedwait(&r->cv, &r->mu, &ts);
         }
         if (r->stop) {
             pthread_mutex_unlock(&r->mu);
@@ -669,11 +827,15 @@ static void *mover_main(void *arg)
             count(&r->stats.dropped, n);
             continue;
         }
+        repair_check(r, v);
         if (np > 0) {
             do_pushes(r, v, batch, np);
         }
         if (nl > 0) {
             do_pulls(r, v, pulls, nl);
+        }
+        if (r->rep.active) {
+            repair_step(r, v, batch);
         }
         view_put(r, v);
     }
@@ -708,7 +870,11 @@ kvd_status_t kvd_remote_start(const kvd_remote_config_t *cfg,
     pthread_mutex_init(&r->view_mu, NULL);
     pthread_mutex_init(&r->mu, NULL);
     pthread_mutex_init(&r->suspect_mu, NULL);
-    pthread_cond_init(&r->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
     r->jobs = calloc(cfg->queue, sizeof *r->jobs);
     if (r->jobs == NULL) {
         kvd_remote_stop(r);
@@ -788,6 +954,8 @@ void kvd_remote_stop(kvd_remote_t *r)
         free(r->view);
     }
     free(r->jobs);
+    free(r->rep.known);
+    free(r->rep.targets);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     pthread_mutex_destroy(&r->view_mu);

@@ -18,6 +18,12 @@
  *     A node whose call failed is then skipped for one lease TTL (by then
  *     it has left the views, or answers again), so lookups do not each
  *     wait out the deadline on a node cut off but still in the view.
+ *   - Repair: when a node joins the view (or this node starts), or the
+ *     view is fresh again after being stale (etcd or the network was away,
+ *     so pushes may have failed), the mover scans the local store and
+ *     offers again every object whose homes include such a node (all
+ *     nodes after a stale view); homes that hold one answer "exists"
+ *     without a transfer.
  *
  * Threading: any thread calls; one mover thread does the pushes and pulls.
  */
@@ -59,6 +65,8 @@ typedef struct kvd_remote_stats {
     uint64_t pull_errors;   /* offered keys that could not be fetched */
     uint64_t dropped;       /* pushes or pulls that found the queue full */
     uint64_t suspect_skips; /* keys not asked of a node that just failed */
+    uint64_t repairs; /* repair scans started (joins, views fresh again) */
+    uint64_t repair_offers; /* objects offered again by repair scans */
     kvd_peer_stats_t peer;
 } kvd_remote_stats_t;
 

@@ -317,6 +317,22 @@ static void test_partition_and_heal(void **state)
     wait_metric(n, 0, "kvdepot_cluster_nodes", 2, 30000);
     fprintf(stderr, "# healed: both views whole again after %llu ms\n",
             (unsigned long long)(kvd_test_now_ms() - t0));
+    /* Without naming A: the keys of y whose home is B came to B because A,
+     * its view fresh again, repaired (offered its objects to their homes
+     * once more); those whose home is A are fetched from A. */
+    t0 = kvd_test_now_ms();
+    while ((got = load(n->client[1], y, NULL)) < CHAIN &&
+           kvd_test_now_ms() - t0 < 10000) {
+        usleep(100000);
+    }
+    fprintf(stderr,
+            "# after the heal, y loaded through B (no hint) after "
+            "%llu ms; A's repairs %g, offers %g\n",
+            (unsigned long long)(kvd_test_now_ms() - t0),
+            metric(n, 0, "kvdepot_cluster_repairs_total"),
+            metric(n, 0, "kvdepot_cluster_repair_offers_total"));
+    assert_int_equal(got, CHAIN);
+    assert_true(metric(n, 0, "kvdepot_cluster_repairs_total") >= 1);
     t0 = kvd_test_now_ms();
     while ((got = load(n->client[1], y, "node-a")) < CHAIN &&
            kvd_test_now_ms() - t0 < 10000) {
