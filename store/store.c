@@ -1103,11 +1103,12 @@ static bool store_write_queued(kvd_store_t *st, const kvd_store_key_t *key)
     return found;
 }
 
-void store_l2_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
-                              size_t n)
+kvd_status_t store_l2_victims_dispose(kvd_store_t *st,
+                                      const kvd_l1_victim_t *victims, size_t n)
 {
+    kvd_status_t first = KVD_OK;
     if (n == 0) {
-        return;
+        return KVD_OK;
     }
     kvd_index_key_t keys[STORE_EVICT_BATCH];
     for (size_t done = 0; done < n;) {
@@ -1133,9 +1134,13 @@ void store_l2_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
                           "index: %s; their space is held until restart",
                           c, kvd_status_str(s));
             store_count(&st->n.disk_errors, 1);
+            if (first == KVD_OK) {
+                first = KVD_ERR_IO;
+            }
         }
         done += c;
     }
+    return first;
 }
 
 KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
@@ -1150,6 +1155,7 @@ KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
     }
     size_t deleted = 0;
     bool busy = false;
+    kvd_status_t io = KVD_OK; /* an NVMe record that could not be removed */
     kvd_l1_victim_t l2v[STORE_EVICT_BATCH];
     size_t nl2 = 0;
     for (size_t i = 0; i < num; i++) {
@@ -1173,7 +1179,8 @@ KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
             if (s == KVD_OK) {
                 any = true;
                 if (++nl2 == STORE_EVICT_BATCH) {
-                    store_l2_victims_dispose(store, l2v, nl2);
+                    kvd_status_t ds = store_l2_victims_dispose(store, l2v, nl2);
+                    io = io != KVD_OK ? io : ds;
                     nl2 = 0;
                 }
             } else if (s == KVD_ERR_BUSY || s == KVD_ERR_STATE) {
@@ -1182,11 +1189,12 @@ KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
         }
         deleted += any ? 1 : 0;
     }
-    store_l2_victims_dispose(store, l2v, nl2);
+    kvd_status_t ds = store_l2_victims_dispose(store, l2v, nl2);
+    io = io != KVD_OK ? io : ds;
     if (num_deleted_out != NULL) {
         *num_deleted_out = deleted;
     }
-    return busy ? KVD_ERR_BUSY : KVD_OK;
+    return io != KVD_OK ? io : busy ? KVD_ERR_BUSY : KVD_OK;
 }
 
 kvd_client_t *kvd_store_daemon_client(kvd_store_t *store)

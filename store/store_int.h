@@ -194,9 +194,11 @@ void store_forget_corrupt(kvd_store_t *st, const kvd_store_key_t *key);
 void *store_io_main(void *arg);
 
 /* Index records of L2 victims are deleted (and synced) before their
- * extents are freed. Any thread, `mu` not held. */
-void store_l2_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
-                              size_t n);
+ * extents are freed. KVD_ERR_IO when some records could not be removed
+ * (their extents stay allocated; a restart finds those objects again).
+ * Any thread, `mu` not held. */
+kvd_status_t store_l2_victims_dispose(kvd_store_t *st,
+                                      const kvd_l1_victim_t *victims, size_t n);
 
 #ifdef __cplusplus
 }

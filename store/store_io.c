@@ -116,7 +116,7 @@ static bool store_l2_make_room(kvd_store_t *st, uint64_t bytes)
     kvd_l1_victim_t victims[16];
     size_t n = 0;
     (void)kvd_l1_evict(st->l2, 1, bytes, victims, 16, &n);
-    store_l2_victims_dispose(st, victims, n);
+    (void)store_l2_victims_dispose(st, victims, n);
     store_count(&st->n.disk_evictions, n);
     return n > 0;
 }
@@ -361,7 +361,7 @@ void store_forget_corrupt(kvd_store_t *st, const kvd_store_key_t *key)
     store_key_to_l1(key, &lk);
     kvd_status_t s = kvd_l1_delete(st->l2, &lk, &v);
     if (s == KVD_OK) {
-        store_l2_victims_dispose(st, &v, 1);
+        (void)store_l2_victims_dispose(st, &v, 1);
     } else if (s == KVD_ERR_BUSY) {
         (void)kvd_l1_doom(st->l2, &lk);
     }

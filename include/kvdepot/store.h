@@ -280,7 +280,10 @@ KVD_API int kvd_store_fd(kvd_store_t *store);
  * before their extents are reused). Writes the number deleted into
  * *num_deleted_out (may be NULL). A leased or half-written key is skipped
  * and makes the call return KVD_ERR_BUSY after the others are deleted;
- * absent keys are not an error. Thread: any.
+ * absent keys are not an error. KVD_ERR_IO (before BUSY): an NVMe object's
+ * index record could not be removed: it is gone from the tables now but a
+ * restart finds it again (its extent is kept, its bytes intact), so the
+ * deletion is not durable. Thread: any.
  */
 KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
                                       const kvd_store_key_t *keys, size_t num,

@@ -1583,6 +1583,11 @@ static kvd_status_t svc_delete(kvd_service_t *svc, const uint8_t *req,
     free(keys);
     kvd_proto_delete_request_free(rq);
     if (s != KVD_OK && s != KVD_ERR_BUSY) {
+        if (s == KVD_ERR_IO) {
+            kvd_config_err(reason, reason_len,
+                           "delete: the NVMe index could not drop some "
+                           "records; those objects return after a restart");
+        }
         return s;
     }
     kvd_pb_delete_response_t rsp = KVDEPOT__V1__DELETE_RESPONSE__INIT;

@@ -554,6 +554,56 @@ static void test_index_put_enospc(void **state)
 
 /* Case 5a: the tenant table cannot grow (ENOMEM) when the ninth tenant
  * saves; that reserve is refused, the next one (same tenant) succeeds. */
+/* index.delete failing (the LMDB transaction that removes NVMe objects'
+ * records): a Delete of flushed objects says so (KVD_ERR_IO) instead of
+ * reporting them deleted, since their records survive and a restart finds
+ * them again (with their right bytes); the daemon keeps serving. */
+static void test_index_delete_eio(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "faults_idel");
+    char disk[300];
+    disk_settings(&d, disk, sizeof disk);
+    pid_t dpid = daemon_start(&d, "index.delete=EIO@1+", disk,
+                              "store.disk_size=32m", "store.disk_write=through",
+                              "store.sync_interval=0", (const char *)NULL);
+    kvd_store_t *st = client_open(&d);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[4];
+    keys_make(&ns, h, 4, 9);
+    assert_int_equal(save_objects(st, &ns, h, 4, 0), 4);
+    assert_int_equal(kvd_store_flush(st, (int)TIMEOUT_MS), KVD_OK);
+    kvd_store_key_t keys[4];
+    for (int i = 0; i < 4; i++) {
+        keys[i].ns = ns;
+        keys[i].hash = h[i];
+    }
+    size_t deleted = 99;
+    uint64_t t0 = now_ms();
+    kvd_status_t s = kvd_store_delete(st, keys, 4, &deleted);
+    assert_within_deadline(t0, "delete");
+    fprintf(stderr, "index.delete=EIO@1+: delete -> %s\n", kvd_status_str(s));
+    assert_int_equal(s, KVD_ERR_IO);
+    assert_true(daemon_log_has(&d, "cannot remove"));
+    assert_serving(dpid, st, 10);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+
+    /* Their records survived: a restart serves them, bytes intact. */
+    dpid =
+        daemon_start(&d, NULL, disk, "store.disk_size=32m", (const char *)NULL);
+    st = client_open(&d);
+    kvd_store_lease_t l[4];
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, &ns, h, 4, l, &m), KVD_OK);
+    assert_int_equal(m, 4);
+    assert_int_equal(kvd_store_release(st, l, m), KVD_OK);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
 static void test_tenant_alloc_nomem(void **state)
 {
     (void)state;
@@ -693,6 +743,7 @@ int main(void)
         cmocka_unit_test(test_nvme_write_enospc),
         cmocka_unit_test(test_nvme_read_eio),
         cmocka_unit_test(test_index_put_enospc),
+        cmocka_unit_test(test_index_delete_eio),
         cmocka_unit_test(test_tenant_alloc_nomem),
         cmocka_unit_test(test_tenant_namespace_sha256_fails),
         cmocka_unit_test(test_alloc_nomem_at_start),
