@@ -338,10 +338,14 @@ size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
     uint64_t *found = calloc(n, sizeof *found);
     size_t *holder = calloc(n, sizeof *holder);
     bool *absent = calloc(n, sizeof *absent);
+    bool *sus = calloc(v->n, sizeof *sus); /* per node, looked up once */
     size_t got = 0;
     if (cand == NULL || ncand == NULL || tried == NULL || found == NULL ||
-        holder == NULL || absent == NULL) {
+        holder == NULL || absent == NULL || sus == NULL) {
         goto out;
+    }
+    for (size_t i = 0; i < v->n; i++) {
+        sus[i] = suspect(r, v->m[i].node_id);
     }
     for (size_t i = 0; i < n; i++) {
         size_t *c = cand + i * R;
@@ -359,7 +363,7 @@ size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
         /* Suspects are skipped (a key left with none is a quick miss). */
         size_t kept = 0;
         for (size_t j = 0; j < k; j++) {
-            if (!suspect(r, v->m[c[j]].node_id)) {
+            if (!sus[c[j]]) {
                 c[kept++] = c[j];
             } else {
                 count(&r->stats.suspect_skips, 1);
@@ -468,6 +472,7 @@ out:
     free(found);
     free(holder);
     free(absent);
+    free(sus);
     view_put(r, v);
     return got;
 }
