@@ -86,7 +86,7 @@ def main():
         shim_us = best(shim_step)
 
         # The same leader work through ctypes alone.
-        leader = s.leader
+        leader = s.leaders[0]
 
         def c_step(i):
             p = pos[0]

@@ -71,6 +71,7 @@ struct lreq {
     /* Loads: `load_blocks` blocks from first_block, planned when
      * plan_loads is set; in flight until the reports finish them. */
     size_t load_blocks;
+    size_t load_copies;   /* of those, blocks the engine holds (planned) */
     uint64_t load_tokens; /* num_external_tokens the engine took */
     bool plan_loads;
     bool loads_inflight;
@@ -81,6 +82,7 @@ struct lreq {
     /* Saves: blocks [0, saved_upto) are stored or planned; the next plan
      * carries [save_from, saved_upto). */
     size_t saved_upto, save_from;
+    size_t save_copies; /* saves in the last plan (engine-held blocks) */
     bool saves_inflight;
     uint64_t save_step;
     uint32_t save_reports;
@@ -835,10 +837,13 @@ KVD_API kvd_status_t kvd_leader_build_connector_meta(kvd_leader_t *leader,
         q->request_id = r->id;
         q->loads = m.load_ptrs + li;
         q->saves = m.save_ptrs + si;
-        q->async_load = l > 0 && r->async;
         q->layerwise = ld->cfg.layerwise;
+        size_t nl = 0, ns = 0;
         for (size_t b = 0; b < l; b++) {
             size_t blk = r->first_block + b;
+            if (r->block_ids[blk] == KVD_LEADER_NO_BLOCK) {
+                continue; /* nothing to load into; the lease goes at the end */
+            }
             kvd_pb_block_load_t li_init = KVDEPOT__V1__BLOCK_LOAD__INIT;
             kvd_pb_block_source_t src_init = KVDEPOT__V1__BLOCK_SOURCE__INIT;
             kvd_pb_block_load_t *bl = &m.loads[li];
@@ -853,10 +858,25 @@ KVD_API kvd_status_t kvd_leader_build_connector_meta(kvd_leader_t *leader,
                                      : KVDEPOT__V1__TIER__TIER_HOST;
             bl->source = &m.sources[li];
             li++;
+            nl++;
         }
-        q->n_loads = l;
-        q->num_load_tokens = (uint32_t)(l > 0 ? r->load_tokens : 0);
+        q->n_loads = nl;
+        r->load_copies = nl;
+        /* A load with nothing to copy is asynchronous, so that the worker
+         * reports it (and the leases go) like any other. */
+        q->async_load = l > 0 && (r->async || nl == 0);
+        /* Tokens of the loads planned: whole blocks, but for the request's
+         * last external block, which may be partial. */
+        uint64_t bs = ld->cfg.block_size, load_tokens = nl * bs;
+        if (nl > 0 &&
+            r->block_ids[r->first_block + l - 1] != KVD_LEADER_NO_BLOCK) {
+            load_tokens = (nl - 1) * bs + (r->load_tokens - (l - 1) * bs);
+        }
+        q->num_load_tokens = (uint32_t)load_tokens;
         for (size_t blk = r->save_from; blk < r->saved_upto; blk++) {
+            if (r->block_ids[blk] == KVD_LEADER_NO_BLOCK) {
+                continue; /* the engine dropped it: nothing to save */
+            }
             kvd_pb_block_save_t sv_init = KVDEPOT__V1__BLOCK_SAVE__INIT;
             kvd_pb_block_save_t *sv = &m.saves[si];
             *sv = sv_init;
@@ -864,8 +884,13 @@ KVD_API kvd_status_t kvd_leader_build_connector_meta(kvd_leader_t *leader,
             sv->block_id = r->block_ids[blk];
             plan_key(ld, &m.keys[ki], &r->hashes[blk]);
             sv->key = &m.keys[ki++];
+            ns++;
         }
-        q->n_saves = s;
+        q->n_saves = ns;
+        r->save_copies = ns;
+        if (nl == 0 && ns == 0 && !q->async_load) {
+            ri--; /* every position was KVD_LEADER_NO_BLOCK: nothing to do */
+        }
     }
     plan.n_requests = ri;
     plan.requests = m.req_ptrs;
@@ -890,16 +915,16 @@ KVD_API kvd_status_t kvd_leader_build_connector_meta(kvd_leader_t *leader,
             r->loads_inflight = true;
             r->load_step = step;
             r->load_reports = 0;
-            ld->st.planned_loads += r->load_blocks;
+            ld->st.planned_loads += r->load_copies;
         }
         r->plan_loads = false;
-        if (r->saved_upto > r->save_from) {
-            ld->st.planned_saves += r->saved_upto - r->save_from;
+        if (r->saved_upto > r->save_from && r->save_copies > 0) {
+            ld->st.planned_saves += r->save_copies;
             r->saves_inflight = true;
             r->save_step = step;
             r->save_reports = 0;
-            r->save_from = r->saved_upto;
         }
+        r->save_from = r->saved_upto;
         r->preempted = false;
         r->touched = false;
         r->next_touched = NULL;

@@ -369,11 +369,13 @@ void kvd_worker_loads_start(kvd_worker_t *w, wstep_t *s)
     kvd_store_get_t *gets = most <= 32 ? stack : malloc(most * sizeof *gets);
     for (size_t i = 0; i < s->n_reqs; i++) {
         wreq_t *r = s->reqs[i];
-        if (!r->async_load || r->n_loads == 0) {
+        if (!r->async_load) {
             continue;
         }
+        /* An asynchronous load with no block to copy (the engine holds none
+         * of its positions) still finishes, and is reported, like any. */
         size_t n = 0;
-        wblock_t **list = malloc(r->n_loads * sizeof *list);
+        wblock_t **list = malloc((r->n_loads + 1) * sizeof *list);
         for (size_t b = 0; b < r->n_loads; b++) {
             if (list != NULL) {
                 list[b] = &r->loads[b];
@@ -599,17 +601,35 @@ static void *poller_main(void *arg)
             backlog_retry(w);
         }
         pthread_mutex_unlock(&w->mu);
+        pthread_mutex_lock(w->poll_mu);
         size_t n = kvd_store_poll(w->store, comps, POLL_BATCH);
         if (n == 0) {
             (void)kvd_store_wait(w->store, POLL_SLICE_MS);
             n = kvd_store_poll(w->store, comps, POLL_BATCH);
         }
-        pthread_mutex_lock(&w->mu);
+        pthread_mutex_unlock(w->poll_mu);
+        /* Another worker's promotions (same store) go to it, under its lock
+         * only: it cannot leave while they are outstanding. */
+        size_t own = 0;
         for (size_t i = 0; i < n; i++) {
+            wblock_t *b = (wblock_t *)(uintptr_t)comps[i].user_data;
+            kvd_worker_t *o = b->worker;
+            if (o == w) {
+                comps[own++] = comps[i];
+                continue;
+            }
+            pthread_mutex_lock(&o->mu);
+            promotion_done(o, b, comps[i].status, &comps[i].lease);
+            o->gets_outstanding--;
+            pthread_cond_broadcast(&o->poll_cv);
+            pthread_mutex_unlock(&o->mu);
+        }
+        pthread_mutex_lock(&w->mu);
+        for (size_t i = 0; i < own; i++) {
             wblock_t *b = (wblock_t *)(uintptr_t)comps[i].user_data;
             promotion_done(w, b, comps[i].status, &comps[i].lease);
         }
-        w->gets_outstanding -= n;
+        w->gets_outstanding -= own;
     }
     pthread_mutex_unlock(&w->mu);
     return NULL;

@@ -44,39 +44,52 @@ static void set_err(char *err, size_t err_len, const char *fmt, ...)
     va_end(ap);
 }
 
-/* ---- stores in use: one worker per embedded store ----------------------- */
+/* ---- stores in use: the workers of each store share its completions ----- */
 
+typedef struct wstore {
+    kvd_store_t *store; /* NULL: a free entry */
+    unsigned workers;
+    pthread_mutex_t poll_mu;
+} wstore_t;
+
+#define WORKER_MAX_STORES 64
 static pthread_mutex_t g_stores_mu = PTHREAD_MUTEX_INITIALIZER;
-static kvd_store_t *g_stores[64];
+static wstore_t g_stores[WORKER_MAX_STORES];
 
-static bool store_claim(kvd_store_t *store)
+/* The poll lock of `store`'s entry, taken by one more worker; NULL when
+ * WORKER_MAX_STORES other stores are in use. */
+static pthread_mutex_t *store_claim(kvd_store_t *store)
 {
-    bool ok = true;
-    size_t free_at = sizeof g_stores / sizeof *g_stores;
+    wstore_t *e = NULL, *free_e = NULL;
     pthread_mutex_lock(&g_stores_mu);
-    for (size_t i = 0; i < sizeof g_stores / sizeof *g_stores; i++) {
-        if (g_stores[i] == store) {
-            ok = false;
-        } else if (g_stores[i] == NULL &&
-                   free_at == sizeof g_stores / sizeof *g_stores) {
-            free_at = i;
+    for (size_t i = 0; i < WORKER_MAX_STORES && e == NULL; i++) {
+        if (g_stores[i].store == store) {
+            e = &g_stores[i];
+        } else if (g_stores[i].store == NULL && free_e == NULL) {
+            free_e = &g_stores[i];
         }
     }
-    if (ok && free_at < sizeof g_stores / sizeof *g_stores) {
-        g_stores[free_at] = store;
-    } else {
-        ok = false;
+    if (e == NULL && free_e != NULL) {
+        e = free_e;
+        e->store = store;
+        e->workers = 0;
+        pthread_mutex_init(&e->poll_mu, NULL);
+    }
+    if (e != NULL) {
+        e->workers++;
     }
     pthread_mutex_unlock(&g_stores_mu);
-    return ok;
+    return e != NULL ? &e->poll_mu : NULL;
 }
 
 static void store_unclaim(kvd_store_t *store)
 {
     pthread_mutex_lock(&g_stores_mu);
-    for (size_t i = 0; i < sizeof g_stores / sizeof *g_stores; i++) {
-        if (g_stores[i] == store) {
-            g_stores[i] = NULL;
+    for (size_t i = 0; i < WORKER_MAX_STORES; i++) {
+        wstore_t *e = &g_stores[i];
+        if (e->store == store && --e->workers == 0) {
+            pthread_mutex_destroy(&e->poll_mu);
+            e->store = NULL;
         }
     }
     pthread_mutex_unlock(&g_stores_mu);
@@ -228,11 +241,10 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
         set_err(err, err_len, "worker: %s", kvd_status_str(s));
         goto err_free;
     }
-    if (!store_claim(cfg->store)) {
-        set_err(err, err_len,
-                "worker: the store already serves a worker "
-                "(or %zu stores are in use)",
-                sizeof g_stores / sizeof *g_stores);
+    w->poll_mu = store_claim(cfg->store);
+    if (w->poll_mu == NULL) {
+        set_err(err, err_len, "worker: %d stores already serve workers",
+                WORKER_MAX_STORES);
         s = KVD_ERR_STATE;
         goto err_free;
     }
@@ -345,6 +357,7 @@ static kvd_status_t plan_block(kvd_worker_t *w, const kvd_pb_object_key_t *key,
                 r->id, block_id, w->layout.num_blocks);
         return KVD_ERR_RANGE;
     }
+    b->worker = w;
     b->req = r;
     b->block_id = (int32_t)block_id;
     memcpy(b->hash.bytes, key->block_hash.data, KVD_SHA256_BYTES);
@@ -550,7 +563,7 @@ static bool step_queue_room(kvd_worker_t *w, const wstep_t *s, bool take)
     size_t loads = 0, load_reqs = 0, save_reqs = 0;
     for (size_t i = 0; i < s->n_reqs; i++) {
         loads += s->reqs[i]->n_loads;
-        load_reqs += s->reqs[i]->n_loads > 0;
+        load_reqs += s->reqs[i]->n_loads > 0 || s->reqs[i]->async_load;
         save_reqs += s->reqs[i]->n_saves > 0;
     }
     pthread_mutex_lock(&w->mu);

@@ -26,6 +26,7 @@ typedef struct wstep wstep_t;
 
 /* One engine block to load or save. */
 typedef struct wblock {
+    struct kvd_worker *worker; /* whose block: promotions are routed by it */
     wreq_t *req;
     int32_t block_id;
     kvd_block_hash_t hash;
@@ -137,6 +138,11 @@ struct kvd_worker {
 
     wstep_t *step; /* bound plan, or NULL */
     uint64_t last_step;
+
+    /* Held around kvd_store_poll/wait: the store's completion queue has one
+     * consumer at a time, and the workers on one store (one per vLLM
+     * KV-cache group) share it. */
+    pthread_mutex_t *poll_mu;
 
     pthread_mutex_t mu;
     pthread_cond_t task_cv; /* the task queue is not empty */

@@ -97,6 +97,14 @@ typedef struct kvd_leader_config {
 
 #define KVD_LEADER_DEFAULT_LOOKUP_TIMEOUT_MS 2000u
 
+/* An engine block id meaning "the engine holds no block at this position"
+ * (vLLM's null block in a sliding-window KV-cache group, for tokens that
+ * left the window). Block tables passed to the leader may hold it; nothing
+ * is loaded into or saved from such a position. A load whose blocks are
+ * all such positions is planned as asynchronous with nothing to copy, so
+ * the worker reports it and its leases go back like any other. */
+#define KVD_LEADER_NO_BLOCK UINT32_MAX
+
 /*
  * Creates a leader. `cfg` and `backend` are copied. Errors: KVD_ERR_INVALID
  * (NULL, block_size out of range, num_workers 0, backend functions NULL),

@@ -42,9 +42,11 @@
  * the Python tests use). `stream` arguments are the engine's device stream
  * for a device backend and are ignored by the host backend.
  *
- * The store. An embedded store (store.h) serves one worker: the worker is
- * its only kvd_store_poll caller (a second worker on the same store is
- * refused). Engines with several worker processes use the daemon.
+ * The store. An embedded store (store.h) serves the workers of one process:
+ * several workers on one store (one per KV-cache group of a hybrid model,
+ * each with its own layers and namespace) take turns draining its
+ * completions and hand each to the worker it belongs to. Engines with
+ * several worker processes use the daemon.
  *
  * Completion model (STYLE.md): submitting says "accepted"; what finished is
  * drained with kvd_worker_get_finished (non-blocking); kvd_worker_fd is

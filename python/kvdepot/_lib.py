@@ -100,6 +100,10 @@ class NamespaceDesc(ctypes.Structure):
                 ("kv_combined", ctypes.c_bool)]
 
 
+# leader.h KVD_LEADER_NO_BLOCK: "the engine holds no block here".
+NO_BLOCK = 0xFFFFFFFF
+
+
 class LeaderBackend(ctypes.Structure):
     _fields_ = [("ctx", ctypes.c_void_p), ("lookup", ctypes.c_void_p),
                 ("release", ctypes.c_void_p), ("lookup_from", ctypes.c_void_p)]

@@ -10,10 +10,17 @@ layer). Everything here is translation between vLLM's objects and the C
 calls; the decisions are made in C (docs/vllm.md).
 
 Plans travel to the workers inside KvdepotConnectorMetadata (picklable: the
-plan's bytes and the ids of requests whose blocks vLLM keeps for us). The
+plans' bytes and the ids of requests whose blocks vLLM keeps for us). The
 workers' reports travel back inside KvdepotWorkerMetadata
 (build_connector_worker_meta, aggregated across workers), and the leader
 reads them in update_connector_output.
+
+With vLLM's hybrid allocator (SupportsHMA), a model's layers fall into
+several KV-cache groups (full attention, sliding window), each with its own
+block table. Each group is then a namespace of its own, with its own C
+leader and worker over that group's layers; a request matches what every
+group has, and a sliding-window group's null blocks (tokens that left the
+window) are neither loaded nor saved (KVD_LEADER_NO_BLOCK).
 
 The embedded store lives in the process: both roles of one vLLM process
 (TP 1, the in-process executor) share it. When vLLM is not importable the
@@ -85,22 +92,60 @@ except ImportError:
 
 
 class KvdepotConnectorMetadata(KVConnectorMetadata):
-    """One step's plan for the workers: the packed kvdepot.v1.StepPlan and
-    the requests whose blocks vLLM keeps until the workers say so."""
+    """One step's plan for the workers: a packed kvdepot.v1.StepPlan per
+    KV-cache group, the requests whose blocks vLLM keeps until the workers
+    say so, and the requests vLLM waits for (asynchronous loads)."""
 
-    def __init__(self, plan=b"", delayed=()):
-        self.plan = bytes(plan)
+    def __init__(self, plans=(), delayed=(), async_loads=()):
+        self.plans = tuple(bytes(p) for p in plans)
         self.delayed = tuple(delayed)
+        self.async_loads = tuple(async_loads)
 
 
 class KvdepotWorkerMetadata(KVConnectorWorkerMetadata):
-    """The workers' packed kvdepot.v1.WorkerReports for the leader."""
+    """The workers' packed kvdepot.v1.WorkerReports for the leader, as
+    (KV-cache group, report bytes)."""
 
     def __init__(self, reports=()):
         self.reports = list(reports)
 
     def aggregate(self, other):
         return KvdepotWorkerMetadata(self.reports + list(other.reports))
+
+
+# ---- KV-cache groups ---------------------------------------------------------
+
+# vLLM KVCacheSpec classes whose layers hold attention K/V in paged blocks.
+_ATTENTION_SPECS = ("FullAttentionSpec", "SlidingWindowSpec",
+                    "ChunkedLocalAttentionSpec", "MLAAttentionSpec",
+                    "SinkFullAttentionSpec")
+
+# vLLM's null block (BlockPool.null_block, the pool's first block): what a
+# sliding-window group's table holds for tokens that left the window.
+_VLLM_NULL_BLOCK = 0
+
+
+def _kv_groups(kv_cache_config, block_size):
+    """[(layer names, spec)] per KV-cache group when there are several (the
+    hybrid allocator), or [None]: one group holding every layer."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or ())
+    if len(groups) <= 1:
+        return [None]
+    out = []
+    for g, grp in enumerate(groups):
+        spec = grp.kv_cache_spec
+        kind = type(spec).__name__
+        if kind not in _ATTENTION_SPECS:
+            raise ValueError(f"kvdepot: KV-cache group {g} is {kind}: only "
+                             f"attention K/V is stored, and restoring K/V "
+                             f"without that group's state would give wrong "
+                             f"outputs; use a model without such layers")
+        if spec.block_size != block_size:
+            raise ValueError(f"kvdepot: KV-cache group {g} has blocks of "
+                             f"{spec.block_size} tokens, the others "
+                             f"{block_size}: groups must share a block size")
+        out.append((list(grp.layer_names), spec))
+    return out
 
 
 # ---- the connector -------------------------------------------------------------
@@ -132,30 +177,41 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         ck, cv = (_lib.codec_id(c) for c in self.settings.codecs)
         self.codecs = (ck, cv)
         model_id = self.settings.model_id or str(mc.model)
-        self.ns = _lib.namespace(model_id, _DTYPES[dt], ck, cv,
-                                 self.num_layers,
-                                 1 if self.mla else self.num_kv_heads,
-                                 self.head_dim, self.block_size,
-                                 kv_combined=self.mla)
+        self.groups = _kv_groups(kv_cache_config, self.block_size)
+        n = len(self.groups)
+        self.group_ns = []
+        for g, grp in enumerate(self.groups):
+            heads = self.num_kv_heads if grp is None else grp[1].num_kv_heads
+            dim = self.head_dim if grp is None else grp[1].head_size
+            self.group_ns.append(_lib.namespace(
+                model_id if grp is None else f"{model_id}#kv-group-{g}-of-{n}",
+                _DTYPES[dt], ck, cv,
+                self.num_layers if grp is None else len(grp[0]),
+                1 if self.mla else heads, dim, self.block_size,
+                kv_combined=self.mla))
+        self.ns = self.group_ns[0]
         self._store_key, self.store = _store_acquire(
             config.store_settings(self.settings))
-        self.leader = self.worker = None
+        self.leaders, self.workers = [], []
         is_scheduler = role == KVConnectorRole.SCHEDULER or \
             getattr(role, "name", "") == "SCHEDULER"
         if is_scheduler:
-            self.leader = _lib.Leader(
-                self.store, self.block_size, self.ns,
-                layerwise=self.settings.layerwise,
-                lookup_timeout_ms=self.settings.lookup_timeout_ms,
-                node_id=self.settings.node_id or socket.gethostname())
-            self._requests = {}   # id -> [request, tokens given]
+            for ns in self.group_ns:
+                self.leaders.append(_lib.Leader(
+                    self.store, self.block_size, ns,
+                    layerwise=self.settings.layerwise,
+                    lookup_timeout_ms=self.settings.lookup_timeout_ms,
+                    node_id=self.settings.node_id or socket.gethostname()))
+            self._requests = {}   # id -> [request, tokens given, async]
             self._delayed = []    # kept blocks, for the next plan
+            self._async_loads = []  # vLLM waits for these, for the plan
         else:
-            self._layer_index = {}
+            self._layer_index = {}   # layer name -> (group, layer in group)
             self._delayed = set()    # vLLM keeps their blocks for us
             self._finished = set()   # vLLM finished them
             self._invalid = set()
-            self._report = b""
+            self._loading = {}       # async load -> groups yet to report
+            self._reports = []
 
     # ---- scheduler role ----------------------------------------------------
 
@@ -178,66 +234,86 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         tokens = list(request.prompt_token_ids)
         lora = getattr(request, "lora_request", None)
-        try:
-            r = self.leader.match(request.request_id, tokens,
-                                  num_computed_tokens,
-                                  lora_name=getattr(lora, "lora_name", None),
-                                  cache_salt=getattr(request, "cache_salt",
-                                                     None),
-                                  source_node=self._source_node(request))
-        except _lib.KvdepotError as e:
-            log.warning("kvdepot: request %s: %s; computing it",
-                        request.request_id, e)
-            return 0, False
-        if r is None:
-            return None, False
-        self._requests[request.request_id] = [request, len(tokens)]
-        matched, is_async = r
-        return matched, is_async and matched > 0
+        answers = []
+        for leader in self.leaders:
+            try:
+                answers.append(leader.match(
+                    request.request_id, tokens, num_computed_tokens,
+                    lora_name=getattr(lora, "lora_name", None),
+                    cache_salt=getattr(request, "cache_salt", None),
+                    source_node=self._source_node(request)))
+            except _lib.KvdepotError as e:
+                log.warning("kvdepot: request %s: %s; computing it",
+                            request.request_id, e)
+                return 0, False
+        if any(r is None for r in answers):
+            return None, False  # a leader answers again with the same
+        # Every group must hold a token for the engine to skip it.
+        matched = min(m for m, _ in answers)
+        is_async = matched > 0 and any(a for _, a in answers)
+        self._requests[request.request_id] = [request, len(tokens), is_async]
+        return matched, is_async
+
+    def _group_ids(self, table, g):
+        """Group g's block ids from a per-group tuple (None: none), with
+        vLLM's null block as "no block" when there are several groups."""
+        ids = list(table[g]) if table is not None and g < len(table) else []
+        if len(self.leaders) > 1:
+            ids = [_lib.NO_BLOCK if b == _VLLM_NULL_BLOCK else b for b in ids]
+        return ids
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
-        self.leader.update_state_after_alloc(request.request_id, ids,
-                                             num_external_tokens)
+        rid = request.request_id
+        table = blocks.get_block_ids() if blocks is not None else None
+        for g, leader in enumerate(self.leaders):
+            leader.update_state_after_alloc(rid, self._group_ids(table, g),
+                                            num_external_tokens)
+        entry = self._requests.get(rid)
+        if num_external_tokens > 0 and entry is not None and entry[2]:
+            self._async_loads.append(rid)
 
     def _scheduled(self, req_id, new_blocks, computed):
         entry = self._requests.get(req_id)
         if entry is None:
             return
-        request, given = entry
+        request, given = entry[0], entry[1]
         tokens = list(request.all_token_ids[given:computed]) \
             if computed > given else []
-        self.leader.request_scheduled(req_id, new_blocks, tokens, computed)
+        for g, leader in enumerate(self.leaders):
+            leader.request_scheduled(req_id, self._group_ids(new_blocks, g),
+                                     tokens, computed)
         entry[1] = max(given, computed)
 
     def build_connector_meta(self, scheduler_output):
         so = scheduler_output
         for rid in getattr(so, "preempted_req_ids", None) or ():
-            self.leader.request_preempted(rid)
+            for leader in self.leaders:
+                leader.request_preempted(rid)
         for new in so.scheduled_new_reqs:
             n = so.num_scheduled_tokens.get(new.req_id, 0)
-            self._scheduled(new.req_id, [], new.num_computed_tokens + n)
+            self._scheduled(new.req_id, None, new.num_computed_tokens + n)
         cached = so.scheduled_cached_reqs
         for i, rid in enumerate(getattr(cached, "req_ids", ())):
-            nb = cached.new_block_ids[i]
-            blocks = list(nb[0]) if nb is not None else []
             n = so.num_scheduled_tokens.get(rid, 0)
-            self._scheduled(rid, blocks, cached.num_computed_tokens[i] + n)
-        plan = self.leader.build_connector_meta()
-        meta = KvdepotConnectorMetadata(plan, self._delayed)
-        self._delayed = []
+            self._scheduled(rid, cached.new_block_ids[i],
+                            cached.num_computed_tokens[i] + n)
+        meta = KvdepotConnectorMetadata(
+            [leader.build_connector_meta() for leader in self.leaders],
+            self._delayed, self._async_loads)
+        self._delayed, self._async_loads = [], []
         return meta
 
     def update_connector_output(self, connector_output):
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
-        for report in getattr(meta, "reports", ()):
+        for g, report in getattr(meta, "reports", ()):
             try:
-                self.leader.update_connector_output(report)
-            except _lib.KvdepotError as e:
+                self.leaders[g].update_connector_output(report)
+            except (_lib.KvdepotError, IndexError) as e:
                 log.warning("kvdepot: worker report refused: %s", e)
-        # vLLM learns these from the workers directly; drain our copies.
-        self.leader.take_failed_blocks()
-        self.leader.take_finished_loads()
+        for leader in self.leaders:
+            # vLLM learns these from the workers directly; drain our copies.
+            leader.take_failed_blocks()
+            leader.take_finished_loads()
 
     def request_finished(self, request, block_ids):
         """(delay_free, kv_transfer_params). A request the proxy marked
@@ -249,9 +325,11 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self._requests.pop(request.request_id, None)
         p = getattr(request, "kv_transfer_params", None) or {}
         params = None
+        rid = request.request_id
+        # Every group's leader hears of it (no short-circuit).
+        delays = [leader.request_finished(rid) for leader in self.leaders[1:]]
         if p.get("do_remote_decode"):
-            delay, t = self.leader.request_finished_transfer(
-                request.request_id)
+            delay, t = self.leaders[0].request_finished_transfer(rid)
             if t is not None:
                 params = {"do_remote_prefill": True,
                           "do_remote_decode": False,
@@ -260,9 +338,10 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                           "kvdepot_hashes": t["hashes"],
                           "kvdepot_num_tokens": t["num_tokens"]}
         else:
-            delay = self.leader.request_finished(request.request_id)
+            delay = self.leaders[0].request_finished(rid)
+        delay = delay or any(delays)
         if delay:
-            self._delayed.append(request.request_id)
+            self._delayed.append(rid)
         return delay, params
 
     def request_finished_all_groups(self, request, block_ids):
@@ -282,85 +361,126 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         if len(names) != self.num_layers:
             raise ValueError(f"kvdepot: {len(names)} KV tensors for "
                              f"{self.num_layers} layers")
-        first = kv_caches[names[0]]
-        lay = _layout_of(first, self.settings.kv_layout, self.num_kv_heads)
-        for n in names[1:]:
-            t = kv_caches[n]
-            if tuple(t.shape) != tuple(first.shape) or \
-                    t.stride() != first.stride() or t.dtype != first.dtype:
-                raise ValueError(f"kvdepot: layer {n} is shaped unlike "
-                                 f"{names[0]}")
-        self._layer_index = {n: i for i, n in enumerate(names)}
-        self._open_worker(first, lay, [kv_caches[n].data_ptr()
-                                       for n in names])
+        if self.groups == [None]:
+            parts = [(names, self.num_kv_heads, self.head_dim)]
+        else:
+            parts = [(layers, spec.num_kv_heads, spec.head_size)
+                     for layers, spec in self.groups]
+        self._layer_index = {}
+        for g, (layers, heads, dim) in enumerate(parts):
+            missing = [n for n in layers if n not in kv_caches]
+            if missing:
+                raise ValueError(f"kvdepot: no KV tensor for layer "
+                                 f"{missing[0]} of KV-cache group {g}")
+            first = kv_caches[layers[0]]
+            lay = _layout_of(first, self.settings.kv_layout, heads)
+            for n in layers[1:]:
+                t = kv_caches[n]
+                if tuple(t.shape) != tuple(first.shape) or \
+                        t.stride() != first.stride() or \
+                        t.dtype != first.dtype:
+                    raise ValueError(f"kvdepot: layer {n} is shaped unlike "
+                                     f"{layers[0]}")
+            self._layer_index.update((n, (g, i)) for i, n in
+                                     enumerate(layers))
+            self._open_worker(first, lay, [kv_caches[n].data_ptr()
+                                           for n in layers], g, heads, dim)
 
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
+        if self.groups != [None]:
+            raise ValueError("kvdepot: one cross-layer KV tensor for several "
+                             "KV-cache groups")
         per_layer = kv_cache[0]
         lay = _layout_of(per_layer, self.settings.kv_layout,
                          self.num_kv_heads)
         step = kv_cache.stride(0) * kv_cache.element_size()
         self._layer_index = {}
         self._open_worker(per_layer, lay, [kv_cache.data_ptr() + i * step
-                                           for i in range(kv_cache.shape[0])])
+                                           for i in range(kv_cache.shape[0])],
+                          0, self.num_kv_heads, self.head_dim)
 
-    def _open_worker(self, t, lay, bases):
+    def _open_worker(self, t, lay, bases, g, want_heads, want_dim):
         num_blocks, strides, planes, heads, head_dim = lay
         dt = _dtype_name(t.dtype)
-        if dt != self.dtype or head_dim != self.head_dim or \
-                (not self.mla and heads != self.num_kv_heads):
+        if dt != self.dtype or head_dim != want_dim or \
+                (not self.mla and heads != want_heads):
             raise ValueError(f"kvdepot: KV tensor ({dt}, {heads} heads x "
                              f"{head_dim}) differs from the model config "
-                             f"({self.dtype}, {self.num_kv_heads} x "
-                             f"{self.head_dim})")
+                             f"({self.dtype}, {want_heads} x {want_dim})")
         fmt = _lib.ObjectFormat(dtype=_KVD_DTYPES[dt],
                                 num_layers=len(bases), num_planes=planes,
                                 num_heads=heads, head_dim=head_dim,
                                 block_size=self.block_size,
                                 tq_seed=0x6b76646570)
         fmt.codec[0], fmt.codec[1] = self.codecs
-        self.worker = _lib.Worker(self.store, self.ns, fmt,
-                                  threads=self.settings.threads)
-        self.worker.register_kv_caches(bases, num_blocks, strides)
+        worker = _lib.Worker(self.store, self.group_ns[g], fmt,
+                             threads=self.settings.threads)
+        self.workers.append(worker)
+        worker.register_kv_caches(bases, num_blocks, strides)
 
     def _layer(self, layer_name):
-        i = self._layer_index.get(layer_name)
-        if i is None:  # cross-layer registration: names in call order
-            i = len(self._layer_index)
-            self._layer_index[layer_name] = i
-        return i
+        gi = self._layer_index.get(layer_name)
+        if gi is None:  # cross-layer registration: names in call order
+            gi = (0, len(self._layer_index))
+            self._layer_index[layer_name] = gi
+        return gi
 
     def bind_connector_metadata(self, connector_metadata):
         super().bind_connector_metadata(connector_metadata)
-        self._delayed.update(connector_metadata.delayed)
-        self.worker.bind_metadata(connector_metadata.plan)
+        m = connector_metadata
+        if len(m.plans) != len(self.workers):
+            raise ValueError(f"kvdepot: {len(m.plans)} plans for "
+                             f"{len(self.workers)} KV-cache groups")
+        self._delayed.update(m.delayed)
+        for rid in m.async_loads:
+            self._loading[rid] = len(self.workers)
+        for worker, plan in zip(self.workers, m.plans):
+            worker.bind_metadata(plan)
 
     def clear_connector_metadata(self):
-        self.worker.clear_metadata()
+        for worker in self.workers:
+            worker.clear_metadata()
         super().clear_connector_metadata()
 
     def handle_preemptions(self, kv_connector_metadata):
         pass  # saves never outlive their step (wait_for_save)
 
     def start_load_kv(self, forward_context, **kwargs):
-        self.worker.start_load_kv()
+        for worker in self.workers:
+            worker.start_load_kv()
 
     def wait_for_layer_load(self, layer_name):
-        self.worker.wait_for_layer_load(self._layer(layer_name))
+        g, i = self._layer(layer_name)
+        self.workers[g].wait_for_layer_load(i)
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        self.worker.save_kv_layer(self._layer(layer_name))
+        g, i = self._layer(layer_name)
+        self.workers[g].save_kv_layer(i)
 
     def wait_for_save(self):
-        self.worker.wait_for_save()
+        for worker in self.workers:
+            worker.wait_for_save()
 
     def get_finished(self, finished_req_ids):
         self._finished.update(finished_req_ids)
-        saving, loading, failed, report = self.worker.get_finished(
-            sorted(finished_req_ids))
-        self._report = report
-        for _, block, _status in failed:
-            self._invalid.add(block)
-        recving = {rid for rid, is_async in loading if is_async}
+        recving = set()
+        for g, worker in enumerate(self.workers):
+            _saving, loading, failed, report = worker.get_finished(
+                sorted(finished_req_ids))
+            if report:
+                self._reports.append((g, report))
+            for _, block, _status in failed:
+                self._invalid.add(block)
+            # vLLM waits for a load until every group has done its part.
+            for rid, _is_async in loading:
+                left = self._loading.get(rid)
+                if left is None:
+                    continue  # a load vLLM does not wait for
+                if left > 1:
+                    self._loading[rid] = left - 1
+                else:
+                    del self._loading[rid]
+                    recving.add(rid)
         # Saves are complete when wait_for_save returns: a request whose
         # blocks vLLM kept for us can go as soon as vLLM finished it.
         sending = self._delayed & self._finished
@@ -375,9 +495,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         return out
 
     def build_connector_worker_meta(self):
-        if not self._report:
+        if not self._reports:
             return None
-        meta, self._report = KvdepotWorkerMetadata([self._report]), b""
+        meta, self._reports = KvdepotWorkerMetadata(self._reports), []
         return meta
 
     def get_kv_connector_stats(self):
@@ -406,18 +526,22 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         return None  # any layout: strides are read from the tensors
 
     def kvdepot_stats(self):
-        """The C worker's counters (blocks loaded/saved, errors, bytes)."""
-        return self.worker.stats() if self.worker else {}
+        """The C workers' counters (blocks loaded/saved, errors, bytes),
+        summed over the KV-cache groups."""
+        total = {}
+        for worker in self.workers:
+            for k, v in worker.stats().items():
+                total[k] = total.get(k, 0) + v
+        return total
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config):
         return True  # the layer hooks do real work
 
     def shutdown(self):
-        for obj in (self.worker, self.leader):
-            if obj is not None:
-                obj.close()
-        self.worker = self.leader = None
+        for obj in self.workers + self.leaders:
+            obj.close()
+        self.workers, self.leaders = [], []
         if self._store_key is not None:
             _store_release(self._store_key)
             self._store_key = None

@@ -301,6 +301,122 @@ def save_restart_load(kind, cfg, between=None):
         w.shutdown()
 
 
+# ---- vLLM's hybrid allocator: several KV-cache groups --------------------
+
+class FullAttentionSpec:
+    """Stand-ins named as vLLM's KVCacheSpec classes (the connector reads
+    the class name and the attention fields)."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
+
+
+class SlidingWindowSpec(FullAttentionSpec):
+    pass
+
+
+class MambaSpec(FullAttentionSpec):
+    pass
+
+
+HYBRID_FULL = [f"model.layers.{i}.self_attn" for i in (1, 3)]
+HYBRID_LOCAL = [f"model.layers.{i}.self_attn" for i in (0, 2)]
+
+
+def hybrid_config(store_dir, local_spec=SlidingWindowSpec):
+    cfg = vllm_config(store_dir)
+    cfg.model_config.get_num_layers = lambda pc: 4
+    spec = dict(block_size=BS, num_kv_heads=HEADS, head_size=DIM)
+    kvc = NS(kv_cache_groups=[
+        NS(layer_names=HYBRID_FULL, kv_cache_spec=FullAttentionSpec(**spec)),
+        NS(layer_names=HYBRID_LOCAL,
+           kv_cache_spec=local_spec(sliding_window=32, **spec))])
+    return cfg, kvc
+
+
+class GroupBlocks:
+    def __init__(self, *groups):
+        self.groups = tuple(list(g) for g in groups)
+
+    def get_block_ids(self):
+        return self.groups
+
+
+def test_hybrid_groups_save_and_load_their_own_tables():
+    """Two KV-cache groups (full attention, sliding window) sharing tensors
+    and one block pool, as vLLM's hybrid allocator lays them out: each is
+    saved from and loaded into its own block table, and the sliding-window
+    group's null blocks (block 0: tokens out of the window) are left alone."""
+    with tempfile.TemporaryDirectory() as d:
+        cfg, kvc = hybrid_config(d)
+        g = torch.Generator().manual_seed(77)
+
+        def tensors(fill):
+            ts = [torch.randn((2, NB, BS, HEADS, DIM), generator=g)
+                  .to(torch.float16) if fill else
+                  torch.full((2, NB, BS, HEADS, DIM), -1.0,
+                             dtype=torch.float16) for _ in range(2)]
+            return {f"model.layers.{i}.self_attn": ts[i // 2]
+                    for i in range(4)}
+
+        def pair(kvs):
+            s = kv.KvdepotConnector(cfg, kv.KVConnectorRole.SCHEDULER, kvc)
+            w = kv.KvdepotConnector(cfg, kv.KVConnectorRole.WORKER, kvc)
+            w.register_kv_caches(kvs)
+            return s, w, list(kvs)
+
+        tokens = [(i * 13 + 5) % 32000 for i in range(PROMPT)]
+        full_a, local_a = [3, 9, 1, 12, 5, 20, 7], [2, 4, 6, 8, 10, 11, 13]
+        kv_a = tensors(True)
+        s, w, names = pair(kv_a)
+        assert len(s.leaders) == 2 and len(w.workers) == 2
+        req = Request("req-a", tokens)
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, GroupBlocks(full_a, local_a), 0)
+        meta = s.build_connector_meta(
+            sched_output(new=[(req, 0)], tokens={"req-a": PROMPT}))
+        s.update_connector_output(worker_step(w, meta, kv_a, names))
+        assert s.request_finished_all_groups(req, (full_a, local_a)) == \
+            (False, None)
+        assert w.kvdepot_stats()["blocks_saved"] == 12
+        s.shutdown()
+        w.shutdown()
+
+        kv_b = tensors(False)
+        s, w, names = pair(kv_b)
+        req = Request("req-b", tokens)
+        assert s.get_num_new_matched_tokens(req, 0) == (96, True)
+        full_b, local_b = [14, 15, 16, 17, 18, 19, 21], [0, 0, 0, 0, 22, 23, 1]
+        s.update_state_after_alloc(req, GroupBlocks(full_b, local_b), 96)
+        recving, deadline = None, time.monotonic() + 20
+        while not recving and time.monotonic() < deadline:
+            time.sleep(0.001)
+            meta = s.build_connector_meta(sched_output())
+            out = worker_step(w, meta, kv_b, names)
+            s.update_connector_output(out)
+            recving = out.finished_recving
+        assert recving == {"req-b"}  # once, when both groups are done
+        assert out.invalid_block_ids == set()
+        for n in HYBRID_FULL:
+            for i in range(6):
+                assert torch.equal(kv_a[n][:, full_a[i]], kv_b[n][:, full_b[i]])
+        for n in HYBRID_LOCAL:
+            for i in (4, 5):
+                assert torch.equal(kv_a[n][:, local_a[i]],
+                                   kv_b[n][:, local_b[i]])
+        for n in names:  # the null block was not written
+            assert torch.all(kv_b[n][:, 0] == -1)
+        assert w.kvdepot_stats()["blocks_loaded"] == 6 + 2
+        s.request_finished_all_groups(req, (full_b, local_b))
+        s.shutdown()
+        w.shutdown()
+
+        # A group of Mamba state is not K/V: refused, not half-restored.
+        cfg, kvc = hybrid_config(d, local_spec=MambaSpec)
+        with pytest.raises(ValueError, match="only attention K/V"):
+            kv.KvdepotConnector(cfg, kv.KVConnectorRole.SCHEDULER, kvc)
+
+
 def test_decode_saves_and_delayed_free():
     with tempfile.TemporaryDirectory() as d:
         cfg = vllm_config(d)
@@ -379,11 +495,14 @@ def test_load_errors_surface():
 
 
 def test_metadata_pickles_and_aggregates():
-    m = kv.KvdepotConnectorMetadata(b"\x08\x01", ["x"])
+    m = kv.KvdepotConnectorMetadata([b"\x08\x01"], ["x"], ["y"])
     back = pickle.loads(pickle.dumps(m))
-    assert back.plan == b"\x08\x01" and back.delayed == ("x",)
-    a, b = kv.KvdepotWorkerMetadata([b"1"]), kv.KvdepotWorkerMetadata([b"2"])
-    assert pickle.loads(pickle.dumps(a.aggregate(b))).reports == [b"1", b"2"]
+    assert back.plans == (b"\x08\x01",) and back.delayed == ("x",)
+    assert back.async_loads == ("y",)
+    a = kv.KvdepotWorkerMetadata([(0, b"1")])
+    b = kv.KvdepotWorkerMetadata([(1, b"2")])
+    assert pickle.loads(pickle.dumps(a.aggregate(b))).reports == \
+        [(0, b"1"), (1, b"2")]
 
 
 def test_bad_settings_are_refused():

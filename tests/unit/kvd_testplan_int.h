@@ -55,7 +55,7 @@ static inline uint8_t *kvd_testplan_pack(uint64_t step, uint32_t block_size,
         rq[i] = rinit;
         rqp[i] = &rq[i];
         rq[i].request_id = (char *)r->id;
-        rq[i].async_load = r->async && r->n_loads > 0;
+        rq[i].async_load = r->async;
         rq[i].layerwise = r->layerwise;
         rq[i].loads = ldp + li;
         rq[i].n_loads = r->n_loads;

@@ -505,6 +505,120 @@ static void test_async_load_failure(void **state)
     kvd_leader_destroy(ld);
 }
 
+/* A sliding-window KV-cache group (vLLM's hybrid allocator): positions the
+ * engine dropped are KVD_LEADER_NO_BLOCK. Nothing is loaded into or saved
+ * from them, and an asynchronous load of only such positions still ends
+ * when the worker reports it. */
+static void test_no_block_positions(void **state)
+{
+    (void)state;
+    fake_t f;
+    uint32_t tok[80];
+    kvd_block_hash_t h[8];
+    kvd_leader_t *ld = scene(&f, 1, tok, 80, 12, h);
+    fake_store(&f, h, 4, KVD_STORE_TIER_DISK);
+    uint64_t m = 0;
+    bool async = false;
+    assert_int_equal(match(ld, "w", tok, 80, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 64);
+    assert_true(async);
+    const uint32_t nb = KVD_LEADER_NO_BLOCK;
+    uint32_t blocks[5] = {nb, nb, 32, 33, 34};
+    assert_int_equal(
+        kvd_leader_update_state_after_alloc(ld, "w", blocks, 5, 64), KVD_OK);
+    kvd_pb_step_plan_t *p = plan_of(ld);
+    const kvd_pb_step_request_t *q = plan_req(p, "w");
+    assert_non_null(q);
+    assert_true(q->async_load);
+    assert_int_equal(q->n_loads, 2);
+    assert_int_equal(q->loads[0]->block_id, 32);
+    assert_int_equal(q->loads[1]->block_id, 33);
+    assert_memory_equal(q->loads[0]->key->block_hash.data, h[2].bytes,
+                        KVD_SHA256_BYTES);
+    assert_int_equal(q->num_load_tokens, 32);
+    kvd_proto_step_plan_free(p);
+    report(ld, 1, NULL, "w", NULL, 0);
+    assert_int_equal(f.leases, 0);
+    /* Prefill of the rest: block 4 is saved; the engine then drops block
+     * 2 and 3 from the window before a later save would reach them. */
+    uint32_t more[1] = {35};
+    assert_int_equal(
+        kvd_leader_request_scheduled(ld, "w", more, 0, NULL, 0, NULL, 0, 80),
+        KVD_OK);
+    p = plan_of(ld);
+    q = plan_req(p, "w");
+    assert_non_null(q);
+    assert_int_equal(q->n_loads, 0);
+    assert_int_equal(q->n_saves, 1);
+    assert_int_equal(q->saves[0]->block_id, 34);
+    kvd_proto_step_plan_free(p);
+    report(ld, 2, "w", NULL, NULL, 0);
+    bool delay = true;
+    assert_int_equal(kvd_leader_request_finished(ld, "w", &delay), KVD_OK);
+    assert_false(delay);
+
+    /* Every position to load dropped: the load is asynchronous with nothing
+     * to copy and still ends with the worker's report. */
+    assert_int_equal(match(ld, "x", tok, 80, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 64);
+    uint32_t none[5] = {nb, nb, nb, nb, 40};
+    assert_int_equal(kvd_leader_update_state_after_alloc(ld, "x", none, 5, 64),
+                     KVD_OK);
+    p = plan_of(ld);
+    q = plan_req(p, "x");
+    assert_non_null(q);
+    assert_true(q->async_load);
+    assert_int_equal(q->n_loads, 0);
+    kvd_proto_step_plan_free(p);
+    report(ld, 3, NULL, "x", NULL, 0);
+    const char *done[2];
+    assert_int_equal(kvd_leader_take_finished_loads(ld, done, 2), 2);
+    assert_int_equal(f.leases, 0);
+
+    /* Host-tier (synchronous) blocks, all dropped: planned as an
+     * asynchronous load of nothing, so the worker's report ends it. */
+    kvd_block_hash_t h2[3];
+    uint32_t tok3[48];
+    prompt(tok3, 48, 14);
+    assert_int_equal(chain(tok3, 48, NULL, h2), 3);
+    fake_store(&f, h2, 2, KVD_STORE_TIER_HOST);
+    assert_int_equal(match(ld, "z", tok3, 48, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 32);
+    assert_false(async);
+    uint32_t z[3] = {nb, nb, 60};
+    assert_int_equal(kvd_leader_update_state_after_alloc(ld, "z", z, 3, 32),
+                     KVD_OK);
+    p = plan_of(ld);
+    q = plan_req(p, "z");
+    assert_non_null(q);
+    assert_true(q->async_load);
+    assert_int_equal(q->n_loads, 0);
+    kvd_proto_step_plan_free(p);
+    assert_true(f.leases > 0);
+    report(ld, 4, NULL, "z", NULL, 0);
+    assert_int_equal(f.leases, 0);
+    assert_int_equal(kvd_leader_request_finished(ld, "z", &delay), KVD_OK);
+
+    /* Saves of dropped positions only: no plan entry, nothing in flight. */
+    uint32_t tok2[48];
+    prompt(tok2, 48, 13);
+    assert_int_equal(match(ld, "y", tok2, 48, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 0);
+    uint32_t y[3] = {nb, nb, 50};
+    assert_int_equal(kvd_leader_update_state_after_alloc(ld, "y", y, 3, 0),
+                     KVD_OK);
+    assert_int_equal(
+        kvd_leader_request_scheduled(ld, "y", NULL, 0, NULL, 0, NULL, 0, 32),
+        KVD_OK);
+    p = plan_of(ld);
+    assert_null(plan_req(p, "y"));
+    kvd_proto_step_plan_free(p);
+    assert_int_equal(kvd_leader_request_finished(ld, "y", &delay), KVD_OK);
+    assert_false(delay);
+    kvd_leader_destroy(ld);
+    assert_int_equal(f.leases, 0);
+}
+
 static void test_shared_prefix_loaded_once(void **state)
 {
     (void)state;
@@ -1012,6 +1126,7 @@ int main(void)
         cmocka_unit_test(test_preempt_and_abort_release_everything),
         cmocka_unit_test(test_async_load_failure),
         cmocka_unit_test(test_shared_prefix_loaded_once),
+        cmocka_unit_test(test_no_block_positions),
         cmocka_unit_test(test_answer_follows_engine_prefix),
         cmocka_unit_test(test_not_yet_is_bounded),
         cmocka_unit_test(test_tenant_salt_isolates),

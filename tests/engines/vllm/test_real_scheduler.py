@@ -18,8 +18,9 @@ ids and, with kv_load_failure_policy="recompute", the request still
 finishes; two requests sharing the stored prefix load it once; two requests
 that outgrow the blocks are preempted and still finish; the connector vLLM's
 factory builds from the module path is our class over vLLM's real base
-classes. The hybrid allocator cannot be enabled for this full-attention
-model (vLLM refuses), so that scenario is not run (docs/vllm.md).
+classes; and a hybrid model (Gemma 2: sliding-window and full-attention
+layers) under vLLM's hybrid allocator, whose two KV-cache groups are saved,
+restored and left alone where the window has dropped their blocks.
 """
 
 import json
@@ -42,7 +43,8 @@ from vllm.v1.core.kv_cache_utils import (get_request_block_hasher,  # noqa
                                          init_none_hash)
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec,  # noqa: E402
-                                        KVCacheConfig, KVCacheGroupSpec)
+                                        KVCacheConfig, KVCacheGroupSpec,
+                                        KVCacheTensor, SlidingWindowSpec)
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -58,29 +60,44 @@ BS, LAYERS, HEADS, DIM, NB = 16, 2, 2, 64, 64
 EOS = 999
 
 
-def model_dir(root):
-    d = Path(root) / "tiny-llama"
+# The hybrid model: Gemma 2's layers alternate sliding-window (even) and
+# full attention (odd); vLLM's hybrid allocator gives each kind its own
+# KV-cache group and block table.
+HLAYERS, WINDOW = 4, 32
+FULL = [f"model.layers.{i}.self_attn.attn" for i in range(1, HLAYERS, 2)]
+LOCAL = [f"model.layers.{i}.self_attn.attn" for i in range(0, HLAYERS, 2)]
+
+
+def model_dir(root, hybrid=False):
+    d = Path(root) / ("tiny-gemma2" if hybrid else "tiny-llama")
     d.mkdir(exist_ok=True)
-    (d / "config.json").write_text(json.dumps({
+    cfg = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": HEADS * DIM, "num_attention_heads": HEADS,
         "num_key_value_heads": HEADS, "num_hidden_layers": LAYERS,
         "intermediate_size": 256, "vocab_size": 1000,
         "max_position_embeddings": 4096, "torch_dtype": "float16",
-        "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": EOS}))
+        "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": EOS}
+    if hybrid:
+        cfg.update({"architectures": ["Gemma2ForCausalLM"],
+                    "model_type": "gemma2", "head_dim": DIM,
+                    "num_hidden_layers": HLAYERS, "sliding_window": WINDOW,
+                    "query_pre_attn_scalar": DIM,
+                    "torch_dtype": "bfloat16"})  # vLLM refuses fp16 here
+    (d / "config.json").write_text(json.dumps(cfg))
     return str(d)
 
 
 def make_config(root, store_dir, policy="fail", hma=False):
-    mc = ModelConfig(model=model_dir(root), skip_tokenizer_init=True,
-                     dtype="float16", seed=0)
-    return VllmConfig(
+    mc = ModelConfig(model=model_dir(root, hma), skip_tokenizer_init=True,
+                     dtype="bfloat16" if hma else "float16", seed=0)
+    cfg = VllmConfig(
         model_config=mc,
         scheduler_config=SchedulerConfig(
             max_num_seqs=8, max_num_batched_tokens=256, max_model_len=4096,
             enable_chunked_prefill=True,
             is_encoder_decoder=mc.is_encoder_decoder,
-            disable_hybrid_kv_cache_manager=not hma),
+            disable_hybrid_kv_cache_manager=None if hma else True),
         cache_config=CacheConfig(block_size=BS, gpu_memory_utilization=0.9,
                                  cache_dtype="auto",
                                  enable_prefix_caching=True),
@@ -92,19 +109,45 @@ def make_config(root, store_dir, policy="fail", hma=False):
                 "store_dir": store_dir, "arena_size": "64m",
                 "disk_size": "64m", "disk_write": "through"}),
         device_config=DeviceConfig("cpu"))
+    if hma:
+        # vLLM 0.19.1 refuses --no-disable-hybrid-kv-cache-manager on a
+        # platform without a GPU (VllmConfig, "not supported in this
+        # configuration"); this is the value it has on a GPU with that flag.
+        cfg.scheduler_config.disable_hybrid_kv_cache_manager = False
+    return cfg
 
 
-def make_scheduler(cfg, num_blocks=NB):
+def kv_cache_config(num_blocks, hma=False):
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=HEADS,
+                             head_size=DIM, dtype=torch.float16)
+    if not hma:
+        return KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(
+                [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)],
+                full)])
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=HEADS,
+                             head_size=DIM, dtype=torch.bfloat16)
+    local = SlidingWindowSpec(block_size=BS, num_kv_heads=HEADS,
+                              head_size=DIM, dtype=torch.bfloat16,
+                              sliding_window=WINDOW)
+    # As vLLM lays a hybrid model out: one block pool, one tensor shared by
+    # a layer of each group.
+    size = 2 * num_blocks * BS * HEADS * DIM * 2
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[KVCacheTensor(size=size, shared_by=[f, l])
+                          for f, l in zip(FULL, LOCAL)],
+        kv_cache_groups=[KVCacheGroupSpec(FULL, full),
+                         KVCacheGroupSpec(LOCAL, local)])
+
+
+def make_scheduler(cfg, num_blocks=NB, hma=False):
     cfg.cache_config.num_gpu_blocks = num_blocks
-    kvc = KVCacheConfig(
-        num_blocks=num_blocks, kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(
-            [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)],
-            FullAttentionSpec(block_size=BS, num_kv_heads=HEADS,
-                              head_size=DIM, dtype=torch.float16))])
+    kvc = kv_cache_config(num_blocks, hma)
     return Scheduler(vllm_config=cfg, kv_cache_config=kvc, log_stats=True,
                      structured_output_manager=StructuredOutputManager(cfg),
-                     block_size=BS)
+                     block_size=BS), kvc
 
 
 _hash_ready = False
@@ -129,12 +172,20 @@ class Engine:
     def __init__(self, root, store_dir, seed, policy="fail", hma=False,
                  num_blocks=NB):
         self.cfg = make_config(root, store_dir, policy, hma)
-        self.sched = make_scheduler(self.cfg, num_blocks)
-        self.worker = kv.KvdepotConnector(self.cfg, KVConnectorRole.WORKER)
+        self.sched, kvc = make_scheduler(self.cfg, num_blocks, hma)
+        self.worker = kv.KvdepotConnector(self.cfg, KVConnectorRole.WORKER,
+                                          kv_cache_config=kvc)
         g = torch.Generator().manual_seed(seed)
-        self.kv = {f"model.layers.{i}.self_attn.attn":
-                   torch.randn((2, NB, BS, HEADS, DIM), generator=g)
-                   .to(torch.float16) for i in range(LAYERS)}
+        if hma:  # a full and a sliding-window layer share each tensor
+            shared = [torch.randn((2, NB, BS, HEADS, DIM), generator=g)
+                      .to(torch.bfloat16) for _ in FULL]
+            self.kv = {}
+            for i in range(HLAYERS):
+                self.kv[f"model.layers.{i}.self_attn.attn"] = shared[i // 2]
+        else:
+            self.kv = {f"model.layers.{i}.self_attn.attn":
+                       torch.randn((2, NB, BS, HEADS, DIM), generator=g)
+                       .to(torch.float16) for i in range(LAYERS)}
         self.worker.register_kv_caches(self.kv)
         self.invalid = set()
 
@@ -176,9 +227,9 @@ class Engine:
             self.step()
         raise AssertionError(f"{rids} did not finish")
 
-    def blocks_of(self, rid):
+    def blocks_of(self, rid, group=0):
         mgr = self.sched.kv_cache_manager
-        return [b.block_id for b in mgr.get_blocks(rid).blocks[0]]
+        return [b.block_id for b in mgr.get_blocks(rid).blocks[group]]
 
     def close(self):
         self.sched.get_kv_connector().shutdown()
@@ -291,3 +342,59 @@ def test_preemption():
         assert not e.invalid
         e.close()
 
+
+
+def test_hybrid_allocator_groups():
+    """Gemma 2 under the hybrid allocator: two KV-cache groups, each saved
+    and restored in its own block table; the sliding-window group's blocks
+    that left the window (vLLM's null block) are neither loaded nor saved."""
+    def layer(kvd, name, b):
+        return kvd[name][:, b]
+
+    with tempfile.TemporaryDirectory() as root:
+        store = str(Path(root) / "store")
+        a = Engine(root, store, seed=9, hma=True)
+        assert not a.cfg.scheduler_config.disable_hybrid_kv_cache_manager
+        c = a.sched.get_kv_connector()
+        assert len(c.leaders) == 2 and len(a.worker.workers) == 2
+        a.sched.add_request(make_request("h", PROMPT))
+        a.step()  # the whole prompt in one step: every block is real
+        full_a, local_a = a.blocks_of("h", 0)[:6], a.blocks_of("h", 1)[:6]
+        assert 0 not in full_a and 0 not in local_a
+        saved = {(n, i): layer(a.kv, n, b).clone()
+                 for names, blocks in ((FULL, full_a), (LOCAL, local_a))
+                 for n in names for i, b in enumerate(blocks)}
+        a.run_until_done("h")
+        assert a.worker.kvdepot_stats()["blocks_saved"] == 12  # 6 per group
+        a.close()
+
+        b = Engine(root, store, seed=10, hma=True)
+        null_before = {n: layer(b.kv, n, 0).clone() for n in b.kv}
+        b.sched.add_request(make_request("h2", PROMPT))
+        req = b.sched.requests["h2"]
+        b.step()
+        assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        for _ in range(400):
+            if req.status != RequestStatus.WAITING_FOR_REMOTE_KVS:
+                break
+            time.sleep(0.005)
+            b.step()
+        assert req.status != RequestStatus.WAITING_FOR_REMOTE_KVS
+        full_b, local_b = b.blocks_of("h2", 0)[:6], b.blocks_of("h2", 1)[:6]
+        # 96 tokens restored: the window (32 tokens) keeps the last two of
+        # the sliding-window group's six blocks; vLLM holds null for the rest.
+        assert local_b[:4] == [0, 0, 0, 0] and 0 not in local_b[4:]
+        for n in FULL:
+            for i, bb in enumerate(full_b):
+                assert torch.equal(saved[(n, i)], layer(b.kv, n, bb))
+        for n in LOCAL:
+            for i in (4, 5):
+                assert torch.equal(saved[(n, i)], layer(b.kv, n, local_b[i]))
+        for n in b.kv:  # the null block was never written
+            assert torch.equal(null_before[n], layer(b.kv, n, 0))
+        assert b.worker.kvdepot_stats()["blocks_loaded"] == 6 + 2
+        b.step()
+        assert req.num_computed_tokens >= 96
+        b.run_until_done("h2")
+        assert not b.invalid
+        b.close()
