@@ -214,6 +214,10 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     }
     w->cfg = *cfg;
     w->store = cfg->store;
+    static const kvd_namespace_t zero_ns;
+    w->plan_ns = memcmp(&cfg->plan_ns, &zero_ns, sizeof zero_ns) == 0
+                     ? cfg->ns
+                     : cfg->plan_ns;
     w->object_bytes = kvd_object_bytes(&cfg->format);
     w->num_threads =
         cfg->num_threads != 0 ? cfg->num_threads : WORKER_DEFAULT_THREADS;
@@ -343,7 +347,7 @@ static kvd_status_t plan_block(kvd_worker_t *w, const kvd_pb_object_key_t *key,
                                uint32_t block_id, wreq_t *r, wblock_t *b,
                                char *err, size_t err_len)
 {
-    if (memcmp(key->namespace_id.data, w->cfg.ns.bytes, KVD_NAMESPACE_BYTES) !=
+    if (memcmp(key->namespace_id.data, w->plan_ns.bytes, KVD_NAMESPACE_BYTES) !=
         0) {
         set_err(err, err_len,
                 "worker: plan: request %s block %u: key of another namespace",

@@ -143,6 +143,7 @@ struct kvd_worker {
      * consumer at a time, and the workers on one store (one per vLLM
      * KV-cache group) share it. */
     pthread_mutex_t *poll_mu;
+    kvd_namespace_t plan_ns; /* cfg.plan_ns, or cfg.ns when that is zero */
 
     pthread_mutex_t mu;
     pthread_cond_t task_cv; /* the task queue is not empty */

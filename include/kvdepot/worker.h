@@ -83,7 +83,7 @@ typedef enum kvd_worker_device {
 
 typedef struct kvd_worker_config {
     kvd_store_t *store; /* embedded store, borrowed: open until destroy */
-    kvd_namespace_t ns; /* every key of a plan must be in this namespace */
+    kvd_namespace_t ns; /* where this worker's objects are stored */
     /* How this worker's share of one block is stored: dtype, layers,
      * planes, heads, head_dim, block_size, codecs (kernels.h). */
     kvd_object_format_t format;
@@ -91,6 +91,11 @@ typedef struct kvd_worker_config {
     uint32_t tenant;      /* quota domain of the saves (store.h) */
     uint32_t num_threads; /* host backend threads, 0 = 2 */
     kvd_worker_device_t device;
+    /* The namespace the leader's plans name blocks in, when it is not `ns`:
+     * with tensor parallelism the leader plans in rank 0's namespace and
+     * each rank loads and saves the same block hashes in its own (its shard
+     * of the heads). All zero: `ns`. Every key of a plan must be in it. */
+    kvd_namespace_t plan_ns;
 } kvd_worker_config_t;
 
 /*

@@ -155,7 +155,7 @@ class WorkerConfig(ctypes.Structure):
     _fields_ = [("store", ctypes.c_void_p), ("ns", Namespace),
                 ("format", ObjectFormat), ("worker_rank", ctypes.c_uint32),
                 ("tenant", ctypes.c_uint32), ("num_threads", ctypes.c_uint32),
-                ("device", ctypes.c_int)]
+                ("device", ctypes.c_int), ("plan_ns", Namespace)]
 
 
 class FailedLoad(ctypes.Structure):
@@ -435,9 +435,11 @@ class Leader:
 class Worker:
     """One kvd_worker_t on the host backend (worker.h)."""
 
-    def __init__(self, store, ns, fmt, rank=0, threads=0):
+    def __init__(self, store, ns, fmt, rank=0, threads=0, plan_ns=None):
         cfg = WorkerConfig(store=store.handle, ns=ns, format=fmt,
                            worker_rank=rank, num_threads=threads)
+        if plan_ns is not None:  # plans name blocks in another namespace
+            cfg.plan_ns = plan_ns
         self.handle = ctypes.c_void_p()
         err = ctypes.create_string_buffer(256)
         _check("worker create", lib().kvd_worker_create(

@@ -148,6 +148,18 @@ def _kv_groups(kv_cache_config, block_size):
     return out
 
 
+def _tp_rank(pc, tp):
+    """This worker's tensor-parallel rank."""
+    if tp == 1:
+        return 0
+    try:
+        from vllm.distributed.parallel_state import \
+            get_tensor_model_parallel_rank
+        return get_tensor_model_parallel_rank()
+    except (ImportError, AssertionError):  # no vLLM, or no TP group (tests)
+        return getattr(pc, "rank", 0) % tp
+
+
 # ---- the connector -------------------------------------------------------------
 
 class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
@@ -160,11 +172,16 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self.settings = config.parse(
             getattr(ktc, "kv_connector_extra_config", None))
         mc, pc = vllm_config.model_config, vllm_config.parallel_config
-        if getattr(pc, "tensor_parallel_size", 1) != 1 or \
-                getattr(pc, "pipeline_parallel_size", 1) != 1:
-            raise ValueError("kvdepot: the embedded store serves one worker; "
-                             "tensor or pipeline parallelism needs the "
-                             "kvdepotd daemon, not released yet")
+        if getattr(pc, "pipeline_parallel_size", 1) != 1:
+            raise ValueError("kvdepot: pipeline parallelism is not supported "
+                             "(each stage would store its own layers); use "
+                             "tensor parallelism")
+        self.tp = getattr(pc, "tensor_parallel_size", 1)
+        if self.tp != 1 and self.settings.store_mode != "daemon":
+            raise ValueError(f"kvdepot: tensor parallelism ({self.tp} "
+                             f"workers in their own processes) needs "
+                             f"store_mode \"daemon\": an embedded store "
+                             f"lives in one process")
         self.block_size = vllm_config.cache_config.block_size
         self.num_layers = mc.get_num_layers(pc)
         self.num_kv_heads = mc.get_num_kv_heads(pc)
@@ -178,27 +195,35 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self.codecs = (ck, cv)
         model_id = self.settings.model_id or str(mc.model)
         self.groups = _kv_groups(kv_cache_config, self.block_size)
+        is_scheduler = role == KVConnectorRole.SCHEDULER or \
+            getattr(role, "name", "") == "SCHEDULER"
+        # With tensor parallelism each rank stores its shard of the heads in
+        # its own namespace; the leader plans in rank 0's (plan_ns).
+        self.tp_rank = 0 if is_scheduler else _tp_rank(pc, self.tp)
         n = len(self.groups)
-        self.group_ns = []
+        self.group_ns, self.plan_ns = [], []
         for g, grp in enumerate(self.groups):
             heads = self.num_kv_heads if grp is None else grp[1].num_kv_heads
             dim = self.head_dim if grp is None else grp[1].head_size
-            self.group_ns.append(_lib.namespace(
-                model_id if grp is None else f"{model_id}#kv-group-{g}-of-{n}",
-                _DTYPES[dt], ck, cv,
-                self.num_layers if grp is None else len(grp[0]),
-                1 if self.mla else heads, dim, self.block_size,
-                kv_combined=self.mla))
-        self.ns = self.group_ns[0]
+
+            def ns_of(rank):
+                return _lib.namespace(
+                    model_id if grp is None else
+                    f"{model_id}#kv-group-{g}-of-{n}",
+                    _DTYPES[dt], ck, cv,
+                    self.num_layers if grp is None else len(grp[0]),
+                    1 if self.mla else heads, dim, self.block_size,
+                    tp_size=self.tp, tp_rank=rank, kv_combined=self.mla)
+            self.group_ns.append(ns_of(self.tp_rank))
+            self.plan_ns.append(ns_of(0))
+        self.ns = self.plan_ns[0]
         self._store_key, self.store = _store_acquire(
             config.store_settings(self.settings))
         self.leaders, self.workers = [], []
-        is_scheduler = role == KVConnectorRole.SCHEDULER or \
-            getattr(role, "name", "") == "SCHEDULER"
         if is_scheduler:
             for ns in self.group_ns:
                 self.leaders.append(_lib.Leader(
-                    self.store, self.block_size, ns,
+                    self.store, self.block_size, ns, num_workers=self.tp,
                     layerwise=self.settings.layerwise,
                     lookup_timeout_ms=self.settings.lookup_timeout_ms,
                     node_id=self.settings.node_id or socket.gethostname()))
@@ -413,8 +438,10 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                                 block_size=self.block_size,
                                 tq_seed=0x6b76646570)
         fmt.codec[0], fmt.codec[1] = self.codecs
-        worker = _lib.Worker(self.store, self.group_ns[g], fmt,
-                             threads=self.settings.threads)
+        worker = _lib.Worker(
+            self.store, self.group_ns[g], fmt, rank=self.tp_rank,
+            threads=self.settings.threads,
+            plan_ns=self.plan_ns[g] if self.tp > 1 else None)
         self.workers.append(worker)
         worker.register_kv_caches(bases, num_blocks, strides)
 

@@ -194,6 +194,89 @@ def test_save_restart_load_through_daemon(tmp_path):
 
 
 @pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
+def test_tensor_parallel_through_daemon(tmp_path):
+    """TP=2 over kvdepotd: one scheduler-role connector (its leader waits
+    for both ranks' reports), two worker-role connectors (ranks 0 and 1),
+    each holding different KV for the same blocks. vLLM aggregates the
+    workers' outputs: a request is finished only when every rank says so,
+    and the worker metadata of both ranks reaches the leader. After a
+    restart each rank loads its own shard back, bit for bit."""
+    proc = start_daemon(tmp_path)[0]
+
+    def config(rank):
+        cfg = vllm_config("", store_mode="daemon",
+                          store_address=f"unix:{tmp_path}/d.sock")
+        cfg.parallel_config.tensor_parallel_size = 2
+        cfg.parallel_config.rank = rank
+        return cfg
+
+    def engine(fill, seed):
+        s = kv.KvdepotConnector(config(0), kv.KVConnectorRole.SCHEDULER)
+        ranks = []
+        for rank in range(2):
+            torch.manual_seed(seed + rank)
+            kvs = caches("flash", fill=fill)
+            if fill:  # a different shard per rank
+                for t in kvs.values():
+                    t.copy_(torch.randn(t.shape).to(torch.float16))
+            w = kv.KvdepotConnector(config(rank), kv.KVConnectorRole.WORKER)
+            w.register_kv_caches(kvs)
+            ranks.append((w, kvs))
+        return s, ranks
+
+    def step(s, ranks, meta):
+        """Both ranks run the step; outputs aggregated as vLLM does."""
+        outs = [worker_step(w, meta, kvs, list(kvs)) for w, kvs in ranks]
+        both = [set(o.finished_recving or ()) for o in outs]
+        metas = [o.kv_connector_worker_meta for o in outs
+                 if o.kv_connector_worker_meta is not None]
+        agg = metas[0].aggregate(metas[1]) if len(metas) == 2 else \
+            (metas[0] if metas else None)
+        s.update_connector_output(NS(kv_connector_worker_meta=agg))
+        return both[0] & both[1], set().union(*(o.invalid_block_ids
+                                                for o in outs))
+
+    tokens = [(i * 29 + 1) % 32000 for i in range(PROMPT)]
+    a_blocks, b_blocks = [3, 9, 1, 12, 5, 20, 7], [11, 13, 15, 17, 19, 21, 23]
+    try:
+        s, ranks = engine(True, 500)
+        assert ranks[0][0].group_ns[0].bytes[:] != \
+            ranks[1][0].group_ns[0].bytes[:]
+        assert [w.tp_rank for w, _ in ranks] == [0, 1]
+        req = Request("tp-a", tokens)
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, Blocks(a_blocks), 0)
+        step(s, ranks, s.build_connector_meta(
+            sched_output(new=[(req, 0)], tokens={"tp-a": PROMPT})))
+        assert s.request_finished(req, a_blocks) == (False, None)
+        for w, _ in ranks:
+            assert w.kvdepot_stats()["blocks_saved"] == 6
+        saved = [[t[:, b].clone() for t in kvs.values() for b in a_blocks[:6]]
+                 for _, kvs in ranks]
+        assert not torch.equal(saved[0][0], saved[1][0])
+        for obj in [s] + [w for w, _ in ranks]:
+            obj.shutdown()
+
+        s, ranks = engine(False, 0)
+        req = Request("tp-b", tokens)
+        # In the daemon's RAM: loaded in the step that runs the request.
+        assert s.get_num_new_matched_tokens(req, 0) == (96, False)
+        s.update_state_after_alloc(req, Blocks(b_blocks), 96)
+        done, invalid = step(s, ranks, s.build_connector_meta(sched_output(
+            new=[(req, 96)], tokens={"tp-b": PROMPT - 96})))
+        assert invalid == set() and done == set()
+        for w, _ in ranks:
+            assert w.kvdepot_stats()["blocks_loaded"] == 6
+        for r, (_, kvs) in enumerate(ranks):
+            got = [t[:, b] for t in kvs.values() for b in b_blocks[:6]]
+            assert all(torch.equal(x, y) for x, y in zip(saved[r], got))
+        for obj in [s] + [w for w, _ in ranks]:
+            obj.shutdown()
+    finally:
+        stop_daemon(proc)
+
+
+@pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
 def test_dead_daemon_means_recompute(tmp_path):
     """The daemon dies under a running engine: lookups answer 0 tokens
     within store_timeout, saves are skipped, nothing raises; when a daemon
@@ -527,7 +610,11 @@ def test_bad_settings_are_refused():
                                 kv.KVConnectorRole.SCHEDULER)
         cfg = vllm_config(d)
         cfg.parallel_config.tensor_parallel_size = 2
-        with pytest.raises(ValueError, match="tensor or pipeline"):
+        with pytest.raises(ValueError, match="needs store_mode \"daemon\""):
+            kv.KvdepotConnector(cfg, kv.KVConnectorRole.WORKER)
+        cfg = vllm_config(d)
+        cfg.parallel_config.pipeline_parallel_size = 2
+        with pytest.raises(ValueError, match="pipeline parallelism"):
             kv.KvdepotConnector(cfg, kv.KVConnectorRole.WORKER)
 
 

@@ -603,6 +603,73 @@ static void test_two_workers_share_a_store(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* Tensor parallelism: the leader plans in rank 0's namespace, a rank's
+ * worker stores and loads the same hashes in its own (plan_ns). Plans keyed
+ * in the worker's storage namespace are then refused, and loads read the
+ * worker's own objects. */
+static void test_plan_namespace_differs(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "worker_planns");
+    test_cache_t src, dst;
+    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_init(&dst, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_fill_random(&src, 43);
+    memset(dst.mem, POISON, dst.bytes);
+    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    kvd_store_t *st = NULL;
+    save_four_then_restart(&d, &src, &fmt, &st); /* stored in test_ns() */
+
+    kvd_worker_config_t cfg = {0};
+    cfg.store = st;
+    cfg.ns = test_ns();
+    memset(cfg.plan_ns.bytes, 0x77, sizeof cfg.plan_ns.bytes);
+    cfg.format = fmt;
+    cfg.num_threads = 2;
+    kvd_worker_t *w = NULL;
+    char err[256] = "";
+    assert_int_equal(kvd_worker_create(&cfg, &w, err, sizeof err), KVD_OK);
+    worker_register(w, &dst);
+    treq_t r = {.id = "rank1", .async = true, .n_loads = 4};
+    memcpy(r.load_ids, load_blocks, sizeof load_blocks);
+    memcpy(r.load_keys, keys4, sizeof keys4);
+    size_t len = 0;
+    kvd_namespace_t own = test_ns();
+    uint8_t *plan = plan_pack(1, BS, &own, &r, 1, &len);
+    assert_int_equal(kvd_worker_bind_metadata(w, plan, len, err, sizeof err),
+                     KVD_ERR_PROTO);
+    assert_non_null(strstr(err, "namespace"));
+    free(plan);
+    plan = plan_pack(2, BS, &cfg.plan_ns, &r, 1, &len);
+    assert_int_equal(kvd_worker_bind_metadata(w, plan, len, err, sizeof err),
+                     KVD_OK);
+    free(plan);
+    assert_int_equal(kvd_worker_start_load_kv(w, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_wait_for_save(w, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
+    kvd_worker_finished_t f = wait_loaded(w, "rank1", NULL);
+    assert_int_equal(f.num_failed_loads, 0);
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        for (size_t i = 0; i < 4; i++) {
+            for (uint32_t p = 0; p < 2; p++) {
+                size_t a =
+                    flat_index(&src, l, p, (uint32_t)save_blocks[i], 0, 0, 0) *
+                    2;
+                size_t b =
+                    flat_index(&dst, l, p, (uint32_t)load_blocks[i], 0, 0, 0) *
+                    2;
+                assert_memory_equal(src.mem + a, dst.mem + b,
+                                    (size_t)BS * HEADS * DIM * 2);
+            }
+        }
+    }
+    worker_store_close(w, st);
+    cache_cleanup(&src);
+    cache_cleanup(&dst);
+    kvd_test_dir_remove(&d);
+}
+
 /* A missing object and an I/O error fail exactly their blocks. */
 static void test_failed_blocks_only(void **state)
 {
@@ -998,6 +1065,7 @@ int main(void)
         cmocka_unit_test(test_async_load_from_disk_after_restart),
         cmocka_unit_test(test_async_load_of_nothing_finishes),
         cmocka_unit_test(test_two_workers_share_a_store),
+        cmocka_unit_test(test_plan_namespace_differs),
         cmocka_unit_test(test_failed_blocks_only),
         cmocka_unit_test(test_shared_blocks_in_one_step),
         cmocka_unit_test(test_destroy_with_loads_in_flight),
