@@ -46,9 +46,23 @@ def _store_release(key):
 
 # ---- layouts ----------------------------------------------------------------
 
+def _host_tensor(t, what="KV tensor"):
+    """Refuses a tensor the worker cannot address: the worker in this
+    build copies with the CPU kernels (host backend), so a GPU tensor's
+    data_ptr() is a device address it must never dereference."""
+    device = getattr(t, "device", None)
+    kind = getattr(device, "type", "cpu")
+    if kind != "cpu":
+        raise ValueError(f"kvdepot: {what} on {device}: this build's worker "
+                         f"copies host memory only (no GPU backend), so it "
+                         f"cannot address it; run the engine's KV cache on "
+                         f"the CPU or use a build with the GPU backend")
+
+
 def _layout_of(t, kind, num_heads):
     """(num_blocks, (plane, block, token, head) byte strides, planes, heads,
     head_dim) of one layer's KV tensor."""
+    _host_tensor(t)
     shape, st, e = tuple(t.shape), t.stride(), t.element_size()
     if kind == "auto":
         if len(shape) == 3:

@@ -30,8 +30,8 @@ import os
 from pathlib import Path
 
 from kvdepot import _lib, config
-from kvdepot._shared import (_DTYPES, _KVD_DTYPES, _store_acquire,
-                             _store_release)
+from kvdepot._shared import (_DTYPES, _KVD_DTYPES, _host_tensor,
+                             _store_acquire, _store_release)
 
 log = logging.getLogger("kvdepot.trtllm")
 
@@ -198,6 +198,7 @@ class KvdepotWorker(KvCacheConnectorWorker):
         """The block-major pool [blocks, layers, kv, block*heads*dim] (or
         its 6-dimensional view [blocks, layers, kv, block, heads, dim])."""
         t = kv_cache_tensor
+        _host_tensor(t, "KV pool")
         e = t.element_size()
         heads, dim = self.shape["num_kv_heads"], self.shape["head_dim"]
         if t.dim() not in (4, 6) or t.shape[1] != self.shape["num_layers"]:

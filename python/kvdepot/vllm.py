@@ -403,7 +403,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                 t = kv_caches[n]
                 if tuple(t.shape) != tuple(first.shape) or \
                         t.stride() != first.stride() or \
-                        t.dtype != first.dtype:
+                        t.dtype != first.dtype or t.device != first.device:
                     raise ValueError(f"kvdepot: layer {n} is shaped unlike "
                                      f"{layers[0]}")
             self._layer_index.update((n, (g, i)) for i, n in

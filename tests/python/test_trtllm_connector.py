@@ -139,6 +139,17 @@ def test_save_restart_load(env):
     w.shutdown()
 
 
+def test_device_pool_is_refused(env):
+    """A pool the host worker cannot address (torch's "meta" device standing
+    in for a GPU) is refused before any copy."""
+    w = kt.KvdepotWorker(env)
+    t = torch.empty((NB, LAYERS, 2, BS * HEADS * DIM), dtype=torch.float16,
+                    device="meta")
+    with pytest.raises(ValueError, match="host memory only"):
+        w.register_kv_caches(t)
+    w.shutdown()
+
+
 def test_missing_shape_is_refused(monkeypatch):
     monkeypatch.setenv("KVDEPOT_CONFIG", json.dumps({"arena_size": "16m"}))
     with pytest.raises(ValueError, match="unknown"):

@@ -612,6 +612,15 @@ def test_bad_settings_are_refused():
         cfg.parallel_config.tensor_parallel_size = 2
         with pytest.raises(ValueError, match="needs store_mode \"daemon\""):
             kv.KvdepotConnector(cfg, kv.KVConnectorRole.WORKER)
+        # KV on a device the worker cannot address (a GPU in production;
+        # torch's "meta" device here): refused before any copy.
+        w = kv.KvdepotConnector(vllm_config(d), kv.KVConnectorRole.WORKER)
+        meta = {f"model.layers.{i}.self_attn":
+                torch.empty((2, NB, BS, HEADS, DIM), dtype=torch.float16,
+                            device="meta") for i in range(LAYERS)}
+        with pytest.raises(ValueError, match="host memory only"):
+            w.register_kv_caches(meta)
+        w.shutdown()
         cfg = vllm_config(d)
         cfg.parallel_config.pipeline_parallel_size = 2
         with pytest.raises(ValueError, match="pipeline parallelism"):
