@@ -2,7 +2,9 @@
 etcd-server, started here on 127.0.0.1 ports picked at run time) see each
 other in /metrics; with etcd killed they keep serving and report the stale
 view in /readyz and /metrics; with etcd back the view is fresh again; a
-daemon stopped with SIGTERM leaves the other's view at once."""
+daemon stopped with SIGTERM leaves the other's view at once. Prefill and
+decode (vLLM) and context and generation (TensorRT-LLM) engines on two
+daemons get the same KV bit for bit."""
 import os
 import shutil
 import signal
@@ -147,5 +149,91 @@ def test_prefill_decode_over_two_daemons(tmp_path):
         params = tv.prefill_then_decode(cfg_p, cfg_d)
         assert params["kvdepot_node"] == "node-p"
         assert metric(c.metrics[1], "kvdepot_cluster_remote_hits_total") >= 1
+    finally:
+        c.close()
+
+
+def test_trtllm_context_generation_over_two_daemons(tmp_path, monkeypatch):
+    """TensorRT-LLM disaggregated serving: the context engine's connector on
+    node C's kvdepotd saves a prompt's blocks; C pushes them to their home
+    nodes; the generation engine's connector on node G matches the same
+    prompt (G's daemon asks the home node on a local miss and pulls over
+    UCX) and loads blocks equal to the context engine's bit for bit."""
+    pytest.importorskip("torch")
+    import json
+    import torch
+    import test_trtllm_connector as tt
+    from types import SimpleNamespace as NS
+    from kvdepot import trtllm as kt
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    os.environ.setdefault("UCX_TLS", "tcp")
+    c = TwoNodes(tmp_path, "tr", ["c", "g"])
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "num_hidden_layers": tt.LAYERS, "num_attention_heads": 4,
+        "num_key_value_heads": tt.HEADS, "hidden_size": 4 * tt.DIM,
+        "torch_dtype": "float16"}))
+
+    def engine(i, name, pool):
+        monkeypatch.setenv("KVDEPOT_CONFIG", json.dumps({
+            "store_mode": "daemon", "node_id": f"node-{name}",
+            "store_address": f"unix:{c.dirs[i]}/d.sock"}))
+        args = tt.llm_args(model)
+        s, w = kt.KvdepotScheduler(args), kt.KvdepotWorker(args)
+        w.register_kv_caches(pool)
+        return s, w
+
+    idle = NS(new_requests=[], cached_requests=[])
+    tokens = [(i * 7 + 3) % 32000 for i in range(tt.PROMPT)]
+    full = 4 * tt.BS
+    try:
+        kv_c = tt.pool(fill=True)
+        s, w = engine(0, "c", kv_c)
+        c_blocks = [5, 2, 9, 0, 11]
+        req = tt.LlmRequest(7, tokens)
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, c_blocks)
+        tt.iteration(s, w, NS(new_requests=[tt.rd(7, c_blocks, tokens, 0,
+                                                   tt.PROMPT)],
+                              cached_requests=[]))
+        assert w.kvdepot_stats()["blocks_saved"] == 4
+        s.request_finished(req, c_blocks)
+        tt.iteration(s, w, idle, finished=[7])
+        s.shutdown()
+        w.shutdown()
+
+        kv_g = tt.pool(fill=False)
+        s, w = engine(1, "g", kv_g)
+        g_blocks = [15, 14, 13, 12, 1]
+        deadline = time.monotonic() + 10
+        for rid in range(100, 1000):  # the pushes run in the background
+            req = tt.LlmRequest(rid, tokens)
+            n, is_async = s.get_num_new_matched_tokens(req, 0)
+            s.update_state_after_alloc(req, g_blocks)
+            if n == full:
+                break
+            s.request_finished(req, g_blocks)
+            assert time.monotonic() < deadline, "never matched on node G"
+            time.sleep(0.05)
+        if is_async:
+            for _ in range(2000):
+                _, recving = tt.iteration(s, w, idle, loading=[rid])
+                if recving:
+                    break
+                time.sleep(0.001)
+            assert recving == [rid]
+        tt.iteration(s, w, NS(new_requests=[tt.rd(rid, g_blocks, tokens, full,
+                                                   tt.PROMPT - full)],
+                              cached_requests=[]))
+        for i in range(4):
+            assert torch.equal(kv_c[c_blocks[i]], kv_g[g_blocks[i]])
+        assert w.kvdepot_stats()["load_errors"] == 0
+        # Through the cluster: pushed to G as their home, or pulled from C.
+        assert metric(c.metrics[0], "kvdepot_cluster_pushes_total") + \
+            metric(c.metrics[1], "kvdepot_cluster_remote_hits_total") >= 1
+        s.request_finished(req, g_blocks)
+        s.shutdown()
+        w.shutdown()
     finally:
         c.close()
