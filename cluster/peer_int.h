@@ -166,10 +166,11 @@ enum {
  *   20 count u32 | 24 size u64 | 32 checksum u64 | 40 namespace [16] |
  *   56 auth [32]
  * count: keys in the body (DATA: the key's index in its FETCH); size and
- * checksum: DATA's object. FETCH bodies start with the requester's worker
- * address: the server queues the request and sends the objects one at a
- * time from its progress loop on its own endpoint to that address, hashing
- * the next while the previous is on its way. */
+ * checksum: DATA's object (the XXH3-64 the server's store kept from the
+ * object's verified commit, else computed from its bytes). FETCH bodies start
+ * with the requester's worker address: the server queues the request and sends
+ * the objects one at a time from its progress loop on its own endpoint to that
+ * address, hashing the next while the previous is on its way. */
 typedef struct kvd_peer_hdr {
     uint16_t op;
     uint64_t req_id;

@@ -50,6 +50,7 @@ struct l1_entry {
     l1_entry_t *newer; /* queue neighbour towards the head */
     l1_entry_t *older; /* queue neighbour towards the tail */
     uint64_t size_bytes;
+    uint64_t checksum; /* XXH3-64 of the bytes, when has_checksum */
     uint32_t slot;
     uint32_t tenant;
     uint32_t refs; /* readers' leases; the writer's reference is implied
@@ -58,8 +59,9 @@ struct l1_entry {
     uint8_t queue;
     uint8_t freq;
     bool pinned;
-    bool to_main; /* S3-FIFO: admitted from the ghost, commit into M */
-    bool doomed;  /* bad bytes: never matched again, removed when free */
+    bool to_main;      /* S3-FIFO: admitted from the ghost, commit into M */
+    bool doomed;       /* bad bytes: never matched again, removed when free */
+    bool has_checksum; /* set at commit by a writer that checked it */
 };
 
 /* A hash chain's head (a struct, not a bare pointer array, so that the
@@ -715,7 +717,7 @@ out:
 }
 
 static kvd_status_t l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key,
-                              bool acquire)
+                              bool acquire, const uint64_t *checksum)
 {
     if (l1 == NULL || key == NULL) {
         return KVD_ERR_INVALID;
@@ -733,6 +735,10 @@ static kvd_status_t l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key,
     }
     e->state = L1_READY;
     e->freq = 0;
+    if (checksum != NULL) {
+        e->checksum = *checksum;
+        e->has_checksum = true;
+    }
     int qid = l1->policy == KVD_L1_LRU ? L1_Q_LRU
               : e->to_main             ? L1_Q_MAIN
                                        : L1_Q_SMALL;
@@ -754,12 +760,18 @@ out:
 
 kvd_status_t kvd_l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key)
 {
-    return l1_commit(l1, key, false);
+    return l1_commit(l1, key, false, NULL);
 }
 
 kvd_status_t kvd_l1_commit_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key)
 {
-    return l1_commit(l1, key, true);
+    return l1_commit(l1, key, true, NULL);
+}
+
+kvd_status_t kvd_l1_commit_checksum(kvd_l1_t *l1, const kvd_l1_key_t *key,
+                                    uint64_t checksum, bool acquire)
+{
+    return l1_commit(l1, key, acquire, &checksum);
 }
 
 kvd_status_t kvd_l1_abort(kvd_l1_t *l1, const kvd_l1_key_t *key,
@@ -950,6 +962,8 @@ kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_l1_key_t *key,
         info_out->slot = e->slot;
         info_out->tenant = e->tenant;
         info_out->size_bytes = e->size_bytes;
+        info_out->has_checksum = e->has_checksum;
+        info_out->checksum = e->checksum;
     }
     pthread_mutex_unlock(&l1->lock);
     return status;

@@ -85,7 +85,7 @@
 extern "C" {
 #endif
 
-/* Largest capacity, in objects (the table costs about 110 bytes per object
+/* Largest capacity, in objects (the table costs about 120 bytes per object
  * and per ghost key, allocated up front). */
 #define KVD_L1_CAPACITY_MAX (1u << 24)
 /* Default share of S3-FIFO's small queue, in percent of the capacity. */
@@ -241,6 +241,16 @@ kvd_status_t kvd_l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key);
 kvd_status_t kvd_l1_commit_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key);
 
 /*
+ * As kvd_l1_commit (kvd_l1_commit_acquire when `acquire`), and the entry
+ * keeps `checksum`, the XXH3-64 of its bytes, which the caller has checked
+ * against them; kvd_l1_peek reports it, so a reader that needs it (the
+ * cluster data plane sending the object) need not read the bytes again.
+ * Errors: as kvd_l1_commit.
+ */
+kvd_status_t kvd_l1_commit_checksum(kvd_l1_t *l1, const kvd_l1_key_t *key,
+                                    uint64_t checksum, bool acquire);
+
+/*
  * Removes a RESERVED entry (the write failed) and writes its slot to
  * `*slot_out`; the caller frees it. Errors: KVD_ERR_INVALID (NULL),
  * KVD_ERR_NOT_FOUND, KVD_ERR_STATE (the entry is ready: use delete).
@@ -295,6 +305,8 @@ typedef struct kvd_l1_entry_info {
     uint32_t slot;
     uint32_t tenant;
     uint64_t size_bytes;
+    bool has_checksum; /* committed by kvd_l1_commit_checksum */
+    uint64_t checksum; /* XXH3-64 of the bytes, when has_checksum */
 } kvd_l1_entry_info_t;
 
 /*

@@ -24,6 +24,7 @@
 #include "common/config_int.h"
 #include "common/log_int.h"
 #include "common/time_int.h"
+#include "store/checksum_int.h"
 #include "store/client/client_int.h"
 #include "store/store_int.h"
 
@@ -801,6 +802,49 @@ KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,
         }
     }
     return first;
+}
+
+kvd_status_t kvd_store_commit_checksum(kvd_store_t *store,
+                                       const kvd_store_key_t *key,
+                                       uint64_t xxh3)
+{
+    if (store == NULL || key == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->client != NULL) {
+        return kvd_client_commit(store->client, key, 1, NULL);
+    }
+    bool through =
+        store->nvme != NULL && store->cfg.disk_write == STORE_WRITE_THROUGH;
+    kvd_l1_key_t lk;
+    store_key_to_l1(key, &lk);
+    kvd_status_t s = kvd_l1_commit_checksum(store->l1, &lk, xxh3, through);
+    if (s == KVD_OK && through) {
+        store_write_through(store, key, &lk);
+    }
+    return s;
+}
+
+bool kvd_store_lease_checksum(kvd_store_t *store,
+                              const kvd_store_lease_t *lease,
+                              uint64_t *xxh3_out)
+{
+    if (store == NULL || lease == NULL || xxh3_out == NULL ||
+        store->client != NULL || lease->tier != KVD_STORE_TIER_HOST) {
+        return false;
+    }
+    kvd_l1_key_t lk;
+    store_key_to_l1(&lease->key, &lk);
+    kvd_l1_entry_info_t info;
+    /* The lease keeps the entry (and its slot) in place; the slot and size
+     * are compared anyway, so a caller's stale lease yields no checksum. */
+    if (kvd_l1_peek(store->l1, &lk, &info) != KVD_OK || !info.ready ||
+        !info.has_checksum || info.size_bytes != lease->size_bytes ||
+        kvd_arena_slot_offset(store->arena, info.slot) != lease->arena_offset) {
+        return false;
+    }
+    *xxh3_out = info.checksum;
+    return true;
 }
 
 KVD_API kvd_status_t kvd_store_abort(kvd_store_t *store,

@@ -512,7 +512,8 @@ static void store_read_complete(kvd_store_t *st, store_job_t *job)
     kvd_l1_key_t lk;
     store_key_to_l1(&job->key, &lk);
     store_count(&st->n.disk_bytes_read, job->size_bytes);
-    if (kvd_l1_commit_acquire(st->l1, &lk) != KVD_OK) {
+    /* The bytes just matched the record's checksum: the entry keeps it. */
+    if (kvd_l1_commit_checksum(st->l1, &lk, job->checksum, true) != KVD_OK) {
         store_count(&st->n.host_errors, 1);
         store_read_unreserve(st, job);
         store_get_complete(st, job, KVD_ERR_INTERNAL, NULL);

@@ -24,6 +24,7 @@
 #include "common/log_int.h"
 #include "common/time_int.h"
 #include "proto/kvd_proto.h"
+#include "store/checksum_int.h"
 #include "store/server/service_int.h"
 
 #define SVC_BUCKETS 4096u
@@ -808,6 +809,7 @@ static kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req,
         }
         kvd_store_key_t key = {.ns = r->ns, .hash = k->hash};
         kvd_status_t ks = KVD_OK;
+        bool verified = false;
         if (svc->cfg.verify_commits && e->n_layer_checksums == 1) {
             const void *p =
                 kvd_store_arena_ptr(svc->store, k->offset, r->object_bytes);
@@ -816,10 +818,16 @@ static kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req,
                 ks = KVD_ERR_CHECKSUM;
                 count(&svc->checksum_errors, 1);
                 (void)kvd_store_abort(svc->store, &key, 1, NULL);
+            } else {
+                verified = true;
             }
         }
+        /* A verified checksum is kept with the object (the cluster data
+         * plane sends it with the bytes instead of hashing them again). */
         if (ks == KVD_OK) {
-            ks = kvd_store_commit(svc->store, &key, 1, NULL);
+            ks = verified ? kvd_store_commit_checksum(svc->store, &key,
+                                                      e->layer_checksums[0])
+                          : kvd_store_commit(svc->store, &key, 1, NULL);
         }
         k->state = SVC_DONE;
         r->open--;

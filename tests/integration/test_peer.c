@@ -23,6 +23,7 @@
 #include "common/failpoint_int.h"
 #include "common/time_int.h"
 #include "kvdepot/store.h"
+#include "store/checksum_int.h"
 
 #define SMALL 4096u
 #define BIG (2u << 20) /* rendezvous */
@@ -249,6 +250,66 @@ static void test_corrupt_not_cached(void **state)
         KVD_OK);
     assert_int_equal(st, KVD_OK);
     assert_true(holds(&a, 5, BIG));
+    node_stop(&a);
+    node_stop(&b);
+}
+
+/* The checksum a verified commit kept travels with the object: the sender
+ * does not hash it again, so bytes damaged in its arena after the commit
+ * fail the receiver's check (before, the sender hashed the damaged bytes
+ * and they were cached). A fetched object is committed with its checksum
+ * too, and a plainly committed one has none (the sender hashes it). */
+static void test_kept_checksum_travels(void **state)
+{
+    (void)state;
+    node_t a, b;
+    node_start(&a, "node-a", NULL);
+    node_start(&b, "node-b", NULL);
+    kvd_block_hash_t h[2] = {key_hash(7), key_hash(8)};
+    uint8_t *bytes[2];
+    for (unsigned i = 0; i < 2; i++) {
+        kvd_store_reservation_t r;
+        assert_int_equal(
+            kvd_store_reserve(b.store, &g_ns, &h[i], 1, BIG, 0, &r), KVD_OK);
+        bytes[i] = kvd_store_arena_ptr(b.store, r.arena_offset, BIG);
+        assert_non_null(bytes[i]);
+        fill(bytes[i], BIG, 7 + i);
+        kvd_store_key_t k = {.ns = g_ns, .hash = h[i]};
+        assert_int_equal(
+            kvd_store_commit_checksum(b.store, &k, kvd_xxh3_64(bytes[i], BIG)),
+            KVD_OK);
+    }
+    bytes[0][BIG / 2] ^= 0x40; /* damaged after its verified commit */
+
+    uint64_t sizes[2] = {BIG, BIG};
+    kvd_status_t st[2];
+    kvd_peer_batch_t bt = batch_to(&b, h, 2, sizes, st);
+    assert_int_equal(
+        kvd_peer_fetch(a.peer, &g_ns, 0, &bt, 1, kvd_time_deadline_ns(5000)),
+        KVD_OK);
+    assert_int_equal(st[0], KVD_ERR_CHECKSUM);
+    assert_int_equal(st[1], KVD_OK);
+    assert_false(holds(&a, 7, BIG));
+    assert_true(holds(&a, 8, BIG));
+
+    /* a keeps the checksum of what it fetched; b has none for a plain
+     * commit. */
+    kvd_store_lease_t l;
+    size_t m = 0;
+    uint64_t x = 0;
+    assert_int_equal(kvd_store_lookup(a.store, &g_ns, &h[1], 1, &l, &m),
+                     KVD_OK);
+    assert_int_equal(m, 1);
+    assert_true(kvd_store_lease_checksum(a.store, &l, &x));
+    assert_int_equal(
+        x, kvd_xxh3_64(kvd_store_arena_ptr(a.store, l.arena_offset, BIG), BIG));
+    assert_int_equal(kvd_store_release(a.store, &l, 1), KVD_OK);
+    put(&b, 9, BIG);
+    kvd_block_hash_t h9 = key_hash(9);
+    assert_int_equal(kvd_store_lookup(b.store, &g_ns, &h9, 1, &l, &m), KVD_OK);
+    assert_int_equal(m, 1);
+    assert_false(kvd_store_lease_checksum(b.store, &l, &x));
+    assert_int_equal(kvd_store_release(b.store, &l, 1), KVD_OK);
     node_stop(&a);
     node_stop(&b);
 }
@@ -588,6 +649,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_wire_rejects_bad_headers),
         cmocka_unit_test(test_lookup_and_fetch),
         cmocka_unit_test(test_corrupt_not_cached),
+        cmocka_unit_test(test_kept_checksum_travels),
         cmocka_unit_test(test_wrong_token_dropped),
         cmocka_unit_test(test_dead_peer_fails_within_deadline),
         cmocka_unit_test(test_offer),
