@@ -500,6 +500,26 @@ static void test_async_load_from_disk_after_restart(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* The four objects of save_four_then_restart are in `dst` at load_blocks
+ * (vLLM NHD caches: one block's tokens are contiguous per layer and plane). */
+static void assert_four_loaded(const test_cache_t *src, const test_cache_t *dst)
+{
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        for (size_t i = 0; i < 4; i++) {
+            for (uint32_t p = 0; p < 2; p++) {
+                size_t a =
+                    flat_index(src, l, p, (uint32_t)save_blocks[i], 0, 0, 0) *
+                    2;
+                size_t b =
+                    flat_index(dst, l, p, (uint32_t)load_blocks[i], 0, 0, 0) *
+                    2;
+                assert_memory_equal(src->mem + a, dst->mem + b,
+                                    (size_t)BS * HEADS * DIM * 2);
+            }
+        }
+    }
+}
+
 /* An asynchronous load with no block to copy (every position it covers was
  * dropped by the engine: vLLM's sliding-window group) still finishes and
  * is reported, so the engine stops waiting for it. */
@@ -576,20 +596,7 @@ static void test_two_workers_share_a_store(void **state)
         }
     }
     for (int k = 0; k < 2; k++) {
-        for (uint32_t l = 0; l < LAYERS; l++) {
-            for (size_t i = 0; i < 4; i++) {
-                for (uint32_t p = 0; p < 2; p++) {
-                    size_t a = flat_index(&src, l, p, (uint32_t)save_blocks[i],
-                                          0, 0, 0) *
-                               2;
-                    size_t b = flat_index(&dst[k], l, p,
-                                          (uint32_t)load_blocks[i], 0, 0, 0) *
-                               2;
-                    assert_memory_equal(src.mem + a, dst[k].mem + b,
-                                        (size_t)BS * HEADS * DIM * 2);
-                }
-            }
-        }
+        assert_four_loaded(&src, &dst[k]);
         kvd_worker_stats_t ws;
         assert_int_equal(kvd_worker_stats(w[k], &ws), KVD_OK);
         assert_int_equal(ws.blocks_loaded, 4 * 8);
@@ -650,20 +657,7 @@ static void test_plan_namespace_differs(void **state)
     assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
     kvd_worker_finished_t f = wait_loaded(w, "rank1", NULL);
     assert_int_equal(f.num_failed_loads, 0);
-    for (uint32_t l = 0; l < LAYERS; l++) {
-        for (size_t i = 0; i < 4; i++) {
-            for (uint32_t p = 0; p < 2; p++) {
-                size_t a =
-                    flat_index(&src, l, p, (uint32_t)save_blocks[i], 0, 0, 0) *
-                    2;
-                size_t b =
-                    flat_index(&dst, l, p, (uint32_t)load_blocks[i], 0, 0, 0) *
-                    2;
-                assert_memory_equal(src.mem + a, dst.mem + b,
-                                    (size_t)BS * HEADS * DIM * 2);
-            }
-        }
-    }
+    assert_four_loaded(&src, &dst);
     worker_store_close(w, st);
     cache_cleanup(&src);
     cache_cleanup(&dst);
