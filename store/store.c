@@ -773,6 +773,30 @@ static void store_write_through(kvd_store_t *st, const kvd_store_key_t *key,
     store_write_enqueue(st, job);
 }
 
+/* Commits one key of an embedded store; `xxh3`, when not NULL, is the
+ * checksum of its bytes the caller checked, kept with the entry. */
+static kvd_status_t store_commit_one(kvd_store_t *store,
+                                     const kvd_store_key_t *key,
+                                     const uint64_t *xxh3)
+{
+    bool through =
+        store->nvme != NULL && store->cfg.disk_write == STORE_WRITE_THROUGH;
+    kvd_l1_key_t lk;
+    store_key_to_l1(key, &lk);
+    kvd_status_t s;
+    if (xxh3 != NULL) {
+        s = kvd_l1_commit_checksum(store->l1, &lk, *xxh3, through);
+    } else if (through) { /* the write-back job holds a reference */
+        s = kvd_l1_commit_acquire(store->l1, &lk);
+    } else {
+        s = kvd_l1_commit(store->l1, &lk);
+    }
+    if (s == KVD_OK && through) {
+        store_write_through(store, key, &lk);
+    }
+    return s;
+}
+
 KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,
                                       const kvd_store_key_t *keys, size_t num,
                                       kvd_status_t *statuses_out)
@@ -783,17 +807,9 @@ KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,
     if (store->client != NULL) {
         return kvd_client_commit(store->client, keys, num, statuses_out);
     }
-    bool through =
-        store->nvme != NULL && store->cfg.disk_write == STORE_WRITE_THROUGH;
     kvd_status_t first = KVD_OK;
     for (size_t i = 0; i < num; i++) {
-        kvd_l1_key_t lk;
-        store_key_to_l1(&keys[i], &lk);
-        kvd_status_t s = through ? kvd_l1_commit_acquire(store->l1, &lk)
-                                 : kvd_l1_commit(store->l1, &lk);
-        if (s == KVD_OK && through) {
-            store_write_through(store, &keys[i], &lk);
-        }
+        kvd_status_t s = store_commit_one(store, &keys[i], NULL);
         if (statuses_out != NULL) {
             statuses_out[i] = s;
         }
@@ -814,15 +830,7 @@ kvd_status_t kvd_store_commit_checksum(kvd_store_t *store,
     if (store->client != NULL) {
         return kvd_client_commit(store->client, key, 1, NULL);
     }
-    bool through =
-        store->nvme != NULL && store->cfg.disk_write == STORE_WRITE_THROUGH;
-    kvd_l1_key_t lk;
-    store_key_to_l1(key, &lk);
-    kvd_status_t s = kvd_l1_commit_checksum(store->l1, &lk, xxh3, through);
-    if (s == KVD_OK && through) {
-        store_write_through(store, key, &lk);
-    }
-    return s;
+    return store_commit_one(store, key, &xxh3);
 }
 
 bool kvd_store_lease_checksum(kvd_store_t *store,

@@ -259,14 +259,15 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         tokens = list(request.prompt_token_ids)
         lora = getattr(request, "lora_request", None)
+        lora_name = getattr(lora, "lora_name", None)
+        salt = getattr(request, "cache_salt", None)
+        source = self._source_node(request)
         answers = []
         for leader in self.leaders:
             try:
                 answers.append(leader.match(
                     request.request_id, tokens, num_computed_tokens,
-                    lora_name=getattr(lora, "lora_name", None),
-                    cache_salt=getattr(request, "cache_salt", None),
-                    source_node=self._source_node(request)))
+                    lora_name=lora_name, cache_salt=salt, source_node=source))
             except _lib.KvdepotError as e:
                 log.warning("kvdepot: request %s: %s; computing it",
                             request.request_id, e)
@@ -490,10 +491,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_finished(self, finished_req_ids):
         self._finished.update(finished_req_ids)
-        recving = set()
+        recving, finished = set(), sorted(finished_req_ids)
         for g, worker in enumerate(self.workers):
-            _saving, loading, failed, report = worker.get_finished(
-                sorted(finished_req_ids))
+            _saving, loading, failed, report = worker.get_finished(finished)
             if report:
                 self._reports.append((g, report))
             for _, block, _status in failed:

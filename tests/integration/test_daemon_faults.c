@@ -552,8 +552,6 @@ static void test_index_put_enospc(void **state)
     kvd_test_dir_remove(&d);
 }
 
-/* Case 5a: the tenant table cannot grow (ENOMEM) when the ninth tenant
- * saves; that reserve is refused, the next one (same tenant) succeeds. */
 /* index.delete failing (the LMDB transaction that removes NVMe objects'
  * records): a Delete of flushed objects says so (KVD_ERR_IO) instead of
  * reporting them deleted, since their records survive and a restart finds
@@ -604,6 +602,8 @@ static void test_index_delete_eio(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* Case 5a: the tenant table cannot grow (ENOMEM) when the ninth tenant
+ * saves; that reserve is refused, the next one (same tenant) succeeds. */
 static void test_tenant_alloc_nomem(void **state)
 {
     (void)state;
