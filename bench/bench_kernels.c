@@ -57,10 +57,11 @@ typedef struct bench_case {
 
 static const bench_case_t bench_cases[] = {
     {KVD_CODEC_RAW, KVD_PLANE_K},   {KVD_CODEC_FP8_E4M3, KVD_PLANE_K},
-    {KVD_CODEC_INT8, KVD_PLANE_K},  {KVD_CODEC_KIVI4, KVD_PLANE_K},
-    {KVD_CODEC_KIVI4, KVD_PLANE_V}, {KVD_CODEC_KIVI2, KVD_PLANE_K},
-    {KVD_CODEC_KIVI2, KVD_PLANE_V}, {KVD_CODEC_TQ4, KVD_PLANE_K},
-    {KVD_CODEC_TQ3, KVD_PLANE_K},   {KVD_CODEC_TQ2, KVD_PLANE_K},
+    {KVD_CODEC_INT8, KVD_PLANE_K},  {KVD_CODEC_INT8, KVD_PLANE_V},
+    {KVD_CODEC_KIVI4, KVD_PLANE_K}, {KVD_CODEC_KIVI4, KVD_PLANE_V},
+    {KVD_CODEC_KIVI2, KVD_PLANE_K}, {KVD_CODEC_KIVI2, KVD_PLANE_V},
+    {KVD_CODEC_TQ4, KVD_PLANE_K},   {KVD_CODEC_TQ3, KVD_PLANE_K},
+    {KVD_CODEC_TQ2, KVD_PLANE_K},
 };
 #define BENCH_NUM_CASES (sizeof(bench_cases) / sizeof(bench_cases[0]))
 
@@ -230,7 +231,8 @@ static double bench_cpu_pass(bench_cpu_t *b, const kvd_object_format_t *fmt,
 static const char *bench_case_name(const bench_case_t *c, char *buf, size_t len)
 {
     const char *name = kvd_codec_name(c->codec);
-    if (c->codec == KVD_CODEC_KIVI4 || c->codec == KVD_CODEC_KIVI2) {
+    if (c->codec == KVD_CODEC_KIVI4 || c->codec == KVD_CODEC_KIVI2 ||
+        c->codec == KVD_CODEC_INT8) {
         snprintf(buf, len, "%s_%s", name, c->plane == KVD_PLANE_K ? "k" : "v");
     } else {
         snprintf(buf, len, "%s", name);

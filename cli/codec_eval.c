@@ -14,8 +14,8 @@
  * the store. Errors are measured against the float16-rounded input, so raw
  * reads exactly 0 and no codec is blamed for the float32->float16 step.
  *
- * KIVI quantizes K per channel and V per token, so it gets a row per
- * plane; every other codec treats both planes alike and gets one row.
+ * KIVI and int8 quantize K per channel and V per token, so they get a row
+ * per plane; every other codec treats both planes alike and gets one row.
  * Everything is deterministic for a given --seed (Gaussian draw and the
  * TurboQuant rotation).
  */
@@ -99,7 +99,7 @@ void kvd_cli_codec_eval_usage(FILE *out)
             "tq3, tq2 or all\n"
             "                      (default all)\n"
             "  -p, --plane k|v     evaluate as K or V only (default both; "
-            "only KIVI differs)\n"
+            "KIVI and int8 differ)\n"
             "  -b, --block-size B  tokens per engine block (default %d)\n"
             "  -H, --heads H       heads per token: N must be a multiple "
             "(default 1)\n"
@@ -564,9 +564,10 @@ err_tables:
     return st;
 }
 
-static bool eval_is_kivi(kvd_codec_t c)
+/* Codecs whose K and V planes are quantized along different axes. */
+static bool eval_per_plane(kvd_codec_t c)
 {
-    return c == KVD_CODEC_KIVI4 || c == KVD_CODEC_KIVI2;
+    return c == KVD_CODEC_KIVI4 || c == KVD_CODEC_KIVI2 || c == KVD_CODEC_INT8;
 }
 
 /* Prints one table row; returns false on a real failure (not "n/a"). */
@@ -612,7 +613,7 @@ static int eval_report(const kvd_eval_input_t *in, const kvd_eval_opts_t *o)
         if (o->plane != KVD_EVAL_BOTH_PLANES) {
             ok = eval_row(in, o, codec, (unsigned)o->plane,
                           o->plane == KVD_PLANE_K ? "k" : "v");
-        } else if (eval_is_kivi(codec)) {
+        } else if (eval_per_plane(codec)) {
             ok = eval_row(in, o, codec, KVD_PLANE_K, "k") &&
                  eval_row(in, o, codec, KVD_PLANE_V, "v");
         } else {

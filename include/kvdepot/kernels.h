@@ -48,8 +48,8 @@ KVD_API size_t kvd_dtype_size(kvd_dtype_t dtype);
 typedef enum kvd_codec {
     KVD_CODEC_RAW = 0,      /* bytes as in the cache */
     KVD_CODEC_FP8_E4M3 = 1, /* per token·head fp32 scale = amax/448 */
-    KVD_CODEC_INT8 = 2,     /* per token·head fp16 scale = amax/127 */
-    KVD_CODEC_KIVI4 = 3,    /* K per channel over the block, V per token/32 */
+    KVD_CODEC_INT8 = 2,  /* fp16 scale amax/127: K per channel, V per token */
+    KVD_CODEC_KIVI4 = 3, /* K per channel over the block, V per token/32 */
     KVD_CODEC_KIVI2 = 4,
     KVD_CODEC_TQ4 = 5, /* TurboQuant-MSE: RHT + Lloyd-Max + fp16 norm */
     KVD_CODEC_TQ3 = 6,
@@ -63,8 +63,8 @@ typedef enum kvd_codec {
 KVD_API const char *kvd_codec_name(kvd_codec_t codec);
 KVD_API kvd_status_t kvd_codec_parse(const char *name, kvd_codec_t *codec_out);
 
-/* Which plane a codec encodes: KIVI quantizes K per channel and V per token,
- * the others treat both alike. The MLA latent is KVD_PLANE_K. */
+/* Which plane a codec encodes: KIVI and int8 quantize K per channel and V
+ * per token, the others treat both alike. The MLA latent is KVD_PLANE_K. */
 typedef enum kvd_plane { KVD_PLANE_K = 0, KVD_PLANE_V = 1 } kvd_plane_t;
 
 /* ------------------------------------------------------------------------ */

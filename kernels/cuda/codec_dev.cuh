@@ -346,6 +346,21 @@ __device__ __forceinline__ float kvd_group_amax(float v, uint32_t g)
 #define KVD_INT8_QMAX_F 127.0f
 #define KVD_HALF_ONE_BITS 0x3c00u
 
+// int8 code of x at step s: divide, round to nearest even, clamp to +-127;
+// NaN encodes as 0 (int8.c).
+__device__ __forceinline__ uint8_t kvd_i8_code(float x, float s)
+{
+    float q = rintf(x / s);
+    if (isnan(q)) {
+        q = 0.0f;
+    } else if (q > KVD_INT8_QMAX_F) {
+        q = KVD_INT8_QMAX_F;
+    } else if (q < -KVD_INT8_QMAX_F) {
+        q = -KVD_INT8_QMAX_F;
+    }
+    return (uint8_t)(int8_t)q;
+}
+
 // Per-token scale of the two 8-bit codecs, computed exactly as fp8.c and
 // int8.c do: fp8 divides amax by 448 (1.0 at or below 2^-6); int8 rounds
 // amax/127 to fp16 first and replaces a zero scale by 1.0.
@@ -371,15 +386,7 @@ template <bool FP8> struct kvd_q8 {
         if (FP8) {
             return kvd_dev_float_to_fp8(x / s);
         }
-        float q = rintf(x / s);
-        if (isnan(q)) {
-            q = 0.0f;
-        } else if (q > KVD_INT8_QMAX_F) {
-            q = KVD_INT8_QMAX_F;
-        } else if (q < -KVD_INT8_QMAX_F) {
-            q = -KVD_INT8_QMAX_F;
-        }
-        return (uint8_t)(int8_t)q;
+        return kvd_i8_code(x, s);
     }
 };
 
@@ -504,6 +511,118 @@ __device__ void kvd_q8_decode_cta(const kvd_gs_args &a, const kvd_cta &c)
                 c.src + (int64_t)t * a.stride_token + (size_t)ch * 16, true, x);
         } else {
             kvd_store_elt<E>(a, c, t, ch, kvd_q8_decode<FP8>(codes[0], s));
+        }
+    }
+}
+
+// ---- int8 K: one scale per (head, channel) over the block's valid tokens ----
+
+// Encode: phase 1, one thread per chunk of channels folds |x| over the
+// valid tokens (fmaxf: order-independent, as in kvd_group_amax) and stores
+// the fp16 scales, meta [h][c], keeping the float scales in `smem`
+// (head_dim floats, sized by the launch); phase 2, one thread per (token,
+// chunk) writes the codes, zero for tokens >= valid.
+template <class E, bool VEC>
+__device__ void kvd_i8k_encode_cta(const kvd_gs_args &a, const kvd_cta &c,
+                                   unsigned char *smem)
+{
+    float *s_scale = reinterpret_cast<float *>(smem);
+    const uint32_t step = VEC ? KVD_CHUNK : 1u;
+    const uint32_t chunks = a.head_dim / step;
+    uint16_t *meta =
+        reinterpret_cast<uint16_t *>(c.meta) + (size_t)c.h * a.head_dim;
+    for (uint32_t k = threadIdx.x; k < chunks; k += blockDim.x) {
+        float amax[KVD_CHUNK];
+#pragma unroll
+        for (int j = 0; j < KVD_CHUNK; j++) {
+            amax[j] = 0.0f;
+        }
+        for (uint32_t t = 0; t < c.valid; t++) {
+            if (VEC) {
+                float x[KVD_CHUNK];
+                kvd_load_chunk<E>(c.src + (int64_t)t * a.stride_token +
+                                      (size_t)k * 16,
+                                  true, x);
+#pragma unroll
+                for (int j = 0; j < KVD_CHUNK; j++) {
+                    amax[j] = fmaxf(amax[j], fabsf(x[j]));
+                }
+            } else {
+                amax[0] = fmaxf(amax[0], fabsf(kvd_load_elt<E>(a, c, t, k)));
+            }
+        }
+        for (uint32_t j = 0; j < step; j++) {
+            kvd_q8<false> q(amax[j]);
+            s_scale[k * step + j] = q.s;
+            meta[k * step + j] = q.s16;
+        }
+    }
+    __syncthreads();
+
+    const uint32_t n = a.block_size * chunks;
+    for (uint32_t k = threadIdx.x; k < n; k += blockDim.x) {
+        uint32_t t = k / chunks;
+        uint32_t ch = k - t * chunks;
+        uint8_t *codes = c.data +
+                         ((size_t)c.h * a.block_size + t) * a.head_dim +
+                         (size_t)ch * step;
+        if (VEC) {
+            uint32_t lo = 0, hi = 0;
+            if (t < c.valid) {
+                float x[KVD_CHUNK];
+                kvd_load_chunk<E>(c.src + (int64_t)t * a.stride_token +
+                                      (size_t)ch * 16,
+                                  true, x);
+                const float *sc = s_scale + (size_t)ch * KVD_CHUNK;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    lo |= (uint32_t)kvd_i8_code(x[j], sc[j]) << (8 * j);
+                    hi |= (uint32_t)kvd_i8_code(x[j + 4], sc[j + 4]) << (8 * j);
+                }
+            }
+            *reinterpret_cast<uint2 *>(codes) = make_uint2(lo, hi);
+        } else {
+            codes[0] = t < c.valid ? kvd_i8_code(kvd_load_elt<E>(a, c, t, ch),
+                                                 s_scale[ch])
+                                   : 0;
+        }
+    }
+}
+
+// Decode: one thread per (valid token, chunk); the chunk's eight scales are
+// one 16-byte load on the vector path (meta [h][c] with head_dim % 8 == 0).
+template <class E, bool VEC>
+__device__ void kvd_i8k_decode_cta(const kvd_gs_args &a, const kvd_cta &c)
+{
+    const uint32_t step = VEC ? KVD_CHUNK : 1u;
+    const uint32_t chunks = a.head_dim / step;
+    const uint16_t *meta =
+        reinterpret_cast<const uint16_t *>(c.meta) + (size_t)c.h * a.head_dim;
+    const uint32_t n = c.valid * chunks;
+    for (uint32_t k = threadIdx.x; k < n; k += blockDim.x) {
+        uint32_t t = k / chunks;
+        uint32_t ch = k - t * chunks;
+        const uint8_t *codes = c.data +
+                               ((size_t)c.h * a.block_size + t) * a.head_dim +
+                               (size_t)ch * step;
+        if (VEC) {
+            uint2 w = *reinterpret_cast<const uint2 *>(codes);
+            uint4 m = *reinterpret_cast<const uint4 *>(meta + (size_t)ch * 8);
+            uint32_t mw[4] = {m.x, m.y, m.z, m.w};
+            float x[KVD_CHUNK];
+#pragma unroll
+            for (int j = 0; j < KVD_CHUNK; j++) {
+                uint32_t code = (j < 4 ? w.x : w.y) >> (8 * (j & 3));
+                uint16_t s16 = (uint16_t)(mw[j / 2] >> (16 * (j & 1)));
+                x[j] = kvd_q8_decode<false>((uint8_t)code,
+                                            kvd_dev_half_to_float(s16));
+            }
+            kvd_store_chunk<E>(
+                c.src + (int64_t)t * a.stride_token + (size_t)ch * 16, true, x);
+        } else {
+            kvd_store_elt<E>(a, c, t, ch,
+                             kvd_q8_decode<false>(
+                                 codes[0], kvd_dev_half_to_float(meta[ch])));
         }
     }
 }

@@ -58,13 +58,33 @@ __device__ void kvd_q8_cta(const kvd_gs_args &a, const kvd_cta &c)
     }
 }
 
+// int8: per-token scales on V (kvd_q8_cta), per-channel scales on K.
+template <class E, bool GATHER>
+__device__ void kvd_int8_cta(const kvd_gs_args &a, const kvd_cta &c,
+                             unsigned char *smem)
+{
+    if (c.p != KVD_PLANE_K) {
+        kvd_q8_cta<E, false, GATHER>(a, c);
+    } else if (a.vec16) {
+        if (GATHER) {
+            kvd_i8k_encode_cta<E, true>(a, c, smem);
+        } else {
+            kvd_i8k_decode_cta<E, true>(a, c);
+        }
+    } else if (GATHER) {
+        kvd_i8k_encode_cta<E, false>(a, c, smem);
+    } else {
+        kvd_i8k_decode_cta<E, false>(a, c);
+    }
+}
+
 template <class E, bool GATHER>
 __device__ void kvd_codec_cta(const kvd_gs_args &a, const kvd_cta &c, int codec,
                               unsigned char *smem)
 {
     switch (codec) {
     case KVD_CODEC_FP8_E4M3: kvd_q8_cta<E, true, GATHER>(a, c); break;
-    case KVD_CODEC_INT8: kvd_q8_cta<E, false, GATHER>(a, c); break;
+    case KVD_CODEC_INT8: kvd_int8_cta<E, GATHER>(a, c, smem); break;
     case KVD_CODEC_KIVI4: kvd_kivi_cta<E, 4, GATHER>(a, c, smem); break;
     case KVD_CODEC_KIVI2: kvd_kivi_cta<E, 2, GATHER>(a, c, smem); break;
     case KVD_CODEC_TQ4: kvd_tq_cta_bits<E, 4, GATHER>(a, c, smem); break;
@@ -104,7 +124,8 @@ __global__ void __launch_bounds__(KVD_GS_THREADS, KVD_GS_MIN_CTAS)
         kvd_zero_pad(c.meta, a.meta_used[p], a.meta_bytes[p]);
     }
     // Dynamic shared memory, sized by the launch for the codecs present:
-    // KIVI K's per-channel parameters or TurboQuant's per-warp row stage.
+    // KIVI K's and int8 K's per-channel parameters or TurboQuant's per-warp
+    // row stage.
     extern __shared__ uint4 kvd_gs_smem[];
     unsigned char *smem = reinterpret_cast<unsigned char *>(kvd_gs_smem);
     const int codec = a.codec[p];
@@ -217,7 +238,9 @@ static void kvd_plane_used(const kvd_object_format_t *fmt, unsigned p,
         break;
     case KVD_CODEC_INT8:
         *data_used = n;
-        *meta_used = vecs * 2;
+        *meta_used = p == KVD_PLANE_K
+                         ? (size_t)fmt->num_heads * fmt->head_dim * 2
+                         : vecs * 2;
         break;
     case KVD_CODEC_KIVI4:
     case KVD_CODEC_KIVI2:
@@ -538,6 +561,8 @@ static size_t kvd_gs_smem_bytes(const kvd_object_format_t *fmt, bool gather,
             (c == KVD_CODEC_KIVI4 || c == KVD_CODEC_KIVI2) &&
             fmt->head_dim % KVD_CHUNK == 0) {
             need = 2 * sizeof(float) * fmt->head_dim;
+        } else if (gather && p == KVD_PLANE_K && c == KVD_CODEC_INT8) {
+            need = sizeof(float) * fmt->head_dim;
         } else if (kvd_codec_is_tq_dev(c)) {
             need = KVD_GS_WARPS * sizeof(uint16_t) * fmt->head_dim;
         }

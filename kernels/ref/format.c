@@ -200,7 +200,12 @@ size_t kvd_object_plane_meta_bytes(const kvd_object_format_t *fmt,
     switch (fmt->codec[plane]) {
     case KVD_CODEC_RAW: bytes = 0; break;
     case KVD_CODEC_FP8_E4M3: bytes = vecs * 4; break;
-    case KVD_CODEC_INT8: bytes = vecs * 2; break;
+    case KVD_CODEC_INT8:
+        /* fp16 scale per channel over the block for K, per token for V. */
+        bytes = plane == KVD_PLANE_K
+                    ? (size_t)fmt->num_heads * fmt->head_dim * 2
+                    : vecs * 2;
+        break;
     case KVD_CODEC_KIVI4:
     case KVD_CODEC_KIVI2:
         /* (fp16 scale, fp16 min) per channel over the block for K, per

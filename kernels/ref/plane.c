@@ -105,7 +105,9 @@ void kvd_ref_plane_encode_buf(const kvd_object_format_t *fmt,
     unsigned bits = kvd_codec_bits(codec);
     switch (codec) {
     case KVD_CODEC_FP8_E4M3: kvd_ref_fp8_encode(&d, scratch, data, meta); break;
-    case KVD_CODEC_INT8: kvd_ref_int8_encode(&d, scratch, data, meta); break;
+    case KVD_CODEC_INT8:
+        kvd_ref_int8_encode(&d, (kvd_plane_t)plane, scratch, data, meta);
+        break;
     case KVD_CODEC_KIVI4:
     case KVD_CODEC_KIVI2:
         kvd_ref_kivi_encode(&d, bits, (kvd_plane_t)plane, scratch, data, meta);
@@ -144,7 +146,9 @@ void kvd_ref_plane_decode_buf(const kvd_object_format_t *fmt,
     unsigned bits = kvd_codec_bits(codec);
     switch (codec) {
     case KVD_CODEC_FP8_E4M3: kvd_ref_fp8_decode(&d, data, meta, scratch); break;
-    case KVD_CODEC_INT8: kvd_ref_int8_decode(&d, data, meta, scratch); break;
+    case KVD_CODEC_INT8:
+        kvd_ref_int8_decode(&d, (kvd_plane_t)plane, data, meta, scratch);
+        break;
     case KVD_CODEC_KIVI4:
     case KVD_CODEC_KIVI2:
         kvd_ref_kivi_decode(&d, bits, (kvd_plane_t)plane, data, meta, scratch);

@@ -63,12 +63,14 @@ void kvd_ref_fp8_encode(const kvd_plane_dims_t *d, const float *x,
 void kvd_ref_fp8_decode(const kvd_plane_dims_t *d, const uint8_t *data,
                         const float *scale, float *x);
 
-/* int8.c: data [h][t][c] int8; meta [h][t] fp16 scale = fp16(amax/127)
- * (1.0 when 0); q = clamp(rint(x / scale), -127, 127). */
-void kvd_ref_int8_encode(const kvd_plane_dims_t *d, const float *x,
-                         int8_t *data, uint16_t *scale_fp16);
-void kvd_ref_int8_decode(const kvd_plane_dims_t *d, const int8_t *data,
-                         const uint16_t *scale_fp16, float *x);
+/* int8.c: data [h][t][c] int8; q = clamp(rint(x / scale), -127, 127) with
+ * scale = fp16(amax/127) (1.0 when 0). K plane: amax per (h, c) over the
+ * valid tokens, meta [h][c]; V plane: amax per (h, t), meta [h][t]. */
+void kvd_ref_int8_encode(const kvd_plane_dims_t *d, kvd_plane_t plane,
+                         const float *x, int8_t *data, uint16_t *scale_fp16);
+void kvd_ref_int8_decode(const kvd_plane_dims_t *d, kvd_plane_t plane,
+                         const int8_t *data, const uint16_t *scale_fp16,
+                         float *x);
 
 /* kivi.c: bits 4 or 2; codes [h][t][c] packed LSB-first (value i at bit
  * (i*bits)%8 of byte (i*bits)/8). K plane: one (fp16 scale, fp16 min) per

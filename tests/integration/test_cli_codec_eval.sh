@@ -77,9 +77,15 @@ expect_text out "input: Gaussian N(0,1), seed 1, 512 vectors x 128 channels"
 expect_text out "blocks: 32 of 16 tokens x 1 head, last block 16 tokens"
 check_row raw k,v 'mse == 0 && cosine == 1 && bpv == 256 && ratio == 1'
 check_row fp8_e4m3 k,v 'mse > 0 && mse < 1e-3 && cosine > 0.999 && bpv == 132'
-check_row int8 k,v 'mse > 0 && mse < 1e-3 && cosine > 0.999 && bpv == 130'
-# KIVI K keeps a (scale, min) pair per channel of each 16-token block, V
-# one per 32 channels of each token: K pays more metadata per vector.
+# int8 and KIVI K keep their parameters per channel of each 16-token block,
+# V per token (int8) or per 32 channels of each token (KIVI): K pays more
+# metadata per vector, and int8 K loses less than int8 V.
+check_row int8 k 'mse > 0 && mse < 6e-5 && cosine > 0.9999 && bpv == 144'
+check_row int8 v 'mse > 0 && mse < 6e-5 && cosine > 0.9999 && bpv == 130'
+if ! awk -v k="$(rel_mse int8 k)" -v v="$(rel_mse int8 v)" \
+        'BEGIN { exit !(k < v) }'; then
+    fail "int8 K (per channel) lost more than int8 V (per token)"
+fi
 check_row kivi4 k 'mse > 0 && mse < 0.05 && cosine > 0.97 && bpv == 96'
 check_row kivi4 v 'mse > 0 && mse < 0.05 && cosine > 0.97 && bpv == 80'
 check_row kivi2 k 'mse > 0 && mse < 0.5 && cosine > 0.7 && bpv == 64'

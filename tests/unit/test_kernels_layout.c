@@ -441,7 +441,7 @@ static void test_format_sizes(void **state)
     } want[] = {
         {KVD_CODEC_RAW, n * 2, 0, 0},
         {KVD_CODEC_FP8_E4M3, n, v * 4, v * 4},
-        {KVD_CODEC_INT8, n, v * 2, v * 2},
+        {KVD_CODEC_INT8, n, 8 * 128 * 2, v * 2},
         {KVD_CODEC_KIVI4, n / 2, 8 * 128 * 4, v * 4 * 4},
         {KVD_CODEC_KIVI2, n / 4, 8 * 128 * 4, v * 4 * 4},
         {KVD_CODEC_TQ4, n / 2, v * 2, v * 2},
