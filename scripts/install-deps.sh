@@ -28,8 +28,9 @@ pkgs+=(python3-grpcio python3-protobuf protobuf-compiler)
 pkgs+=(fio redis-server libhiredis-dev)
 # ucx_perftest (ucx-utils) for the cluster data plane (bench_cluster).
 pkgs+=(ucx-utils)
-# make soak reads the daemon's /metrics.
-pkgs+=(curl)
+# make soak reads the daemon's /metrics; test_daemon_valgrind runs kvdepotd
+# under memcheck.
+pkgs+=(curl valgrind)
 # The cluster: etcd's protos (golang-etcd-server-dev, compiled at build time)
 # and the etcd server the cluster tests start.
 pkgs+=(golang-etcd-server-dev etcd-server)

@@ -1530,8 +1530,14 @@ kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
     }
     grpc_init();
     /* The minimal stack leaves out what a local store call does not use
-     * (census, compression, retry buffering); deadlines stay on. */
-    grpc_arg args[7] = {
+     * (census, compression, retry buffering); deadlines stay on. Reconnect
+     * backoff starts at 100 ms and stays under 1 s, so a restarted daemon
+     * is found again quickly. GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left
+     * alone: gRPC also takes it as the time one connection attempt may
+     * wait for the server's first SETTINGS frame, and a daemon slower than
+     * that to answer (a loaded machine, valgrind) failed every call with
+     * UNREACHABLE; each call's deadline (store.timeout) bounds the wait. */
+    grpc_arg args[6] = {
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_MINIMAL_STACK,
          .value.integer = 1},
@@ -1548,13 +1554,10 @@ kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
          .key = (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
          .value.integer = 1000},
         {.type = GRPC_ARG_INTEGER,
-         .key = (char *)GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-         .value.integer = 100},
-        {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
          .value.integer = 100},
     };
-    grpc_channel_args cargs = {.num_args = 7, .args = args};
+    grpc_channel_args cargs = {.num_args = 6, .args = args};
     grpc_channel_credentials *creds = grpc_insecure_credentials_create();
     c->ch = grpc_channel_create(c->address, creds, &cargs);
     grpc_channel_credentials_release(creds);
