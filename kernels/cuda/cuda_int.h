@@ -4,11 +4,12 @@
  * Every function translates cudaError_t into kvd_status_t in one place
  * (kvd_cuda_status in device.cu) and logs the CUDA error string there.
  *
- * Three groups live here: device discovery (device.cu), the paged
+ * Four groups live here: device discovery (device.cu), the paged
  * gather/scatter kernels with their codecs (gather.cu, codec_*.cuh; the
  * contract and the object format are those of kvdepot/kernels.h, and the
- * bytes equal kvd_ref_gather_layer's), and small synchronous helpers for
- * tests and the bench program (util.cu, bench.cu).
+ * bytes equal kvd_ref_gather_layer's), the runtime wrappers the worker's
+ * device backend drives its stream with (stream.cu), and small synchronous
+ * helpers for tests and the bench program (util.cu, bench.cu).
  *
  * Threading: every function is reentrant. Functions taking a `stream`
  * enqueue work on it and return without waiting; the others block the
@@ -19,6 +20,7 @@
 #ifndef KVD_KERNELS_CUDA_INT_H
 #define KVD_KERNELS_CUDA_INT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -144,6 +146,95 @@ kvd_status_t kvd_cuda_scatter_layer(
     const int32_t *block_ids_dev, size_t num_blocks,
     uint32_t num_valid_tokens_last, const void *objects_dev_base,
     size_t object_stride_bytes, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Runtime wrappers for the worker's device backend (stream.cu)             */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Streams and events are cudaStream_t / cudaEvent_t passed as void *; a
+ * NULL stream is the legacy default stream. Enqueueing functions return
+ * once the work is enqueued; only the *_wait functions block the calling
+ * thread, and the allocation and registration functions are meant for
+ * set-up time (they may synchronize the device). The CUDA runtime is
+ * thread-safe: any thread may call these, work on one stream executes in
+ * the order it was enqueued, whichever thread enqueued it.
+ */
+
+/* The calling thread's current device (cudaGetDevice). */
+kvd_status_t kvd_cuda_device_get(int *device_out);
+/* Makes `device` current for the calling thread (cudaSetDevice). */
+kvd_status_t kvd_cuda_device_set(int device);
+
+/*
+ * Where `ptr` lives: *device_out is the device ordinal for device memory
+ * (cudaMalloc, cudaMallocAsync, PyTorch's allocator) and -1 for anything
+ * else (pageable, pinned or registered host memory, managed memory).
+ * Errors: KVD_ERR_INVALID (NULL), KVD_ERR_NO_DEVICE, KVD_ERR_DEVICE.
+ */
+kvd_status_t kvd_cuda_pointer_query(const void *ptr, int *device_out);
+
+/*
+ * Page-locks [ptr, ptr + len) for DMA (cudaHostRegister, portable to every
+ * device), so copies from and to it are single asynchronous DMAs. Slow:
+ * once per mapping, at set-up. KVD_ERR_STATE when the range (or part of
+ * it) is registered already; KVD_ERR_INVALID (NULL, 0), KVD_ERR_NOMEM,
+ * KVD_ERR_NO_DEVICE, KVD_ERR_DEVICE (e.g. the OS refused to pin).
+ */
+kvd_status_t kvd_cuda_host_register(void *ptr, size_t len);
+/* Undoes kvd_cuda_host_register(ptr); accepts NULL. No copy from or to the
+ * range may be pending. */
+void kvd_cuda_host_unregister(void *ptr);
+/* Pinned, portable host memory of `len` bytes (cudaHostAlloc). */
+kvd_status_t kvd_cuda_host_alloc(size_t len, void **host_out);
+/* cudaFreeHost; accepts NULL. No copy from or to it may be pending. */
+void kvd_cuda_host_free(void *host);
+
+/* An event without timing (cudaEventDisableTiming), on the current
+ * device. */
+kvd_status_t kvd_cuda_event_create(void **event_out);
+/* cudaEventDestroy; accepts NULL. */
+void kvd_cuda_event_destroy(void *event);
+/* Records `event` at the current end of `stream` (re-recording replaces
+ * the previous capture; waits enqueued before see the old one). */
+kvd_status_t kvd_cuda_event_record(void *event, void *stream);
+/* Blocks until the work captured by the last record of `event` is done
+ * (an event never recorded is done). Returns the first error of that
+ * work. */
+kvd_status_t kvd_cuda_event_wait(void *event);
+/* Makes the work enqueued on `stream` from now on wait for the work
+ * captured by `event`'s last record (no host blocking; an event never
+ * recorded waits for nothing). */
+kvd_status_t kvd_cuda_stream_wait_event(void *stream, void *event);
+/* Blocks until every operation enqueued on `stream` so far is done
+ * (cudaStreamSynchronize); returns the first error of that work. */
+kvd_status_t kvd_cuda_stream_wait(void *stream);
+
+/*
+ * One asynchronous copy of `len` bytes between any host and device
+ * pointers (cudaMemcpyDefault, unified addressing). With pinned or
+ * registered host memory it is one DMA; with pageable memory the runtime
+ * stages it (a device-to-pageable copy returns only once done). len 0:
+ * nothing. Errors: KVD_ERR_INVALID, KVD_ERR_DEVICE, KVD_ERR_NO_DEVICE.
+ */
+kvd_status_t kvd_cuda_copy_async(void *dst, const void *src, size_t len,
+                                 void *stream);
+
+/*
+ * n copies (dsts[k] <- srcs[k], sizes[k] bytes) in one
+ * cudaMemcpyBatchAsync, all host-to-device (`to_device`) or all
+ * device-to-host, with `device` the device side; the sources are read in
+ * stream order. A driver or stream that cannot batch (older than 12.8, the
+ * legacy default stream) gets n plain cudaMemcpyAsync instead. The batch
+ * as a whole is ordered on the stream; copies within it are not ordered
+ * among themselves (their ranges must not overlap). Errors as
+ * kvd_cuda_copy_async.
+ */
+kvd_status_t kvd_cuda_copy_batch_async(void *const *dsts,
+                                       const void *const *srcs,
+                                       const size_t *sizes, size_t n,
+                                       bool to_device, int device,
+                                       void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* Synchronous helpers for tests and benchmarks (util.cu)                   */
