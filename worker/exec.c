@@ -1,7 +1,8 @@
 /*
  * The worker's execution: a pool of threads running copy tasks (CPU
- * reference kernels), and one poller thread owning the store's completion
- * queue (promotions of DISK-tier objects into the arena).
+ * reference kernels, or with the CUDA backend the enqueueing of device
+ * copies, device_cuda.c), and one poller thread owning the store's
+ * completion queue (promotions of DISK-tier objects into the arena).
  *
  * A step's synchronous loads run in two phases. Resolving (engine thread):
  * every block is looked up in the store and leased; a DISK-tier lease is
@@ -15,6 +16,13 @@
  *
  * Saves: one task per (layer, chunk) of the reserved blocks, queued by
  * save_kv_layer or, for layers it was not called for, by wait_for_save.
+ *
+ * The CUDA backend uses the same tasks with one chunk per layer (the copies
+ * share one stream and one staging buffer, so splitting a layer gains
+ * nothing). Its tasks only enqueue: a step's loads are finished (leases
+ * back, reports queued) by kvd_worker_copies_finish at wait_for_save, once
+ * the stream has run them, and an asynchronous request waits for its own
+ * copies on its pool thread before it finishes.
  *
  * The poller sleeps on its condition variable while nothing is
  * outstanding, and in kvd_store_wait (10 ms slices, so the backlog of
@@ -46,8 +54,11 @@ static void task_push(kvd_worker_t *w, wtask_t *t)
     pthread_cond_signal(&w->task_cv);
 }
 
-static size_t chunks_for(const kvd_worker_t *w, size_t n)
+size_t kvd_worker_chunks(const kvd_worker_t *w, size_t n)
 {
+    if (w->cuda != NULL) {
+        return n > 0 ? 1 : 0;
+    }
     return n < w->num_threads ? n : w->num_threads;
 }
 
@@ -55,7 +66,7 @@ static size_t chunks_for(const kvd_worker_t *w, size_t n)
 static size_t tasks_queue(kvd_worker_t *w, wstep_t *s, wtask_kind_t kind,
                           uint32_t layer, size_t n)
 {
-    size_t chunks = chunks_for(w, n);
+    size_t chunks = kvd_worker_chunks(w, n);
     for (size_t c = 0; c < chunks; c++) {
         /* Room for 2 * layers * chunks tasks was allocated at bind. */
         wtask_t *t = &s->tasks[s->used_tasks++];
@@ -425,14 +436,48 @@ void kvd_worker_saves_issue(kvd_worker_t *w, wstep_t *s, uint32_t layer)
     }
 }
 
+bool kvd_worker_loads_enqueued(const wstep_t *s)
+{
+    return s->loads_done || (s->loads_issued && s->load_tasks_left == 0);
+}
+
+void kvd_worker_copies_finish(kvd_worker_t *w, wstep_t *s)
+{
+    if (w->cuda == NULL || (s->loads_done && s->n_saves == 0)) {
+        return; /* host: the tasks did the copies themselves */
+    }
+    /* Every task of the step ran, so nothing else touches the step while
+     * mu is dropped; promotions of the step are done (loads issued). */
+    pthread_mutex_unlock(&w->mu);
+    kvd_status_t st = kvd_worker_cuda_drain(w);
+    pthread_mutex_lock(&w->mu);
+    if (st != KVD_OK) {
+        /* A device fault: no copy of the step can be trusted. */
+        KVD_LOG_ERROR("worker: cuda: step %llu's copies failed: %s",
+                      (unsigned long long)s->step, kvd_status_str(st));
+        for (size_t i = 0; !s->loads_done && i < s->n_load_ok; i++) {
+            block_fail(s->load_blocks[i], st);
+        }
+        for (size_t i = 0; i < s->n_saves; i++) {
+            block_fail(s->saves[i], st);
+        }
+    }
+    if (!s->loads_done) {
+        step_loads_finish(w, s);
+    }
+}
+
 /* ---- tasks -------------------------------------------------------------- */
 
 static void run_load(kvd_worker_t *w, wstep_t *s, const wtask_t *t)
 {
-    kvd_status_t st = kvd_ref_scatter_layer(
-        &w->layout, &w->cfg.format, w->tables, t->layer, s->load_ids + t->first,
-        t->count, w->cfg.format.block_size,
-        (const void *const *)(s->load_objs + t->first));
+    kvd_status_t st =
+        w->cuda != NULL
+            ? kvd_worker_cuda_load(w, s, t->layer, t->first, t->count)
+            : kvd_ref_scatter_layer(
+                  &w->layout, &w->cfg.format, w->tables, t->layer,
+                  s->load_ids + t->first, t->count, w->cfg.format.block_size,
+                  (const void *const *)(s->load_objs + t->first));
     pthread_mutex_lock(&w->mu);
     if (st != KVD_OK) {
         KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
@@ -444,9 +489,10 @@ static void run_load(kvd_worker_t *w, wstep_t *s, const wtask_t *t)
         }
     }
     s->layer_left[t->layer]--;
-    if (--s->load_tasks_left == 0) {
+    if (--s->load_tasks_left == 0 && w->cuda == NULL) {
         step_loads_finish(w, s);
     } else if (s->layer_left[t->layer] == 0) {
+        /* CUDA: enqueued only; finished at wait_for_save. */
         pthread_cond_broadcast(&w->done_cv);
     }
     pthread_mutex_unlock(&w->mu);
@@ -454,9 +500,13 @@ static void run_load(kvd_worker_t *w, wstep_t *s, const wtask_t *t)
 
 static void run_save(kvd_worker_t *w, wstep_t *s, const wtask_t *t)
 {
-    kvd_status_t st = kvd_ref_gather_layer(
-        &w->layout, &w->cfg.format, w->tables, t->layer, s->save_ids + t->first,
-        t->count, w->cfg.format.block_size, s->save_objs + t->first);
+    kvd_status_t st =
+        w->cuda != NULL
+            ? kvd_worker_cuda_save(w, s, t->layer, t->first, t->count)
+            : kvd_ref_gather_layer(&w->layout, &w->cfg.format, w->tables,
+                                   t->layer, s->save_ids + t->first, t->count,
+                                   w->cfg.format.block_size,
+                                   s->save_objs + t->first);
     pthread_mutex_lock(&w->mu);
     if (st != KVD_OK) {
         KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
@@ -490,13 +540,16 @@ static void run_async(kvd_worker_t *w, wreq_t *r)
         }
     }
     kvd_status_t st = KVD_OK;
-    for (uint32_t l = 0; l < w->cfg.format.num_layers && n > 0; l++) {
+    if (w->cuda != NULL && n > 0) {
+        /* Returns once the copies ran: the leases may go. */
+        st = kvd_worker_cuda_load_async(w, r->ids, r->objs, n);
+    }
+    for (uint32_t l = 0; w->cuda == NULL && l < w->cfg.format.num_layers &&
+                         n > 0 && st == KVD_OK;
+         l++) {
         st = kvd_ref_scatter_layer(&w->layout, &w->cfg.format, w->tables, l,
                                    r->ids, n, w->cfg.format.block_size,
                                    (const void *const *)r->objs);
-        if (st != KVD_OK) {
-            break;
-        }
     }
     pthread_mutex_lock(&w->mu);
     for (size_t i = 0; i < r->n_loads; i++) {

@@ -14,6 +14,13 @@
  * of the step's copies. Committing happens on the engine thread in
  * wait_for_save, after the last copy, so an object becomes visible to
  * lookups only once all its layers are written.
+ *
+ * With the CUDA backend (device_cuda.c) a finished task means its copies
+ * are enqueued on the side stream; the engine's calls add the stream
+ * ordering: wait_for_layer_load(l) makes the engine's stream wait for
+ * layer l's event, save_kv_layer orders the side stream after the
+ * engine's, and wait_for_save synchronizes the side stream before the
+ * commits (kvd_worker_copies_finish).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -192,11 +199,21 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
         set_err(err, err_len, "worker: NULL config, store or out");
         return KVD_ERR_INVALID;
     }
-    if (cfg->device != KVD_WORKER_DEVICE_HOST) {
-        set_err(err, err_len, "worker: device %d is not built",
+    if (cfg->device != KVD_WORKER_DEVICE_HOST &&
+        cfg->device != KVD_WORKER_DEVICE_CUDA) {
+        set_err(err, err_len, "worker: device %d is not a backend",
                 (int)cfg->device);
         return KVD_ERR_UNSUPPORTED;
     }
+#ifndef KVD_HAVE_CUDA
+    if (cfg->device == KVD_WORKER_DEVICE_CUDA) {
+        set_err(err, err_len,
+                "worker: device cuda: this build of kvdepot has no CUDA "
+                "support (it is built when nvcc is found at configure time, "
+                "KVD_WITH_CUDA=AUTO or ON)");
+        return KVD_ERR_UNSUPPORTED;
+    }
+#endif
     if (cfg->num_threads > KVD_WORKER_MAX_THREADS) {
         set_err(err, err_len, "worker: num_threads %u > %u", cfg->num_threads,
                 KVD_WORKER_MAX_THREADS);
@@ -238,6 +255,14 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
             goto err_free;
         }
     }
+#ifdef KVD_HAVE_CUDA
+    if (cfg->device == KVD_WORKER_DEVICE_CUDA) {
+        s = kvd_worker_cuda_create(w, err, err_len);
+        if (s != KVD_OK) {
+            goto err_free;
+        }
+    }
+#endif
     w->bases = calloc(cfg->format.num_layers, sizeof *w->bases);
     w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->bases == NULL || w->efd < 0) {
@@ -263,6 +288,7 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     return KVD_OK;
 
 err_free:
+    kvd_worker_cuda_destroy(w);
     if (w->efd >= 0) {
         close(w->efd);
     }
@@ -285,6 +311,9 @@ KVD_API void kvd_worker_destroy(kvd_worker_t *worker)
     kvd_worker_t *w = worker;
     (void)kvd_worker_clear_metadata(w);
     kvd_worker_exec_stop(w);
+    /* After the threads: an asynchronous copy may still be on the stream
+     * until then. */
+    kvd_worker_cuda_destroy(w);
     store_unclaim(w->store);
     close(w->efd);
     free(w->threads);
@@ -331,6 +360,12 @@ KVD_API kvd_status_t kvd_worker_register_kv_caches(
     if (busy) {
         set_err(err, err_len, "worker: a plan is bound or loads are in flight");
         return KVD_ERR_STATE;
+    }
+    if (w->cuda != NULL) {
+        s = kvd_worker_cuda_register(w, layout, err, err_len);
+        if (s != KVD_OK) {
+            return s;
+        }
     }
     memcpy(w->bases, layout->layer_base,
            w->cfg.format.num_layers * sizeof *w->bases);
@@ -524,11 +559,6 @@ static void step_abort(kvd_worker_t *w, wstep_t *s)
     step_commit(w, s);
 }
 
-static size_t chunks_for(const kvd_worker_t *w, size_t n)
-{
-    return n < w->num_threads ? n : w->num_threads;
-}
-
 /* The step's synchronous loads, per-layer counters and task storage. */
 static kvd_status_t step_arrays(kvd_worker_t *w, wstep_t *s)
 {
@@ -677,7 +707,8 @@ KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
     st = step_reserve(w, s, err, err_len);
     pthread_mutex_unlock(&w->mu);
     if (st == KVD_OK) {
-        size_t per_layer = chunks_for(w, s->n_sync) + chunks_for(w, s->n_saves);
+        size_t per_layer =
+            kvd_worker_chunks(w, s->n_sync) + kvd_worker_chunks(w, s->n_saves);
         s->n_tasks = per_layer * w->cfg.format.num_layers;
         s->tasks = calloc(s->n_tasks + 1, sizeof *s->tasks);
         st = s->tasks == NULL ? KVD_ERR_NOMEM : KVD_OK;
@@ -706,10 +737,26 @@ err_step:
 
 /* ---- the engine's per-step calls ----------------------------------------- */
 
+/* CUDA: the side stream could not be ordered after the engine's, so the
+ * step's saves might read the cache before the engine wrote it; none of
+ * them is committed. */
+static void saves_fail(kvd_worker_t *w, wstep_t *s, kvd_status_t st)
+{
+    KVD_LOG_ERROR("worker: step %llu: saves not ordered after the engine's "
+                  "stream (%s): dropped",
+                  (unsigned long long)s->step, kvd_status_str(st));
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < s->n_saves; i++) {
+        if (s->saves[i]->status == KVD_OK) {
+            s->saves[i]->status = st;
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
 KVD_API kvd_status_t kvd_worker_start_load_kv(kvd_worker_t *worker,
                                               void *stream)
 {
-    (void)stream;
     if (worker == NULL) {
         return KVD_ERR_INVALID;
     }
@@ -723,10 +770,15 @@ KVD_API kvd_status_t kvd_worker_start_load_kv(kvd_worker_t *worker,
     }
     if (s->any_sync_whole) {
         pthread_mutex_lock(&w->mu);
-        while (!s->loads_done) {
+        while (!kvd_worker_loads_enqueued(s)) {
             pthread_cond_wait(&w->done_cv, &w->mu);
         }
+        bool copied = s->n_load_ok > 0;
         pthread_mutex_unlock(&w->mu);
+        if (w->cuda != NULL && copied) {
+            return kvd_worker_cuda_stream_wait(w, KVD_WORKER_ALL_LAYERS,
+                                               stream);
+        }
     }
     return KVD_OK;
 }
@@ -735,7 +787,6 @@ KVD_API kvd_status_t kvd_worker_wait_for_layer_load(kvd_worker_t *worker,
                                                     uint32_t layer,
                                                     void *stream)
 {
-    (void)stream;
     if (worker == NULL) {
         return KVD_ERR_INVALID;
     }
@@ -754,14 +805,18 @@ KVD_API kvd_status_t kvd_worker_wait_for_layer_load(kvd_worker_t *worker,
     while (!s->loads_done && !(s->loads_issued && s->layer_left[layer] == 0)) {
         pthread_cond_wait(&w->done_cv, &w->mu);
     }
+    bool copied = s->n_load_ok > 0;
     pthread_mutex_unlock(&w->mu);
+    if (w->cuda != NULL && copied) {
+        /* Enqueued, not done: the engine's stream waits, not the host. */
+        return kvd_worker_cuda_stream_wait(w, layer, stream);
+    }
     return KVD_OK;
 }
 
 KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
                                               uint32_t layer, void *stream)
 {
-    (void)stream;
     if (worker == NULL) {
         return KVD_ERR_INVALID;
     }
@@ -773,16 +828,23 @@ KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
     if (s == NULL || s->saves_done) {
         return KVD_OK;
     }
+    kvd_status_t st = KVD_OK;
+    if (w->cuda != NULL && s->n_saves > 0 && !s->save_issued[layer]) {
+        /* The gather must see what the engine's stream wrote so far. */
+        st = kvd_worker_cuda_save_order(w, stream);
+        if (st != KVD_OK) {
+            saves_fail(w, s, st);
+        }
+    }
     pthread_mutex_lock(&w->mu);
     kvd_worker_saves_issue(w, s, layer);
     pthread_mutex_unlock(&w->mu);
-    return KVD_OK;
+    return st;
 }
 
 KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
                                               void *stream)
 {
-    (void)stream;
     if (worker == NULL) {
         return KVD_ERR_INVALID;
     }
@@ -794,13 +856,27 @@ KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
     if (!s->loads_started) {
         kvd_worker_loads_start(w, s);
     }
+    if (w->cuda != NULL && s->n_saves > 0) {
+        for (uint32_t l = 0; l < w->cfg.format.num_layers; l++) {
+            if (!s->save_issued[l]) {
+                /* Layers save_kv_layer was not called for: after the work
+                 * on this stream. */
+                kvd_status_t st = kvd_worker_cuda_save_order(w, stream);
+                if (st != KVD_OK) {
+                    saves_fail(w, s, st);
+                }
+                break;
+            }
+        }
+    }
     pthread_mutex_lock(&w->mu);
     for (uint32_t l = 0; l < w->cfg.format.num_layers; l++) {
         kvd_worker_saves_issue(w, s, l);
     }
-    while (s->save_tasks_left > 0 || !s->loads_done) {
+    while (s->save_tasks_left > 0 || !kvd_worker_loads_enqueued(s)) {
         pthread_cond_wait(&w->done_cv, &w->mu);
     }
+    kvd_worker_copies_finish(w, s);
     step_commit(w, s);
     for (size_t i = 0; i < s->n_reqs; i++) {
         wreq_t *r = s->reqs[i];

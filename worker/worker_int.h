@@ -1,6 +1,7 @@
 /*
- * The worker's state, shared by worker.c (API, plans, reports) and exec.c
- * (threads, promotions, the copies).
+ * The worker's state, shared by worker.c (API, plans, reports), exec.c
+ * (threads, promotions, the copies) and device_cuda.c (the copy step of
+ * the CUDA backend).
  *
  * One mutex, `mu`, guards everything below that more than one thread
  * touches: the task queue, the promotion backlog, the step's counters, the
@@ -84,7 +85,7 @@ struct wstep {
     bool loads_started;
     size_t gets_pending;
     bool loads_issued; /* resolved; tasks queued (or none needed) */
-    bool loads_done;   /* every task ran, leases given back */
+    bool loads_done;   /* every copy done, leases given back */
     int32_t *load_ids;
     void **load_objs;
     wblock_t **load_blocks;
@@ -105,6 +106,8 @@ struct wstep {
     /* Task storage: layers * (load chunks + save chunks), used in order. */
     wtask_t *tasks;
     size_t n_tasks, used_tasks;
+    /* CUDA backend: the step's block ids are on the device (its lock). */
+    bool dev_load_ids, dev_save_ids;
 };
 
 typedef struct wfin {
@@ -124,6 +127,8 @@ typedef struct wqueue {
     void *items;
     size_t num, cap, reserved, item_bytes;
 } wqueue_t;
+
+typedef struct wcuda wcuda_t;
 
 struct kvd_worker {
     kvd_worker_config_t cfg;
@@ -178,6 +183,10 @@ struct kvd_worker {
     uint32_t threads_started;
     pthread_t poller;
     bool poller_started;
+
+    /* The CUDA backend's state (device_cuda.c); NULL: the host backend.
+     * The few places the backends differ test it. */
+    wcuda_t *cuda;
 };
 
 /* ---- worker.c ----------------------------------------------------------- */
@@ -201,5 +210,107 @@ void kvd_worker_loads_start(kvd_worker_t *w, wstep_t *s);
 void kvd_worker_saves_issue(kvd_worker_t *w, wstep_t *s, uint32_t layer);
 /* Frees a request (its blocks must hold no lease). */
 void kvd_worker_req_free(wreq_t *r);
+/* How many copy tasks share `n` blocks of one layer. */
+size_t kvd_worker_chunks(const kvd_worker_t *w, size_t n);
+/* Every synchronous load copy of the step is enqueued (host backend: and
+ * done), or none was needed (mu held). */
+bool kvd_worker_loads_enqueued(const wstep_t *s);
+/* Once every copy task of the step ran (mu held, may drop it): the CUDA
+ * backend waits for its stream, fails the step's blocks on a device
+ * error, and then gives the loads' leases back and reports them. The host
+ * backend has nothing left to do. */
+void kvd_worker_copies_finish(kvd_worker_t *w, wstep_t *s);
+
+/* ---- device_cuda.c (built with KVD_HAVE_CUDA) ---------------------------
+ *
+ * The CUDA backend's copy step; the calls are made only when w->cuda is
+ * set. create/destroy/register and the stream calls run on the engine
+ * thread; load, save and load_async on pool threads, where they only
+ * enqueue (load_async also waits for its own copies). */
+
+/* kvd_worker_cuda_stream_wait's layer for "every layer". */
+#define KVD_WORKER_ALL_LAYERS UINT32_MAX
+
+#ifdef KVD_HAVE_CUDA
+/* Checks that a device exists; sets w->cuda (host state only). */
+kvd_status_t kvd_worker_cuda_create(kvd_worker_t *w, char *err, size_t err_len);
+/* Waits for the side stream, frees everything; NULL w->cuda accepted. */
+void kvd_worker_cuda_destroy(kvd_worker_t *w);
+/* The layout's bases must be device memory of one device; allocates the
+ * stream, events, staging and id arrays there (once per device). */
+kvd_status_t kvd_worker_cuda_register(kvd_worker_t *w,
+                                      const kvd_kv_layout_t *layout, char *err,
+                                      size_t err_len);
+/* Enqueues layer `layer` of the step's loads [first, first + count), then
+ * records the layer's event. */
+kvd_status_t kvd_worker_cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
+                                  size_t first, size_t count);
+/* Enqueues layer `layer` of the step's saves [first, first + count). */
+kvd_status_t kvd_worker_cuda_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
+                                  size_t first, size_t count);
+/* Enqueues every layer of one asynchronous request and waits until the
+ * side stream has run it. */
+kvd_status_t kvd_worker_cuda_load_async(kvd_worker_t *w, const int32_t *ids,
+                                        void *const *objs, size_t n);
+/* Makes `stream` wait for layer `layer`'s loads (or every layer's). */
+kvd_status_t kvd_worker_cuda_stream_wait(kvd_worker_t *w, uint32_t layer,
+                                         void *stream);
+/* Makes the side stream's next saves wait for the work on `stream`. */
+kvd_status_t kvd_worker_cuda_save_order(kvd_worker_t *w, void *stream);
+/* Blocks until the side stream ran everything enqueued so far. */
+kvd_status_t kvd_worker_cuda_drain(kvd_worker_t *w);
+#else
+/* Without CUDA no worker has w->cuda set: these are never called. */
+static inline void kvd_worker_cuda_destroy(kvd_worker_t *w)
+{
+    (void)w;
+}
+static inline kvd_status_t
+kvd_worker_cuda_register(kvd_worker_t *w, const kvd_kv_layout_t *layout,
+                         char *err, size_t err_len)
+{
+    (void)w, (void)layout, (void)err, (void)err_len;
+    return KVD_ERR_UNSUPPORTED;
+}
+static inline kvd_status_t kvd_worker_cuda_load(kvd_worker_t *w, wstep_t *s,
+                                                uint32_t layer, size_t first,
+                                                size_t count)
+{
+    (void)w, (void)s, (void)layer, (void)first, (void)count;
+    return KVD_ERR_UNSUPPORTED;
+}
+static inline kvd_status_t kvd_worker_cuda_save(kvd_worker_t *w, wstep_t *s,
+                                                uint32_t layer, size_t first,
+                                                size_t count)
+{
+    (void)w, (void)s, (void)layer, (void)first, (void)count;
+    return KVD_ERR_UNSUPPORTED;
+}
+static inline kvd_status_t kvd_worker_cuda_load_async(kvd_worker_t *w,
+                                                      const int32_t *ids,
+                                                      void *const *objs,
+                                                      size_t n)
+{
+    (void)w, (void)ids, (void)objs, (void)n;
+    return KVD_ERR_UNSUPPORTED;
+}
+static inline kvd_status_t
+kvd_worker_cuda_stream_wait(kvd_worker_t *w, uint32_t layer, void *stream)
+{
+    (void)w, (void)layer, (void)stream;
+    return KVD_ERR_UNSUPPORTED;
+}
+static inline kvd_status_t kvd_worker_cuda_save_order(kvd_worker_t *w,
+                                                      void *stream)
+{
+    (void)w, (void)stream;
+    return KVD_ERR_UNSUPPORTED;
+}
+static inline kvd_status_t kvd_worker_cuda_drain(kvd_worker_t *w)
+{
+    (void)w;
+    return KVD_ERR_UNSUPPORTED;
+}
+#endif
 
 #endif /* KVD_WORKER_INT_H */

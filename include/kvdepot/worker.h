@@ -42,6 +42,38 @@
  * the Python tests use). `stream` arguments are the engine's device stream
  * for a device backend and are ignored by the host backend.
  *
+ * KVD_WORKER_DEVICE_CUDA: the cache is in GPU memory (every layer base on
+ * one device) and the copies run on the device with kernels/cuda, on a
+ * side stream the worker owns; `stream` is the engine's cudaStream_t
+ * (NULL: the legacy default stream). register_kv_caches allocates, once:
+ * the side stream, one event per layer, a device staging buffer of
+ * cuda_staging_blocks objects, device block-id arrays, the codec tables on
+ * the device, and page-locks the store's arena (cudaHostRegister, shared
+ * by the process's workers; when that fails copies stay pageable, slower,
+ * with a warning). The per-step calls then allocate nothing and block the
+ * host only where said:
+ *   - start_load_kv / wait_for_layer_load(l) return once layer l's copies
+ *     are *enqueued* on the side stream (the object's layer bytes from the
+ *     arena into staging, then the decode-and-scatter kernel) and make
+ *     `stream` wait for them (cudaStreamWaitEvent): work the engine
+ *     enqueues on `stream` afterwards sees the layer; the host does not
+ *     wait for the GPU.
+ *   - save_kv_layer(l) orders the side stream after the work already on
+ *     `stream`, then (from a worker thread) enqueues the gather-and-encode
+ *     of layer l into staging and the copies into the reserved arena
+ *     slots; the engine must not overwrite the saved blocks before
+ *     wait_for_save returns.
+ *   - wait_for_save synchronizes the side stream (the host waits for the
+ *     step's copies, loads included), then gives the loads' leases back,
+ *     reports them, and commits the saves. Layers save_kv_layer was not
+ *     called for are ordered after wait_for_save's `stream`.
+ *   - asynchronous loads are enqueued and waited for by a worker thread;
+ *     they are reported only once in the cache.
+ * A CUDA error fails the blocks it touched (reported and counted like any
+ * failed load or save); a fault that poisons the context fails every copy
+ * after it. Worker threads make the caches' device current for
+ * themselves; the engine thread's current device is never changed.
+ *
  * The store. An embedded store (store.h) serves the workers of one process:
  * several workers on one store (one per KV-cache group of a hybrid model,
  * each with its own layers and namespace) take turns draining its
@@ -75,7 +107,8 @@ extern "C" {
 typedef struct kvd_worker kvd_worker_t;
 
 typedef enum kvd_worker_device {
-    KVD_WORKER_DEVICE_HOST = 0 /* host memory, CPU reference kernels */
+    KVD_WORKER_DEVICE_HOST = 0, /* host memory, CPU reference kernels */
+    KVD_WORKER_DEVICE_CUDA = 1  /* GPU memory, kernels/cuda, a side stream */
 } kvd_worker_device_t;
 
 /* Most threads of the host backend. */
@@ -89,13 +122,17 @@ typedef struct kvd_worker_config {
     kvd_object_format_t format;
     uint32_t worker_rank; /* written into reports */
     uint32_t tenant;      /* quota domain of the saves (store.h) */
-    uint32_t num_threads; /* host backend threads, 0 = 2 */
+    uint32_t num_threads; /* copy threads, 0 = 2 (CUDA: they enqueue) */
     kvd_worker_device_t device;
     /* The namespace the leader's plans name blocks in, when it is not `ns`:
      * with tensor parallelism the leader plans in rank 0's namespace and
      * each rank loads and saves the same block hashes in its own (its shard
      * of the heads). All zero: `ns`. Every key of a plan must be in it. */
     kvd_namespace_t plan_ns;
+    /* CUDA backend: objects the device staging buffer holds (a layer's
+     * copies go in chunks of that many blocks); 0 = 16. Ignored by the
+     * host backend. */
+    uint32_t cuda_staging_blocks;
 } kvd_worker_config_t;
 
 /*
@@ -103,8 +140,11 @@ typedef struct kvd_worker_config {
  * (kvd_object_format_check) and its codec tables built. Errors, with a
  * reason in `err` (at most err_len bytes; may be NULL when err_len is 0):
  * KVD_ERR_INVALID (NULL store or out, bad format, num_threads too large),
- * KVD_ERR_UNSUPPORTED (device), KVD_ERR_STATE (another worker uses the
- * store), KVD_ERR_NOMEM.
+ * KVD_ERR_UNSUPPORTED (not a device backend, or KVD_WORKER_DEVICE_CUDA in
+ * a build without CUDA), KVD_ERR_NO_DEVICE (KVD_WORKER_DEVICE_CUDA on a
+ * machine without a usable GPU or driver), KVD_ERR_STATE (another worker
+ * uses the store), KVD_ERR_NOMEM. Device memory is allocated later, by
+ * kvd_worker_register_kv_caches, on the caches' device.
  */
 KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
                                        kvd_worker_t **worker_out, char *err,
@@ -126,6 +166,12 @@ KVD_API void kvd_worker_destroy(kvd_worker_t *worker);
  * refused with the reason in `err`. May be called again to replace the
  * layout when no plan is bound and no asynchronous load is in flight
  * (else KVD_ERR_STATE). Errors: KVD_ERR_INVALID.
+ *
+ * CUDA backend: every base must be device memory of one device, else
+ * KVD_ERR_INVALID saying which layer; the first call (and a call with
+ * caches on another device) allocates the backend's device resources
+ * there, and may then also fail with KVD_ERR_NOMEM, KVD_ERR_DEVICE or
+ * KVD_ERR_NO_DEVICE (the previous registration then stays).
  */
 KVD_API kvd_status_t kvd_worker_register_kv_caches(
     kvd_worker_t *worker, const kvd_kv_layout_t *layout, char *err,
@@ -149,15 +195,19 @@ KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
 /*
  * Starts every load of the bound plan. Returns at once when every request
  * with synchronous loads is `layerwise`; otherwise when the synchronous
- * loads are in place. No plan bound: nothing to do, KVD_OK.
+ * loads are in place (CUDA: enqueued, with `stream` made to wait for
+ * them). No plan bound: nothing to do, KVD_OK. CUDA: KVD_ERR_DEVICE when
+ * `stream` could not be made to wait.
  */
 KVD_API kvd_status_t kvd_worker_start_load_kv(kvd_worker_t *worker,
                                               void *stream);
 
 /*
  * Returns once layer `layer` of every synchronous load of the step is in
- * the cache (or failed). Starts the loads if start_load_kv was not called.
- * Errors: KVD_ERR_RANGE (layer >= num_layers).
+ * the cache (or failed); CUDA: once it is enqueued, with `stream` made to
+ * wait for it (work enqueued on `stream` afterwards sees it). Starts the
+ * loads if start_load_kv was not called. Errors: KVD_ERR_RANGE (layer >=
+ * num_layers); CUDA: KVD_ERR_DEVICE (`stream` could not be made to wait).
  */
 KVD_API kvd_status_t kvd_worker_wait_for_layer_load(kvd_worker_t *worker,
                                                     uint32_t layer,
@@ -165,8 +215,11 @@ KVD_API kvd_status_t kvd_worker_wait_for_layer_load(kvd_worker_t *worker,
 
 /*
  * Starts copying layer `layer` of every block the step saves out of the
- * cache (the engine has computed that layer). Returns at once. Calling it
- * twice for a layer copies once. Errors: KVD_ERR_RANGE.
+ * cache (the engine has computed that layer; CUDA: the copy runs after the
+ * work enqueued on `stream` so far). Returns at once. Calling it twice for
+ * a layer copies once. Errors: KVD_ERR_RANGE; CUDA: KVD_ERR_DEVICE (the
+ * side stream could not be ordered after `stream`: the step's saves are
+ * dropped, not committed).
  */
 KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
                                               uint32_t layer, void *stream);
@@ -175,9 +228,10 @@ KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
  * Copies the layers save_kv_layer was not called for, waits until every
  * copy and synchronous load of the step is done, and commits the saved
  * objects. After it returns the worker reads no block of this step's saves
- * again. KVD_OK also when some saves failed (they are counted in stats and
- * logged; the request is still reported as finished saving, since nothing
- * of it is in flight).
+ * again (CUDA: the host waits for the side stream here; the layers not
+ * saved yet are ordered after `stream`). KVD_OK also when some saves failed
+ * (they are counted in stats and logged; the request is still reported as
+ * finished saving, since nothing of it is in flight).
  */
 KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
                                               void *stream);

@@ -155,7 +155,8 @@ class WorkerConfig(ctypes.Structure):
     _fields_ = [("store", ctypes.c_void_p), ("ns", Namespace),
                 ("format", ObjectFormat), ("worker_rank", ctypes.c_uint32),
                 ("tenant", ctypes.c_uint32), ("num_threads", ctypes.c_uint32),
-                ("device", ctypes.c_int), ("plan_ns", Namespace)]
+                ("device", ctypes.c_int), ("plan_ns", Namespace),
+                ("cuda_staging_blocks", ctypes.c_uint32)]
 
 
 class FailedLoad(ctypes.Structure):

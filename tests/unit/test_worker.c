@@ -12,7 +12,9 @@
  * promotions), blocks that fail (missing, I/O error) while the request's
  * other blocks load, saves of keys stored already, reports packed for the
  * leader, cancellation and destroy with loads in flight (no lease left),
- * and every argument and plan error.
+ * and every argument and plan error. The CUDA backend where it cannot run
+ * (a build without CUDA, a machine without a GPU) is refused with a
+ * reason; its round trips are tests/gpu/test_cuda_worker.c.
  */
 #include <poll.h>
 #include <setjmp.h>
@@ -34,6 +36,9 @@
 #include "kernels/ref/ref_int.h"
 #include "kvdepot/worker.h"
 #include "proto/kvd_proto.h"
+#ifdef KVD_HAVE_CUDA
+#include "kernels/cuda/cuda_int.h"
+#endif
 
 #define POISON 0x5a
 #define LAYERS 3
@@ -995,6 +1000,54 @@ static void test_create_and_register_errors(void **state)
     cache_cleanup(&c);
 }
 
+/* KVD_WORKER_DEVICE_CUDA: a build without CUDA says so (UNSUPPORTED), a
+ * machine without a GPU says so (NO_DEVICE); no worker is made and the
+ * store stays free. On a GPU machine the worker is made, and refuses a
+ * cache in host memory. */
+static void test_cuda_device_unavailable(void **state)
+{
+    (void)state;
+    test_cache_t c;
+    cache_init(&c, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    kvd_store_t *st = store_open(NULL);
+    kvd_worker_config_t cfg = {0};
+    cfg.store = st;
+    cfg.ns = test_ns();
+    cfg.format = cache_format(&c, KVD_DTYPE_FP16, KVD_CODEC_TQ4);
+    cfg.device = KVD_WORKER_DEVICE_CUDA;
+    kvd_worker_t *w = NULL;
+    char err[256] = "";
+    kvd_status_t s = kvd_worker_create(&cfg, &w, err, sizeof err);
+#ifndef KVD_HAVE_CUDA
+    assert_int_equal(s, KVD_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err, "no CUDA support"));
+    assert_null(w);
+#else
+    int count = 0;
+    assert_int_equal(kvd_cuda_device_count(&count), KVD_OK);
+    if (count == 0) {
+        assert_int_equal(s, KVD_ERR_NO_DEVICE);
+        assert_non_null(strstr(err, "no CUDA device"));
+        assert_null(w);
+    } else {
+        assert_int_equal(s, KVD_OK);
+        err[0] = '\0';
+        assert_int_equal(
+            kvd_worker_register_kv_caches(w, &c.layout, err, sizeof err),
+            KVD_ERR_INVALID);
+        assert_non_null(strstr(err, "not device memory"));
+        kvd_worker_destroy(w);
+        w = NULL;
+    }
+#endif
+    /* Nothing of it is left: a host worker takes the store. */
+    cfg.device = KVD_WORKER_DEVICE_HOST;
+    assert_int_equal(kvd_worker_create(&cfg, &w, err, sizeof err), KVD_OK);
+    worker_register(w, &c);
+    worker_store_close(w, st);
+    cache_cleanup(&c);
+}
+
 static kvd_status_t bind_bytes(kvd_worker_t *w, const uint8_t *plan, size_t len,
                                char *err, size_t err_len)
 {
@@ -1065,6 +1118,7 @@ int main(void)
         cmocka_unit_test(test_destroy_with_loads_in_flight),
         cmocka_unit_test(test_saves_skip_stored_keys),
         cmocka_unit_test(test_create_and_register_errors),
+        cmocka_unit_test(test_cuda_device_unavailable),
         cmocka_unit_test(test_bad_plans_do_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

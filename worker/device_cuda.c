@@ -1,0 +1,628 @@
+/*
+ * The worker's CUDA device backend (KVD_WORKER_DEVICE_CUDA): the copy step
+ * of the shared pipeline (exec.c) done on a side stream with the kernels of
+ * kernels/cuda, and the engine-stream ordering around it. Planning,
+ * resolution, promotions, leases, reports and commits stay in worker.c and
+ * exec.c; only the bodies of the copy tasks, the per-layer waits and the
+ * end of a step's copies come here. Built only with KVD_HAVE_CUDA.
+ *
+ * Resources, allocated once by register_kv_caches on the caches' device
+ * and never in the per-step path: one non-blocking side stream; one event
+ * per layer, recorded on the side stream after that layer's loads of the
+ * step are enqueued; one event the engine's stream records for the saves;
+ * one event per pool thread for asynchronous requests; a device staging
+ * buffer of `cuda_staging_blocks` objects; pinned host and device arrays
+ * for block ids (the step's loads, the step's saves, one region per pool
+ * thread for asynchronous requests); the codec tables on the device; and
+ * the store's arena registered with cudaHostRegister (once per process and
+ * arena, counted, so several workers on one store share it; when it cannot
+ * be pinned, copies go through pageable memory, slower but the same).
+ *
+ * Ordering. Everything this backend enqueues goes to the one side stream,
+ * and `mu` makes each sequence that uses the staging buffer (copies into
+ * staging, then scatter; or gather, then copies out of staging) reach the
+ * stream whole, whichever pool thread enqueues it: the stream then orders
+ * every reuse of staging and of the id arrays. A load of layer l copies the
+ * layer's byte range of each object from its arena slot into the staging
+ * slot at the same offset, then scatters it; the layer's event is recorded
+ * after it, and wait_for_layer_load(l) makes the engine's stream wait on
+ * that event (the host only waits until it is recorded). save_kv_layer(l)
+ * records the save event on the engine's stream and makes the side stream
+ * wait on it before the gather of layer l into staging and the copies of
+ * its bytes into the reserved arena slots.
+ *
+ * Completion. A task finishing on the host only means its work is
+ * enqueued. The step's leases are given back and its loads reported at
+ * wait_for_save (exec.c, kvd_worker_copies_finish), after the side stream
+ * has been synchronized; the saves are committed after that same
+ * synchronization. An asynchronous request records its thread's event
+ * after its last layer and waits for it on the pool thread before it is
+ * reported and its leases given back.
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log_int.h"
+#include "kernels/cuda/cuda_int.h"
+#include "proto/kvd_proto.h"
+#include "worker/worker_int.h"
+
+#define CUDA_DEFAULT_STAGING_BLOCKS 16u
+#define CUDA_STAGING_ALIGN 256u
+/* Regions of the id arrays, in entries. */
+#define IDS_STEP_CAP ((size_t)KVD_PROTO_MAX_BLOCKS_PER_PLAN)
+#define IDS_ASYNC_CAP ((size_t)KVD_PROTO_MAX_BLOCKS_PER_REQUEST)
+#define IDS_LOADS 0u
+#define IDS_SAVES IDS_STEP_CAP
+#define IDS_ASYNC(slot) (2 * IDS_STEP_CAP + (size_t)(slot)*IDS_ASYNC_CAP)
+
+static void set_err(char *err, size_t err_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void set_err(char *err, size_t err_len, const char *fmt, ...)
+{
+    if (err == NULL || err_len == 0) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+}
+
+/* What register_kv_caches allocates on one device. */
+typedef struct cres {
+    int device;
+    void *stream;
+    void **layer_ev; /* num_layers */
+    void *save_ev;
+    void **slot_ev; /* n_slots */
+    void *staging;
+    int32_t *ids_host; /* pinned */
+    int32_t *ids_dev;
+    kvd_cuda_tables_t *tables;
+    void *arena; /* registered base, NULL when not pinned */
+} cres_t;
+
+struct wcuda {
+    pthread_mutex_t mu; /* one staging sequence on the stream at a time */
+    cres_t *res;        /* NULL until the first register */
+    size_t staging_blocks, stride, ids_cap;
+    uint32_t n_slots;
+    uint64_t slot_busy; /* bit j: slot j's event and ids are in use */
+    bool pinned;        /* the arena is page-locked */
+    /* One batch of copies (mu held). */
+    void **cp_dst;
+    const void **cp_src;
+    size_t *cp_len;
+};
+
+/* ---- the arena's registration, shared by the process's workers --------- */
+
+typedef struct pin {
+    void *base;
+    unsigned refs;
+    bool owned; /* we registered it (else it was registered before us) */
+} pin_t;
+
+#define MAX_PINS 64
+static pthread_mutex_t g_pin_mu = PTHREAD_MUTEX_INITIALIZER;
+static pin_t g_pins[MAX_PINS];
+
+/* Page-locks the store's arena, or takes one more reference on it; false
+ * when it cannot be pinned (copies then stage through pageable memory). */
+static bool arena_pin(kvd_store_t *store, void **base_out)
+{
+    kvd_store_arena_export_t exp;
+    kvd_status_t st = kvd_store_arena_export(store, &exp);
+    if (st != KVD_OK) {
+        KVD_LOG_WARN("worker: cuda: the arena cannot be described (%s): "
+                     "copies stay pageable",
+                     kvd_status_str(st));
+        return false;
+    }
+    close(exp.fd);
+    void *base = kvd_store_arena_ptr(store, 0, exp.size_bytes);
+    if (base == NULL) {
+        KVD_LOG_WARN("worker: cuda: no mapping of the arena: copies stay "
+                     "pageable");
+        return false;
+    }
+    pthread_mutex_lock(&g_pin_mu);
+    pin_t *e = NULL, *free_e = NULL;
+    for (size_t i = 0; i < MAX_PINS && e == NULL; i++) {
+        if (g_pins[i].refs > 0 && g_pins[i].base == base) {
+            e = &g_pins[i];
+        } else if (g_pins[i].refs == 0 && free_e == NULL) {
+            free_e = &g_pins[i];
+        }
+    }
+    if (e == NULL && free_e != NULL) {
+        st = kvd_cuda_host_register(base, exp.size_bytes);
+        if (st == KVD_OK || st == KVD_ERR_STATE) {
+            e = free_e;
+            e->base = base;
+            e->refs = 0;
+            e->owned = st == KVD_OK;
+        } else {
+            KVD_LOG_WARN("worker: cuda: cudaHostRegister of the %llu-byte "
+                         "arena failed (%s): copies stay pageable",
+                         (unsigned long long)exp.size_bytes,
+                         kvd_status_str(st));
+        }
+    }
+    if (e != NULL) {
+        e->refs++;
+    }
+    pthread_mutex_unlock(&g_pin_mu);
+    if (e != NULL) {
+        *base_out = base;
+    }
+    return e != NULL;
+}
+
+static void arena_unpin(void *base)
+{
+    if (base == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&g_pin_mu);
+    for (size_t i = 0; i < MAX_PINS; i++) {
+        pin_t *e = &g_pins[i];
+        if (e->refs > 0 && e->base == base && --e->refs == 0 && e->owned) {
+            kvd_cuda_host_unregister(base);
+        }
+    }
+    pthread_mutex_unlock(&g_pin_mu);
+}
+
+/* ---- device resources --------------------------------------------------- */
+
+/* Frees what res_create made; the stream is synchronized first, so no work
+ * that uses the rest is pending. The device must be current. */
+static void res_destroy(kvd_worker_t *w, cres_t *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    if (r->stream != NULL) {
+        (void)kvd_cuda_stream_wait(r->stream);
+    }
+    arena_unpin(r->arena);
+    kvd_cuda_tables_destroy(r->tables);
+    kvd_cuda_mem_destroy(r->ids_dev);
+    kvd_cuda_host_free(r->ids_host);
+    kvd_cuda_mem_destroy(r->staging);
+    for (uint32_t j = 0; r->slot_ev != NULL && j < w->cuda->n_slots; j++) {
+        kvd_cuda_event_destroy(r->slot_ev[j]);
+    }
+    free(r->slot_ev);
+    kvd_cuda_event_destroy(r->save_ev);
+    for (uint32_t l = 0; r->layer_ev != NULL && l < w->cfg.format.num_layers;
+         l++) {
+        kvd_cuda_event_destroy(r->layer_ev[l]);
+    }
+    free(r->layer_ev);
+    kvd_cuda_stream_destroy(r->stream);
+    free(r);
+}
+
+/* Allocates the resources on `device` (made current by the caller). */
+static kvd_status_t res_create(kvd_worker_t *w, int device, cres_t **out,
+                               char *err, size_t err_len)
+{
+    wcuda_t *c = w->cuda;
+    uint32_t layers = w->cfg.format.num_layers;
+    cres_t *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    r->device = device;
+    const char *what = "side stream";
+    kvd_status_t st = kvd_cuda_stream_create(&r->stream);
+    if (st == KVD_OK) {
+        what = "events";
+        r->layer_ev = calloc(layers, sizeof *r->layer_ev);
+        r->slot_ev = calloc(c->n_slots, sizeof *r->slot_ev);
+        st = r->layer_ev == NULL || r->slot_ev == NULL ? KVD_ERR_NOMEM : KVD_OK;
+    }
+    for (uint32_t l = 0; st == KVD_OK && l < layers; l++) {
+        st = kvd_cuda_event_create(&r->layer_ev[l]);
+    }
+    for (uint32_t j = 0; st == KVD_OK && j < c->n_slots; j++) {
+        st = kvd_cuda_event_create(&r->slot_ev[j]);
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_event_create(&r->save_ev);
+    }
+    if (st == KVD_OK) {
+        what = "staging buffer";
+        st = kvd_cuda_mem_create(c->staging_blocks * c->stride, &r->staging);
+    }
+    if (st == KVD_OK) {
+        what = "block id arrays";
+        st = kvd_cuda_host_alloc(c->ids_cap * sizeof(int32_t),
+                                 (void **)&r->ids_host);
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_mem_create(c->ids_cap * sizeof(int32_t),
+                                 (void **)&r->ids_dev);
+    }
+    if (st == KVD_OK && w->tables != NULL) {
+        what = "codec tables";
+        st = kvd_cuda_tables_create(w->tables, &r->tables);
+    }
+    if (st != KVD_OK) {
+        set_err(err, err_len, "worker: cuda: %s on device %d: %s", what, device,
+                kvd_status_str(st));
+        goto err_res;
+    }
+    c->pinned = arena_pin(w->store, &r->arena);
+    *out = r;
+    return KVD_OK;
+
+err_res:
+    res_destroy(w, r);
+    return st;
+}
+
+/* ---- life cycle --------------------------------------------------------- */
+
+kvd_status_t kvd_worker_cuda_create(kvd_worker_t *w, char *err, size_t err_len)
+{
+    int count = 0;
+    kvd_status_t st = kvd_cuda_device_count(&count);
+    if (st != KVD_OK) {
+        set_err(err, err_len, "worker: device cuda: the CUDA runtime: %s",
+                kvd_status_str(st));
+        return st;
+    }
+    if (count == 0) {
+        set_err(err, err_len,
+                "worker: device cuda: no CUDA device on this machine (no "
+                "GPU or no driver); use KVD_WORKER_DEVICE_HOST");
+        return KVD_ERR_NO_DEVICE;
+    }
+    wcuda_t *c = calloc(1, sizeof *c);
+    if (c == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    c->staging_blocks = w->cfg.cuda_staging_blocks != 0
+                            ? w->cfg.cuda_staging_blocks
+                            : CUDA_DEFAULT_STAGING_BLOCKS;
+    c->stride = (w->object_bytes + CUDA_STAGING_ALIGN - 1) /
+                CUDA_STAGING_ALIGN * CUDA_STAGING_ALIGN;
+    c->n_slots = w->num_threads;
+    c->ids_cap = IDS_ASYNC(c->n_slots);
+    c->cp_dst = calloc(c->staging_blocks, sizeof *c->cp_dst);
+    c->cp_src = calloc(c->staging_blocks, sizeof *c->cp_src);
+    c->cp_len = calloc(c->staging_blocks, sizeof *c->cp_len);
+    if (c->cp_dst == NULL || c->cp_src == NULL || c->cp_len == NULL) {
+        free(c->cp_dst);
+        free(c->cp_src);
+        free(c->cp_len);
+        free(c);
+        return KVD_ERR_NOMEM;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    w->cuda = c;
+    return KVD_OK;
+}
+
+void kvd_worker_cuda_destroy(kvd_worker_t *w)
+{
+    wcuda_t *c = w->cuda;
+    if (c == NULL) {
+        return;
+    }
+    if (c->res != NULL) {
+        int cur = -1;
+        bool restore = kvd_cuda_device_get(&cur) == KVD_OK;
+        (void)kvd_cuda_device_set(c->res->device);
+        res_destroy(w, c->res);
+        if (restore) {
+            (void)kvd_cuda_device_set(cur);
+        }
+    }
+    pthread_mutex_destroy(&c->mu);
+    free(c->cp_dst);
+    free(c->cp_src);
+    free(c->cp_len);
+    free(c);
+    w->cuda = NULL;
+}
+
+kvd_status_t kvd_worker_cuda_register(kvd_worker_t *w,
+                                      const kvd_kv_layout_t *layout, char *err,
+                                      size_t err_len)
+{
+    wcuda_t *c = w->cuda;
+    int device = -1;
+    for (uint32_t l = 0; l < w->cfg.format.num_layers; l++) {
+        int d = -1;
+        kvd_status_t st = kvd_cuda_pointer_query(layout->layer_base[l], &d);
+        if (st != KVD_OK) {
+            set_err(err, err_len, "worker: cuda: layer %u base: %s", l,
+                    kvd_status_str(st));
+            return st;
+        }
+        if (d < 0) {
+            set_err(err, err_len,
+                    "worker: cuda: layer %u base %p is not device memory "
+                    "(the CUDA backend takes caches allocated on a GPU)",
+                    l, layout->layer_base[l]);
+            return KVD_ERR_INVALID;
+        }
+        if (device >= 0 && d != device) {
+            set_err(err, err_len,
+                    "worker: cuda: layer %u is on device %d, layer 0 on "
+                    "device %d (one worker serves one device)",
+                    l, d, device);
+            return KVD_ERR_INVALID;
+        }
+        device = d;
+    }
+    if (c->res != NULL && c->res->device == device) {
+        return KVD_OK; /* same device: keep everything */
+    }
+    /* The engine thread's current device is the engine's: allocate on the
+     * caches' device, then put it back. */
+    int cur = -1;
+    kvd_status_t st = kvd_cuda_device_get(&cur);
+    if (st == KVD_OK) {
+        st = kvd_cuda_device_set(device);
+    }
+    if (st != KVD_OK) {
+        set_err(err, err_len, "worker: cuda: device %d not usable: %s", device,
+                kvd_status_str(st));
+        return st;
+    }
+    cres_t *r = NULL;
+    st = res_create(w, device, &r, err, err_len);
+    if (st == KVD_OK && c->res != NULL) {
+        /* Another device than before: its resources go. */
+        (void)kvd_cuda_device_set(c->res->device);
+        res_destroy(w, c->res);
+    }
+    if (st == KVD_OK) {
+        c->res = r;
+    }
+    (void)kvd_cuda_device_set(cur);
+    return st;
+}
+
+/* ---- copies (pool threads) ---------------------------------------------- */
+
+/* Copies `n` ids into region `at` of the id arrays, in stream order (mu
+ * held). The pinned region is free: what read it before has executed (the
+ * previous step synchronized the stream; a slot is used by one request at
+ * a time). */
+static kvd_status_t ids_upload(wcuda_t *c, size_t at, const int32_t *ids,
+                               size_t n)
+{
+    memcpy(c->res->ids_host + at, ids, n * sizeof *ids);
+    return kvd_cuda_copy_async(c->res->ids_dev + at, c->res->ids_host + at,
+                               n * sizeof *ids, c->res->stream);
+}
+
+/* n copies of `len` bytes at offset `off` of each object: arena -> staging
+ * (to_device) or staging -> arena (mu held). */
+static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
+                                   size_t off, size_t len, bool to_device)
+{
+    wcuda_t *c = w->cuda;
+    unsigned char *staging = c->res->staging;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char *slot = staging + i * c->stride + off;
+        unsigned char *obj = (unsigned char *)objs[i] + off;
+        c->cp_dst[i] = to_device ? (void *)slot : (void *)obj;
+        c->cp_src[i] = to_device ? (const void *)obj : (const void *)slot;
+        c->cp_len[i] = len;
+    }
+    if (c->pinned) {
+        return kvd_cuda_copy_batch_async(c->cp_dst, c->cp_src, c->cp_len, n,
+                                         to_device, c->res->device,
+                                         c->res->stream);
+    }
+    /* Pageable: the runtime stages each copy itself; batching would not
+     * make it a DMA. */
+    kvd_status_t st = KVD_OK;
+    for (size_t i = 0; i < n && st == KVD_OK; i++) {
+        st = kvd_cuda_copy_async(c->cp_dst[i], c->cp_src[i], len,
+                                 c->res->stream);
+    }
+    return st;
+}
+
+/* Enqueues layer `layer` of `n` objects into blocks `ids` (the same ids
+ * are at `ids_dev` on the device), in chunks of the staging buffer's size
+ * (mu held). */
+static kvd_status_t layer_load(kvd_worker_t *w, uint32_t layer,
+                               const int32_t *ids, const int32_t *ids_dev,
+                               void *const *objs, size_t n)
+{
+    wcuda_t *c = w->cuda;
+    const kvd_object_format_t *f = &w->cfg.format;
+    size_t off = kvd_object_layer_offset(f, layer);
+    size_t len = kvd_object_layer_bytes(f);
+    kvd_status_t st = KVD_OK;
+    for (size_t k = 0; k < n && st == KVD_OK; k += c->staging_blocks) {
+        size_t m = n - k < c->staging_blocks ? n - k : c->staging_blocks;
+        st = staging_copies(w, objs + k, m, off, len, true);
+        if (st == KVD_OK) {
+            st = kvd_cuda_scatter_layer(
+                &w->layout, f, c->res->tables, layer, ids + k, ids_dev + k, m,
+                f->block_size, c->res->staging, c->stride, c->res->stream);
+        }
+    }
+    return st;
+}
+
+/* Enqueues the gather of layer `layer` of blocks `ids` into staging and
+ * the copies of its bytes into the objects, chunk by chunk (mu held). */
+static kvd_status_t layer_save(kvd_worker_t *w, uint32_t layer,
+                               const int32_t *ids, const int32_t *ids_dev,
+                               void *const *objs, size_t n)
+{
+    wcuda_t *c = w->cuda;
+    const kvd_object_format_t *f = &w->cfg.format;
+    size_t off = kvd_object_layer_offset(f, layer);
+    size_t len = kvd_object_layer_bytes(f);
+    kvd_status_t st = KVD_OK;
+    for (size_t k = 0; k < n && st == KVD_OK; k += c->staging_blocks) {
+        size_t m = n - k < c->staging_blocks ? n - k : c->staging_blocks;
+        st = kvd_cuda_gather_layer(&w->layout, f, c->res->tables, layer,
+                                   ids + k, ids_dev + k, m, f->block_size,
+                                   c->res->staging, c->stride, c->res->stream);
+        if (st == KVD_OK) {
+            st = staging_copies(w, objs + k, m, off, len, false);
+        }
+    }
+    return st;
+}
+
+kvd_status_t kvd_worker_cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
+                                  size_t first, size_t count)
+{
+    wcuda_t *c = w->cuda;
+    kvd_status_t st = kvd_cuda_device_set(c->res->device);
+    if (st != KVD_OK) {
+        return st;
+    }
+    if (s->n_load_ok > IDS_STEP_CAP) {
+        return KVD_ERR_RANGE; /* the plan's validation bounds it */
+    }
+    pthread_mutex_lock(&c->mu);
+    if (!s->dev_load_ids) {
+        st = ids_upload(c, IDS_LOADS, s->load_ids, s->n_load_ok);
+        s->dev_load_ids = st == KVD_OK;
+    }
+    if (st == KVD_OK) {
+        st = layer_load(w, layer, s->load_ids + first,
+                        c->res->ids_dev + IDS_LOADS + first,
+                        s->load_objs + first, count);
+    }
+    /* Recorded even after an error: the engine's stream then waits for
+     * what was enqueued, and the failed blocks are reported. */
+    kvd_status_t rec =
+        kvd_cuda_event_record(c->res->layer_ev[layer], c->res->stream);
+    pthread_mutex_unlock(&c->mu);
+    return st != KVD_OK ? st : rec;
+}
+
+kvd_status_t kvd_worker_cuda_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
+                                  size_t first, size_t count)
+{
+    wcuda_t *c = w->cuda;
+    kvd_status_t st = kvd_cuda_device_set(c->res->device);
+    if (st != KVD_OK) {
+        return st;
+    }
+    if (s->n_saves > IDS_STEP_CAP) {
+        return KVD_ERR_RANGE;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (!s->dev_save_ids) {
+        st = ids_upload(c, IDS_SAVES, s->save_ids, s->n_saves);
+        s->dev_save_ids = st == KVD_OK;
+    }
+    if (st == KVD_OK) {
+        st = layer_save(w, layer, s->save_ids + first,
+                        c->res->ids_dev + IDS_SAVES + first,
+                        s->save_objs + first, count);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+kvd_status_t kvd_worker_cuda_load_async(kvd_worker_t *w, const int32_t *ids,
+                                        void *const *objs, size_t n)
+{
+    wcuda_t *c = w->cuda;
+    kvd_status_t st = kvd_cuda_device_set(c->res->device);
+    if (st != KVD_OK) {
+        return st;
+    }
+    if (n > IDS_ASYNC_CAP) {
+        return KVD_ERR_RANGE;
+    }
+    /* At most one asynchronous request per pool thread runs: a slot is
+     * free. */
+    pthread_mutex_lock(&c->mu);
+    uint32_t slot = 0;
+    while (slot < c->n_slots && (c->slot_busy >> slot & 1u) != 0) {
+        slot++;
+    }
+    if (slot == c->n_slots) {
+        pthread_mutex_unlock(&c->mu);
+        KVD_LOG_ERROR("worker: cuda: no free slot for an asynchronous load");
+        return KVD_ERR_INTERNAL;
+    }
+    c->slot_busy |= (uint64_t)1 << slot;
+    const int32_t *ids_dev = c->res->ids_dev + IDS_ASYNC(slot);
+    st = ids_upload(c, IDS_ASYNC(slot), ids, n);
+    pthread_mutex_unlock(&c->mu);
+    /* One layer per lock: a step's loads and saves get the stream between
+     * them. */
+    for (uint32_t l = 0; l < w->cfg.format.num_layers && st == KVD_OK; l++) {
+        pthread_mutex_lock(&c->mu);
+        st = layer_load(w, l, ids, ids_dev, objs, n);
+        pthread_mutex_unlock(&c->mu);
+    }
+    pthread_mutex_lock(&c->mu);
+    kvd_status_t rec =
+        kvd_cuda_event_record(c->res->slot_ev[slot], c->res->stream);
+    pthread_mutex_unlock(&c->mu);
+    /* Whatever was enqueued must have run before the caller gives the
+     * leases back, error or not. */
+    kvd_status_t done = kvd_cuda_event_wait(c->res->slot_ev[slot]);
+    pthread_mutex_lock(&c->mu);
+    c->slot_busy &= ~((uint64_t)1 << slot);
+    pthread_mutex_unlock(&c->mu);
+    if (rec != KVD_OK && done == KVD_OK) {
+        /* Not recorded: nothing tells when the copies ran. */
+        done = kvd_cuda_stream_wait(c->res->stream);
+    }
+    return st != KVD_OK ? st : done;
+}
+
+/* ---- the engine's stream (engine thread) -------------------------------- */
+
+kvd_status_t kvd_worker_cuda_stream_wait(kvd_worker_t *w, uint32_t layer,
+                                         void *stream)
+{
+    wcuda_t *c = w->cuda;
+    uint32_t from = layer, to = layer + 1;
+    if (layer == KVD_WORKER_ALL_LAYERS) {
+        from = 0;
+        to = w->cfg.format.num_layers;
+    }
+    kvd_status_t st = KVD_OK;
+    for (uint32_t l = from; l < to && st == KVD_OK; l++) {
+        st = kvd_cuda_stream_wait_event(stream, c->res->layer_ev[l]);
+    }
+    return st;
+}
+
+kvd_status_t kvd_worker_cuda_save_order(kvd_worker_t *w, void *stream)
+{
+    wcuda_t *c = w->cuda;
+    /* Under mu: the wait lands between two staging sequences, and the
+     * event is not recorded again before the side stream captured it. */
+    pthread_mutex_lock(&c->mu);
+    kvd_status_t st = kvd_cuda_event_record(c->res->save_ev, stream);
+    if (st == KVD_OK) {
+        st = kvd_cuda_stream_wait_event(c->res->stream, c->res->save_ev);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+kvd_status_t kvd_worker_cuda_drain(kvd_worker_t *w)
+{
+    return kvd_cuda_stream_wait(w->cuda->res->stream);
+}
