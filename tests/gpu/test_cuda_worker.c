@@ -1,0 +1,649 @@
+/*
+ * The worker's CUDA backend (KVD_WORKER_DEVICE_CUDA, label gpu) against
+ * its host backend.
+ *
+ * Round trips through one embedded store, for vLLM FlashAttention NHD and
+ * HND caches and the codecs raw, fp8, int8, kivi4 and tq4: a host worker
+ * saves blocks of a random cache and loads them into a poisoned one (the
+ * reference result); a CUDA worker does the same with device copies of
+ * both caches, in its own namespace. Then:
+ *   - the objects the CUDA worker stored equal the host worker's byte for
+ *     byte (raw, fp8, int8, kivi4: the kernels are bit-exact);
+ *   - the loaded device cache equals the host backend's cache byte for
+ *     byte, poison outside the listed blocks included (raw: the source
+ *     blocks themselves); tq4, whose GPU encoder may round a few codes the
+ *     other way (quant-kernels.md §9), must be as close to the source as
+ *     the host's result (relative MSE within 2%) and leave every other
+ *     byte as it was;
+ *   - ordering on the engine's stream: the device source cache starts
+ *     poisoned and each layer's real bytes are copied into it on the
+ *     engine's stream just before save_kv_layer(l, stream), so a save not
+ *     ordered after the stream would store poison; after
+ *     wait_for_layer_load(l, stream) a copy enqueued on the stream
+ *     snapshots layer l, which must already be the loaded one;
+ *   - a staging buffer of 3 objects for 4 blocks (a partial last chunk)
+ *     and the default one; a created stream and the legacy default stream;
+ *     layerwise and whole-step loads; an asynchronous load.
+ * Also: a cache in host memory, or split between host and device, is
+ * refused at register with a reason; no lease is left at the end.
+ * Exits 77 (skipped) when built without CUDA or run without a device.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kvdepot/common.h"
+#ifdef KVD_HAVE_CUDA
+#include <math.h>
+#include <poll.h>
+
+#include "tests/unit/kvd_testcache_int.h"
+#include "tests/unit/kvd_testdata_int.h"
+#include "tests/unit/kvd_testplan_int.h"
+
+#include "kernels/cuda/cuda_int.h"
+#include "kernels/ref/ref_int.h"
+#include "kvdepot/worker.h"
+
+#define POISON 0x5a
+#define LAYERS 3
+#define BLOCKS 8
+#define BS 16
+#define HEADS 2
+#define DIM 64
+#define N 4
+
+static const int32_t save_blocks[N] = {1, 3, 4, 6};
+static const int32_t load_blocks[N] = {7, 0, 5, 2};
+
+/* ---- device caches: a host test cache's twin in device memory ----------- */
+
+typedef struct dev_cache {
+    const test_cache_t *h; /* shape and strides */
+    unsigned char *mem;    /* h->bytes of device memory */
+    void *bases[TEST_CACHE_MAX_LAYERS];
+    kvd_kv_layout_t layout;
+} dev_cache_t;
+
+static void dev_cache_init(dev_cache_t *d, const test_cache_t *h)
+{
+    memset(d, 0, sizeof *d);
+    d->h = h;
+    assert_int_equal(kvd_cuda_mem_create(h->bytes, (void **)&d->mem), KVD_OK);
+    for (uint32_t l = 0; l < h->layers; l++) {
+        d->bases[l] = d->mem + ((unsigned char *)h->bases[l] - h->mem);
+    }
+    d->layout = h->layout;
+    d->layout.layer_base = d->bases;
+}
+
+static void dev_cache_cleanup(dev_cache_t *d)
+{
+    kvd_cuda_mem_destroy(d->mem);
+}
+
+/* Layer l's byte range in the allocation (NHD and HND: one range per
+ * layer, all of one size). */
+static size_t layer_span(const test_cache_t *h)
+{
+    return h->bytes / h->layers;
+}
+
+static size_t layer_at(const test_cache_t *h, uint32_t l)
+{
+    return (size_t)((unsigned char *)h->bases[l] - h->mem);
+}
+
+/* ---- store, keys, workers ----------------------------------------------- */
+
+static kvd_store_t *store_open(void)
+{
+    kvd_config_t *cfg = NULL;
+    assert_int_equal(kvd_config_create(&cfg), KVD_OK);
+    static const char *const kv[] = {
+        "store.arena_size",      "32m", "store.arena_chunk",    "1m",
+        "store.arena_hugepages", "off", "store.arena_prefault", "false",
+        "store.reserve_timeout", "0"};
+    for (size_t i = 0; i < sizeof kv / sizeof *kv; i += 2) {
+        assert_int_equal(kvd_config_set(cfg, kv[i], kv[i + 1]), KVD_OK);
+    }
+    kvd_store_t *st = NULL;
+    char err[256] = "";
+    kvd_status_t s = kvd_store_open(cfg, &st, err, sizeof err);
+    if (s != KVD_OK) {
+        fail_msg("kvd_store_open: %s (%s)", kvd_status_str(s), err);
+    }
+    kvd_config_destroy(cfg);
+    return st;
+}
+
+static kvd_namespace_t ns_of(unsigned char b)
+{
+    kvd_namespace_t ns;
+    memset(ns.bytes, b, sizeof ns.bytes);
+    return ns;
+}
+
+static kvd_block_hash_t key_hash(uint32_t k)
+{
+    kvd_block_hash_t h;
+    memset(h.bytes, 0x11, sizeof h.bytes);
+    memcpy(h.bytes, &k, sizeof k);
+    return h;
+}
+
+typedef struct side {
+    kvd_worker_t *w;
+    kvd_namespace_t ns;
+    uint64_t step;
+} side_t;
+
+static void side_open(side_t *sd, kvd_store_t *st,
+                      const kvd_object_format_t *fmt, kvd_worker_device_t dev,
+                      unsigned char ns_byte, uint32_t staging)
+{
+    kvd_worker_config_t cfg = {0};
+    cfg.store = st;
+    cfg.ns = ns_of(ns_byte);
+    cfg.format = *fmt;
+    cfg.device = dev;
+    cfg.cuda_staging_blocks = staging;
+    char err[256] = "";
+    kvd_status_t s = kvd_worker_create(&cfg, &sd->w, err, sizeof err);
+    if (s != KVD_OK) {
+        fail_msg("worker: %s (%s)", kvd_status_str(s), err);
+    }
+    sd->ns = cfg.ns;
+    sd->step = 0;
+}
+
+static void side_register(side_t *sd, const kvd_kv_layout_t *layout)
+{
+    char err[256] = "";
+    kvd_status_t s =
+        kvd_worker_register_kv_caches(sd->w, layout, err, sizeof err);
+    if (s != KVD_OK) {
+        fail_msg("register: %s (%s)", kvd_status_str(s), err);
+    }
+}
+
+static void side_bind(side_t *sd, const kvd_testplan_req_t *r)
+{
+    size_t len = 0;
+    uint8_t *plan = kvd_testplan_pack(++sd->step, BS, &sd->ns, r, 1, &len);
+    assert_non_null(plan);
+    char err[256] = "";
+    kvd_status_t s =
+        kvd_worker_bind_metadata(sd->w, plan, len, err, sizeof err);
+    free(plan);
+    if (s != KVD_OK) {
+        fail_msg("bind: %s (%s)", kvd_status_str(s), err);
+    }
+}
+
+static void hashes_of(kvd_block_hash_t *h)
+{
+    for (uint32_t i = 0; i < N; i++) {
+        h[i] = key_hash(100 + i);
+    }
+}
+
+/* Called after each layer's wait or before each layer's save. */
+typedef void (*layer_hook_t)(void *arg, uint32_t layer, void *stream);
+
+static void save_step(side_t *sd, void *stream, layer_hook_t before_save,
+                      void *arg)
+{
+    kvd_block_hash_t h[N];
+    hashes_of(h);
+    kvd_testplan_req_t r = {.id = "writer",
+                            .layerwise = true,
+                            .n_saves = N,
+                            .save_ids = save_blocks,
+                            .save_hashes = h};
+    side_bind(sd, &r);
+    assert_int_equal(kvd_worker_start_load_kv(sd->w, stream), KVD_OK);
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        assert_int_equal(kvd_worker_wait_for_layer_load(sd->w, l, stream),
+                         KVD_OK);
+        if (before_save != NULL) {
+            before_save(arg, l, stream);
+        }
+        assert_int_equal(kvd_worker_save_kv_layer(sd->w, l, stream), KVD_OK);
+    }
+    assert_int_equal(kvd_worker_wait_for_save(sd->w, stream), KVD_OK);
+    kvd_worker_finished_t f;
+    assert_int_equal(kvd_worker_get_finished(sd->w, NULL, 0, &f), KVD_OK);
+    assert_int_equal(f.num_finished_saving, 1);
+    assert_int_equal(kvd_worker_clear_metadata(sd->w), KVD_OK);
+    kvd_worker_stats_t ws;
+    assert_int_equal(kvd_worker_stats(sd->w, &ws), KVD_OK);
+    assert_int_equal(ws.saves_dropped, 0);
+}
+
+static void load_step(side_t *sd, bool layerwise, void *stream,
+                      layer_hook_t after_wait, void *arg)
+{
+    kvd_block_hash_t h[N];
+    hashes_of(h);
+    kvd_testplan_req_t r = {.id = "reader",
+                            .layerwise = layerwise,
+                            .n_loads = N,
+                            .load_ids = load_blocks,
+                            .load_hashes = h};
+    side_bind(sd, &r);
+    assert_int_equal(kvd_worker_start_load_kv(sd->w, stream), KVD_OK);
+    if (!layerwise && after_wait != NULL) {
+        /* Whole-step loads: the stream waits for every layer already. */
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            after_wait(arg, l, stream);
+        }
+    }
+    for (uint32_t l = 0; layerwise && l < LAYERS; l++) {
+        assert_int_equal(kvd_worker_wait_for_layer_load(sd->w, l, stream),
+                         KVD_OK);
+        if (after_wait != NULL) {
+            after_wait(arg, l, stream);
+        }
+    }
+    assert_int_equal(kvd_worker_wait_for_save(sd->w, stream), KVD_OK);
+    kvd_worker_finished_t f;
+    assert_int_equal(kvd_worker_get_finished(sd->w, NULL, 0, &f), KVD_OK);
+    assert_int_equal(f.num_finished_loading, 1);
+    assert_int_equal(f.num_failed_loads, 0);
+    assert_int_equal(kvd_worker_clear_metadata(sd->w), KVD_OK);
+}
+
+/* ---- hooks on the engine's stream --------------------------------------- */
+
+typedef struct copy_arg {
+    const test_cache_t *h;
+    unsigned char *dst;       /* device bytes written */
+    const unsigned char *src; /* device bytes read */
+} copy_arg_t;
+
+/* Copies layer l's range from `src` to `dst` on the engine's stream. Before
+ * save_kv_layer(l): the forward pass writing the layer it then saves.
+ * After wait_for_layer_load(l): a snapshot of the loaded layer, which runs
+ * after whatever the stream was made to wait for. */
+static void copy_layer(void *arg, uint32_t l, void *stream)
+{
+    copy_arg_t *a = arg;
+    size_t at = layer_at(a->h, l);
+    assert_int_equal(
+        kvd_cuda_copy_async(a->dst + at, a->src + at, layer_span(a->h), stream),
+        KVD_OK);
+}
+
+/* ---- comparisons -------------------------------------------------------- */
+
+static bool block_listed(int32_t b)
+{
+    for (int i = 0; i < N; i++) {
+        if (load_blocks[i] == b) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Every element of (layer, plane, block, token, head) outside the listed
+ * blocks is poison in `mem` (NHD/HND: they cover the allocation). */
+static void assert_poison_outside(const test_cache_t *c,
+                                  const unsigned char *mem)
+{
+    for (uint32_t l = 0; l < c->layers; l++) {
+        for (uint32_t p = 0; p < c->planes; p++) {
+            for (uint32_t b = 0; b < c->blocks; b++) {
+                if (block_listed((int32_t)b)) {
+                    continue;
+                }
+                for (uint32_t t = 0; t < c->bs; t++) {
+                    for (uint32_t hd = 0; hd < c->heads; hd++) {
+                        size_t i = flat_index(c, l, p, b, t, hd, 0) * c->elt;
+                        for (size_t k = 0; k < c->dim * c->elt; k++) {
+                            if (mem[i + k] != POISON) {
+                                fail_msg("byte of block %u layer %u changed", b,
+                                         l);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Relative squared error of the loaded blocks against the saved ones. */
+static double rel_mse(const test_cache_t *c, const unsigned char *src,
+                      const unsigned char *dst)
+{
+    double err = 0.0, ref = 0.0;
+    for (uint32_t l = 0; l < c->layers; l++) {
+        for (uint32_t p = 0; p < c->planes; p++) {
+            for (int i = 0; i < N; i++) {
+                for (uint32_t t = 0; t < c->bs; t++) {
+                    for (uint32_t hd = 0; hd < c->heads; hd++) {
+                        for (uint32_t ch = 0; ch < c->dim; ch++) {
+                            uint16_t a, b;
+                            memcpy(&a,
+                                   src + flat_index(c, l, p,
+                                                    (uint32_t)save_blocks[i], t,
+                                                    hd, ch) *
+                                             2,
+                                   2);
+                            memcpy(&b,
+                                   dst + flat_index(c, l, p,
+                                                    (uint32_t)load_blocks[i], t,
+                                                    hd, ch) *
+                                             2,
+                                   2);
+                            double x = kvd_half_to_float(a);
+                            double y = kvd_half_to_float(b);
+                            err += (x - y) * (x - y);
+                            ref += x * x;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return err / ref;
+}
+
+static void assert_objects_equal(kvd_store_t *st, const kvd_namespace_t *a,
+                                 const kvd_namespace_t *b, size_t bytes)
+{
+    kvd_block_hash_t h[N];
+    hashes_of(h);
+    kvd_store_lease_t la[N], lb[N];
+    size_t ma = 0, mb = 0;
+    assert_int_equal(kvd_store_lookup(st, a, h, N, la, &ma), KVD_OK);
+    assert_int_equal(kvd_store_lookup(st, b, h, N, lb, &mb), KVD_OK);
+    assert_int_equal(ma, N);
+    assert_int_equal(mb, N);
+    for (int i = 0; i < N; i++) {
+        const void *x = kvd_store_arena_ptr(st, la[i].arena_offset, bytes);
+        const void *y = kvd_store_arena_ptr(st, lb[i].arena_offset, bytes);
+        assert_non_null(x);
+        assert_non_null(y);
+        if (memcmp(x, y, bytes) != 0) {
+            fail_msg("object %d stored by the CUDA worker differs", i);
+        }
+    }
+    assert_int_equal(kvd_store_release(st, la, N), KVD_OK);
+    assert_int_equal(kvd_store_release(st, lb, N), KVD_OK);
+}
+
+static void fill_random(test_cache_t *c, uint64_t seed)
+{
+    size_t n = c->bytes / c->elt;
+    uint16_t *e = (uint16_t *)(void *)c->mem;
+    for (size_t i = 0; i < n; i++) {
+        e[i] = kvd_float_to_half((float)kvd_test_gauss(&seed));
+    }
+}
+
+/* ---- the round trip ----------------------------------------------------- */
+
+typedef struct rt_case {
+    engine_layout_t kind;
+    kvd_codec_t codec;
+    uint32_t staging; /* 0: default */
+    bool legacy_stream;
+    bool layerwise;
+} rt_case_t;
+
+static void round_trip(const rt_case_t *k)
+{
+    test_cache_t src, hdst, got, snap;
+    cache_init(&src, k->kind, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_init(&hdst, k->kind, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_init(&got, k->kind, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_init(&snap, k->kind, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    fill_random(&src, 0x5eed + (uint64_t)k->kind * 31u + k->codec);
+    memset(hdst.mem, POISON, hdst.bytes);
+    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, k->codec);
+    const char *name = layout_name(k->kind);
+    const char *codec = kvd_codec_name(k->codec);
+
+    kvd_store_t *st = store_open();
+    /* The reference: the host backend. */
+    side_t host;
+    side_open(&host, st, &fmt, KVD_WORKER_DEVICE_HOST, 0x42, 0);
+    side_register(&host, &src.layout);
+    save_step(&host, NULL, NULL, NULL);
+    side_register(&host, &hdst.layout);
+    load_step(&host, true, NULL, NULL, NULL);
+
+    /* The CUDA backend on device twins: the source starts poisoned and
+     * gets its real bytes layer by layer on the engine's stream. */
+    dev_cache_t dsrc, dtruth, ddst, dsnap;
+    dev_cache_init(&dsrc, &src);
+    dev_cache_init(&dtruth, &src);
+    dev_cache_init(&ddst, &hdst);
+    dev_cache_init(&dsnap, &snap);
+    assert_int_equal(kvd_cuda_mem_set(dsrc.mem, POISON, src.bytes), KVD_OK);
+    assert_int_equal(kvd_cuda_mem_copy(dtruth.mem, src.mem, src.bytes), KVD_OK);
+    assert_int_equal(kvd_cuda_mem_set(ddst.mem, POISON, hdst.bytes), KVD_OK);
+    assert_int_equal(kvd_cuda_mem_set(dsnap.mem, 0, snap.bytes), KVD_OK);
+    void *stream = NULL;
+    if (!k->legacy_stream) {
+        assert_int_equal(kvd_cuda_stream_create(&stream), KVD_OK);
+    }
+    side_t dev;
+    side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x43, k->staging);
+    side_register(&dev, &dsrc.layout);
+    copy_arg_t stage = {&src, dsrc.mem, dtruth.mem};
+    save_step(&dev, stream, copy_layer, &stage);
+    side_register(&dev, &ddst.layout);
+    copy_arg_t shot = {&src, dsnap.mem, ddst.mem};
+    load_step(&dev, k->layerwise, stream, copy_layer, &shot);
+    assert_int_equal(kvd_cuda_stream_wait(stream), KVD_OK);
+    assert_int_equal(kvd_cuda_mem_copy(got.mem, ddst.mem, got.bytes), KVD_OK);
+    assert_int_equal(kvd_cuda_mem_copy(snap.mem, dsnap.mem, snap.bytes),
+                     KVD_OK);
+
+    /* The snapshots, taken on the stream right after each wait, already
+     * hold the loaded layers. */
+    if (memcmp(snap.mem, got.mem, got.bytes) != 0) {
+        fail_msg("%s %s: a layer was not in place for the engine's stream "
+                 "after its wait",
+                 name, codec);
+    }
+    if (k->codec == KVD_CODEC_TQ4) {
+        assert_poison_outside(&got, got.mem);
+        double h = rel_mse(&src, src.mem, hdst.mem);
+        double g = rel_mse(&src, src.mem, got.mem);
+        if (fabs(g - h) > 0.02 * h) {
+            fail_msg("%s tq4: relative MSE %.6g on the device, %.6g on the "
+                     "host",
+                     name, g, h);
+        }
+    } else {
+        assert_objects_equal(st, &host.ns, &dev.ns, kvd_object_bytes(&fmt));
+        if (memcmp(got.mem, hdst.mem, got.bytes) != 0) {
+            fail_msg("%s %s: the device cache differs from the host "
+                     "backend's",
+                     name, codec);
+        }
+    }
+    if (k->codec == KVD_CODEC_RAW) {
+        assert_true(rel_mse(&src, src.mem, got.mem) == 0.0);
+    }
+    kvd_worker_stats_t ws;
+    assert_int_equal(kvd_worker_stats(dev.w, &ws), KVD_OK);
+    assert_int_equal(ws.blocks_saved, N);
+    assert_int_equal(ws.blocks_loaded, N);
+    assert_int_equal(ws.load_errors, 0);
+
+    kvd_worker_destroy(dev.w);
+    kvd_worker_destroy(host.w);
+    kvd_store_stats_t ss;
+    assert_int_equal(kvd_store_stats(st, &ss), KVD_OK);
+    assert_int_equal(ss.leases, 0);
+    kvd_store_close(st);
+    kvd_cuda_stream_destroy(stream);
+    dev_cache_cleanup(&dsrc);
+    dev_cache_cleanup(&dtruth);
+    dev_cache_cleanup(&ddst);
+    dev_cache_cleanup(&dsnap);
+    cache_cleanup(&src);
+    cache_cleanup(&hdst);
+    cache_cleanup(&got);
+    cache_cleanup(&snap);
+}
+
+static void test_round_trips(void **state)
+{
+    (void)state;
+    static const kvd_codec_t codecs[] = {KVD_CODEC_RAW, KVD_CODEC_FP8_E4M3,
+                                         KVD_CODEC_INT8, KVD_CODEC_KIVI4,
+                                         KVD_CODEC_TQ4};
+    static const engine_layout_t kinds[] = {LAYOUT_VLLM_NHD, LAYOUT_VLLM_HND};
+    unsigned n = 0;
+    for (size_t i = 0; i < 2; i++) {
+        for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++, n++) {
+            rt_case_t k = {.kind = kinds[i],
+                           .codec = codecs[c],
+                           .staging = n % 2 == 0 ? 3 : 0,
+                           .legacy_stream = n % 3 == 2,
+                           .layerwise = n % 4 != 3};
+            round_trip(&k);
+        }
+    }
+}
+
+/* ---- asynchronous loads ------------------------------------------------- */
+
+/* Drains reports until `id` finished loading (5 s at most). */
+static void wait_loaded(kvd_worker_t *w, const char *id)
+{
+    for (int i = 0; i < 500; i++) {
+        kvd_worker_finished_t f;
+        assert_int_equal(kvd_worker_get_finished(w, NULL, 0, &f), KVD_OK);
+        assert_int_equal(f.num_failed_loads, 0);
+        for (size_t k = 0; k < f.num_finished_loading; k++) {
+            if (strcmp(f.finished_loading[k], id) == 0) {
+                assert_true(f.loading_async[k]);
+                return;
+            }
+        }
+        struct pollfd p = {kvd_worker_fd(w), POLLIN, 0};
+        (void)poll(&p, 1, 10);
+    }
+    fail_msg("request %s never finished loading", id);
+}
+
+static void test_async_load(void **state)
+{
+    (void)state;
+    test_cache_t src, got;
+    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_init(&got, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    fill_random(&src, 77);
+    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    dev_cache_t dsrc, ddst;
+    dev_cache_init(&dsrc, &src);
+    dev_cache_init(&ddst, &got);
+    assert_int_equal(kvd_cuda_mem_copy(dsrc.mem, src.mem, src.bytes), KVD_OK);
+    assert_int_equal(kvd_cuda_mem_set(ddst.mem, POISON, got.bytes), KVD_OK);
+    kvd_store_t *st = store_open();
+    side_t dev;
+    side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x44, 3);
+    side_register(&dev, &dsrc.layout);
+    save_step(&dev, NULL, NULL, NULL);
+    side_register(&dev, &ddst.layout);
+    kvd_block_hash_t h[N];
+    hashes_of(h);
+    kvd_testplan_req_t r = {.id = "late",
+                            .async = true,
+                            .n_loads = N,
+                            .load_ids = load_blocks,
+                            .load_hashes = h};
+    side_bind(&dev, &r);
+    assert_int_equal(kvd_worker_start_load_kv(dev.w, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_clear_metadata(dev.w), KVD_OK);
+    wait_loaded(dev.w, "late");
+    assert_int_equal(kvd_cuda_mem_copy(got.mem, ddst.mem, got.bytes), KVD_OK);
+    assert_true(rel_mse(&src, src.mem, got.mem) == 0.0);
+    assert_poison_outside(&got, got.mem);
+    kvd_worker_destroy(dev.w);
+    kvd_store_stats_t ss;
+    assert_int_equal(kvd_store_stats(st, &ss), KVD_OK);
+    assert_int_equal(ss.leases, 0);
+    kvd_store_close(st);
+    dev_cache_cleanup(&dsrc);
+    dev_cache_cleanup(&ddst);
+    cache_cleanup(&src);
+    cache_cleanup(&got);
+}
+
+/* ---- registration errors ------------------------------------------------ */
+
+static void test_register_host_memory_refused(void **state)
+{
+    (void)state;
+    test_cache_t c;
+    cache_init(&c, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    kvd_object_format_t fmt = cache_format(&c, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    kvd_store_t *st = store_open();
+    side_t dev;
+    side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x45, 0);
+    char err[256] = "";
+    assert_int_equal(
+        kvd_worker_register_kv_caches(dev.w, &c.layout, err, sizeof err),
+        KVD_ERR_INVALID);
+    assert_non_null(strstr(err, "layer 0"));
+    assert_non_null(strstr(err, "not device memory"));
+    /* Device memory for layer 0 only. */
+    dev_cache_t d;
+    dev_cache_init(&d, &c);
+    kvd_kv_layout_t mixed = d.layout;
+    void *bases[LAYERS] = {d.bases[0], c.bases[1], d.bases[2]};
+    mixed.layer_base = bases;
+    assert_int_equal(
+        kvd_worker_register_kv_caches(dev.w, &mixed, err, sizeof err),
+        KVD_ERR_INVALID);
+    assert_non_null(strstr(err, "layer 1"));
+    /* Nothing registered: plans are refused. */
+    uint8_t junk[1] = {0};
+    assert_int_equal(kvd_worker_bind_metadata(dev.w, junk, 0, err, sizeof err),
+                     KVD_ERR_STATE);
+    side_register(&dev, &d.layout);
+    kvd_worker_destroy(dev.w);
+    kvd_store_close(st);
+    dev_cache_cleanup(&d);
+    cache_cleanup(&c);
+}
+#endif
+
+int main(void)
+{
+#ifndef KVD_HAVE_CUDA
+    printf("built without CUDA: skipped\n");
+    return 77;
+#else
+    int count = -1;
+    if (kvd_cuda_device_count(&count) != KVD_OK) {
+        printf("CUDA runtime failed to count devices\n");
+        return 1;
+    }
+    if (count == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_register_host_memory_refused),
+        cmocka_unit_test(test_round_trips),
+        cmocka_unit_test(test_async_load),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+#endif
+}
