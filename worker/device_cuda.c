@@ -157,6 +157,10 @@ static bool arena_pin(kvd_store_t *store, void **base_out)
     }
     if (e != NULL) {
         e->refs++;
+    } else if (free_e == NULL) {
+        KVD_LOG_WARN("worker: cuda: %d arenas pinned already: copies stay "
+                     "pageable",
+                     MAX_PINS);
     }
     pthread_mutex_unlock(&g_pin_mu);
     if (e != NULL) {
@@ -286,6 +290,11 @@ kvd_status_t kvd_worker_cuda_create(kvd_worker_t *w, char *err, size_t err_len)
                 "worker: device cuda: no CUDA device on this machine (no "
                 "GPU or no driver); use KVD_WORKER_DEVICE_HOST");
         return KVD_ERR_NO_DEVICE;
+    }
+    if (w->cfg.cuda_staging_blocks > IDS_ASYNC_CAP) {
+        set_err(err, err_len, "worker: cuda_staging_blocks %u > %zu",
+                w->cfg.cuda_staging_blocks, IDS_ASYNC_CAP);
+        return KVD_ERR_INVALID;
     }
     wcuda_t *c = calloc(1, sizeof *c);
     if (c == NULL) {

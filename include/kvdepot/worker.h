@@ -130,8 +130,8 @@ typedef struct kvd_worker_config {
      * of the heads). All zero: `ns`. Every key of a plan must be in it. */
     kvd_namespace_t plan_ns;
     /* CUDA backend: objects the device staging buffer holds (a layer's
-     * copies go in chunks of that many blocks); 0 = 16. Ignored by the
-     * host backend. */
+     * copies go in chunks of that many blocks); 0 = 16, at most 65536.
+     * Ignored by the host backend. */
     uint32_t cuda_staging_blocks;
 } kvd_worker_config_t;
 
@@ -139,7 +139,8 @@ typedef struct kvd_worker_config {
  * Creates a worker and starts its threads. The format is checked
  * (kvd_object_format_check) and its codec tables built. Errors, with a
  * reason in `err` (at most err_len bytes; may be NULL when err_len is 0):
- * KVD_ERR_INVALID (NULL store or out, bad format, num_threads too large),
+ * KVD_ERR_INVALID (NULL store or out, bad format, num_threads or
+ * cuda_staging_blocks too large),
  * KVD_ERR_UNSUPPORTED (not a device backend, or KVD_WORKER_DEVICE_CUDA in
  * a build without CUDA), KVD_ERR_NO_DEVICE (KVD_WORKER_DEVICE_CUDA on a
  * machine without a usable GPU or driver), KVD_ERR_STATE (another worker
