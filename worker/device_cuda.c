@@ -40,12 +40,12 @@
  * reported and its leases given back.
  */
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "common/config_int.h"
 #include "common/log_int.h"
 #include "kernels/cuda/cuda_int.h"
 #include "proto/kvd_proto.h"
@@ -59,20 +59,6 @@
 #define IDS_LOADS 0u
 #define IDS_SAVES IDS_STEP_CAP
 #define IDS_ASYNC(slot) (2 * IDS_STEP_CAP + (size_t)(slot)*IDS_ASYNC_CAP)
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err == NULL || err_len == 0) {
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 /* What register_kv_caches allocates on one device. */
 typedef struct cres {
@@ -261,8 +247,8 @@ static kvd_status_t res_create(kvd_worker_t *w, int device, cres_t **out,
         st = kvd_cuda_tables_create(w->tables, &r->tables);
     }
     if (st != KVD_OK) {
-        set_err(err, err_len, "worker: cuda: %s on device %d: %s", what, device,
-                kvd_status_str(st));
+        kvd_config_err(err, err_len, "worker: cuda: %s on device %d: %s", what,
+                       device, kvd_status_str(st));
         goto err_res;
     }
     c->pinned = arena_pin(w->store, &r->arena);
@@ -281,19 +267,21 @@ kvd_status_t kvd_worker_cuda_create(kvd_worker_t *w, char *err, size_t err_len)
     int count = 0;
     kvd_status_t st = kvd_cuda_device_count(&count);
     if (st != KVD_OK) {
-        set_err(err, err_len, "worker: device cuda: the CUDA runtime: %s",
-                kvd_status_str(st));
+        kvd_config_err(err, err_len,
+                       "worker: device cuda: the CUDA runtime: %s",
+                       kvd_status_str(st));
         return st;
     }
     if (count == 0) {
-        set_err(err, err_len,
-                "worker: device cuda: no CUDA device on this machine (no "
-                "GPU or no driver); use KVD_WORKER_DEVICE_HOST");
+        kvd_config_err(
+            err, err_len,
+            "worker: device cuda: no CUDA device on this machine (no "
+            "GPU or no driver); use KVD_WORKER_DEVICE_HOST");
         return KVD_ERR_NO_DEVICE;
     }
     if (w->cfg.cuda_staging_blocks > IDS_ASYNC_CAP) {
-        set_err(err, err_len, "worker: cuda_staging_blocks %u > %zu",
-                w->cfg.cuda_staging_blocks, IDS_ASYNC_CAP);
+        kvd_config_err(err, err_len, "worker: cuda_staging_blocks %u > %zu",
+                       w->cfg.cuda_staging_blocks, IDS_ASYNC_CAP);
         return KVD_ERR_INVALID;
     }
     wcuda_t *c = calloc(1, sizeof *c);
@@ -355,22 +343,23 @@ kvd_status_t kvd_worker_cuda_register(kvd_worker_t *w,
         int d = -1;
         kvd_status_t st = kvd_cuda_pointer_query(layout->layer_base[l], &d);
         if (st != KVD_OK) {
-            set_err(err, err_len, "worker: cuda: layer %u base: %s", l,
-                    kvd_status_str(st));
+            kvd_config_err(err, err_len, "worker: cuda: layer %u base: %s", l,
+                           kvd_status_str(st));
             return st;
         }
         if (d < 0) {
-            set_err(err, err_len,
-                    "worker: cuda: layer %u base %p is not device memory "
-                    "(the CUDA backend takes caches allocated on a GPU)",
-                    l, layout->layer_base[l]);
+            kvd_config_err(
+                err, err_len,
+                "worker: cuda: layer %u base %p is not device memory "
+                "(the CUDA backend takes caches allocated on a GPU)",
+                l, layout->layer_base[l]);
             return KVD_ERR_INVALID;
         }
         if (device >= 0 && d != device) {
-            set_err(err, err_len,
-                    "worker: cuda: layer %u is on device %d, layer 0 on "
-                    "device %d (one worker serves one device)",
-                    l, d, device);
+            kvd_config_err(err, err_len,
+                           "worker: cuda: layer %u is on device %d, layer 0 on "
+                           "device %d (one worker serves one device)",
+                           l, d, device);
             return KVD_ERR_INVALID;
         }
         device = d;
@@ -386,8 +375,8 @@ kvd_status_t kvd_worker_cuda_register(kvd_worker_t *w,
         st = kvd_cuda_device_set(device);
     }
     if (st != KVD_OK) {
-        set_err(err, err_len, "worker: cuda: device %d not usable: %s", device,
-                kvd_status_str(st));
+        kvd_config_err(err, err_len, "worker: cuda: device %d not usable: %s",
+                       device, kvd_status_str(st));
         return st;
     }
     cres_t *r = NULL;

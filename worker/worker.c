@@ -23,7 +23,6 @@
  * commits (kvd_worker_copies_finish).
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,25 +30,12 @@
 #include <unistd.h>
 
 #include "common/grow_int.h"
+#include "common/config_int.h"
 #include "common/log_int.h"
 #include "proto/kvd_proto.h"
 #include "worker/worker_int.h"
 
 #define WORKER_DEFAULT_THREADS 2u
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err == NULL || err_len == 0) {
-        return;
-    }
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- stores in use: the workers of each store share its completions ----- */
 
@@ -196,33 +182,34 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
                                        size_t err_len)
 {
     if (cfg == NULL || worker_out == NULL || cfg->store == NULL) {
-        set_err(err, err_len, "worker: NULL config, store or out");
+        kvd_config_err(err, err_len, "worker: NULL config, store or out");
         return KVD_ERR_INVALID;
     }
     if (cfg->device != KVD_WORKER_DEVICE_HOST &&
         cfg->device != KVD_WORKER_DEVICE_CUDA) {
-        set_err(err, err_len, "worker: device %d is not a backend",
-                (int)cfg->device);
+        kvd_config_err(err, err_len, "worker: device %d is not a backend",
+                       (int)cfg->device);
         return KVD_ERR_UNSUPPORTED;
     }
 #ifndef KVD_HAVE_CUDA
     if (cfg->device == KVD_WORKER_DEVICE_CUDA) {
-        set_err(err, err_len,
-                "worker: device cuda: this build of kvdepot has no CUDA "
-                "support (it is built when nvcc is found at configure time, "
-                "KVD_WITH_CUDA=AUTO or ON)");
+        kvd_config_err(
+            err, err_len,
+            "worker: device cuda: this build of kvdepot has no CUDA "
+            "support (it is built when nvcc is found at configure time, "
+            "KVD_WITH_CUDA=AUTO or ON)");
         return KVD_ERR_UNSUPPORTED;
     }
 #endif
     if (cfg->num_threads > KVD_WORKER_MAX_THREADS) {
-        set_err(err, err_len, "worker: num_threads %u > %u", cfg->num_threads,
-                KVD_WORKER_MAX_THREADS);
+        kvd_config_err(err, err_len, "worker: num_threads %u > %u",
+                       cfg->num_threads, KVD_WORKER_MAX_THREADS);
         return KVD_ERR_INVALID;
     }
     char why[200] = "";
     kvd_status_t s = kvd_object_format_check(&cfg->format, why, sizeof why);
     if (s != KVD_OK) {
-        set_err(err, err_len, "worker: format: %s", why);
+        kvd_config_err(err, err_len, "worker: format: %s", why);
         return s;
     }
     kvd_worker_t *w = calloc(1, sizeof *w);
@@ -250,8 +237,8 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     if (format_uses_tq(&cfg->format)) {
         s = kvd_codec_tables_create(&cfg->format, &w->tables);
         if (s != KVD_OK) {
-            set_err(err, err_len, "worker: codec tables: %s",
-                    kvd_status_str(s));
+            kvd_config_err(err, err_len, "worker: codec tables: %s",
+                           kvd_status_str(s));
             goto err_free;
         }
     }
@@ -267,19 +254,19 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->bases == NULL || w->efd < 0) {
         s = w->bases == NULL ? KVD_ERR_NOMEM : kvd_status_from_errno(errno);
-        set_err(err, err_len, "worker: %s", kvd_status_str(s));
+        kvd_config_err(err, err_len, "worker: %s", kvd_status_str(s));
         goto err_free;
     }
     w->poll_mu = store_claim(cfg->store);
     if (w->poll_mu == NULL) {
-        set_err(err, err_len, "worker: %d stores already serve workers",
-                WORKER_MAX_STORES);
+        kvd_config_err(err, err_len, "worker: %d stores already serve workers",
+                       WORKER_MAX_STORES);
         s = KVD_ERR_STATE;
         goto err_free;
     }
     s = kvd_worker_exec_start(w);
     if (s != KVD_OK) {
-        set_err(err, err_len, "worker: threads not started");
+        kvd_config_err(err, err_len, "worker: threads not started");
         kvd_worker_exec_stop(w);
         store_unclaim(cfg->store);
         goto err_free;
@@ -343,7 +330,7 @@ KVD_API kvd_status_t kvd_worker_register_kv_caches(
     size_t err_len)
 {
     if (worker == NULL || layout == NULL || layout->layer_base == NULL) {
-        set_err(err, err_len, "worker: NULL layout");
+        kvd_config_err(err, err_len, "worker: NULL layout");
         return KVD_ERR_INVALID;
     }
     kvd_worker_t *w = worker;
@@ -351,14 +338,15 @@ KVD_API kvd_status_t kvd_worker_register_kv_caches(
     kvd_status_t s =
         kvd_kv_layout_check(layout, &w->cfg.format, why, sizeof why);
     if (s != KVD_OK) {
-        set_err(err, err_len, "worker: layout: %s", why);
+        kvd_config_err(err, err_len, "worker: layout: %s", why);
         return s;
     }
     pthread_mutex_lock(&w->mu);
     bool busy = w->step != NULL || w->async_active > 0;
     pthread_mutex_unlock(&w->mu);
     if (busy) {
-        set_err(err, err_len, "worker: a plan is bound or loads are in flight");
+        kvd_config_err(err, err_len,
+                       "worker: a plan is bound or loads are in flight");
         return KVD_ERR_STATE;
     }
     if (w->cuda != NULL) {
@@ -384,16 +372,18 @@ static kvd_status_t plan_block(kvd_worker_t *w, const kvd_pb_object_key_t *key,
 {
     if (memcmp(key->namespace_id.data, w->plan_ns.bytes, KVD_NAMESPACE_BYTES) !=
         0) {
-        set_err(err, err_len,
-                "worker: plan: request %s block %u: key of another namespace",
-                r->id, block_id);
+        kvd_config_err(
+            err, err_len,
+            "worker: plan: request %s block %u: key of another namespace",
+            r->id, block_id);
         return KVD_ERR_PROTO;
     }
     if (block_id >= w->layout.num_blocks) {
-        set_err(err, err_len,
-                "worker: plan: request %s block %u outside the cache (%u "
-                "blocks)",
-                r->id, block_id, w->layout.num_blocks);
+        kvd_config_err(
+            err, err_len,
+            "worker: plan: request %s block %u outside the cache (%u "
+            "blocks)",
+            r->id, block_id, w->layout.num_blocks);
         return KVD_ERR_RANGE;
     }
     b->worker = w;
@@ -478,10 +468,10 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
         st = kvd_store_reserve(w->store, &w->cfg.ns, hashes, r->n_saves,
                                w->object_bytes, w->cfg.tenant, res);
         if (st != KVD_OK) {
-            set_err(err, err_len,
-                    "worker: reserving %zu objects of %zu "
-                    "bytes: %s",
-                    r->n_saves, w->object_bytes, kvd_status_str(st));
+            kvd_config_err(err, err_len,
+                           "worker: reserving %zu objects of %zu "
+                           "bytes: %s",
+                           r->n_saves, w->object_bytes, kvd_status_str(st));
             break;
         }
         for (size_t b = 0; b < r->n_saves; b++) {
@@ -658,12 +648,12 @@ KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
                                               char *err, size_t err_len)
 {
     if (worker == NULL || (plan == NULL && len > 0)) {
-        set_err(err, err_len, "worker: NULL plan");
+        kvd_config_err(err, err_len, "worker: NULL plan");
         return KVD_ERR_INVALID;
     }
     kvd_worker_t *w = worker;
     if (!w->registered) {
-        set_err(err, err_len, "worker: no KV cache registered");
+        kvd_config_err(err, err_len, "worker: no KV cache registered");
         return KVD_ERR_STATE;
     }
     if (w->step != NULL) {
@@ -676,12 +666,13 @@ KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
     kvd_status_t st =
         kvd_proto_step_plan_unpack(plan, len, &msg, why, sizeof why);
     if (st != KVD_OK) {
-        set_err(err, err_len, "worker: plan: %s", why);
+        kvd_config_err(err, err_len, "worker: plan: %s", why);
         return st;
     }
     if (msg->block_size != w->cfg.format.block_size) {
-        set_err(err, err_len, "worker: plan: block_size %u, the cache's %u",
-                msg->block_size, w->cfg.format.block_size);
+        kvd_config_err(err, err_len,
+                       "worker: plan: block_size %u, the cache's %u",
+                       msg->block_size, w->cfg.format.block_size);
         kvd_proto_step_plan_free(msg);
         return KVD_ERR_PROTO;
     }
@@ -729,7 +720,7 @@ err_reserved:
     (void)step_queue_room(w, s, false);
 err_step:
     if (st == KVD_ERR_NOMEM) {
-        set_err(err, err_len, "worker: out of memory binding a plan");
+        kvd_config_err(err, err_len, "worker: out of memory binding a plan");
     }
     step_free(s);
     return st;
