@@ -436,12 +436,14 @@ static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
     return st;
 }
 
-/* Enqueues layer `layer` of `n` objects into blocks `ids` (the same ids
- * are at `ids_dev` on the device), in chunks of the staging buffer's size
- * (mu held). */
-static kvd_status_t layer_load(kvd_worker_t *w, uint32_t layer,
+/* Enqueues layer `layer` of `n` blocks `ids` (the same ids are at
+ * `ids_dev` on the device), in chunks of the staging buffer's size: a load
+ * copies each object's layer bytes into staging, then scatters them into
+ * the blocks; a save gathers the blocks into staging, then copies the
+ * bytes into the objects (mu held). */
+static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
                                const int32_t *ids, const int32_t *ids_dev,
-                               void *const *objs, size_t n)
+                               void *const *objs, size_t n, bool load)
 {
     wcuda_t *c = w->cuda;
     const kvd_object_format_t *f = &w->cfg.format;
@@ -450,34 +452,21 @@ static kvd_status_t layer_load(kvd_worker_t *w, uint32_t layer,
     kvd_status_t st = KVD_OK;
     for (size_t k = 0; k < n && st == KVD_OK; k += c->staging_blocks) {
         size_t m = n - k < c->staging_blocks ? n - k : c->staging_blocks;
-        st = staging_copies(w, objs + k, m, off, len, true);
-        if (st == KVD_OK) {
-            st = kvd_cuda_scatter_layer(
+        if (load) {
+            st = staging_copies(w, objs + k, m, off, len, true);
+            if (st == KVD_OK) {
+                st = kvd_cuda_scatter_layer(&w->layout, f, c->res->tables,
+                                            layer, ids + k, ids_dev + k, m,
+                                            f->block_size, c->res->staging,
+                                            c->stride, c->res->stream);
+            }
+        } else {
+            st = kvd_cuda_gather_layer(
                 &w->layout, f, c->res->tables, layer, ids + k, ids_dev + k, m,
                 f->block_size, c->res->staging, c->stride, c->res->stream);
-        }
-    }
-    return st;
-}
-
-/* Enqueues the gather of layer `layer` of blocks `ids` into staging and
- * the copies of its bytes into the objects, chunk by chunk (mu held). */
-static kvd_status_t layer_save(kvd_worker_t *w, uint32_t layer,
-                               const int32_t *ids, const int32_t *ids_dev,
-                               void *const *objs, size_t n)
-{
-    wcuda_t *c = w->cuda;
-    const kvd_object_format_t *f = &w->cfg.format;
-    size_t off = kvd_object_layer_offset(f, layer);
-    size_t len = kvd_object_layer_bytes(f);
-    kvd_status_t st = KVD_OK;
-    for (size_t k = 0; k < n && st == KVD_OK; k += c->staging_blocks) {
-        size_t m = n - k < c->staging_blocks ? n - k : c->staging_blocks;
-        st = kvd_cuda_gather_layer(&w->layout, f, c->res->tables, layer,
-                                   ids + k, ids_dev + k, m, f->block_size,
-                                   c->res->staging, c->stride, c->res->stream);
-        if (st == KVD_OK) {
-            st = staging_copies(w, objs + k, m, off, len, false);
+            if (st == KVD_OK) {
+                st = staging_copies(w, objs + k, m, off, len, false);
+            }
         }
     }
     return st;
@@ -500,9 +489,9 @@ kvd_status_t kvd_worker_cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
         s->dev_load_ids = st == KVD_OK;
     }
     if (st == KVD_OK) {
-        st = layer_load(w, layer, s->load_ids + first,
+        st = layer_copy(w, layer, s->load_ids + first,
                         c->res->ids_dev + IDS_LOADS + first,
-                        s->load_objs + first, count);
+                        s->load_objs + first, count, true);
     }
     /* Recorded even after an error: the engine's stream then waits for
      * what was enqueued, and the failed blocks are reported. */
@@ -529,9 +518,9 @@ kvd_status_t kvd_worker_cuda_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
         s->dev_save_ids = st == KVD_OK;
     }
     if (st == KVD_OK) {
-        st = layer_save(w, layer, s->save_ids + first,
+        st = layer_copy(w, layer, s->save_ids + first,
                         c->res->ids_dev + IDS_SAVES + first,
-                        s->save_objs + first, count);
+                        s->save_objs + first, count, false);
     }
     pthread_mutex_unlock(&c->mu);
     return st;
@@ -568,7 +557,7 @@ kvd_status_t kvd_worker_cuda_load_async(kvd_worker_t *w, const int32_t *ids,
      * them. */
     for (uint32_t l = 0; l < w->cfg.format.num_layers && st == KVD_OK; l++) {
         pthread_mutex_lock(&c->mu);
-        st = layer_load(w, l, ids, ids_dev, objs, n);
+        st = layer_copy(w, l, ids, ids_dev, objs, n, true);
         pthread_mutex_unlock(&c->mu);
     }
     pthread_mutex_lock(&c->mu);
