@@ -27,6 +27,9 @@
  * Also: a cache in host memory, or split between host and device, is
  * refused at register with a reason; no lease is left at the end.
  * Exits 77 (skipped) when built without CUDA or run without a device.
+ * Built a second time as test_cuda_worker_fake against gpu/fake_cuda.c, a
+ * CPU model of kernels/cuda with queued streams, so the backend's logic
+ * runs in CI (tests/CMakeLists.txt).
  */
 #include <setjmp.h>
 #include <stdarg.h>
