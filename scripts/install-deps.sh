@@ -29,8 +29,9 @@ pkgs+=(fio redis-server libhiredis-dev)
 # ucx_perftest (ucx-utils) for the cluster data plane (bench_cluster).
 pkgs+=(ucx-utils)
 # make soak reads the daemon's /metrics; test_daemon_valgrind runs kvdepotd
-# under memcheck.
-pkgs+=(curl valgrind)
+# under memcheck; test_partition drops packets between cluster nodes with
+# iptables (this kernel has no tc netem).
+pkgs+=(curl valgrind iptables)
 # The cluster: etcd's protos (golang-etcd-server-dev, compiled at build time)
 # and the etcd server the cluster tests start.
 pkgs+=(golang-etcd-server-dev etcd-server)
