@@ -227,7 +227,7 @@ static kvd_status_t bench_put(bench_client_t *c, const kvd_block_hash_t *hash,
         return st != KVD_OK ? st : r.status;
     }
     kvd_store_key_t key = {.ns = sh->ns, .hash = *hash};
-    uint8_t *dst = kvd_store_arena_ptr(c->store, r.arena_offset, size);
+    uint8_t *dst = kvd_store_reservation_ptr(c->store, &r, size);
     if (dst == NULL) {
         (void)kvd_store_abort(c->store, &key, 1, NULL);
         return KVD_ERR_PROTO;
@@ -249,8 +249,7 @@ static kvd_status_t bench_get(bench_client_t *c, const kvd_block_hash_t *hash,
     if (st != KVD_OK) {
         return st;
     }
-    const uint8_t *p =
-        kvd_store_arena_ptr(c->store, lease.arena_offset, lease.size_bytes);
+    const uint8_t *p = kvd_store_lease_ptr(c->store, &lease);
     if (p == NULL || lease.size_bytes != sh->size_bytes) {
         st = KVD_ERR_PROTO;
     } else {

@@ -445,11 +445,12 @@ static int put_store(const daemon_args_t *a, kvd_store_t *store, int fd,
         return KVD_CLI_EXIT_FAILURE;
     }
     kvd_store_key_t key = {.ns = a->ns, .hash = a->hash};
-    uint8_t *dst = kvd_store_arena_ptr(store, r.arena_offset, size);
+    uint8_t *dst = kvd_store_reservation_ptr(store, &r, size);
     if (dst == NULL) {
         fprintf(stderr,
-                "kvdepot put: the daemon gave slot %" PRIu64 " (+%" PRIu64
-                ") outside its arena\n",
+                "kvdepot put: slot %" PRIu64 " (+%" PRIu64
+                ") is outside the arena it was given in, or the daemon "
+                "restarted since\n",
                 r.arena_offset, size);
         goto err_abort;
     }
@@ -578,12 +579,12 @@ static int get_load(const daemon_args_t *a, kvd_store_t *store)
         return KVD_CLI_EXIT_FAILURE;
     }
     int rc = KVD_CLI_EXIT_FAILURE;
-    const uint8_t *src =
-        kvd_store_arena_ptr(store, lease.arena_offset, lease.size_bytes);
+    const uint8_t *src = kvd_store_lease_ptr(store, &lease);
     if (src == NULL) {
         fprintf(stderr,
-                "kvdepot get: the daemon leased %" PRIu64 " (+%" PRIu64
-                ") outside its arena\n",
+                "kvdepot get: lease %" PRIu64 " (+%" PRIu64
+                ") is outside the arena it was given in, or the daemon "
+                "restarted since\n",
                 lease.arena_offset, lease.size_bytes);
     } else if (get_write_file(a->file, src, lease.size_bytes)) {
         printf("wrote %s: %" PRIu64 " bytes, namespace %s, hash %s\n", a->file,

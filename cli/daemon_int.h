@@ -82,8 +82,8 @@ void kvd_cli_hex_format(const uint8_t *bytes, size_t len, char *out);
  * Looks up (ns, hash) and returns a HOST lease on it in *lease_out: a lease
  * on the DISK tier is brought into the arena first (get_submit, then wait
  * and poll until `timeout_ms` has passed). The caller reads the object at
- * kvd_store_arena_ptr(lease_out->arena_offset, lease_out->size_bytes) and
- * gives the lease back with kvd_store_release.
+ * kvd_store_lease_ptr(store, lease_out) and gives the lease back with
+ * kvd_store_release.
  * KVD_ERR_NOT_FOUND: not stored. KVD_ERR_TIMEOUT: the disk read did not
  * finish in time (its lease is dropped when the store closes). Any other
  * error comes from the store (the lease is already given back).

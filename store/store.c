@@ -644,6 +644,34 @@ KVD_API void *kvd_store_arena_ptr(kvd_store_t *store, uint64_t arena_offset,
     return (uint8_t *)store->arena_info.base + arena_offset;
 }
 
+KVD_API void *kvd_store_lease_ptr(kvd_store_t *store,
+                                  const kvd_store_lease_t *lease)
+{
+    if (store == NULL || lease == NULL) {
+        return NULL;
+    }
+    if (store->client != NULL) {
+        return kvd_client_lease_ptr(store->client, lease);
+    }
+    if (lease->tier != KVD_STORE_TIER_HOST) {
+        return NULL;
+    }
+    return kvd_store_arena_ptr(store, lease->arena_offset, lease->size_bytes);
+}
+
+KVD_API void *kvd_store_reservation_ptr(kvd_store_t *store,
+                                        const kvd_store_reservation_t *r,
+                                        uint64_t len)
+{
+    if (store == NULL || r == NULL || r->status != KVD_OK) {
+        return NULL;
+    }
+    if (store->client != NULL) {
+        return kvd_client_reservation_ptr(store->client, r, len);
+    }
+    return kvd_store_arena_ptr(store, r->arena_offset, len);
+}
+
 KVD_API kvd_status_t kvd_store_arena_export(kvd_store_t *store,
                                             kvd_store_arena_export_t *out)
 {

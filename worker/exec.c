@@ -179,8 +179,7 @@ static void promotion_done(kvd_worker_t *w, wblock_t *b, kvd_status_t status,
 {
     if (status == KVD_OK) {
         b->lease = *lease;
-        b->obj =
-            kvd_store_arena_ptr(w->store, lease->arena_offset, w->object_bytes);
+        b->obj = kvd_store_lease_ptr(w->store, lease);
         w->st.promotions++;
         if (b->obj == NULL || lease->size_bytes != w->object_bytes) {
             block_fail(b, KVD_ERR_CORRUPT);
@@ -226,8 +225,7 @@ static void block_accept(kvd_worker_t *w, wblock_t *b,
         (*num_gets)++;
         return;
     }
-    b->obj =
-        kvd_store_arena_ptr(w->store, b->lease.arena_offset, w->object_bytes);
+    b->obj = kvd_store_lease_ptr(w->store, &b->lease);
     if (b->obj == NULL) {
         b->status = KVD_ERR_CORRUPT;
     }

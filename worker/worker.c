@@ -478,8 +478,18 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
             wblock_t *blk = &r->saves[b];
             if (res[b].status == KVD_OK) {
                 blk->arena_offset = res[b].arena_offset;
-                blk->obj = kvd_store_arena_ptr(w->store, blk->arena_offset,
-                                               w->object_bytes);
+                blk->obj = kvd_store_reservation_ptr(w->store, &res[b],
+                                                     w->object_bytes);
+                if (blk->obj == NULL) {
+                    /* The arena it was made in is no longer mapped (the
+                     * daemon restarted since): give the slot back. */
+                    kvd_store_key_t k = {w->cfg.ns, blk->hash};
+                    kvd_status_t ast;
+                    (void)kvd_store_abort(w->store, &k, 1, &ast);
+                    blk->status = KVD_ERR_STATE;
+                    w->st.saves_dropped++;
+                    continue;
+                }
                 s->saves[s->n_saves] = blk;
                 s->save_ids[s->n_saves] = blk->block_id;
                 s->save_objs[s->n_saves] = blk->obj;

@@ -10,9 +10,9 @@
  *
  * Save:   kvd_store_reserve() gives each new key an arena slot (evicting
  *         colder objects if needed); the caller writes the object's bytes at
- *         kvd_store_arena_ptr(store, arena_offset) (or through its own
- *         mapping of kvd_store_arena_export()), then kvd_store_commit()
- *         publishes them or kvd_store_abort() gives the slots back.
+ *         kvd_store_reservation_ptr() (or through its own mapping of
+ *         kvd_store_arena_export()), then kvd_store_commit() publishes them
+ *         or kvd_store_abort() gives the slots back.
  * Load:   kvd_store_lookup() finds the longest stored prefix of a hash chain
  *         and leases every object of it, so none can be evicted or deleted
  *         before the caller is done. A lease on the HOST tier can be read at
@@ -72,7 +72,7 @@ typedef enum kvd_store_tier {
 typedef struct kvd_store_lease {
     kvd_store_key_t key;
     uint32_t tier;         /* kvd_store_tier_t */
-    uint32_t reserved;     /* zero */
+    uint32_t reserved;     /* the store's own (daemon mode: its lease group) */
     uint64_t arena_offset; /* HOST: slot's byte offset in the arena */
     uint64_t size_bytes;   /* the object's size */
 } kvd_store_lease_t;
@@ -125,9 +125,25 @@ KVD_API kvd_status_t kvd_store_check_config(const kvd_config_t *config,
 /* ---- the arena, for the bytes --------------------------------------- */
 
 /* Pointer to [arena_offset, +len) in this process's mapping of the arena,
- * or NULL when the range is outside it. Valid until kvd_store_close. */
+ * or NULL when the range is outside it. Valid until kvd_store_close. In
+ * daemon mode this is the arena of the daemon as it is now: after a daemon
+ * restart, an offset from an earlier lease or reservation names a slot of
+ * the new arena that holds something else. Use kvd_store_lease_ptr and
+ * kvd_store_reservation_ptr for the bytes of a lease or a reservation. */
 KVD_API void *kvd_store_arena_ptr(kvd_store_t *store, uint64_t arena_offset,
                                   uint64_t len);
+
+/*
+ * The object of a HOST-tier lease (lease->size_bytes bytes), in the arena
+ * the lease was given in, or NULL (not a HOST lease, not held, or that
+ * arena is no longer mapped). In daemon mode a daemon restart does not
+ * move it: it stays in the old arena, which the client keeps mapped while
+ * any lease or reservation of it is held, and the restarted daemon's
+ * objects are never reached through it. Valid until the lease is released.
+ * Thread: any.
+ */
+KVD_API void *kvd_store_lease_ptr(kvd_store_t *store,
+                                  const kvd_store_lease_t *lease);
 
 /* What another process needs to map the arena (daemon mode, workers in
  * other processes): a new O_CLOEXEC descriptor of the sealed memfd, owned
@@ -153,7 +169,7 @@ typedef struct kvd_store_reservation {
      * e.g. draining), or the failed call's status (KVD_ERR_UNREACHABLE,
      * KVD_ERR_TIMEOUT, KVD_ERR_INTERNAL, ...): skip the save. */
     kvd_status_t status;
-    uint32_t reserved;
+    uint32_t reserved; /* the store's own (daemon mode: which arena mapping) */
     uint64_t arena_offset;
 } kvd_store_reservation_t;
 
@@ -172,6 +188,18 @@ KVD_API kvd_status_t kvd_store_reserve(kvd_store_t *store,
                                        size_t num_hashes, uint64_t object_bytes,
                                        uint32_t tenant,
                                        kvd_store_reservation_t *out);
+
+/*
+ * Where to write the `len` bytes of a reservation whose status is KVD_OK,
+ * in the arena it was made in (as kvd_store_lease_ptr), or NULL (status not
+ * OK, range outside the arena, or that arena is no longer mapped). A
+ * reservation made before a daemon restart can no longer be committed, and
+ * writing through this pointer cannot touch the restarted daemon's
+ * objects. Valid until the key is committed or aborted. Thread: any.
+ */
+KVD_API void *kvd_store_reservation_ptr(kvd_store_t *store,
+                                        const kvd_store_reservation_t *r,
+                                        uint64_t len);
 
 /*
  * Publishes reserved keys: each becomes visible to lookups (and, with

@@ -9,9 +9,15 @@
  * transport failed) gRPC's code is translated here, in rpc_status().
  *
  * A reply saying the instance changed (KVD_ERR_STATE) means the daemon
- * restarted: `mu` is taken, the arena is mapped again (the old mapping is
- * kept until close: pointers from kvd_store_arena_ptr may still be in use),
- * and calls that carry no ids are sent once more.
+ * restarted: `mu` is taken, the arena is mapped again, and calls that carry
+ * no ids are sent once more. Offsets are only meaningful in the arena of
+ * the instance that gave them, so every mapping is kept with its instance
+ * and a count of the leases and reservations the caller still holds from
+ * it: kvd_client_lease_ptr and kvd_client_reservation_ptr resolve through
+ * that mapping (never through a newer arena, where the same offset is
+ * another object's slot), and an old mapping is unmapped when its count
+ * reaches zero, so a restarted daemon's memory is not kept alive by every
+ * client that knew it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -45,6 +51,16 @@
 /* Released lease ids wait at most this long for a Lookup to carry them. */
 #define CL_RELEASE_DELAY_MS 2
 #define CL_RELEASE_BATCH 1024u
+
+/* One mapping of a daemon instance's arena. `held`: leases (blocks) and
+ * reservations of that instance the caller holds; a mapping that is not
+ * the current one is unmapped when it reaches zero. */
+typedef struct cl_map {
+    kvd_arena_mapping_t *map;
+    uint64_t instance;
+    uint32_t gen; /* kvd_store_reservation_t.reserved */
+    uint64_t held;
+} cl_map_t;
 
 /* Handed-out blocks of one daemon lease id. */
 typedef struct cl_group {
@@ -80,9 +96,10 @@ struct kvd_client {
     uint64_t instance;
     char instance_hex[17];
     char session_hex[2 * KVD_HANDOFF_SESSION_BYTES + 1]; /* from the hand-off */
-    kvd_arena_mapping_t *map;
-    kvd_arena_mapping_t *old_maps[CL_MAPPINGS_MAX];
-    size_t n_old_maps;
+    kvd_arena_mapping_t *map; /* the current instance's, maps[n_maps - 1] */
+    cl_map_t maps[CL_MAPPINGS_MAX];
+    size_t n_maps;
+    uint32_t map_gen; /* generation of the newest mapping */
     uint64_t map_bytes, size_bytes;
     int arena_fd;
 
@@ -300,6 +317,43 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
 
 /* ---- the arena hand-off -------------------------------------------------- */
 
+/* ---- arena mappings (`mu` held) ------------------------------------------ */
+
+static void map_remove(kvd_client_t *c, size_t i)
+{
+    kvd_arena_mapping_close(c->maps[i].map);
+    memmove(c->maps + i, c->maps + i + 1,
+            (c->n_maps - i - 1) * sizeof c->maps[0]);
+    c->n_maps--;
+}
+
+static cl_map_t *map_of_instance(kvd_client_t *c, uint64_t instance)
+{
+    for (size_t i = 0; i < c->n_maps; i++) {
+        if (c->maps[i].instance == instance) {
+            return &c->maps[i];
+        }
+    }
+    return NULL;
+}
+
+/* Adds `delta` to what the caller holds of `instance`'s arena; unmaps that
+ * arena when it is not the current one and nothing of it is held. */
+static void map_held(kvd_client_t *c, uint64_t instance, int64_t delta)
+{
+    cl_map_t *m = map_of_instance(c, instance);
+    if (m == NULL) {
+        return;
+    }
+    m->held =
+        delta < 0 && (uint64_t)-delta > m->held ? 0 : m->held + (uint64_t)delta;
+    if (m->held == 0 && m->instance != c->instance) {
+        KVD_LOG_DEBUG("store client: arena of instance %016" PRIx64 " unmapped",
+                      m->instance);
+        map_remove(c, (size_t)(m - c->maps));
+    }
+}
+
 /* Asks the daemon for its arena and maps it; `mu` held. */
 static kvd_status_t cl_map(kvd_client_t *c, char *err, size_t err_len)
 {
@@ -360,17 +414,16 @@ static kvd_status_t cl_map(kvd_client_t *c, char *err, size_t err_len)
         }
         return s;
     }
-    if (c->map != NULL) {
-        if (c->n_old_maps == CL_MAPPINGS_MAX) {
-            /* A daemon that restarted this often: the oldest mapping has
-             * long stopped being used. */
-            kvd_arena_mapping_close(c->old_maps[0]);
-            memmove(c->old_maps, c->old_maps + 1,
-                    (CL_MAPPINGS_MAX - 1) * sizeof c->old_maps[0]);
-            c->n_old_maps--;
-        }
-        c->old_maps[c->n_old_maps++] = c->map;
+    if (c->n_maps == CL_MAPPINGS_MAX) {
+        /* A daemon that restarted this often while the caller held on to
+         * leases of each instance: the oldest mapping goes. */
+        KVD_LOG_WARN("store client: %u arena mappings: unmapping the oldest "
+                     "with %" PRIu64 " leases or reservations still held",
+                     CL_MAPPINGS_MAX, c->maps[0].held);
+        map_remove(c, 0);
     }
+    c->maps[c->n_maps++] =
+        (cl_map_t){.map = map, .instance = r.instance_id, .gen = ++c->map_gen};
     if (c->arena_fd >= 0) {
         close(c->arena_fd);
     }
@@ -381,6 +434,9 @@ static kvd_status_t cl_map(kvd_client_t *c, char *err, size_t err_len)
     c->instance = r.instance_id;
     snprintf(c->instance_hex, sizeof c->instance_hex, "%016" PRIx64,
              r.instance_id);
+    if (c->n_maps >= 2) {
+        map_held(c, c->maps[c->n_maps - 2].instance, 0);
+    }
     for (size_t i = 0; i < KVD_HANDOFF_SESSION_BYTES; i++) {
         snprintf(c->session_hex + 2 * i, 3, "%02x", r.session[i]);
     }
@@ -450,6 +506,7 @@ static uint32_t group_new(kvd_client_t *c, uint64_t lease_id, uint64_t inst,
     }
     c->groups[i] =
         (cl_group_t){.lease_id = lease_id, .instance = inst, .refs = refs};
+    map_held(c, inst, refs);
     return i + 1;
 }
 
@@ -463,6 +520,7 @@ static kvd_status_t group_unref(kvd_client_t *c, uint32_t g, uint64_t *release)
         return KVD_ERR_NOT_FOUND;
     }
     cl_group_t *grp = &c->groups[g - 1];
+    map_held(c, grp->instance, -1);
     if (--grp->refs == 0) {
         if (grp->instance == c->instance) {
             *release = grp->lease_id;
@@ -775,11 +833,17 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
         r->offset = b->arena_offset;
         r->size = object_bytes;
         cl_resv_t *old = resv_take(c, &r->key);
-        free(old);
+        if (old != NULL) {
+            map_held(c, old->instance, -1);
+            free(old);
+        }
+        map_held(c, used, 1);
+        cl_map_t *m = map_of_instance(c, used);
         size_t bk = resv_bucket(&r->key);
         r->next = c->resv[bk];
         c->resv[bk] = r;
         out[i].status = KVD_OK;
+        out[i].reserved = m != NULL ? m->gen : 0;
         out[i].arena_offset = b->arena_offset;
     }
     pthread_mutex_unlock(&c->mu);
@@ -881,7 +945,9 @@ static kvd_status_t cl_finish(kvd_client_t *c, bool commit,
         rs[i] = resv_take(c, &keys[i]);
         st[i] = KVD_ERR_NOT_FOUND;
         if (rs[i] != NULL && rs[i]->instance != c->instance) {
-            free(rs[i]); /* reserved from a daemon that is gone */
+            /* Reserved from a daemon that is gone. */
+            map_held(c, rs[i]->instance, -1);
+            free(rs[i]);
             rs[i] = NULL;
         }
     }
@@ -900,11 +966,14 @@ static kvd_status_t cl_finish(kvd_client_t *c, bool commit,
             }
         }
         kvd_status_t s = cl_finish_batch(c, commit, batch, k, bst);
+        pthread_mutex_lock(&c->mu);
         for (size_t b = 0; b < k; b++) {
             st[idx[b]] = s == KVD_OK ? bst[b] : s;
+            map_held(c, rs[idx[b]]->instance, -1);
             free(rs[idx[b]]);
             rs[idx[b]] = NULL;
         }
+        pthread_mutex_unlock(&c->mu);
     }
     for (size_t i = 0; i < n; i++) {
         if (statuses_out != NULL) {
@@ -1246,6 +1315,38 @@ void *kvd_client_arena_ptr(kvd_client_t *c, uint64_t offset, uint64_t len)
 {
     pthread_mutex_lock(&c->mu);
     void *p = len == 0 ? NULL : kvd_arena_mapping_ptr(c->map, offset, len);
+    pthread_mutex_unlock(&c->mu);
+    return p;
+}
+
+void *kvd_client_lease_ptr(kvd_client_t *c, const kvd_store_lease_t *lease)
+{
+    void *p = NULL;
+    uint32_t g = lease->reserved;
+    pthread_mutex_lock(&c->mu);
+    if (lease->tier == KVD_STORE_TIER_HOST && lease->size_bytes > 0 && g > 0 &&
+        g <= c->n_groups && c->groups[g - 1].refs > 0) {
+        cl_map_t *m = map_of_instance(c, c->groups[g - 1].instance);
+        if (m != NULL) {
+            p = kvd_arena_mapping_ptr(m->map, lease->arena_offset,
+                                      lease->size_bytes);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return p;
+}
+
+void *kvd_client_reservation_ptr(kvd_client_t *c,
+                                 const kvd_store_reservation_t *r, uint64_t len)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; r->status == KVD_OK && len > 0 && i < c->n_maps; i++) {
+        if (c->maps[i].gen == r->reserved) {
+            p = kvd_arena_mapping_ptr(c->maps[i].map, r->arena_offset, len);
+            break;
+        }
+    }
     pthread_mutex_unlock(&c->mu);
     return p;
 }
@@ -1630,9 +1731,8 @@ void kvd_client_close(kvd_client_t *c)
         grpc_channel_destroy(c->ch);
         grpc_shutdown();
     }
-    kvd_arena_mapping_close(c->map);
-    for (size_t i = 0; i < c->n_old_maps; i++) {
-        kvd_arena_mapping_close(c->old_maps[i]);
+    while (c->n_maps > 0) {
+        map_remove(c, c->n_maps - 1);
     }
     if (c->arena_fd >= 0) {
         close(c->arena_fd);

@@ -50,6 +50,13 @@ kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
 void kvd_client_close(kvd_client_t *c);
 
 void *kvd_client_arena_ptr(kvd_client_t *c, uint64_t offset, uint64_t len);
+/* The bytes of a HOST lease or of a reservation in the arena of the daemon
+ * instance that gave it (store.h, kvd_store_lease_ptr); NULL when the lease
+ * is not held or that arena is no longer mapped. */
+void *kvd_client_lease_ptr(kvd_client_t *c, const kvd_store_lease_t *lease);
+void *kvd_client_reservation_ptr(kvd_client_t *c,
+                                 const kvd_store_reservation_t *r,
+                                 uint64_t len);
 kvd_status_t kvd_client_arena_export(kvd_client_t *c,
                                      kvd_store_arena_export_t *out);
 kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,

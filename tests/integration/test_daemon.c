@@ -343,6 +343,111 @@ static void test_restart_keeps_disk_tier(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* Mappings of a kvdepotd arena in this process (/proc/self/maps lines). */
+static size_t arena_mappings(void)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    size_t n = 0;
+    assert_non_null(f);
+    while (fgets(line, sizeof line, f) != NULL) {
+        n += strstr(line, "kvdepot-arena") != NULL;
+    }
+    fclose(f);
+    return n;
+}
+
+static void check_pattern(const uint8_t *p, size_t key)
+{
+    assert_non_null(p);
+    for (size_t b = 0; b < OBJ_BYTES; b++) {
+        if (p[b] != pattern(key, b)) {
+            fail_msg("key %zu byte %zu: %u, want %u", key, b, p[b],
+                     pattern(key, b));
+        }
+    }
+}
+
+/*
+ * A daemon restart must not redirect what a client holds: the offsets of a
+ * lease and of a reservation name slots of the arena they were given in.
+ * After the restart the new daemon puts an object at the same offset (a
+ * fresh arena hands out its first slot again). Through kvd_store_lease_ptr
+ * the old lease still reads its own object, writing through
+ * kvd_store_reservation_ptr leaves the new object intact (before, both went
+ * through the new arena: the write corrupted the new daemon's object), the
+ * stale reservation cannot be committed, and once the lease and the
+ * reservation are given back the old arena is unmapped (before, every
+ * client kept each restarted daemon's whole arena mapped until it closed).
+ */
+static void test_restart_keeps_offsets_in_their_arena(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_offsets");
+    pid_t dpid = daemon_start(&d, (const char *)NULL);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[3];
+    keys_make(&ns, h, 3, 9);
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    size_t maps_at_start = arena_mappings();
+    assert_true(maps_at_start >= 1);
+
+    /* X saved and leased; Y reserved; both in the first daemon's arena. */
+    assert_int_equal(save_objects(st, &ns, h, 1), 1);
+    kvd_store_lease_t lx;
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, &ns, h, 1, &lx, &m), KVD_OK);
+    assert_int_equal(m, 1);
+    check_pattern(kvd_store_lease_ptr(st, &lx), 0);
+    kvd_store_reservation_t ry;
+    assert_int_equal(kvd_store_reserve(st, &ns, &h[1], 1, OBJ_BYTES, 0, &ry),
+                     KVD_OK);
+    assert_int_equal(ry.status, KVD_OK);
+
+    daemon_stop(dpid);
+    dpid = daemon_start(&d, (const char *)NULL);
+    /* The client notices the new instance and maps its arena. */
+    uint64_t deadline = now_ms() + 10000;
+    kvd_store_lease_t lz;
+    while (kvd_store_lookup(st, &ns, &h[2], 1, &lz, &m) != KVD_OK) {
+        assert_true(now_ms() < deadline);
+        usleep(50000);
+    }
+    assert_true(arena_mappings() > maps_at_start);
+    /* Z in the new arena, at X's offset. */
+    assert_int_equal(save_objects(st, &ns, &h[2], 1), 1);
+    assert_int_equal(kvd_store_lookup(st, &ns, &h[2], 1, &lz, &m), KVD_OK);
+    assert_int_equal(m, 1);
+    assert_int_equal(lz.arena_offset, lx.arena_offset);
+
+    /* The old lease reads X, not Z. */
+    const uint8_t *px = kvd_store_lease_ptr(st, &lx);
+    check_pattern(px, 0);
+    assert_ptr_not_equal(px, kvd_store_lease_ptr(st, &lz));
+    /* Writing the stale reservation cannot reach the new arena. */
+    uint8_t *py = kvd_store_reservation_ptr(st, &ry, OBJ_BYTES);
+    assert_non_null(py);
+    memset(py, 0xEE, OBJ_BYTES);
+    check_pattern(kvd_store_lease_ptr(st, &lz), 2);
+    kvd_store_key_t ky = {ns, h[1]};
+    kvd_status_t cs = KVD_OK;
+    assert_int_not_equal(kvd_store_commit(st, &ky, 1, &cs), KVD_OK);
+    assert_int_not_equal(cs, KVD_OK);
+
+    /* Given back: the old arena goes. */
+    assert_int_equal(kvd_store_release(st, &lx, 1), KVD_OK);
+    assert_int_equal(arena_mappings(), maps_at_start);
+    assert_null(kvd_store_lease_ptr(st, &lx));
+    assert_null(kvd_store_reservation_ptr(st, &ry, OBJ_BYTES));
+    check_pattern(kvd_store_lease_ptr(st, &lz), 2);
+    assert_int_equal(kvd_store_release(st, &lz, 1), KVD_OK);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
 static void test_killed_client_leases_reclaimed(void **state)
 {
     (void)state;
@@ -615,6 +720,7 @@ int main(void)
         cmocka_unit_test(test_open_without_daemon),
         cmocka_unit_test(test_two_processes_share),
         cmocka_unit_test(test_restart_keeps_disk_tier),
+        cmocka_unit_test(test_restart_keeps_offsets_in_their_arena),
         cmocka_unit_test(test_killed_client_leases_reclaimed),
         cmocka_unit_test(test_dead_daemon_no_hang),
         cmocka_unit_test(test_admin_list_drop_drain),
