@@ -644,6 +644,39 @@ KVD_API void *kvd_store_arena_ptr(kvd_store_t *store, uint64_t arena_offset,
     return (uint8_t *)store->arena_info.base + arena_offset;
 }
 
+KVD_API kvd_status_t kvd_store_arena_hold(kvd_store_t *store, void **base_out,
+                                          uint64_t *size_bytes_out,
+                                          uint32_t *generation_out)
+{
+    if (store == NULL || base_out == NULL || size_bytes_out == NULL ||
+        generation_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->client != NULL) {
+        return kvd_client_arena_hold(store->client, base_out, size_bytes_out,
+                                     generation_out);
+    }
+    *base_out = store->arena_info.base;
+    *size_bytes_out = store->arena_info.size_bytes;
+    *generation_out = 0;
+    return KVD_OK;
+}
+
+KVD_API void kvd_store_arena_unhold(kvd_store_t *store, uint32_t generation)
+{
+    if (store != NULL && store->client != NULL) {
+        kvd_client_arena_unhold(store->client, generation);
+    }
+}
+
+KVD_API uint32_t kvd_store_arena_generation(kvd_store_t *store)
+{
+    if (store == NULL || store->client == NULL) {
+        return 0;
+    }
+    return kvd_client_arena_generation(store->client);
+}
+
 KVD_API void *kvd_store_lease_ptr(kvd_store_t *store,
                                   const kvd_store_lease_t *lease)
 {

@@ -43,7 +43,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/config_int.h"
 #include "common/log_int.h"
@@ -52,6 +51,8 @@
 #include "worker/worker_int.h"
 
 #define CUDA_DEFAULT_STAGING_BLOCKS 16u
+/* Arena mappings one worker keeps pinned (daemon restarts). */
+#define MAX_WORKER_PINS 4u
 #define CUDA_STAGING_ALIGN 256u
 /* Regions of the id arrays, in entries. */
 #define IDS_STEP_CAP ((size_t)KVD_PROTO_MAX_BLOCKS_PER_PLAN)
@@ -71,7 +72,6 @@ typedef struct cres {
     int32_t *ids_host; /* pinned */
     int32_t *ids_dev;
     kvd_cuda_tables_t *tables;
-    void *arena; /* registered base, NULL when not pinned */
 } cres_t;
 
 struct wcuda {
@@ -80,7 +80,13 @@ struct wcuda {
     size_t staging_blocks, stride, ids_cap;
     uint32_t n_slots;
     uint64_t slot_busy; /* bit j: slot j's event and ids are in use */
-    bool pinned;        /* the arena is page-locked */
+    bool pinned;        /* the arena mapped now (pin_gen) is page-locked */
+    uint32_t pin_gen;
+    struct {
+        void *base;
+        uint32_t gen;
+    } pins[MAX_WORKER_PINS]; /* mappings registered and held, oldest first */
+    size_t n_pins;
     /* One batch of copies (mu held). */
     void **cp_dst;
     const void **cp_src;
@@ -99,25 +105,11 @@ typedef struct pin {
 static pthread_mutex_t g_pin_mu = PTHREAD_MUTEX_INITIALIZER;
 static pin_t g_pins[MAX_PINS];
 
-/* Page-locks the store's arena, or takes one more reference on it; false
- * when it cannot be pinned (copies then stage through pageable memory). */
-static bool arena_pin(kvd_store_t *store, void **base_out)
+/* Page-locks `base` (the store's arena as this process maps it), or takes
+ * one more reference on its registration; false when it cannot be pinned
+ * (copies then stage through pageable memory). */
+static bool arena_register(void *base, uint64_t size)
 {
-    kvd_store_arena_export_t exp;
-    kvd_status_t st = kvd_store_arena_export(store, &exp);
-    if (st != KVD_OK) {
-        KVD_LOG_WARN("worker: cuda: the arena cannot be described (%s): "
-                     "copies stay pageable",
-                     kvd_status_str(st));
-        return false;
-    }
-    close(exp.fd);
-    void *base = kvd_store_arena_ptr(store, 0, exp.size_bytes);
-    if (base == NULL) {
-        KVD_LOG_WARN("worker: cuda: no mapping of the arena: copies stay "
-                     "pageable");
-        return false;
-    }
     pthread_mutex_lock(&g_pin_mu);
     pin_t *e = NULL, *free_e = NULL;
     for (size_t i = 0; i < MAX_PINS && e == NULL; i++) {
@@ -128,7 +120,7 @@ static bool arena_pin(kvd_store_t *store, void **base_out)
         }
     }
     if (e == NULL && free_e != NULL) {
-        st = kvd_cuda_host_register(base, exp.size_bytes);
+        kvd_status_t st = kvd_cuda_host_register(base, size);
         if (st == KVD_OK || st == KVD_ERR_STATE) {
             e = free_e;
             e->base = base;
@@ -137,8 +129,7 @@ static bool arena_pin(kvd_store_t *store, void **base_out)
         } else {
             KVD_LOG_WARN("worker: cuda: cudaHostRegister of the %llu-byte "
                          "arena failed (%s): copies stay pageable",
-                         (unsigned long long)exp.size_bytes,
-                         kvd_status_str(st));
+                         (unsigned long long)size, kvd_status_str(st));
         }
     }
     if (e != NULL) {
@@ -149,17 +140,11 @@ static bool arena_pin(kvd_store_t *store, void **base_out)
                      MAX_PINS);
     }
     pthread_mutex_unlock(&g_pin_mu);
-    if (e != NULL) {
-        *base_out = base;
-    }
     return e != NULL;
 }
 
-static void arena_unpin(void *base)
+static void arena_unregister(void *base)
 {
-    if (base == NULL) {
-        return;
-    }
     pthread_mutex_lock(&g_pin_mu);
     for (size_t i = 0; i < MAX_PINS; i++) {
         pin_t *e = &g_pins[i];
@@ -168,6 +153,76 @@ static void arena_unpin(void *base)
         }
     }
     pthread_mutex_unlock(&g_pin_mu);
+}
+
+/* Gives back the worker's pin `i`: its registration, then its hold on the
+ * mapping (which may unmap it). No copy from or to it may be pending. */
+static void arena_pin_drop(kvd_worker_t *w, size_t i)
+{
+    wcuda_t *c = w->cuda;
+    arena_unregister(c->pins[i].base);
+    kvd_store_arena_unhold(w->store, c->pins[i].gen);
+    memmove(c->pins + i, c->pins + i + 1,
+            (c->n_pins - i - 1) * sizeof c->pins[0]);
+    c->n_pins--;
+}
+
+/*
+ * Pins the arena the store maps now, once per mapping. The mapping is held
+ * (kvd_store_arena_hold) for as long as it is registered: unmapping
+ * registered memory would leave the device a stale translation that a
+ * later mapping at the same address would silently inherit. A daemon
+ * restart gives the client a new mapping, pinned here at the next copy;
+ * the old one stays pinned while the worker has room (MAX_WORKER_PINS),
+ * since leases taken before the restart may still point into it.
+ */
+static void arena_pin(kvd_worker_t *w)
+{
+    wcuda_t *c = w->cuda;
+    void *base = NULL;
+    uint64_t size = 0;
+    uint32_t gen = 0;
+    kvd_status_t st = kvd_store_arena_hold(w->store, &base, &size, &gen);
+    if (st != KVD_OK) {
+        KVD_LOG_WARN("worker: cuda: no mapping of the arena (%s): copies "
+                     "stay pageable",
+                     kvd_status_str(st));
+        c->pinned = false;
+        return;
+    }
+    c->pin_gen = gen;
+    for (size_t i = 0; i < c->n_pins; i++) {
+        if (c->pins[i].gen == gen) {
+            kvd_store_arena_unhold(w->store, gen);
+            c->pinned = true;
+            return;
+        }
+    }
+    if (!arena_register(base, size)) {
+        kvd_store_arena_unhold(w->store, gen);
+        c->pinned = false;
+        return;
+    }
+    if (c->n_pins == MAX_WORKER_PINS) {
+        /* Nothing of the oldest may be in flight: wait for the stream. */
+        if (c->res != NULL) {
+            (void)kvd_cuda_stream_wait(c->res->stream);
+        }
+        arena_pin_drop(w, 0);
+    }
+    c->pins[c->n_pins].base = base;
+    c->pins[c->n_pins].gen = gen;
+    c->n_pins++;
+    c->pinned = true;
+}
+
+/* Before a copy (mu held): pins the store's arena again if the client has
+ * mapped a new one since (a daemon restart). */
+static void arena_pin_check(kvd_worker_t *w)
+{
+    if (kvd_store_arena_generation(w->store) != w->cuda->pin_gen) {
+        arena_pin(w);
+    }
 }
 
 /* ---- device resources --------------------------------------------------- */
@@ -182,7 +237,6 @@ static void res_destroy(kvd_worker_t *w, cres_t *r)
     if (r->stream != NULL) {
         (void)kvd_cuda_stream_wait(r->stream);
     }
-    arena_unpin(r->arena);
     kvd_cuda_tables_destroy(r->tables);
     kvd_cuda_mem_destroy(r->ids_dev);
     kvd_cuda_host_free(r->ids_host);
@@ -251,7 +305,7 @@ static kvd_status_t res_create(kvd_worker_t *w, int device, cres_t **out,
                        device, kvd_status_str(st));
         goto err_res;
     }
-    c->pinned = arena_pin(w->store, &r->arena);
+    arena_pin(w);
     *out = r;
     return KVD_OK;
 
@@ -324,6 +378,10 @@ void kvd_worker_cuda_destroy(kvd_worker_t *w)
         if (restore) {
             (void)kvd_cuda_device_set(cur);
         }
+    }
+    /* The stream is idle (res_destroy waited for it): no copy uses them. */
+    while (c->n_pins > 0) {
+        arena_pin_drop(w, c->n_pins - 1);
     }
     pthread_mutex_destroy(&c->mu);
     free(c->cp_dst);
@@ -484,6 +542,7 @@ kvd_status_t kvd_worker_cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
         return KVD_ERR_RANGE; /* the plan's validation bounds it */
     }
     pthread_mutex_lock(&c->mu);
+    arena_pin_check(w);
     if (!s->dev_load_ids) {
         st = ids_upload(c, IDS_LOADS, s->load_ids, s->n_load_ok);
         s->dev_load_ids = st == KVD_OK;
@@ -513,6 +572,7 @@ kvd_status_t kvd_worker_cuda_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
         return KVD_ERR_RANGE;
     }
     pthread_mutex_lock(&c->mu);
+    arena_pin_check(w);
     if (!s->dev_save_ids) {
         st = ids_upload(c, IDS_SAVES, s->save_ids, s->n_saves);
         s->dev_save_ids = st == KVD_OK;
@@ -540,6 +600,7 @@ kvd_status_t kvd_worker_cuda_load_async(kvd_worker_t *w, const int32_t *ids,
     /* At most one asynchronous request per pool thread runs: a slot is
      * free. */
     pthread_mutex_lock(&c->mu);
+    arena_pin_check(w);
     uint32_t slot = 0;
     while (slot < c->n_slots && (c->slot_busy >> slot & 1u) != 0) {
         slot++;

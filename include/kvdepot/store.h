@@ -134,6 +134,25 @@ KVD_API void *kvd_store_arena_ptr(kvd_store_t *store, uint64_t arena_offset,
                                   uint64_t len);
 
 /*
+ * Keeps the arena this process maps now mapped until the matching
+ * kvd_store_arena_unhold, and says where it is: for memory registered with
+ * a device (cudaHostRegister), which must stay mapped while it is
+ * registered. In daemon mode a restarted daemon's arena is otherwise
+ * unmapped once nothing of it is held (kvd_store_lease_ptr). Writes the
+ * base, the usable size and the mapping's generation (changes when the
+ * client maps a restarted daemon's arena; 0 for an embedded store, whose
+ * arena never changes). Errors: KVD_ERR_INVALID (NULL), KVD_ERR_STATE (no
+ * arena mapped). Thread: any.
+ */
+KVD_API kvd_status_t kvd_store_arena_hold(kvd_store_t *store, void **base_out,
+                                          uint64_t *size_bytes_out,
+                                          uint32_t *generation_out);
+/* Undoes one kvd_store_arena_hold of `generation`. Thread: any. */
+KVD_API void kvd_store_arena_unhold(kvd_store_t *store, uint32_t generation);
+/* The generation of the arena mapped now (see kvd_store_arena_hold). */
+KVD_API uint32_t kvd_store_arena_generation(kvd_store_t *store);
+
+/*
  * The object of a HOST-tier lease (lease->size_bytes bytes), in the arena
  * the lease was given in, or NULL (not a HOST lease, not held, or that
  * arena is no longer mapped). In daemon mode a daemon restart does not

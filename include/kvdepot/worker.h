@@ -50,8 +50,11 @@
  * cuda_staging_blocks objects, device block-id arrays, the codec tables on
  * the device, and page-locks the store's arena (cudaHostRegister, shared
  * by the process's workers; when that fails copies stay pageable, slower,
- * with a warning). The per-step calls then allocate nothing and block the
- * host only where said:
+ * with a warning). The mapping stays held (kvd_store_arena_hold) while it
+ * is registered; after a daemon restart the client's new mapping is
+ * registered before the next copy. The per-step calls then allocate
+ * nothing (but for that re-registration) and block the host only where
+ * said:
  *   - start_load_kv / wait_for_layer_load(l) return once layer l's copies
  *     are *enqueued* on the side stream (the object's layer bytes from the
  *     arena into staging, then the decode-and-scatter kernel) and make

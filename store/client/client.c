@@ -1336,6 +1336,44 @@ void *kvd_client_lease_ptr(kvd_client_t *c, const kvd_store_lease_t *lease)
     return p;
 }
 
+kvd_status_t kvd_client_arena_hold(kvd_client_t *c, void **base_out,
+                                   uint64_t *size_bytes_out,
+                                   uint32_t *generation_out)
+{
+    kvd_status_t s = KVD_ERR_STATE;
+    pthread_mutex_lock(&c->mu);
+    if (c->n_maps > 0) {
+        cl_map_t *m = &c->maps[c->n_maps - 1];
+        m->held++;
+        *base_out = kvd_arena_mapping_base(m->map);
+        *size_bytes_out = kvd_arena_mapping_size(m->map);
+        *generation_out = m->gen;
+        s = KVD_OK;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return s;
+}
+
+void kvd_client_arena_unhold(kvd_client_t *c, uint32_t generation)
+{
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < c->n_maps; i++) {
+        if (c->maps[i].gen == generation) {
+            map_held(c, c->maps[i].instance, -1);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+uint32_t kvd_client_arena_generation(kvd_client_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    uint32_t g = c->n_maps > 0 ? c->maps[c->n_maps - 1].gen : 0;
+    pthread_mutex_unlock(&c->mu);
+    return g;
+}
+
 void *kvd_client_reservation_ptr(kvd_client_t *c,
                                  const kvd_store_reservation_t *r, uint64_t len)
 {

@@ -54,6 +54,12 @@ void *kvd_client_arena_ptr(kvd_client_t *c, uint64_t offset, uint64_t len);
  * instance that gave it (store.h, kvd_store_lease_ptr); NULL when the lease
  * is not held or that arena is no longer mapped. */
 void *kvd_client_lease_ptr(kvd_client_t *c, const kvd_store_lease_t *lease);
+/* store.h's kvd_store_arena_hold / _unhold / _generation. */
+kvd_status_t kvd_client_arena_hold(kvd_client_t *c, void **base_out,
+                                   uint64_t *size_bytes_out,
+                                   uint32_t *generation_out);
+void kvd_client_arena_unhold(kvd_client_t *c, uint32_t generation);
+uint32_t kvd_client_arena_generation(kvd_client_t *c);
 void *kvd_client_reservation_ptr(kvd_client_t *c,
                                  const kvd_store_reservation_t *r,
                                  uint64_t len);

@@ -376,9 +376,11 @@ static void check_pattern(const uint8_t *p, size_t key)
  * the old lease still reads its own object, writing through
  * kvd_store_reservation_ptr leaves the new object intact (before, both went
  * through the new arena: the write corrupted the new daemon's object), the
- * stale reservation cannot be committed, and once the lease and the
- * reservation are given back the old arena is unmapped (before, every
- * client kept each restarted daemon's whole arena mapped until it closed).
+ * stale reservation cannot be committed, and once the lease, the
+ * reservation and a hold (kvd_store_arena_hold, what a CUDA worker takes
+ * while the arena is registered) are given back the old arena is unmapped
+ * (before, every client kept each restarted daemon's whole arena mapped
+ * until it closed).
  */
 static void test_restart_keeps_offsets_in_their_arena(void **state)
 {
@@ -405,6 +407,15 @@ static void test_restart_keeps_offsets_in_their_arena(void **state)
     assert_int_equal(kvd_store_reserve(st, &ns, &h[1], 1, OBJ_BYTES, 0, &ry),
                      KVD_OK);
     assert_int_equal(ry.status, KVD_OK);
+    /* A hold (a device registration) keeps the arena mapped on its own. */
+    void *held_base = NULL;
+    uint64_t held_size = 0;
+    uint32_t gen = 0;
+    assert_int_equal(kvd_store_arena_hold(st, &held_base, &held_size, &gen),
+                     KVD_OK);
+    assert_ptr_equal(held_base, kvd_store_arena_ptr(st, 0, 1));
+    assert_true(held_size >= OBJ_BYTES);
+    assert_int_equal(kvd_store_arena_generation(st), gen);
 
     daemon_stop(dpid);
     dpid = daemon_start(&d, (const char *)NULL);
@@ -416,6 +427,7 @@ static void test_restart_keeps_offsets_in_their_arena(void **state)
         usleep(50000);
     }
     assert_true(arena_mappings() > maps_at_start);
+    assert_int_not_equal(kvd_store_arena_generation(st), gen);
     /* Z in the new arena, at X's offset. */
     assert_int_equal(save_objects(st, &ns, &h[2], 1), 1);
     assert_int_equal(kvd_store_lookup(st, &ns, &h[2], 1, &lz, &m), KVD_OK);
@@ -436,8 +448,11 @@ static void test_restart_keeps_offsets_in_their_arena(void **state)
     assert_int_not_equal(kvd_store_commit(st, &ky, 1, &cs), KVD_OK);
     assert_int_not_equal(cs, KVD_OK);
 
-    /* Given back: the old arena goes. */
+    /* Given back: the old arena goes once the hold goes too. */
     assert_int_equal(kvd_store_release(st, &lx, 1), KVD_OK);
+    assert_true(arena_mappings() > maps_at_start);
+    check_pattern(held_base, 0); /* X's slot, through the held mapping */
+    kvd_store_arena_unhold(st, gen);
     assert_int_equal(arena_mappings(), maps_at_start);
     assert_null(kvd_store_lease_ptr(st, &lx));
     assert_null(kvd_store_reservation_ptr(st, &ry, OBJ_BYTES));
