@@ -434,11 +434,15 @@ class Leader:
 # ---- the worker ------------------------------------------------------------
 
 class Worker:
-    """One kvd_worker_t on the host backend (worker.h)."""
+    """One kvd_worker_t (worker.h): device 0 is the host backend, 1 the CUDA
+    backend, whose calls take the engine's cudaStream_t (an int; None is
+    the legacy default stream)."""
 
-    def __init__(self, store, ns, fmt, rank=0, threads=0, plan_ns=None):
+    def __init__(self, store, ns, fmt, rank=0, threads=0, plan_ns=None,
+                 device=0):
         cfg = WorkerConfig(store=store.handle, ns=ns, format=fmt,
-                           worker_rank=rank, num_threads=threads)
+                           worker_rank=rank, num_threads=threads,
+                           device=device)
         if plan_ns is not None:  # plans name blocks in another namespace
             cfg.plan_ns = plan_ns
         self.handle = ctypes.c_void_p()
@@ -464,21 +468,21 @@ class Worker:
         _check("bind_connector_metadata", lib().kvd_worker_bind_metadata(
             self.handle, plan, len(plan), err, len(err)), err.raw)
 
-    def start_load_kv(self):
+    def start_load_kv(self, stream=None):
         _check("start_load_kv", lib().kvd_worker_start_load_kv(self.handle,
-                                                               None))
+                                                               stream))
 
-    def wait_for_layer_load(self, layer):
+    def wait_for_layer_load(self, layer, stream=None):
         _check("wait_for_layer_load", lib().kvd_worker_wait_for_layer_load(
-            self.handle, layer, None))
+            self.handle, layer, stream))
 
-    def save_kv_layer(self, layer):
+    def save_kv_layer(self, layer, stream=None):
         _check("save_kv_layer", lib().kvd_worker_save_kv_layer(
-            self.handle, layer, None))
+            self.handle, layer, stream))
 
-    def wait_for_save(self):
+    def wait_for_save(self, stream=None):
         _check("wait_for_save", lib().kvd_worker_wait_for_save(self.handle,
-                                                               None))
+                                                               stream))
 
     def clear_metadata(self):
         _check("clear_connector_metadata",

@@ -46,23 +46,43 @@ def _store_release(key):
 
 # ---- layouts ----------------------------------------------------------------
 
-def _host_tensor(t, what="KV tensor"):
-    """Refuses a tensor the worker cannot address: the worker in this
-    build copies with the CPU kernels (host backend), so a GPU tensor's
-    data_ptr() is a device address it must never dereference."""
+# kvd_worker_device_t (worker.h).
+_DEVICE_HOST, _DEVICE_CUDA = 0, 1
+
+
+def _worker_device(t, what="KV tensor"):
+    """The worker backend that can address `t`: the host backend for a CPU
+    tensor, the CUDA backend for a CUDA tensor (a build without CUDA, or a
+    machine without a GPU, says so when the worker is created). Anything
+    else (torch's meta device, other accelerators) is refused: its
+    data_ptr() is an address neither backend may dereference."""
     device = getattr(t, "device", None)
     kind = getattr(device, "type", "cpu")
-    if kind != "cpu":
-        raise ValueError(f"kvdepot: {what} on {device}: this build's worker "
-                         f"copies host memory only (no GPU backend), so it "
-                         f"cannot address it; run the engine's KV cache on "
-                         f"the CPU or use a build with the GPU backend")
+    if kind == "cpu":
+        return _DEVICE_HOST
+    if kind == "cuda":
+        return _DEVICE_CUDA
+    raise ValueError(f"kvdepot: {what} on {device}: the worker copies host "
+                     f"memory (CPU tensors) or CUDA device memory, and "
+                     f"cannot address a {kind} tensor")
+
+
+def _stream_of(device, stream=None):
+    """The cudaStream_t (as an int) for a worker call: `stream` (a
+    torch.cuda.Stream, or None for torch's current stream) with the CUDA
+    backend, None with the host backend, which has no stream."""
+    if device != _DEVICE_CUDA:
+        return None
+    if stream is None:
+        import torch
+        stream = torch.cuda.current_stream()
+    return getattr(stream, "cuda_stream", stream)
 
 
 def _layout_of(t, kind, num_heads):
     """(num_blocks, (plane, block, token, head) byte strides, planes, heads,
     head_dim) of one layer's KV tensor."""
-    _host_tensor(t)
+    _worker_device(t)
     shape, st, e = tuple(t.shape), t.stride(), t.element_size()
     if kind == "auto":
         if len(shape) == 3:

@@ -30,8 +30,9 @@ import os
 from pathlib import Path
 
 from kvdepot import _lib, config
-from kvdepot._shared import (_DTYPES, _KVD_DTYPES, _host_tensor,
-                             _store_acquire, _store_release)
+from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _KVD_DTYPES,
+                             _store_acquire, _store_release, _stream_of,
+                             _worker_device)
 
 log = logging.getLogger("kvdepot.trtllm")
 
@@ -192,13 +193,14 @@ class KvdepotWorker(KvCacheConnectorWorker):
         self._store_key, self.store = _store_acquire(
             config.store_settings(self.settings))
         self.worker = None
+        self._device = _DEVICE_HOST  # the pool's (register_kv_caches)
         self._loaded = set()  # asynchronous loads done, not yet reported
 
     def register_kv_caches(self, kv_cache_tensor):
         """The block-major pool [blocks, layers, kv, block*heads*dim] (or
         its 6-dimensional view [blocks, layers, kv, block, heads, dim])."""
         t = kv_cache_tensor
-        _host_tensor(t, "KV pool")
+        device = _worker_device(t, "KV pool")
         e = t.element_size()
         heads, dim = self.shape["num_kv_heads"], self.shape["head_dim"]
         if t.dim() not in (4, 6) or t.shape[1] != self.shape["num_layers"]:
@@ -215,7 +217,9 @@ class KvdepotWorker(KvCacheConnectorWorker):
                                 tq_seed=0x6b76646570)
         fmt.codec[0], fmt.codec[1] = self.codecs
         self.worker = _lib.Worker(self.store, self.ns, fmt,
-                                  threads=self.settings.threads)
+                                  threads=self.settings.threads,
+                                  device=device)
+        self._device = device
         layer = t.stride(1) * e
         bases = [t.data_ptr() + i * layer for i in range(t.shape[1])]
         # Inside a row: [token][head][dim], the per-layer Python view's order.
@@ -226,17 +230,20 @@ class KvdepotWorker(KvCacheConnectorWorker):
         super().bind_connector_meta(metadata)
         self.worker.bind_metadata(metadata.plan)
 
+    # TensorRT-LLM hands each call the torch.cuda.Stream the forward pass
+    # runs on; the CUDA backend orders its copies on it (worker.h).
     def start_load_kv(self, stream):
-        self.worker.start_load_kv()
+        self.worker.start_load_kv(_stream_of(self._device, stream))
 
     def wait_for_layer_load(self, layer_idx, stream):
-        self.worker.wait_for_layer_load(layer_idx)
+        self.worker.wait_for_layer_load(layer_idx,
+                                        _stream_of(self._device, stream))
 
     def save_kv_layer(self, layer_idx, stream):
-        self.worker.save_kv_layer(layer_idx)
+        self.worker.save_kv_layer(layer_idx, _stream_of(self._device, stream))
 
     def wait_for_save(self, stream):
-        self.worker.wait_for_save()
+        self.worker.wait_for_save(_stream_of(self._device, stream))
         self.worker.clear_metadata()
 
     def get_finished(self, finished_gen_req_ids, started_loading_req_ids):

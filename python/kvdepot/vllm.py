@@ -32,8 +32,9 @@ import logging
 import socket
 
 from kvdepot import _lib, config
-from kvdepot._shared import (_DTYPES, _KVD_DTYPES, _dtype_name, _layout_of,
-                              _store_acquire, _store_release)
+from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _KVD_DTYPES, _dtype_name,
+                              _layout_of, _store_acquire, _store_release,
+                              _stream_of, _worker_device)
 
 log = logging.getLogger("kvdepot.vllm")
 
@@ -220,6 +221,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self._store_key, self.store = _store_acquire(
             config.store_settings(self.settings))
         self.leaders, self.workers = [], []
+        self._device = _DEVICE_HOST  # the caches' (register_kv_caches)
         if is_scheduler:
             for ns in self.group_ns:
                 self.leaders.append(_lib.Leader(
@@ -439,10 +441,12 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                                 block_size=self.block_size,
                                 tq_seed=0x6b76646570)
         fmt.codec[0], fmt.codec[1] = self.codecs
+        self._device = _worker_device(t)
         worker = _lib.Worker(
             self.store, self.group_ns[g], fmt, rank=self.tp_rank,
             threads=self.settings.threads,
-            plan_ns=self.plan_ns[g] if self.tp > 1 else None)
+            plan_ns=self.plan_ns[g] if self.tp > 1 else None,
+            device=self._device)
         self.workers.append(worker)
         worker.register_kv_caches(bases, num_blocks, strides)
 
@@ -473,21 +477,26 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
     def handle_preemptions(self, kv_connector_metadata):
         pass  # saves never outlive their step (wait_for_save)
 
+    # With CUDA caches each call is ordered on torch's current stream, the
+    # one the forward pass runs on (worker.h: the engine's stream waits for
+    # a layer's loads; saves wait for the engine's work on it).
     def start_load_kv(self, forward_context, **kwargs):
+        s = _stream_of(self._device)
         for worker in self.workers:
-            worker.start_load_kv()
+            worker.start_load_kv(s)
 
     def wait_for_layer_load(self, layer_name):
         g, i = self._layer(layer_name)
-        self.workers[g].wait_for_layer_load(i)
+        self.workers[g].wait_for_layer_load(i, _stream_of(self._device))
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         g, i = self._layer(layer_name)
-        self.workers[g].save_kv_layer(i)
+        self.workers[g].save_kv_layer(i, _stream_of(self._device))
 
     def wait_for_save(self):
+        s = _stream_of(self._device)
         for worker in self.workers:
-            worker.wait_for_save()
+            worker.wait_for_save(s)
 
     def get_finished(self, finished_req_ids):
         self._finished.update(finished_req_ids)

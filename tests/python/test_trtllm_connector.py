@@ -140,13 +140,26 @@ def test_save_restart_load(env):
 
 
 def test_device_pool_is_refused(env):
-    """A pool the host worker cannot address (torch's "meta" device standing
-    in for a GPU) is refused before any copy."""
+    """A pool neither worker backend can address (torch's "meta" device) is
+    refused before any copy; a CUDA pool goes to the CUDA backend, which on
+    a machine without a GPU (or in a build without CUDA) says so."""
     w = kt.KvdepotWorker(env)
     t = torch.empty((NB, LAYERS, 2, BS * HEADS * DIM), dtype=torch.float16,
                     device="meta")
-    with pytest.raises(ValueError, match="host memory only"):
+    with pytest.raises(ValueError, match="cannot address a meta"):
         w.register_kv_caches(t)
+    cuda = torch.zeros((NB, LAYERS, 2, BS * HEADS * DIM), dtype=torch.float16)
+
+    class CudaLike:
+        device = torch.device("cuda", 0)
+
+        def __getattr__(self, name):
+            return getattr(cuda, name)
+
+    with pytest.raises(kt._lib.KvdepotError,
+                       match="no CUDA device|no CUDA support"):
+        w.register_kv_caches(CudaLike())
+    assert w.worker is None
     w.shutdown()
 
 

@@ -54,6 +54,18 @@ class ModelConfig:
         return DIM
 
 
+
+class CudaLike:
+    """A CPU tensor that says it is on a CUDA device: what the connectors
+    read to choose the worker's backend (torch here has no CUDA)."""
+
+    def __init__(self, t):
+        self._t = t
+        self.device = torch.device("cuda", 0)
+
+    def __getattr__(self, name):
+        return getattr(self._t, name)
+
 def vllm_config(store_dir, mla=False, **extra):
     extra = {"store_dir": store_dir, "arena_size": "64m",
              "disk_size": "64m", "disk_write": "through", **extra}
@@ -612,14 +624,26 @@ def test_bad_settings_are_refused():
         cfg.parallel_config.tensor_parallel_size = 2
         with pytest.raises(ValueError, match="needs store_mode \"daemon\""):
             kv.KvdepotConnector(cfg, kv.KVConnectorRole.WORKER)
-        # KV on a device the worker cannot address (a GPU in production;
-        # torch's "meta" device here): refused before any copy.
+        # KV on a device neither worker backend can address (torch's
+        # "meta" device): refused before any copy.
         w = kv.KvdepotConnector(vllm_config(d), kv.KVConnectorRole.WORKER)
         meta = {f"model.layers.{i}.self_attn":
                 torch.empty((2, NB, BS, HEADS, DIM), dtype=torch.float16,
                             device="meta") for i in range(LAYERS)}
-        with pytest.raises(ValueError, match="host memory only"):
+        with pytest.raises(ValueError, match="cannot address a meta"):
             w.register_kv_caches(meta)
+        w.shutdown()
+        # CUDA caches go to the worker's CUDA backend, which on this
+        # machine (no GPU) or in a build without CUDA says so.
+        w = kv.KvdepotConnector(vllm_config(d), kv.KVConnectorRole.WORKER)
+        cuda = {f"model.layers.{i}.self_attn":
+                CudaLike(torch.zeros((2, NB, BS, HEADS, DIM),
+                                     dtype=torch.float16))
+                for i in range(LAYERS)}
+        with pytest.raises(_lib.KvdepotError,
+                           match="no CUDA device|no CUDA support"):
+            w.register_kv_caches(cuda)
+        assert w.workers == []
         w.shutdown()
         cfg = vllm_config(d)
         cfg.parallel_config.pipeline_parallel_size = 2
