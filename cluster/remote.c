@@ -21,11 +21,19 @@
 #define REMOTE_SUSPECTS 64u
 #define REMOTE_REPAIR_BATCH 256u /* objects scanned per mover turn */
 #define REMOTE_TICK_MS 200u      /* the mover looks at the view this often */
+/* A push whose offer failed, or a pull whose fetch failed, is tried again
+ * after 0.5, 1 and 2 s (a peer restarting, a connection being set up, a
+ * short partition), then given up; at most this many wait at once. */
+#define REMOTE_RETRY_MAX 3u
+#define REMOTE_RETRY_BASE_MS 500u
+#define REMOTE_RETRIES 4096u
 
 enum { JOB_PUSH = 1, JOB_PULL = 2 };
 
 typedef struct remote_job {
     uint8_t kind;
+    uint8_t attempts;       /* failed tries so far */
+    uint64_t not_before_ns; /* a retry waits until then */
     kvd_namespace_t ns;
     kvd_block_hash_t hash;
     uint64_t size;
@@ -55,6 +63,10 @@ struct kvd_remote {
     bool stop;
     pthread_t mover;
     bool mover_started;
+
+    /* Failed jobs waiting for their next try: the mover's own, no lock. */
+    remote_job_t *retry;
+    size_t n_retry;
 
     /* Nodes whose last call failed (dead, cut off, too slow): skipped
      * until `until_ns`, so lookups do not each wait out the deadline on a
@@ -532,7 +544,39 @@ static void on_offer(void *ctx, const char *node_id, const kvd_namespace_t *ns,
     }
 }
 
-/* Offers the push jobs to their homes: one OFFER per (home, namespace). */
+/* Queues a failed job for another try, or gives it up (the mover). */
+static void retry_later(kvd_remote_t *r, const remote_job_t *j)
+{
+    if (j->attempts >= REMOTE_RETRY_MAX || r->n_retry == REMOTE_RETRIES) {
+        count(&r->stats.dropped, 1);
+        return;
+    }
+    remote_job_t *q = &r->retry[r->n_retry++];
+    *q = *j;
+    q->attempts++;
+    uint64_t wait_ns = (uint64_t)REMOTE_RETRY_BASE_MS * 1000000ull;
+    q->not_before_ns = kvd_time_now_ns() + (wait_ns << (q->attempts - 1));
+    count(&r->stats.retries, 1);
+}
+
+/* Moves the retries that are due into `batch` (n jobs so far, room for
+ * REMOTE_BATCH); returns the new count. */
+static size_t retries_due(kvd_remote_t *r, remote_job_t *batch, size_t n)
+{
+    uint64_t now = kvd_time_now_ns();
+    for (size_t i = 0; i < r->n_retry && n < REMOTE_BATCH;) {
+        if (r->retry[i].not_before_ns <= now) {
+            batch[n++] = r->retry[i];
+            r->retry[i] = r->retry[--r->n_retry];
+        } else {
+            i++;
+        }
+    }
+    return n;
+}
+
+/* Offers the push jobs to their homes: one OFFER per (home, namespace).
+ * A job whose offer to any home failed is tried again later. */
 static void do_pushes(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
                       size_t n)
 {
@@ -541,8 +585,10 @@ static void do_pushes(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
     bool *done = calloc(n * KVD_PLACEMENT_MAX_REPLICAS, sizeof *done);
     size_t *homes = malloc(n * KVD_PLACEMENT_MAX_REPLICAS * sizeof *homes);
     size_t *nh = calloc(n, sizeof *nh);
+    size_t *group = malloc(n * sizeof *group);
+    bool *failed = calloc(n, sizeof *failed);
     if (hashes == NULL || sizes == NULL || done == NULL || homes == NULL ||
-        nh == NULL) {
+        nh == NULL || group == NULL || failed == NULL) {
         count(&r->stats.dropped, n);
         goto out;
     }
@@ -572,15 +618,27 @@ static void do_pushes(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
                         done[j * R + g] = true;
                         hashes[k] = jobs[j].hash;
                         sizes[k] = jobs[j].size;
-                        k++;
+                        group[k++] = j;
                     }
                 }
             }
             const kvd_member_t *m = &v->m[node];
+            /* "cluster.offer": the offer fails as if the home were down. */
             kvd_status_t s =
-                kvd_peer_offer(r->peer, m->ucx_address, m->ucx_address_len,
-                               &jobs[i].ns, hashes, sizes, k);
-            count(s == KVD_OK ? &r->stats.pushes : &r->stats.dropped, k);
+                KVD_FAILPOINT("cluster.offer") != 0
+                    ? KVD_ERR_PEER
+                    : kvd_peer_offer(r->peer, m->ucx_address,
+                                     m->ucx_address_len, &jobs[i].ns, hashes,
+                                     sizes, k);
+            count(s == KVD_OK ? &r->stats.pushes : &r->stats.push_errors, k);
+            for (size_t q = 0; s != KVD_OK && q < k; q++) {
+                failed[group[q]] = true;
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (failed[i]) {
+            retry_later(r, &jobs[i]);
         }
     }
 out:
@@ -589,6 +647,8 @@ out:
     free(done);
     free(homes);
     free(nh);
+    free(group);
+    free(failed);
 }
 
 /* Fetches the pull jobs from the nodes that offered them: one FETCH per
@@ -600,7 +660,9 @@ static void do_pulls(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
     uint64_t *sizes = malloc(n * sizeof *sizes);
     kvd_status_t *status = malloc(n * sizeof *status);
     bool *done = calloc(n, sizeof *done);
-    if (hashes == NULL || sizes == NULL || status == NULL || done == NULL) {
+    size_t *group = malloc(n * sizeof *group);
+    if (hashes == NULL || sizes == NULL || status == NULL || done == NULL ||
+        group == NULL) {
         count(&r->stats.pull_errors, n);
         goto out;
     }
@@ -615,13 +677,16 @@ static void do_pulls(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
                 done[j] = true;
                 hashes[k] = jobs[j].hash;
                 sizes[k] = jobs[j].size;
-                k++;
+                group[k++] = j;
             }
         }
         ptrdiff_t node = view_find(v, jobs[i].node);
         if (node < 0 || v->m[node].ucx_address_len == 0 ||
             suspect(r, jobs[i].node)) {
             count(&r->stats.pull_errors, k);
+            for (size_t q = 0; q < k; q++) {
+                retry_later(r, &jobs[group[q]]);
+            }
             continue;
         }
         kvd_peer_batch_t b;
@@ -643,6 +708,10 @@ static void do_pulls(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
                 count(&r->stats.pulls, 1);
             } else if (status[q] != KVD_ERR_EXISTS) {
                 count(&r->stats.pull_errors, 1);
+                /* Gone from the node that offered it: nothing to retry. */
+                if (status[q] != KVD_ERR_NOT_FOUND) {
+                    retry_later(r, &jobs[group[q]]);
+                }
             }
         }
     }
@@ -651,6 +720,7 @@ out:
     free(sizes);
     free(status);
     free(done);
+    free(group);
 }
 
 static bool name_in(const char (*names)[KVD_PROTO_MAX_NODE_ID_BYTES + 1],
@@ -818,6 +888,7 @@ static void *mover_main(void *arg)
             r->count--;
         }
         pthread_mutex_unlock(&r->mu);
+        n = retries_due(r, batch, n);
         /* Pushes first, in place; pulls after, copied apart. */
         size_t np = 0, nl = 0;
         for (size_t i = 0; i < n; i++) {
@@ -881,7 +952,8 @@ kvd_status_t kvd_remote_start(const kvd_remote_config_t *cfg,
     pthread_cond_init(&r->cv, &ca);
     pthread_condattr_destroy(&ca);
     r->jobs = calloc(cfg->queue, sizeof *r->jobs);
-    if (r->jobs == NULL) {
+    r->retry = calloc(REMOTE_RETRIES, sizeof *r->retry);
+    if (r->jobs == NULL || r->retry == NULL) {
         kvd_remote_stop(r);
         return KVD_ERR_NOMEM;
     }
@@ -959,6 +1031,7 @@ void kvd_remote_stop(kvd_remote_t *r)
         free(r->view);
     }
     free(r->jobs);
+    free(r->retry);
     free(r->rep.known);
     free(r->rep.targets);
     pthread_cond_destroy(&r->cv);

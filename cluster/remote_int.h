@@ -61,8 +61,11 @@ typedef struct kvd_remote_stats {
     uint64_t remote_hits;   /* keys found elsewhere and fetched here */
     uint64_t lookup_errors; /* node batches that failed (then rerouted) */
     uint64_t pushes;        /* keys offered to their homes */
+    uint64_t push_errors;   /* keys whose offer failed, retries included */
     uint64_t pulls;         /* offered keys fetched here */
-    uint64_t pull_errors;   /* offered keys that could not be fetched */
+    uint64_t pull_errors;   /* offered keys that could not be fetched,
+                               retries included */
+    uint64_t retries;       /* failed pushes and pulls queued again */
     uint64_t dropped;       /* pushes or pulls that found the queue full */
     uint64_t suspect_skips; /* keys not asked of a node that just failed */
     uint64_t repairs; /* repair scans started (joins, views fresh again) */

@@ -24,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "cluster/placement_int.h"
 #include "kvdepot/store.h"
 #include "tests/integration/kvd_testetcd_int.h" /* first: kvd_test_dir_t */
 
@@ -93,9 +94,13 @@ static int setup(void **state)
         char disk[300];
         snprintf(disk, sizeof disk, "store.disk_path=%s", c->dir[i].path);
         bool d = i == NODES - 1;
-        c->pid[i] = spawn(&c->dir[i], d ? "cluster.push=EIO" : NULL, ids[i],
-                          etcd, "cluster.name=t", "cluster.lease_ttl=2s",
-                          "cluster.replicas=2", "cluster.timeout=1500ms",
+        /* B's first offer to a home fails: test_failed_push_is_retried. */
+        const char *fp = d        ? "cluster.push=EIO"
+                         : i == 1 ? "cluster.offer=EIO@1"
+                                  : NULL;
+        c->pid[i] = spawn(&c->dir[i], fp, ids[i], etcd, "cluster.name=t",
+                          "cluster.lease_ttl=2s", "cluster.replicas=2",
+                          "cluster.timeout=1500ms",
                           "server.metrics_address=127.0.0.1:0",
                           d ? disk : "store.disk_path=", "store.disk_size=32m",
                           "store.disk_write=through",
@@ -187,6 +192,73 @@ static double metric_sum(cluster_t *c, const char *name)
         }
     }
     return sum;
+}
+
+/* Pairs (key, home) of chain `h` whose home is not node `from` (index),
+ * with the nodes' announced capacities as the daemons' placement uses
+ * them (host + disk) and cluster.replicas=2: what the pushes of `from`
+ * must deliver. */
+static size_t home_pairs(cluster_t *c, const kvd_block_hash_t *h, int from)
+{
+    static const char *const names[NODES] = {"node-a", "node-b", "node-c",
+                                             "node-d"};
+    kvd_member_t m[NODES];
+    memset(m, 0, sizeof m);
+    for (int i = 0; i < NODES; i++) {
+        kvd_store_stats_t st;
+        assert_int_equal(kvd_store_stats(c->client[i], &st), KVD_OK);
+        snprintf(m[i].node_id, sizeof m[i].node_id, "%s", names[i]);
+        m[i].capacity_bytes = st.host.capacity_bytes + st.disk.capacity_bytes;
+    }
+    size_t pairs = 0;
+    for (size_t k = 0; k < CHAIN; k++) {
+        kvd_store_key_t key = {g_ns, h[k]};
+        size_t homes[2];
+        size_t n = kvd_placement_homes(&key, m, NODES, 2, homes);
+        for (size_t j = 0; j < n; j++) {
+            pairs += homes[j] != (size_t)from;
+        }
+    }
+    return pairs;
+}
+
+/* B's first offer fails (failpoint cluster.offer=EIO@1, as if that home
+ * were down for a moment): its keys are queued again and offered 0.5 s
+ * later, so every (key, home) pair of the chain B saved is pulled by its
+ * home in the end (without the retry the first home's keys are missing),
+ * and nothing is given up. Runs first: B has offered nothing before. */
+static void test_failed_push_is_retried(void **state)
+{
+    cluster_t *c = *state;
+    kvd_block_hash_t h[CHAIN];
+    chain(3, h);
+    size_t want = home_pairs(c, h, 1);
+    double pulls0 = metric_sum(c, "kvdepot_cluster_pulls_total");
+    double dropped0 = kvd_test_daemon_metric(
+        &c->dir[1], "kvdepot_cluster_queue_dropped_total");
+    save(c->client[1], h);
+    uint64_t t0 = kvd_test_now_ms();
+    while (metric_sum(c, "kvdepot_cluster_pulls_total") - pulls0 <
+           (double)want) {
+        if (kvd_test_now_ms() - t0 > 10000) {
+            fail_msg("%g of %zu (key, home) pairs pulled",
+                     metric_sum(c, "kvdepot_cluster_pulls_total") - pulls0,
+                     want);
+        }
+        usleep(50000);
+    }
+    fprintf(stderr,
+            "# B's first offer failed; after its retry the homes pulled all "
+            "%zu (key, home) pairs in %llu ms\n",
+            want, (unsigned long long)(kvd_test_now_ms() - t0));
+    assert_true(kvd_test_daemon_metric(&c->dir[1],
+                                       "kvdepot_cluster_retries_total") >= 1);
+    assert_true(kvd_test_daemon_metric(
+                    &c->dir[1], "kvdepot_cluster_push_errors_total") >= 1);
+    assert_true(kvd_test_daemon_metric(&c->dir[1],
+                                       "kvdepot_cluster_queue_dropped_total") ==
+                dropped0);
+    assert_int_equal(load(c->client[2], h), CHAIN);
 }
 
 static void test_saved_on_a_loaded_on_c(void **state)
@@ -371,6 +443,7 @@ int main(void)
         setenv("UCX_TLS", "tcp", 1);
     }
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_failed_push_is_retried),
         cmocka_unit_test(test_saved_on_a_loaded_on_c),
         cmocka_unit_test(test_prefill_decode_handoff),
         cmocka_unit_test(test_etcd_down_and_back),
