@@ -158,8 +158,10 @@ static int bind(bench_t *b, const kvd_testplan_req_t *r)
     return 0;
 }
 
-/* One save step of N_IO blocks under keys of `pass`; seconds. */
-static double save_pass(bench_t *b, uint32_t pass)
+/* One save step of N_IO blocks under keys of `pass`, layer by layer on
+ * `stream` (NULL: the host backend); seconds until the copies are in the
+ * arena and committed. -1 when a save was dropped. */
+static double save_pass(bench_t *b, uint32_t pass, void *stream)
 {
     for (uint32_t i = 0; i < N_IO; i++) {
         b->hashes[i] = hash_of(pass, i);
@@ -169,24 +171,33 @@ static double save_pass(bench_t *b, uint32_t pass)
                             .n_saves = N_IO,
                             .save_ids = b->save_ids,
                             .save_hashes = b->hashes};
+    kvd_worker_stats_t before, after;
+    (void)kvd_worker_stats(b->w, &before);
     double t0 = now_s();
     if (bind(b, &r) != 0) {
         return -1;
     }
     for (uint32_t l = 0; l < LAYERS; l++) {
-        (void)kvd_worker_save_kv_layer(b->w, l, NULL);
+        (void)kvd_worker_save_kv_layer(b->w, l, stream);
     }
-    (void)kvd_worker_wait_for_save(b->w, NULL);
+    (void)kvd_worker_wait_for_save(b->w, stream);
     double t = now_s() - t0;
     kvd_worker_finished_t f;
     (void)kvd_worker_get_finished(b->w, NULL, 0, &f);
     (void)kvd_worker_clear_metadata(b->w);
-    return f.num_finished_saving == 1 ? t : -1;
+    (void)kvd_worker_stats(b->w, &after);
+    return f.num_finished_saving == 1 &&
+                   after.saves_dropped == before.saves_dropped
+               ? t
+               : -1;
 }
 
-/* One load step of the objects of `pass`; with compute_s > 0 layer by
- * layer with that much simulated compute per layer. Seconds. */
-static double load_pass(bench_t *b, uint32_t pass, double compute_s)
+/* One load step of the objects of `pass` into other blocks; with
+ * compute_s > 0 layer by layer with that much simulated compute per layer.
+ * `stream`: the CUDA backend's engine stream (NULL: the host backend).
+ * Seconds until the copies are in the cache. */
+static double load_pass(bench_t *b, uint32_t pass, double compute_s,
+                        void *stream)
 {
     for (uint32_t i = 0; i < N_IO; i++) {
         b->hashes[i] = hash_of(pass, i);
@@ -200,12 +211,17 @@ static double load_pass(bench_t *b, uint32_t pass, double compute_s)
     if (bind(b, &r) != 0) {
         return -1;
     }
-    (void)kvd_worker_start_load_kv(b->w, NULL);
+    (void)kvd_worker_start_load_kv(b->w, stream);
     for (uint32_t l = 0; l < LAYERS && compute_s > 0; l++) {
-        (void)kvd_worker_wait_for_layer_load(b->w, l, NULL);
+        (void)kvd_worker_wait_for_layer_load(b->w, l, stream);
         sleep_s(compute_s);
     }
-    (void)kvd_worker_clear_metadata(b->w);
+    (void)kvd_worker_clear_metadata(b->w); /* CUDA: waits for the side */
+#ifdef KVD_HAVE_CUDA
+    if (stream != NULL) {
+        (void)kvd_cuda_stream_wait(stream); /* ... and the engine's */
+    }
+#endif
     double t = now_s() - t0;
     kvd_worker_finished_t f;
     (void)kvd_worker_get_finished(b->w, NULL, 0, &f);
@@ -215,59 +231,6 @@ static double load_pass(bench_t *b, uint32_t pass, double compute_s)
 /* ---- CUDA backend ------------------------------------------------------ */
 
 #ifdef KVD_HAVE_CUDA
-/* One step saving N_IO blocks of the device cache, layer by layer on
- * `stream`; seconds until the copies are in the arena and committed. */
-static double cuda_save_pass(bench_t *b, uint32_t pass, void *stream)
-{
-    for (uint32_t i = 0; i < N_IO; i++) {
-        b->hashes[i] = hash_of(pass, i);
-    }
-    kvd_testplan_req_t r = {.id = "save",
-                            .layerwise = true,
-                            .n_saves = N_IO,
-                            .save_ids = b->save_ids,
-                            .save_hashes = b->hashes};
-    double t0 = now_s();
-    if (bind(b, &r) != 0) {
-        return -1;
-    }
-    for (uint32_t l = 0; l < LAYERS; l++) {
-        (void)kvd_worker_save_kv_layer(b->w, l, stream);
-    }
-    (void)kvd_worker_wait_for_save(b->w, stream);
-    double t = now_s() - t0;
-    kvd_worker_finished_t f;
-    (void)kvd_worker_get_finished(b->w, NULL, 0, &f);
-    (void)kvd_worker_clear_metadata(b->w);
-    kvd_worker_stats_t ws;
-    (void)kvd_worker_stats(b->w, &ws);
-    return f.num_finished_saving == 1 && ws.saves_dropped == 0 ? t : -1;
-}
-
-/* One whole-step load of the objects of `pass` into other blocks; seconds
- * until the copies are in the cache. */
-static double cuda_load_pass(bench_t *b, uint32_t pass, void *stream)
-{
-    for (uint32_t i = 0; i < N_IO; i++) {
-        b->hashes[i] = hash_of(pass, i);
-    }
-    kvd_testplan_req_t r = {.id = "load",
-                            .n_loads = N_IO,
-                            .load_ids = b->load_ids,
-                            .load_hashes = b->hashes};
-    double t0 = now_s();
-    if (bind(b, &r) != 0) {
-        return -1;
-    }
-    (void)kvd_worker_start_load_kv(b->w, stream);
-    (void)kvd_worker_clear_metadata(b->w); /* waits for the side stream */
-    (void)kvd_cuda_stream_wait(stream);
-    double t = now_s() - t0;
-    kvd_worker_finished_t f;
-    (void)kvd_worker_get_finished(b->w, NULL, 0, &f);
-    return f.num_finished_loading == 1 && f.num_failed_loads == 0 ? t : -1;
-}
-
 typedef struct cuda_bench {
     void *cache;        /* device: LAYERS layers of the NHD cache */
     void *stream;       /* the engine's */
@@ -329,8 +292,8 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, size_t io_bytes,
     for (int p = 0; p < PASSES && s == KVD_OK; p++) {
         double h2d = 0, d2h = 0;
         cuda_peer(cb, io_bytes, &h2d, &d2h);
-        double sv = cuda_save_pass(&b, (uint32_t)p, cb->stream);
-        double ld = cuda_load_pass(&b, (uint32_t)p, cb->stream);
+        double sv = save_pass(&b, (uint32_t)p, cb->stream);
+        double ld = load_pass(&b, (uint32_t)p, 0, cb->stream);
         if (sv < 0 || ld < 0) {
             snprintf(err, sizeof err, "pass %d failed", p);
             s = KVD_ERR_INTERNAL;
@@ -522,8 +485,8 @@ int main(void)
             return 1;
         }
         best_copy_n = tn < best_copy_n ? tn : best_copy_n;
-        double s = save_pass(&b, (uint32_t)p);
-        double l = load_pass(&b, (uint32_t)p, 0);
+        double s = save_pass(&b, (uint32_t)p, NULL);
+        double l = load_pass(&b, (uint32_t)p, 0, NULL);
         if (s < 0 || l < 0) {
             fprintf(stderr, "pass %d failed\n", p);
             return 1;
@@ -577,7 +540,7 @@ int main(void)
     }
     double ov_load = 1e9;
     for (int p = 0; p < PASSES; p++) {
-        double l = load_pass(&b, (uint32_t)(PASSES - 1), 0);
+        double l = load_pass(&b, (uint32_t)(PASSES - 1), 0, NULL);
         ov_load = l > 0 && l < ov_load ? l : ov_load;
     }
     printf("overlap  worker with %u threads, load alone %.1f ms\n",
@@ -589,7 +552,7 @@ int main(void)
             sleep_s(compute);
         }
         double alone = now_s() - t0;
-        double t = load_pass(&b, (uint32_t)(PASSES - 1), compute);
+        double t = load_pass(&b, (uint32_t)(PASSES - 1), compute, NULL);
         if (t < 0) {
             fprintf(stderr, "overlap pass %d failed\n", p);
             return 1;
