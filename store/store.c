@@ -255,6 +255,8 @@ void store_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
             KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
                                 "store: no memory for a write-back job; "
                                 "evicted object dropped");
+            __atomic_store_n(&st->last_drop_status, (int)KVD_ERR_NOMEM,
+                             __ATOMIC_RELAXED);
             store_count(&st->n.dropped_writes, 1);
         }
         if (job == NULL) {
@@ -1411,6 +1413,20 @@ KVD_API kvd_status_t kvd_store_flush(kvd_store_t *store, int timeout_ms)
         if (status == KVD_OK) {
             status = kvd_index_sync(store->index);
         }
+    }
+    /* Writes that finished by being dropped (an I/O error, no space, the
+     * index refusing them) are not durable either: say so, once. */
+    uint64_t dropped = store_read(&store->n.dropped_writes);
+    uint64_t seen = __atomic_exchange_n(&store->flush_dropped_seen, dropped,
+                                        __ATOMIC_RELAXED);
+    if (status == KVD_OK && dropped > seen) {
+        kvd_status_t why = (kvd_status_t)__atomic_load_n(
+            &store->last_drop_status, __ATOMIC_RELAXED);
+        status = why < 0 ? why : KVD_ERR_IO;
+        KVD_LOG_WARN("store: flush: %llu NVMe writes dropped since the "
+                     "previous flush (the latest: %s); those objects are in "
+                     "the arena only",
+                     (unsigned long long)(dropped - seen), kvd_status_str(why));
     }
     return status;
 }

@@ -147,6 +147,10 @@ struct kvd_store {
         uint64_t admission_rejects, checksum_errors, dropped_writes;
         uint64_t host_errors;
     } n;
+    /* Flush reports the writes dropped since the previous flush: the count
+     * it saw last, and why the latest drop happened (atomic). */
+    uint64_t flush_dropped_seen;
+    int last_drop_status;
 };
 
 /* Relaxed counter helpers. */

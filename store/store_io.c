@@ -93,6 +93,7 @@ static void store_write_drop(kvd_store_t *st, store_job_t *job,
     KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
                         "store: object not written to NVMe: %s",
                         kvd_status_str(why));
+    __atomic_store_n(&st->last_drop_status, (int)why, __ATOMIC_RELAXED);
     store_count(&st->n.dropped_writes, 1);
     store_write_finish(st, job);
 }

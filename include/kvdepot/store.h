@@ -366,8 +366,11 @@ KVD_API kvd_status_t kvd_store_tenant_set_quota(kvd_store_t *store,
 /*
  * Waits until every NVMe write queued before the call has finished and is
  * indexed, then syncs the files and the index (durable against power loss).
- * `timeout_ms` -1 waits forever. KVD_OK, KVD_ERR_TIMEOUT, or an I/O error
- * from the sync. Thread: any.
+ * `timeout_ms` -1 waits forever. KVD_OK, KVD_ERR_TIMEOUT, an I/O error
+ * from the sync, or the cause of the latest NVMe write dropped since the
+ * previous flush (KVD_ERR_IO, KVD_ERR_NOSPACE, ...: those objects stay in
+ * the arena only; each drop is reported by one flush, whichever caller's
+ * it is). Thread: any.
  */
 KVD_API kvd_status_t kvd_store_flush(kvd_store_t *store, int timeout_ms);
 

@@ -387,7 +387,7 @@ static void nvme_write_fault(const char *tag, const char *spec)
     kvd_status_t fs = kvd_store_flush(st, (int)TIMEOUT_MS);
     assert_within_deadline(t0, "flush");
     fprintf(stderr, "  flush: %s\n", kvd_status_str(fs));
-    assert_true(fs == KVD_OK || fs < 0);
+    assert_true(fs < 0); /* the dropped writes are reported */
 
     /* Nothing reached the disk tier; every write is counted as failed and
      * dropped; the store's write-through leases are all given back. */
@@ -524,7 +524,7 @@ static void test_index_put_enospc(void **state)
     kvd_status_t fs = kvd_store_flush(st, (int)TIMEOUT_MS);
     assert_within_deadline(t0, "flush");
     fprintf(stderr, "  flush: %s\n", kvd_status_str(fs));
-    assert_true(fs == KVD_OK || fs < 0);
+    assert_true(fs < 0); /* the dropped writes are reported */
 
     /* Written but never indexed: not on the disk tier, extents given back
      * (a restart finds nothing half-recorded). */
