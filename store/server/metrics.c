@@ -206,6 +206,10 @@ char *kvd_metrics_render(kvd_server_t *server)
        "# TYPE kvdepot_reservations gauge\nkvdepot_reservations %llu\n"
        "# TYPE kvdepot_leases_expired_total counter\n"
        "kvdepot_leases_expired_total %llu\n"
+       "# HELP kvdepot_leases_refused_total Blocks not leased: the tenant "
+       "held server.tenant_max_leased already.\n"
+       "# TYPE kvdepot_leases_refused_total counter\n"
+       "kvdepot_leases_refused_total %llu\n"
        "# TYPE kvdepot_reservations_expired_total counter\n"
        "kvdepot_reservations_expired_total %llu\n"
        "# TYPE kvdepot_commit_checksum_errors_total counter\n"
@@ -213,6 +217,7 @@ char *kvd_metrics_render(kvd_server_t *server)
        (unsigned long long)sv.leases, (unsigned long long)sv.leased_blocks,
        (unsigned long long)sv.reservations,
        (unsigned long long)sv.leases_expired,
+       (unsigned long long)sv.leases_refused,
        (unsigned long long)sv.reservations_expired,
        (unsigned long long)sv.commit_checksum_errors);
     mb(&b, "# HELP kvdepot_errors_total Failed or refused calls by status.\n"

@@ -105,6 +105,7 @@ struct svc_lease {
     bool promote;         /* Promote's: give each block back when loaded */
     bool in_table;
     uint32_t tenant; /* the creator's bound tenant (0: none) */
+    uint64_t bytes;  /* object bytes of its blocks (the tenant's count) */
 };
 
 enum svc_key_state { SVC_RESERVED = 0, SVC_DONE = 1 };
@@ -139,6 +140,12 @@ struct kvd_service {
     svc_lease_t *graveyard; /* dead records waiting for their gets */
     uint64_t next_id;       /* lease and reservation ids, never 0 */
     uint64_t n_leases, n_leased_blocks, n_resvs;
+    /* Object bytes each tenant holds leased (records in the table). */
+    struct svc_held {
+        uint32_t tenant;
+        uint64_t bytes;
+    } * held;
+    size_t n_held, cap_held;
 
     pthread_t thread;
     bool thread_started;
@@ -149,6 +156,7 @@ struct kvd_service {
     kvd_service_method_stats_t m[KVD_RPC_COUNT];
     uint64_t errors_by_status[KVD_SERVICE_ERROR_KINDS];
     uint64_t leases_expired, resvs_expired, checksum_errors;
+    uint64_t leases_refused;
 };
 
 static void count(uint64_t *c, uint64_t v)
@@ -212,6 +220,55 @@ static svc_lease_t *lease_find(kvd_service_t *svc, uint64_t id)
     return NULL;
 }
 
+/* What `tenant` holds leased (`mu` held). */
+static struct svc_held *held_of(kvd_service_t *svc, uint32_t tenant,
+                                bool create)
+{
+    for (size_t i = 0; i < svc->n_held; i++) {
+        if (svc->held[i].tenant == tenant) {
+            return &svc->held[i];
+        }
+    }
+    if (!create) {
+        return NULL;
+    }
+    if (svc->n_held == svc->cap_held) {
+        size_t cap = svc->cap_held ? 2 * svc->cap_held : 16;
+        struct svc_held *h = realloc(svc->held, cap * sizeof *h);
+        if (h == NULL) {
+            return NULL; /* not counted: the cap is best effort */
+        }
+        svc->held = h;
+        svc->cap_held = cap;
+    }
+    svc->held[svc->n_held] = (struct svc_held){.tenant = tenant, .bytes = 0};
+    return &svc->held[svc->n_held++];
+}
+
+static void held_add(kvd_service_t *svc, uint32_t tenant, uint64_t bytes,
+                     bool add)
+{
+    struct svc_held *h = held_of(svc, tenant, add);
+    if (h != NULL) {
+        h->bytes = add                ? h->bytes + bytes
+                   : h->bytes > bytes ? h->bytes - bytes
+                                      : 0;
+    }
+}
+
+/* Bytes `tenant` may still lease under server.tenant_max_leased
+ * (UINT64_MAX: no limit). `mu` held. */
+static uint64_t held_room(kvd_service_t *svc, uint32_t tenant)
+{
+    uint64_t cap = svc->cfg.tenant_max_leased_bytes;
+    if (cap == 0) {
+        return UINT64_MAX;
+    }
+    struct svc_held *h = held_of(svc, tenant, false);
+    uint64_t used = h != NULL ? h->bytes : 0;
+    return used < cap ? cap - used : 0;
+}
+
 static void lease_insert(kvd_service_t *svc, svc_lease_t *l)
 {
     size_t b = svc_bucket(l->id);
@@ -220,6 +277,7 @@ static void lease_insert(kvd_service_t *svc, svc_lease_t *l)
     l->in_table = true;
     svc->n_leases++;
     svc->n_leased_blocks += l->n;
+    held_add(svc, l->tenant, l->bytes, true);
 }
 
 static void lease_unlink(kvd_service_t *svc, svc_lease_t *l)
@@ -233,6 +291,7 @@ static void lease_unlink(kvd_service_t *svc, svc_lease_t *l)
     l->in_table = false;
     svc->n_leases--;
     svc->n_leased_blocks -= l->n;
+    held_add(svc, l->tenant, l->bytes, false);
 }
 
 static void lease_free(svc_lease_t *l)
@@ -268,6 +327,7 @@ static kvd_status_t lease_fill(svc_lease_t *l, const kvd_store_lease_t *sl,
         b->state = SVC_HELD;
         b->in_slab = true;
         l->blocks[i] = b;
+        l->bytes += sl[i].size_bytes;
     }
     l->n = l->cap = m;
     return KVD_OK;
@@ -304,6 +364,7 @@ static kvd_status_t lease_add(svc_lease_t *l, const kvd_store_lease_t *sl)
     blk->owner = l;
     blk->state = SVC_HELD;
     l->blocks[l->n++] = blk;
+    l->bytes += sl->size_bytes;
     return KVD_OK;
 }
 
@@ -525,6 +586,22 @@ static kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req,
     }
     if (s != KVD_OK) {
         goto out;
+    }
+    if (m > 0 && rq->lease_ttl_ms > 0 && svc->cfg.tenant_max_leased_bytes) {
+        /* The tenant's leases stay under its cap: the prefix that fits is
+         * matched, the rest given back (the engine computes it). */
+        pthread_mutex_lock(&svc->mu);
+        uint64_t room = held_room(svc, svc_caller_id);
+        pthread_mutex_unlock(&svc->mu);
+        size_t k = 0;
+        while (k < m && leases[k].size_bytes <= room) {
+            room -= leases[k++].size_bytes;
+        }
+        if (k < m) {
+            (void)kvd_store_release(svc->store, leases + k, m - k);
+            count(&svc->leases_refused, m - k);
+            m = k;
+        }
     }
     kvd_pb_lookup_response_t rsp = KVDEPOT__V1__LOOKUP_RESPONSE__INIT;
     if (rq->packed_locations) {
@@ -946,6 +1023,12 @@ static bool lease_take_one(kvd_service_t *svc, svc_lease_t *l,
         m == 0) {
         return false;
     }
+    if (sl.size_bytes > held_room(svc, l->tenant)) {
+        (void)kvd_store_release(svc->store, &sl, 1);
+        count(&svc->leases_refused, 1);
+        *err = KVD_ERR_QUOTA;
+        return false;
+    }
     *err = lease_add(l, &sl);
     if (*err != KVD_OK) {
         (void)kvd_store_release(svc->store, &sl, 1);
@@ -953,6 +1036,7 @@ static bool lease_take_one(kvd_service_t *svc, svc_lease_t *l,
     }
     if (l->in_table) {
         svc->n_leased_blocks++;
+        held_add(svc, l->tenant, sl.size_bytes, true);
     }
     return true;
 }
@@ -1859,6 +1943,7 @@ void kvd_service_destroy(kvd_service_t *svc)
     }
     pthread_mutex_unlock(&svc->mu);
     pthread_mutex_destroy(&svc->mu);
+    free(svc->held);
     free(svc);
 }
 
@@ -1882,6 +1967,8 @@ void kvd_service_stats(kvd_service_t *svc, kvd_service_stats_t *out)
     }
     out->leases_expired =
         __atomic_load_n(&svc->leases_expired, __ATOMIC_RELAXED);
+    out->leases_refused =
+        __atomic_load_n(&svc->leases_refused, __ATOMIC_RELAXED);
     out->reservations_expired =
         __atomic_load_n(&svc->resvs_expired, __ATOMIC_RELAXED);
     out->commit_checksum_errors =

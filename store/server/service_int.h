@@ -68,7 +68,12 @@ typedef struct kvd_service_config {
     uint32_t reservation_ttl_ms; /* Reserve's when the request says 0 */
     uint32_t flush_timeout_ms;   /* Admin flush when the request says 0 */
     bool verify_commits;         /* check a whole-object checksum on Commit */
-    uint32_t tick_ms;            /* housekeeping period (expiry precision) */
+    /* Bytes of objects one tenant may hold leased at once (callers bound
+     * to no tenant count as one); 0: no limit. A Lookup beyond it matches
+     * a shorter prefix, a Get's new block fails with KVD_ERR_QUOTA. Checked
+     * per call: calls in flight at once may pass it by their own size. */
+    uint64_t tenant_max_leased_bytes;
+    uint32_t tick_ms; /* housekeeping period (expiry precision) */
     /* Admin config_dump's answer (secrets already redacted); borrowed, it
      * outlives the service. */
     const kvd_service_config_entry_t *config_entries;
@@ -150,6 +155,7 @@ typedef struct kvd_service_stats {
     uint64_t leased_blocks;        /* blocks under them */
     uint64_t reservations;         /* reservation ids open now */
     uint64_t leases_expired;       /* reclaimed at their deadline */
+    uint64_t leases_refused;       /* blocks not leased: tenant at its cap */
     uint64_t reservations_expired; /* aborted at their deadline */
     uint64_t commit_checksum_errors;
     uint64_t uptime_ms;

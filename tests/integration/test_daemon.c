@@ -463,6 +463,60 @@ static void test_restart_keeps_offsets_in_their_arena(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/*
+ * server.tenant_max_leased caps what one tenant holds leased (issue
+ * "Reliability and security": request limits so one client cannot pin the
+ * whole cache). With room for two objects, a lookup of four matches a
+ * prefix of two, a second one matches nothing while those are held, and
+ * once they are given back four are matched in two again; refusals are
+ * counted.
+ */
+static void test_tenant_lease_cap(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_lease_cap");
+    char cap[64];
+    snprintf(cap, sizeof cap, "server.tenant_max_leased=%u", 2 * OBJ_BYTES);
+    pid_t dpid = daemon_start(&d, cap, "server.metrics_address=127.0.0.1:0",
+                              (const char *)NULL);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[4];
+    keys_make(&ns, h, 4, 11);
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    assert_int_equal(save_objects(st, &ns, h, 4), 4);
+
+    kvd_store_lease_t l[4], l2[4];
+    size_t m = 99;
+    assert_int_equal(kvd_store_lookup(st, &ns, h, 4, l, &m), KVD_OK);
+    assert_int_equal(m, 2);
+    for (size_t i = 0; i < m; i++) {
+        check_bytes(st, &l[i]);
+    }
+    size_t m2 = 99;
+    assert_int_equal(kvd_store_lookup(st, &ns, h, 4, l2, &m2), KVD_OK);
+    assert_int_equal(m2, 0);
+    assert_true(kvd_test_daemon_metric(&d, "kvdepot_leases_refused_total") >=
+                6);
+    assert_int_equal(kvd_store_release(st, l, m), KVD_OK);
+    /* The release reaches the daemon with the next call (or 2 ms later). */
+    uint64_t deadline = now_ms() + 5000;
+    for (;;) {
+        assert_int_equal(kvd_store_lookup(st, &ns, h, 4, l2, &m2), KVD_OK);
+        if (m2 > 0) {
+            break;
+        }
+        assert_true(now_ms() < deadline);
+        usleep(20000);
+    }
+    assert_int_equal(m2, 2);
+    assert_int_equal(kvd_store_release(st, l2, m2), KVD_OK);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
 static void test_killed_client_leases_reclaimed(void **state)
 {
     (void)state;
@@ -736,6 +790,7 @@ int main(void)
         cmocka_unit_test(test_two_processes_share),
         cmocka_unit_test(test_restart_keeps_disk_tier),
         cmocka_unit_test(test_restart_keeps_offsets_in_their_arena),
+        cmocka_unit_test(test_tenant_lease_cap),
         cmocka_unit_test(test_killed_client_leases_reclaimed),
         cmocka_unit_test(test_dead_daemon_no_hang),
         cmocka_unit_test(test_admin_list_drop_drain),
