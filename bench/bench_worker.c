@@ -158,6 +158,36 @@ static int bind(bench_t *b, const kvd_testplan_req_t *r)
     return 0;
 }
 
+/* Sets `b` up for one run: its namespace byte, the block ids saves and
+ * loads use, and an embedded store with a 1 GiB prefaulted arena. */
+static int bench_open(bench_t *b, uint8_t ns_byte)
+{
+    memset(b, 0, sizeof *b);
+    memset(b->ns.bytes, ns_byte, sizeof b->ns.bytes);
+    for (uint32_t i = 0; i < N_IO; i++) {
+        b->save_ids[i] = (int32_t)(2 * i);
+        b->load_ids[i] = (int32_t)(2 * i + 1);
+    }
+    kvd_config_t *cfg = NULL;
+    char err[256] = "";
+    kvd_status_t s = kvd_config_create(&cfg);
+    if (s == KVD_OK) {
+        if (kvd_config_set(cfg, "store.arena_size", "1g") != KVD_OK ||
+            kvd_config_set(cfg, "store.arena_chunk", "2m") != KVD_OK ||
+            kvd_config_set(cfg, "store.arena_prefault", "true") != KVD_OK) {
+            s = KVD_ERR_INVALID;
+        } else {
+            s = kvd_store_open(cfg, &b->store, err, sizeof err);
+        }
+        kvd_config_destroy(cfg);
+    }
+    if (s != KVD_OK) {
+        fprintf(stderr, "store: %s %s\n", kvd_status_str(s), err);
+        return -1;
+    }
+    return 0;
+}
+
 /* One save step of N_IO blocks under keys of `pass`, layer by layer on
  * `stream` (NULL: the host backend); seconds until the copies are in the
  * arena and committed. -1 when a save was dropped. */
@@ -259,24 +289,11 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, size_t io_bytes,
                       double *save_ratio, double *load_ratio, double *best_save,
                       double *best_load)
 {
-    bench_t b = {0};
-    memset(b.ns.bytes, 0x78 + (int)codec, sizeof b.ns.bytes);
-    for (uint32_t i = 0; i < N_IO; i++) {
-        b.save_ids[i] = (int32_t)(2 * i);
-        b.load_ids[i] = (int32_t)(2 * i + 1);
-    }
-    kvd_config_t *cfg = NULL;
-    char err[256] = "";
-    if (kvd_config_create(&cfg) != KVD_OK ||
-        kvd_config_set(cfg, "store.arena_size", "1g") != KVD_OK ||
-        kvd_config_set(cfg, "store.arena_chunk", "2m") != KVD_OK ||
-        kvd_config_set(cfg, "store.arena_prefault", "true") != KVD_OK ||
-        kvd_store_open(cfg, &b.store, err, sizeof err) != KVD_OK) {
-        fprintf(stderr, "cuda store: %s\n", err);
-        kvd_config_destroy(cfg);
+    bench_t b;
+    if (bench_open(&b, (uint8_t)(0x78 + (int)codec)) != 0) {
         return -1;
     }
-    kvd_config_destroy(cfg);
+    char err[256] = "";
     kvd_worker_config_t wc = {0};
     wc.store = b.store;
     wc.ns = b.ns;
@@ -417,23 +434,11 @@ int main(void)
     memset(a, 1, io_bytes);
     memset(c, 2, io_bytes);
 
-    bench_t b = {0};
-    memset(b.ns.bytes, 0x77, sizeof b.ns.bytes);
-    for (uint32_t i = 0; i < N_IO; i++) {
-        b.save_ids[i] = (int32_t)(2 * i);
-        b.load_ids[i] = (int32_t)(2 * i + 1);
-    }
-    kvd_config_t *cfg = NULL;
-    char err[256] = "";
-    if (kvd_config_create(&cfg) != KVD_OK ||
-        kvd_config_set(cfg, "store.arena_size", "1g") != KVD_OK ||
-        kvd_config_set(cfg, "store.arena_chunk", "2m") != KVD_OK ||
-        kvd_config_set(cfg, "store.arena_prefault", "true") != KVD_OK ||
-        kvd_store_open(cfg, &b.store, err, sizeof err) != KVD_OK) {
-        fprintf(stderr, "store: %s\n", err);
+    bench_t b;
+    if (bench_open(&b, 0x77) != 0) {
         return 1;
     }
-    kvd_config_destroy(cfg);
+    char err[256] = "";
     kvd_worker_config_t wc = {0};
     wc.store = b.store;
     wc.ns = b.ns;
