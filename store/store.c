@@ -1415,11 +1415,15 @@ KVD_API kvd_status_t kvd_store_flush(kvd_store_t *store, int timeout_ms)
         }
     }
     /* Writes that finished by being dropped (an I/O error, no space, the
-     * index refusing them) are not durable either: say so, once. */
+     * index refusing them) are not durable either: say so, once. A flush
+     * that failed otherwise leaves them for the next one to report. */
+    if (status != KVD_OK) {
+        return status;
+    }
     uint64_t dropped = store_read(&store->n.dropped_writes);
     uint64_t seen = __atomic_exchange_n(&store->flush_dropped_seen, dropped,
                                         __ATOMIC_RELAXED);
-    if (status == KVD_OK && dropped > seen) {
+    if (dropped > seen) {
         kvd_status_t why = (kvd_status_t)__atomic_load_n(
             &store->last_drop_status, __ATOMIC_RELAXED);
         status = why < 0 ? why : KVD_ERR_IO;
