@@ -1,6 +1,9 @@
 /*
- * Host arena (store/arena_int.h): one sealed memfd mapped once, cut into
- * chunks that are carved into fixed-size slots per slab class.
+ * Host arena (store/arena_int.h): one sealed memfd mapped once (or, with
+ * partitions, one per partition mapped side by side in one reserved range),
+ * cut into chunks that are carved into fixed-size slots per slab class.
+ * Each partition keeps its own free-chunk pool and each class one partial
+ * list per partition, so an allocation never leaves its partition.
  *
  * Bookkeeping lives outside the shared region, in ordinary heap memory: the
  * region is handed to DMA engines and other processes, and its bytes belong
@@ -68,6 +71,7 @@ _Static_assert(KVD_ARENA_CLASSES_MAX >= 1 && KVD_ARENA_CLASSES_MAX <= 64 &&
 
 typedef struct arena_chunk {
     uint32_t slot_pages; /* 0 when free; atomic (read lock-free) */
+    uint32_t part;       /* its partition; fixed at create */
     uint32_t place;      /* its class's place in classes[] while carved */
     uint32_t used;       /* allocated slots */
     uint32_t bump;       /* slots [bump, slots_per_chunk) never handed out */
@@ -80,14 +84,24 @@ typedef struct arena_chunk {
 typedef struct arena_class {
     uint64_t slot_bytes;
     uint32_t slots_per_chunk;
-    uint32_t partial_head; /* chunks of this class with a free slot */
+    /* Per partition: chunks of this class with a free slot. */
+    uint32_t partial_head[KVD_ARENA_PARTS_MAX + 1];
     uint32_t chunks;
     uint64_t slots_used;
     uint64_t slots_free;
 } arena_class_t;
 
-struct kvd_arena {
+/* A partition: one memfd mapped at chunk first_chunk of the region. */
+typedef struct arena_part {
     int fd;
+    uint32_t first_chunk;
+    uint32_t num_chunks;
+    uint64_t map_bytes;
+    uint32_t free_head; /* its free-chunk pool (guarded by the lock) */
+    uint32_t chunks_free;
+} arena_part_t;
+
+struct kvd_arena {
     uint8_t *base;
     uint64_t size_bytes;
     uint64_t map_bytes;
@@ -97,9 +111,11 @@ struct kvd_arena {
     uint32_t index_bits;      /* slot id = chunk << index_bits | index */
     uint32_t slots_max_chunk; /* chunk_bytes / 4096: link/bitmap stride */
     kvd_arena_backing_t backing;
+    uint32_t num_parts; /* the main partition included */
+    arena_part_t parts[KVD_ARENA_PARTS_MAX + 1]; /* fd and layout fixed at
+                                                    create; pools locked */
 
-    pthread_mutex_t lock; /* guards everything below */
-    uint32_t free_chunk_head;
+    pthread_mutex_t lock; /* guards everything below and the pools */
     uint32_t chunks_free;
     uint32_t num_classes;    /* places bound to a size */
     uint64_t places_free;    /* bit i: classes[i] is free */
@@ -116,6 +132,7 @@ struct kvd_arena_mapping {
     uint8_t *base;
     uint64_t map_bytes;
     uint64_t size_bytes;
+    uint64_t offset; /* arena offset of base */
 };
 
 /* ------------------------------------------------------------------------ */
@@ -183,7 +200,8 @@ static uint64_t arena_round_up(uint64_t value, uint64_t align)
  * failures at INFO (auto mode will try the next backing) instead of ERROR.
  */
 static kvd_status_t arena_map_memfd(bool hugetlb, bool quiet, uint64_t size,
-                                    int *fd_out, uint64_t *map_bytes_out,
+                                    uint8_t *fixed, int *fd_out,
+                                    uint64_t *map_bytes_out,
                                     uint64_t *page_bytes_out,
                                     uint8_t **base_out)
 {
@@ -221,6 +239,15 @@ static kvd_status_t arena_map_memfd(bool hugetlb, bool quiet, uint64_t size,
             map_bytes = arena_round_up(size, page_bytes);
         }
     }
+    if (fixed != NULL && map_bytes != size) {
+        /* A partition mapped in place must end where the next begins. */
+        KVD_LOG(level,
+                "arena: %" PRIu64 "-byte pages do not divide a %" PRIu64
+                "-byte partition",
+                page_bytes, size);
+        close(fd);
+        return KVD_ERR_UNSUPPORTED;
+    }
 
     err = KVD_FAILPOINT("arena.ftruncate");
     if (err != 0 || ftruncate(fd, (off_t)map_bytes) != 0) {
@@ -244,9 +271,10 @@ static kvd_status_t arena_map_memfd(bool hugetlb, bool quiet, uint64_t size,
     /* For hugetlb this mmap reserves the pages, so a short pool fails here
      * rather than with SIGBUS on first touch. */
     err = KVD_FAILPOINT("arena.mmap");
-    void *base = err != 0 ? MAP_FAILED
-                          : mmap(NULL, map_bytes, PROT_READ | PROT_WRITE,
-                                 MAP_SHARED, fd, 0);
+    void *base =
+        err != 0 ? MAP_FAILED
+                 : mmap(fixed, map_bytes, PROT_READ | PROT_WRITE,
+                        MAP_SHARED | (fixed != NULL ? MAP_FIXED : 0), fd, 0);
     if (base == MAP_FAILED) {
         err = err != 0 ? err : errno;
         KVD_LOG(level, "arena: mmap (%s) of %" PRIu64 " bytes failed: %s", what,
@@ -280,13 +308,85 @@ static bool arena_shmem_thp_possible(void)
     return strstr(buf, "[never]") == NULL && strstr(buf, "[deny]") == NULL;
 }
 
+/* Closes every partition's memfd and unmaps the region. */
+static void arena_unmap_all(kvd_arena_t *arena)
+{
+    if (arena->base != NULL) {
+        munmap(arena->base, arena->map_bytes);
+        arena->base = NULL;
+    }
+    for (uint32_t p = 0; p < arena->num_parts; p++) {
+        if (arena->parts[p].fd >= 0) {
+            close(arena->parts[p].fd);
+            arena->parts[p].fd = -1;
+        }
+    }
+}
+
+/*
+ * Maps every partition. One partition is one mapping as it has always
+ * been. Several are mapped at their places in one reserved range (PROT_NONE
+ * first, then each memfd MAP_FIXED over its share), so offsets stay one
+ * contiguous range in this process.
+ */
+static kvd_status_t arena_map_all(kvd_arena_t *arena, bool hugetlb, bool quiet)
+{
+    if (arena->num_parts == 1) {
+        arena_part_t *p = &arena->parts[0];
+        kvd_status_t status = arena_map_memfd(hugetlb, quiet, arena->size_bytes,
+                                              NULL, &p->fd, &arena->map_bytes,
+                                              &arena->page_bytes, &arena->base);
+        p->map_bytes = arena->map_bytes;
+        return status;
+    }
+    /* Aligned for 2 MiB huge pages; larger ones fail the fixed mapping
+     * (EINVAL) and auto mode falls back. */
+    const uint64_t align = 2ull << 20;
+    int err = KVD_FAILPOINT("arena.mmap");
+    void *r = err != 0
+                  ? MAP_FAILED
+                  : mmap(NULL, arena->size_bytes + align, PROT_NONE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) {
+        err = err != 0 ? err : errno;
+        KVD_LOG_ERROR("arena: reserving %" PRIu64 " bytes for %u partitions "
+                      "failed: %s",
+                      arena->size_bytes, arena->num_parts, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    uintptr_t start = (uintptr_t)r;
+    uintptr_t aligned = (start + align - 1) & ~(uintptr_t)(align - 1);
+    if (aligned > start) {
+        munmap(r, aligned - start);
+    }
+    uintptr_t end = aligned + arena->size_bytes;
+    if (start + arena->size_bytes + align > end) {
+        munmap((void *)end, start + arena->size_bytes + align - end);
+    }
+    arena->base = (uint8_t *)aligned;
+    arena->map_bytes = arena->size_bytes;
+    for (uint32_t i = 0; i < arena->num_parts; i++) {
+        arena_part_t *p = &arena->parts[i];
+        uint64_t bytes = (uint64_t)p->num_chunks * arena->chunk_bytes;
+        uint8_t *at =
+            arena->base + (uint64_t)p->first_chunk * arena->chunk_bytes;
+        uint8_t *got = NULL;
+        kvd_status_t status =
+            arena_map_memfd(hugetlb, quiet, bytes, at, &p->fd, &p->map_bytes,
+                            &arena->page_bytes, &got);
+        if (status != KVD_OK) {
+            arena_unmap_all(arena);
+            return status;
+        }
+    }
+    return KVD_OK;
+}
+
 static kvd_status_t arena_map_region(kvd_arena_t *arena, int mode)
 {
     kvd_status_t status;
     if (mode != KVD_ARENA_HUGEPAGES_OFF) {
-        status = arena_map_memfd(
-            true, mode == KVD_ARENA_HUGEPAGES_AUTO, arena->size_bytes,
-            &arena->fd, &arena->map_bytes, &arena->page_bytes, &arena->base);
+        status = arena_map_all(arena, true, mode == KVD_ARENA_HUGEPAGES_AUTO);
         if (status == KVD_OK) {
             arena->backing = KVD_ARENA_BACKING_HUGETLB;
             return KVD_OK;
@@ -299,9 +399,7 @@ static kvd_status_t arena_map_region(kvd_arena_t *arena, int mode)
         }
     }
 
-    status =
-        arena_map_memfd(false, false, arena->size_bytes, &arena->fd,
-                        &arena->map_bytes, &arena->page_bytes, &arena->base);
+    status = arena_map_all(arena, false, false);
     if (status != KVD_OK) {
         return status;
     }
@@ -387,6 +485,19 @@ static kvd_status_t arena_check_config(const kvd_arena_config_t *cfg)
                       cfg->size_bytes, cfg->chunk_bytes);
         return KVD_ERR_RANGE;
     }
+    if (cfg->num_parts > KVD_ARENA_PARTS_MAX) {
+        KVD_LOG_ERROR("arena: %u partitions; at most %u besides the main one",
+                      cfg->num_parts, KVD_ARENA_PARTS_MAX);
+        return KVD_ERR_RANGE;
+    }
+    for (uint32_t i = 0; i < cfg->num_parts; i++) {
+        if (cfg->part_bytes[i] < cfg->chunk_bytes) {
+            KVD_LOG_ERROR("arena: partition %u of %" PRIu64
+                          " bytes is smaller than a chunk (%" PRIu64 ")",
+                          i + 1, cfg->part_bytes[i], cfg->chunk_bytes);
+            return KVD_ERR_RANGE;
+        }
+    }
     return KVD_OK;
 }
 
@@ -395,6 +506,22 @@ static kvd_status_t arena_set_geometry(kvd_arena_t *arena,
                                        const kvd_arena_config_t *cfg)
 {
     uint64_t num_chunks = cfg->size_bytes / cfg->chunk_bytes;
+    arena->num_parts = 1 + cfg->num_parts;
+    arena->parts[0] =
+        (arena_part_t){.fd = -1, .num_chunks = (uint32_t)num_chunks};
+    for (uint32_t i = 0; i < cfg->num_parts; i++) {
+        uint64_t n = cfg->part_bytes[i] / cfg->chunk_bytes;
+        if (num_chunks + n >= UINT32_MAX) {
+            KVD_LOG_ERROR("arena: too many chunks of %" PRIu64 " bytes",
+                          cfg->chunk_bytes);
+            return KVD_ERR_RANGE;
+        }
+        arena->parts[i + 1] =
+            (arena_part_t){.fd = -1,
+                           .first_chunk = (uint32_t)num_chunks,
+                           .num_chunks = (uint32_t)n};
+        num_chunks += n;
+    }
     arena->chunk_bytes = cfg->chunk_bytes;
     arena->slots_max_chunk =
         (uint32_t)(cfg->chunk_bytes / KVD_ARENA_SLOT_ALIGN);
@@ -411,7 +538,7 @@ static kvd_status_t arena_set_geometry(kvd_arena_t *arena,
     }
     arena->num_chunks = (uint32_t)num_chunks;
     arena->size_bytes = num_chunks * cfg->chunk_bytes;
-    if (arena->size_bytes != cfg->size_bytes) {
+    if (arena->parts[0].num_chunks * cfg->chunk_bytes != cfg->size_bytes) {
         KVD_LOG_INFO("arena: size %" PRIu64 " rounded down to %" PRIu64
                      " (whole chunks of %" PRIu64 ")",
                      cfg->size_bytes, arena->size_bytes, cfg->chunk_bytes);
@@ -441,16 +568,27 @@ static kvd_status_t arena_alloc_metadata(kvd_arena_t *arena)
     }
     memset(arena->class_of, ARENA_NO_PLACE, (size_t)arena->slots_max_chunk + 1);
     arena->places_free = ARENA_PLACES_ALL;
-    /* Pool in address order, so a fresh arena fills from the base. */
-    for (uint32_t c = 0; c < arena->num_chunks; c++) {
-        arena->chunks[c] = (arena_chunk_t){
-            .place = ARENA_NONE,
-            .free_head = ARENA_NONE,
-            .prev = ARENA_NONE,
-            .next = c + 1 < arena->num_chunks ? c + 1 : ARENA_NONE,
-        };
+    /* Pools in address order, so a fresh partition fills from its base. */
+    for (uint32_t p = 0; p < arena->num_parts; p++) {
+        arena_part_t *part = &arena->parts[p];
+        uint32_t end = part->first_chunk + part->num_chunks;
+        for (uint32_t c = part->first_chunk; c < end; c++) {
+            arena->chunks[c] = (arena_chunk_t){
+                .part = p,
+                .place = ARENA_NONE,
+                .free_head = ARENA_NONE,
+                .prev = ARENA_NONE,
+                .next = c + 1 < end ? c + 1 : ARENA_NONE,
+            };
+        }
+        part->free_head = part->first_chunk;
+        part->chunks_free = part->num_chunks;
     }
-    arena->free_chunk_head = 0;
+    for (uint32_t place = 0; place < KVD_ARENA_CLASSES_MAX; place++) {
+        for (uint32_t p = 0; p <= KVD_ARENA_PARTS_MAX; p++) {
+            arena->classes[place].partial_head[p] = ARENA_NONE;
+        }
+    }
     arena->chunks_free = arena->num_chunks;
     return KVD_OK;
 }
@@ -470,7 +608,6 @@ kvd_status_t kvd_arena_create(const kvd_arena_config_t *cfg,
     if (arena == NULL) {
         return KVD_ERR_NOMEM;
     }
-    arena->fd = -1;
     status = arena_set_geometry(arena, cfg);
     if (status != KVD_OK) {
         goto err_free;
@@ -497,15 +634,16 @@ kvd_status_t kvd_arena_create(const kvd_arena_config_t *cfg,
         }
     }
     KVD_LOG_INFO(
-        "arena: %" PRIu64 " MiB, %u chunks of %" PRIu64 " KiB, %s, prefault %s",
+        "arena: %" PRIu64 " MiB, %u chunks of %" PRIu64
+        " KiB, %u partition%s, %s, prefault %s",
         arena->size_bytes >> 20, arena->num_chunks, arena->chunk_bytes >> 10,
+        arena->num_parts, arena->num_parts == 1 ? "" : "s",
         arena_backing_name(arena->backing), cfg->prefault ? "on" : "off");
     *arena_out = arena;
     return KVD_OK;
 
 err_unmap:
-    munmap(arena->base, arena->map_bytes);
-    close(arena->fd);
+    arena_unmap_all(arena);
 err_mutex:
     pthread_mutex_destroy(&arena->lock);
 err_metadata:
@@ -523,8 +661,7 @@ void kvd_arena_destroy(kvd_arena_t *arena)
     if (arena == NULL) {
         return;
     }
-    munmap(arena->base, arena->map_bytes);
-    close(arena->fd);
+    arena_unmap_all(arena);
     pthread_mutex_destroy(&arena->lock);
     free(arena->chunks);
     free(arena->links);
@@ -546,6 +683,7 @@ kvd_status_t kvd_arena_query(const kvd_arena_t *arena,
         .chunk_bytes = arena->chunk_bytes,
         .num_chunks = arena->num_chunks,
         .backing = arena->backing,
+        .num_parts = arena->num_parts,
     };
     return KVD_OK;
 }
@@ -588,8 +726,10 @@ static uint32_t arena_class_bind(kvd_arena_t *arena, uint32_t class_id)
     arena->classes[place] = (arena_class_t){
         .slot_bytes = slot_bytes,
         .slots_per_chunk = (uint32_t)(arena->chunk_bytes / slot_bytes),
-        .partial_head = ARENA_NONE,
     };
+    for (uint32_t p = 0; p <= KVD_ARENA_PARTS_MAX; p++) {
+        arena->classes[place].partial_head[p] = ARENA_NONE;
+    }
     arena->class_of[class_id] = (uint8_t)place;
     arena->num_classes++;
     KVD_LOG_DEBUG("arena: class %u (%" PRIu64 "-byte slots, %u per chunk) "
@@ -604,11 +744,13 @@ static uint32_t arena_class_bind(kvd_arena_t *arena, uint32_t class_id)
 static void arena_class_unbind(kvd_arena_t *arena, uint32_t place)
 {
     arena_class_t *cls = &arena->classes[place];
-    assert(cls->chunks == 0 && cls->slots_used == 0 && cls->slots_free == 0 &&
-           cls->partial_head == ARENA_NONE);
+    assert(cls->chunks == 0 && cls->slots_used == 0 && cls->slots_free == 0);
     uint32_t class_id = (uint32_t)(cls->slot_bytes / KVD_ARENA_SLOT_ALIGN);
     arena->class_of[class_id] = ARENA_NO_PLACE;
-    *cls = (arena_class_t){.partial_head = ARENA_NONE};
+    *cls = (arena_class_t){0};
+    for (uint32_t p = 0; p <= KVD_ARENA_PARTS_MAX; p++) {
+        cls->partial_head[p] = ARENA_NONE;
+    }
     arena->places_free |= 1ull << place;
     arena->num_classes--;
     KVD_LOG_DEBUG("arena: class %u holds no chunk; place %u is free", class_id,
@@ -626,12 +768,13 @@ static void arena_partial_push(kvd_arena_t *arena, arena_class_t *cls,
                                uint32_t c)
 {
     arena_chunk_t *ch = &arena->chunks[c];
+    uint32_t *head = &cls->partial_head[ch->part];
     ch->prev = ARENA_NONE;
-    ch->next = cls->partial_head;
-    if (cls->partial_head != ARENA_NONE) {
-        arena->chunks[cls->partial_head].prev = c;
+    ch->next = *head;
+    if (*head != ARENA_NONE) {
+        arena->chunks[*head].prev = c;
     }
-    cls->partial_head = c;
+    *head = c;
 }
 
 static void arena_partial_remove(kvd_arena_t *arena, arena_class_t *cls,
@@ -641,7 +784,7 @@ static void arena_partial_remove(kvd_arena_t *arena, arena_class_t *cls,
     if (ch->prev != ARENA_NONE) {
         arena->chunks[ch->prev].next = ch->next;
     } else {
-        cls->partial_head = ch->next;
+        cls->partial_head[ch->part] = ch->next;
     }
     if (ch->next != ARENA_NONE) {
         arena->chunks[ch->next].prev = ch->prev;
@@ -649,17 +792,20 @@ static void arena_partial_remove(kvd_arena_t *arena, arena_class_t *cls,
     ch->prev = ch->next = ARENA_NONE;
 }
 
-/* Takes a chunk from the pool for the class at `place`; ARENA_NONE if
- * none. */
-static uint32_t arena_chunk_carve(kvd_arena_t *arena, uint32_t place)
+/* Takes a chunk from partition `part`'s pool for the class at `place`;
+ * ARENA_NONE if none. */
+static uint32_t arena_chunk_carve(kvd_arena_t *arena, uint32_t part,
+                                  uint32_t place)
 {
-    uint32_t c = arena->free_chunk_head;
+    arena_part_t *pt = &arena->parts[part];
+    uint32_t c = pt->free_head;
     if (c == ARENA_NONE) {
         return ARENA_NONE;
     }
     arena_chunk_t *ch = &arena->chunks[c];
     arena_class_t *cls = &arena->classes[place];
-    arena->free_chunk_head = ch->next;
+    pt->free_head = ch->next;
+    pt->chunks_free--;
     arena->chunks_free--;
     ch->place = place;
     ch->used = 0;
@@ -685,9 +831,11 @@ static void arena_chunk_release(kvd_arena_t *arena, uint32_t c)
     ch->place = ARENA_NONE;
     cls->chunks--;
     cls->slots_free -= cls->slots_per_chunk;
+    arena_part_t *pt = &arena->parts[ch->part];
     ch->prev = ARENA_NONE;
-    ch->next = arena->free_chunk_head;
-    arena->free_chunk_head = c;
+    ch->next = pt->free_head;
+    pt->free_head = c;
+    pt->chunks_free++;
     arena->chunks_free++;
     if (cls->chunks == 0) {
         arena_class_unbind(arena, place);
@@ -697,7 +845,13 @@ static void arena_chunk_release(kvd_arena_t *arena, uint32_t c)
 kvd_status_t kvd_arena_slot_alloc(kvd_arena_t *arena, uint32_t class_id,
                                   uint32_t *slot_out)
 {
-    if (arena == NULL || slot_out == NULL) {
+    return kvd_arena_slot_alloc_in(arena, 0, class_id, slot_out);
+}
+
+kvd_status_t kvd_arena_slot_alloc_in(kvd_arena_t *arena, uint32_t part,
+                                     uint32_t class_id, uint32_t *slot_out)
+{
+    if (arena == NULL || slot_out == NULL || part >= arena->num_parts) {
         return KVD_ERR_INVALID;
     }
     if (class_id == 0 || class_id > arena->slots_max_chunk) {
@@ -709,7 +863,7 @@ kvd_status_t kvd_arena_slot_alloc(kvd_arena_t *arena, uint32_t class_id,
     if (place == ARENA_NO_PLACE) {
         /* Bind only with a chunk to carve, so that a bound place always
          * holds one and is handed back by the free of its last slot. */
-        if (arena->free_chunk_head == ARENA_NONE) {
+        if (arena->parts[part].free_head == ARENA_NONE) {
             status = KVD_ERR_NOSPACE;
             goto out;
         }
@@ -727,9 +881,9 @@ kvd_status_t kvd_arena_slot_alloc(kvd_arena_t *arena, uint32_t class_id,
         }
     }
     arena_class_t *cls = &arena->classes[place];
-    uint32_t c = cls->partial_head;
+    uint32_t c = cls->partial_head[part];
     if (c == ARENA_NONE) {
-        c = arena_chunk_carve(arena, place);
+        c = arena_chunk_carve(arena, part, place);
         if (c == ARENA_NONE) {
             status = KVD_ERR_NOSPACE;
             goto out;
@@ -832,6 +986,12 @@ void *kvd_arena_slot_ptr(const kvd_arena_t *arena, uint32_t slot)
     return off == UINT64_MAX ? NULL : arena->base + off;
 }
 
+uint32_t kvd_arena_slot_part(const kvd_arena_t *arena, uint32_t slot)
+{
+    uint32_t c = kvd_arena_slot_chunk(arena, slot);
+    return c == UINT32_MAX ? UINT32_MAX : arena->chunks[c].part;
+}
+
 uint32_t kvd_arena_slot_chunk(const kvd_arena_t *arena, uint32_t slot)
 {
     if (arena == NULL) {
@@ -870,6 +1030,16 @@ kvd_status_t kvd_arena_stats(kvd_arena_t *arena, kvd_arena_stats_t *out)
         };
     }
     out->num_classes = n;
+    out->num_parts = arena->num_parts;
+    for (uint32_t p = 0; p < arena->num_parts; p++) {
+        const arena_part_t *pt = &arena->parts[p];
+        out->parts[p] = (kvd_arena_part_stats_t){
+            .offset = (uint64_t)pt->first_chunk * arena->chunk_bytes,
+            .bytes_total = (uint64_t)pt->num_chunks * arena->chunk_bytes,
+            .chunks_total = pt->num_chunks,
+            .chunks_free = pt->chunks_free,
+        };
+    }
     pthread_mutex_unlock(&arena->lock);
     return KVD_OK;
 }
@@ -880,11 +1050,18 @@ kvd_status_t kvd_arena_stats(kvd_arena_t *arena, kvd_arena_stats_t *out)
 
 kvd_status_t kvd_arena_export(const kvd_arena_t *arena, kvd_arena_export_t *out)
 {
-    if (arena == NULL || out == NULL) {
+    return kvd_arena_export_part(arena, 0, out);
+}
+
+kvd_status_t kvd_arena_export_part(const kvd_arena_t *arena, uint32_t part,
+                                   kvd_arena_export_t *out)
+{
+    if (arena == NULL || out == NULL || part >= arena->num_parts) {
         return KVD_ERR_INVALID;
     }
+    const arena_part_t *pt = &arena->parts[part];
     int err = KVD_FAILPOINT("arena.dup");
-    int fd = err != 0 ? -1 : fcntl(arena->fd, F_DUPFD_CLOEXEC, 0);
+    int fd = err != 0 ? -1 : fcntl(pt->fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) {
         err = err != 0 ? err : errno;
         KVD_LOG_ERROR("arena: dup of the memfd for export failed: %s",
@@ -893,10 +1070,11 @@ kvd_status_t kvd_arena_export(const kvd_arena_t *arena, kvd_arena_export_t *out)
     }
     *out = (kvd_arena_export_t){
         .fd = fd,
-        .map_bytes = arena->map_bytes,
-        .size_bytes = arena->size_bytes,
+        .map_bytes = pt->map_bytes,
+        .size_bytes = (uint64_t)pt->num_chunks * arena->chunk_bytes,
         .chunk_bytes = arena->chunk_bytes,
         .backing = arena->backing,
+        .offset = (uint64_t)pt->first_chunk * arena->chunk_bytes,
     };
     return KVD_OK;
 }
@@ -908,7 +1086,9 @@ static kvd_status_t arena_check_export(const kvd_arena_export_t *exp)
     if (exp->fd < 0 || exp->size_bytes == 0 || exp->chunk_bytes == 0 ||
         exp->size_bytes > exp->map_bytes ||
         exp->size_bytes % exp->chunk_bytes != 0 ||
-        exp->map_bytes % KVD_ARENA_SLOT_ALIGN != 0) {
+        exp->map_bytes % KVD_ARENA_SLOT_ALIGN != 0 ||
+        exp->offset % KVD_ARENA_SLOT_ALIGN != 0 ||
+        exp->offset > UINT64_MAX - exp->size_bytes) {
         KVD_LOG_ERROR("arena: export descriptor is inconsistent (fd %d, "
                       "size %" PRIu64 ", map %" PRIu64 ", chunk %" PRIu64 ")",
                       exp->fd, exp->size_bytes, exp->map_bytes,
@@ -968,6 +1148,7 @@ kvd_status_t kvd_arena_mapping_open(const kvd_arena_export_t *exp,
     m->base = base;
     m->map_bytes = exp->map_bytes;
     m->size_bytes = exp->size_bytes;
+    m->offset = exp->offset;
     *mapping_out = m;
     return KVD_OK;
 
@@ -995,6 +1176,11 @@ uint64_t kvd_arena_mapping_size(const kvd_arena_mapping_t *mapping)
     return mapping == NULL ? 0 : mapping->size_bytes;
 }
 
+uint64_t kvd_arena_mapping_offset(const kvd_arena_mapping_t *mapping)
+{
+    return mapping == NULL ? 0 : mapping->offset;
+}
+
 void *kvd_arena_mapping_ptr(const kvd_arena_mapping_t *mapping, uint64_t offset,
                             uint64_t len)
 {
@@ -1002,6 +1188,10 @@ void *kvd_arena_mapping_ptr(const kvd_arena_mapping_t *mapping, uint64_t offset,
         return NULL;
     }
     uint64_t need = len == 0 ? 1 : len;
+    if (offset < mapping->offset) {
+        return NULL;
+    }
+    offset -= mapping->offset;
     if (offset >= mapping->size_bytes || need > mapping->size_bytes - offset) {
         return NULL;
     }

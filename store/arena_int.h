@@ -29,6 +29,18 @@
  * Slot ids are stable uint32 values, (chunk << index_bits) | index within
  * the chunk; KVD_ARENA_SLOT_INVALID is never a valid id.
  *
+ * Partitions: besides the main part (partition 0, size_bytes), the arena may
+ * hold up to KVD_ARENA_PARTS_MAX more partitions, each its own memfd,
+ * mapped right after the previous one so that the region stays one
+ * contiguous range of offsets in this process. Every chunk belongs to one
+ * partition; an allocation names its partition and only ever takes chunks
+ * and slots of it (per-partition free pools and per-partition partial
+ * lists; class places are shared). kvd_arena_export_part() hands another
+ * process one partition's memfd only, so a process given partition p can
+ * read and write partition p's bytes and nothing else: that is how the
+ * daemon keeps tenants that must not see each other's data apart
+ * (server.tenant_arenas).
+ *
  * Threading: kvd_arena_create() and kvd_arena_destroy() must not run
  * concurrently with any other call on the same arena. Every other call is
  * thread-safe. Allocation, free and stats take one
@@ -65,6 +77,8 @@ extern "C" {
 #define KVD_ARENA_CLASSES_MAX 64u
 /* Largest chunk: io_uring registers at most 1 GiB per buffer. */
 #define KVD_ARENA_CHUNK_BYTES_MAX (1ull << 30)
+/* Partitions besides the main one (kvd_arena_config_t.parts). */
+#define KVD_ARENA_PARTS_MAX 16u
 /* Never a valid slot id or class id. */
 #define KVD_ARENA_SLOT_INVALID UINT32_MAX
 #define KVD_ARENA_CLASS_INVALID UINT32_MAX
@@ -103,12 +117,21 @@ typedef enum kvd_arena_backing {
  *               take page faults and a short machine fails at start, not
  *               later with SIGBUS or the OOM killer. Progress is logged at
  *               INFO every 10% when the arena is 1 GiB or more.
+ *   num_parts   partitions besides the main one, 0..KVD_ARENA_PARTS_MAX
+ *   part_bytes  their sizes: each a whole number of chunks, at least one
+ *               (partition i + 1 is part_bytes[i]). Not in the settings
+ *               table: the daemon sets them from server.tenant_arenas.
+ *               With partitions, the backing page must divide chunk_bytes
+ *               (hugetlb pages larger than a chunk fall back, in auto
+ *               mode, to shared memory).
  */
 typedef struct kvd_arena_config {
     uint64_t size_bytes;
     uint64_t chunk_bytes;
     int hugepages;
     bool prefault;
+    uint32_t num_parts;
+    uint64_t part_bytes[KVD_ARENA_PARTS_MAX];
 } kvd_arena_config_t;
 
 /*
@@ -159,12 +182,14 @@ void kvd_arena_destroy(kvd_arena_t *arena);
 /* The region as the process sees it, for registration (io_uring, CUDA). */
 typedef struct kvd_arena_info {
     void *base;                  /* page-aligned; valid until destroy */
-    uint64_t size_bytes;         /* usable: num_chunks * chunk_bytes */
+    uint64_t size_bytes;         /* usable: num_chunks * chunk_bytes, every
+                                    partition included */
     uint64_t map_bytes;          /* mapped length (size rounded up to the
                                     backing's page), >= size_bytes */
     uint64_t chunk_bytes;        /* chunk i is [i*chunk_bytes, +chunk_bytes) */
     uint32_t num_chunks;         /* io_uring buffer i can be chunk i */
     kvd_arena_backing_t backing; /* huge pages actually used */
+    uint32_t num_parts;          /* partitions, the main one included */
 } kvd_arena_info_t;
 
 /* Fills `*info_out`. KVD_ERR_INVALID for a NULL argument. */
@@ -206,6 +231,19 @@ kvd_status_t kvd_arena_slot_alloc(kvd_arena_t *arena, uint32_t class_id,
                                   uint32_t *slot_out);
 
 /*
+ * kvd_arena_slot_alloc() in partition `part` (0: the main one): the slot's
+ * chunk belongs to that partition. KVD_ERR_NOSPACE when that partition has
+ * no free slot of the class and no free chunk, whatever the others have.
+ * KVD_ERR_INVALID also for a partition the arena does not have.
+ */
+kvd_status_t kvd_arena_slot_alloc_in(kvd_arena_t *arena, uint32_t part,
+                                     uint32_t class_id, uint32_t *slot_out);
+
+/* The partition of an allocated slot's chunk, or UINT32_MAX for an id
+ * outside the arena. Lock-free. */
+uint32_t kvd_arena_slot_part(const kvd_arena_t *arena, uint32_t slot);
+
+/*
  * Returns an allocated slot to its class; when it was the last allocated
  * slot of its chunk, the chunk returns to the free pool, and when that was
  * the class's last chunk, its class place is free for any size. O(1).
@@ -240,6 +278,14 @@ typedef struct kvd_arena_class_stats {
     uint64_t slots_free; /* free inside this class's chunks */
 } kvd_arena_class_stats_t;
 
+/* One partition's chunks. */
+typedef struct kvd_arena_part_stats {
+    uint64_t offset;      /* arena offset of its first byte */
+    uint64_t bytes_total; /* its chunks * chunk_bytes */
+    uint32_t chunks_total;
+    uint32_t chunks_free;
+} kvd_arena_part_stats_t;
+
 typedef struct kvd_arena_stats {
     uint64_t bytes_total;  /* size_bytes */
     uint64_t bytes_used;   /* sum of slot_bytes over allocated slots */
@@ -253,6 +299,9 @@ typedef struct kvd_arena_stats {
      * particular order; a class without chunks is not listed. */
     uint32_t num_classes;
     kvd_arena_class_stats_t classes[KVD_ARENA_CLASSES_MAX];
+    /* parts[0 .. num_parts): the main partition first. */
+    uint32_t num_parts;
+    kvd_arena_part_stats_t parts[KVD_ARENA_PARTS_MAX + 1];
 } kvd_arena_stats_t;
 
 /* A consistent snapshot (taken under the lock). KVD_ERR_INVALID for a NULL
@@ -260,27 +309,35 @@ typedef struct kvd_arena_stats {
 kvd_status_t kvd_arena_stats(kvd_arena_t *arena, kvd_arena_stats_t *out);
 
 /*
- * What another process needs to map the arena. Send `fd` with SCM_RIGHTS
- * (or inherit it) together with the numbers; slot offsets then mean the
- * same bytes on both sides.
+ * What another process needs to map one partition of the arena. Send `fd`
+ * with SCM_RIGHTS (or inherit it) together with the numbers; slot offsets
+ * in [offset, offset + size_bytes) then mean the same bytes on both sides.
  */
 typedef struct kvd_arena_export {
-    int fd;              /* the memfd, O_CLOEXEC */
+    int fd;              /* the partition's memfd, O_CLOEXEC */
     uint64_t map_bytes;  /* length to map */
-    uint64_t size_bytes; /* usable bytes (offsets below this are slots) */
+    uint64_t size_bytes; /* usable bytes of the partition */
     uint64_t chunk_bytes;
     kvd_arena_backing_t backing;
+    uint64_t offset; /* arena offset of the partition's first byte (0 for
+                        the main partition); a multiple of chunk_bytes */
 } kvd_arena_export_t;
 
 /*
- * Fills `*out` with a new descriptor of the memfd (dup'd, O_CLOEXEC) and
- * the layout. The caller owns out->fd and closes it; it keeps the memory
+ * Fills `*out` with a new descriptor of the main partition's memfd (dup'd,
+ * O_CLOEXEC) and its layout: the whole arena when it has no other
+ * partition. The caller owns out->fd and closes it; it keeps the memory
  * alive even after kvd_arena_destroy().
  * Errors: KVD_ERR_INVALID (NULL argument), translated errno from fcntl
  * (failpoint "arena.dup").
  */
 kvd_status_t kvd_arena_export(const kvd_arena_t *arena,
                               kvd_arena_export_t *out);
+
+/* kvd_arena_export() of partition `part`; KVD_ERR_INVALID also for a
+ * partition the arena does not have. */
+kvd_status_t kvd_arena_export_part(const kvd_arena_t *arena, uint32_t part,
+                                   kvd_arena_export_t *out);
 
 /*
  * Maps an exported arena (MAP_SHARED, read-write) in this process, typically
@@ -299,12 +356,15 @@ kvd_status_t kvd_arena_mapping_open(const kvd_arena_export_t *exp,
 /* Unmaps and frees; NULL is accepted. */
 void kvd_arena_mapping_close(kvd_arena_mapping_t *mapping);
 
-/* Base and usable size of the mapping (valid until close). */
+/* Base and usable size of the mapping (valid until close); the base holds
+ * arena offset kvd_arena_mapping_offset(). */
 void *kvd_arena_mapping_base(const kvd_arena_mapping_t *mapping);
 uint64_t kvd_arena_mapping_size(const kvd_arena_mapping_t *mapping);
+uint64_t kvd_arena_mapping_offset(const kvd_arena_mapping_t *mapping);
 
-/* Pointer to [offset, offset + len) in the mapping, or NULL when that range
- * is not inside the usable size (len 0 is checked as 1 byte). */
+/* Pointer to arena offsets [offset, offset + len) in the mapping, or NULL
+ * when that range is not inside the mapped partition (len 0 is checked as
+ * 1 byte). */
 void *kvd_arena_mapping_ptr(const kvd_arena_mapping_t *mapping, uint64_t offset,
                             uint64_t len);
 

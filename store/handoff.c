@@ -75,6 +75,7 @@ void kvd_handoff_reply_encode(const kvd_handoff_reply_t *reply, uint8_t *out)
     kvd_put_le64(out + 24, reply->map_bytes);
     kvd_put_le64(out + 32, reply->size_bytes);
     memcpy(out + 40, reply->session, KVD_HANDOFF_SESSION_BYTES);
+    kvd_put_le64(out + 56, reply->offset);
 }
 
 kvd_status_t kvd_handoff_reply_decode(const uint8_t *data, size_t len,
@@ -95,6 +96,7 @@ kvd_status_t kvd_handoff_reply_decode(const uint8_t *data, size_t len,
         .instance_id = kvd_get_le64(data + 16),
         .map_bytes = kvd_get_le64(data + 24),
         .size_bytes = kvd_get_le64(data + 32),
+        .offset = kvd_get_le64(data + 56),
     };
     memcpy(r.session, data + 40, KVD_HANDOFF_SESSION_BYTES);
     if ((int32_t)r.status > 0 || (int32_t)r.status < KVD_ERR_INTERNAL) {
@@ -104,13 +106,14 @@ kvd_status_t kvd_handoff_reply_decode(const uint8_t *data, size_t len,
     }
     if (r.status == KVD_OK &&
         (r.instance_id == 0 || r.size_bytes == 0 ||
-         r.size_bytes > r.map_bytes || r.map_bytes % 4096 != 0)) {
-        kvd_config_err(err, err_len,
-                       "hand-off reply: instance %llx, map %llu bytes, size "
-                       "%llu bytes: inconsistent",
-                       (unsigned long long)r.instance_id,
-                       (unsigned long long)r.map_bytes,
-                       (unsigned long long)r.size_bytes);
+         r.size_bytes > r.map_bytes || r.map_bytes % 4096 != 0 ||
+         r.offset % 4096 != 0 || r.offset > UINT64_MAX - r.size_bytes)) {
+        kvd_config_err(
+            err, err_len,
+            "hand-off reply: instance %llx, map %llu bytes, size "
+            "%llu bytes at offset %llu: inconsistent",
+            (unsigned long long)r.instance_id, (unsigned long long)r.map_bytes,
+            (unsigned long long)r.size_bytes, (unsigned long long)r.offset);
         return KVD_ERR_PROTO;
     }
     *out = r;

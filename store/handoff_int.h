@@ -8,11 +8,17 @@
  * into slots the gRPC calls lease; no payload crosses a socket.
  *
  * Wire format (all integers little-endian, fixed size, no padding):
- *   HELLO (16 bytes)  magic "KVDH" | u16 version (1) | u16 flags (0)
+ *   HELLO (16 bytes)  magic "KVDH" | u16 version (2) | u16 flags (0)
  *                     | u64 reserved (0)
- *   REPLY (56 bytes)  magic "KVDA" | u16 version (1) | u16 flags (0)
+ *   REPLY (64 bytes)  magic "KVDA" | u16 version (2) | u16 flags (0)
  *                     | i32 status | u32 reserved (0) | u64 instance_id
  *                     | u64 map_bytes | u64 size_bytes | u8 session[16]
+ *                     | u64 offset
+ * The memfd is the arena partition of the caller's tenant: the whole arena,
+ * or for a tenant with an arena of its own (server.tenant_arenas) that
+ * partition only, whose first byte is arena offset `offset`; lease and
+ * reservation offsets outside [offset, offset + size_bytes) are not in the
+ * caller's mapping. (Version 1 had no offset and always the whole arena.)
  * `instance_id` is random per daemon start: a client sends it with every
  * RPC (metadata "kvdepot-instance") so a restarted daemon, whose arena is a
  * new one, refuses calls naming slots of the old one (FAILED_PRECONDITION)
@@ -37,9 +43,9 @@
 extern "C" {
 #endif
 
-#define KVD_HANDOFF_VERSION 1u
+#define KVD_HANDOFF_VERSION 2u
 #define KVD_HANDOFF_HELLO_BYTES 16u
-#define KVD_HANDOFF_REPLY_BYTES 56u
+#define KVD_HANDOFF_REPLY_BYTES 64u
 #define KVD_HANDOFF_SESSION_BYTES 16u
 /* Suffix of the hand-off socket's path after the gRPC unix socket's. */
 #define KVD_HANDOFF_SUFFIX ".shm"
@@ -51,6 +57,8 @@ typedef struct kvd_handoff_reply {
     uint64_t size_bytes;  /* arena offsets below this are slots */
     uint8_t session[KVD_HANDOFF_SESSION_BYTES]; /* for KVD_OK: the caller's
                                                    session secret */
+    uint64_t offset; /* arena offset of the memfd's first byte; a multiple
+                        of 4096 */
 } kvd_handoff_reply_t;
 
 /* Writes the HELLO into out[KVD_HANDOFF_HELLO_BYTES]. */
@@ -67,7 +75,8 @@ void kvd_handoff_reply_encode(const kvd_handoff_reply_t *reply, uint8_t *out);
 
 /* Decodes and validates a REPLY (status a negative kvd_status_t or KVD_OK;
  * for KVD_OK: instance_id non-zero, 0 < size_bytes <= map_bytes, map_bytes
- * a multiple of 4096). KVD_ERR_PROTO / KVD_ERR_UNSUPPORTED with a reason;
+ * and offset multiples of 4096, offset + size_bytes without overflow).
+ * KVD_ERR_PROTO / KVD_ERR_UNSUPPORTED with a reason;
  * `*out` written only on success. */
 kvd_status_t kvd_handoff_reply_decode(const uint8_t *data, size_t len,
                                       kvd_handoff_reply_t *out, char *err,

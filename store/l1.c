@@ -62,6 +62,7 @@ struct l1_entry {
     bool to_main;      /* S3-FIFO: admitted from the ghost, commit into M */
     bool doomed;       /* bad bytes: never matched again, removed when free */
     bool has_checksum; /* set at commit by a writer that checked it */
+    uint8_t group;     /* its tenant's eviction group at reserve */
 };
 
 /* A hash chain's head (a struct, not a bare pointer array, so that the
@@ -79,6 +80,7 @@ typedef struct l1_queue {
 typedef struct l1_tenant {
     uint32_t id;
     bool used;
+    uint8_t group; /* eviction group of the objects it reserves */
     uint64_t quota_bytes;
     uint64_t bytes;
     uint64_t objects;
@@ -375,16 +377,24 @@ static void l1_entry_remove(kvd_l1_t *l1, l1_entry_t *e, bool evicted,
 
 /* ---- victim selection --------------------------------------------------- */
 
-static bool l1_matches(const l1_entry_t *e, const uint32_t *tenant)
+/* Which entries a victim search may take: one tenant's (quota eviction),
+ * one group's (a partition's), or any (NULL). */
+typedef struct l1_filter {
+    const uint32_t *tenant; /* NULL: any tenant */
+    int group;              /* -1: any group */
+} l1_filter_t;
+
+static bool l1_matches(const l1_entry_t *e, const l1_filter_t *f)
 {
-    return tenant == NULL || e->tenant == *tenant;
+    return f == NULL || ((f->tenant == NULL || e->tenant == *f->tenant) &&
+                         (f->group < 0 || e->group == f->group));
 }
 
 /* S3-FIFO small queue, oldest first: an evictable entry never hit is the
  * victim; an entry hit since insertion, leased or pinned moves on to M.
  * Entries of other tenants (quota eviction) are left where they are. Each
  * entry is visited once: moved ones leave S. */
-static l1_entry_t *l1_pick_small(kvd_l1_t *l1, const uint32_t *tenant)
+static l1_entry_t *l1_pick_small(kvd_l1_t *l1, const l1_filter_t *tenant)
 {
     l1_entry_t *cur = l1->queues[L1_Q_SMALL].tail;
     while (cur != NULL) {
@@ -406,8 +416,8 @@ static l1_entry_t *l1_pick_small(kvd_l1_t *l1, const uint32_t *tenant)
  * the walk meets it again after everything older; since frequencies only
  * fall during the walk, it ends after at most count + 3 * candidates
  * visits. */
-static l1_entry_t *l1_pick_fifo(kvd_l1_t *l1, int qid, const uint32_t *tenant,
-                                bool second_chance)
+static l1_entry_t *l1_pick_fifo(kvd_l1_t *l1, int qid,
+                                const l1_filter_t *tenant, bool second_chance)
 {
     l1_entry_t *cur = l1->queues[qid].tail;
     while (cur != NULL) {
@@ -429,7 +439,7 @@ static l1_entry_t *l1_pick_fifo(kvd_l1_t *l1, int qid, const uint32_t *tenant,
     return NULL;
 }
 
-static l1_entry_t *l1_pick(kvd_l1_t *l1, const uint32_t *tenant)
+static l1_entry_t *l1_pick(kvd_l1_t *l1, const l1_filter_t *tenant)
 {
     if (l1->policy == KVD_L1_LRU) {
         return l1_pick_fifo(l1, L1_Q_LRU, tenant, false);
@@ -452,7 +462,7 @@ static l1_entry_t *l1_pick(kvd_l1_t *l1, const uint32_t *tenant)
 
 /* Evicts until both goals are met, `max` victims are taken or nothing is
  * left to evict; returns the number of victims written to `victims`. */
-static size_t l1_evict_locked(kvd_l1_t *l1, const uint32_t *tenant,
+static size_t l1_evict_locked(kvd_l1_t *l1, const l1_filter_t *tenant,
                               size_t want_objects, uint64_t want_bytes,
                               kvd_l1_victim_t *victims, size_t max)
 {
@@ -611,6 +621,22 @@ kvd_status_t kvd_l1_tenant_set_quota(kvd_l1_t *l1, uint32_t tenant,
     return status;
 }
 
+kvd_status_t kvd_l1_tenant_set_group(kvd_l1_t *l1, uint32_t tenant,
+                                     uint8_t group)
+{
+    if (l1 == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    pthread_mutex_lock(&l1->lock);
+    l1_tenant_t *t;
+    kvd_status_t status = l1_tenant_get(l1, tenant, &t);
+    if (status == KVD_OK) {
+        t->group = group;
+    }
+    pthread_mutex_unlock(&l1->lock);
+    return status;
+}
+
 /* Quota admission: evicts `t`'s own objects so that `size_bytes` more fit
  * under its quota. Refuses before evicting when they cannot. */
 static kvd_status_t l1_admit_quota(kvd_l1_t *l1, l1_tenant_t *t,
@@ -635,7 +661,8 @@ static kvd_status_t l1_admit_quota(kvd_l1_t *l1, l1_tenant_t *t,
         goto out;
     }
     uint32_t id = t->id;
-    *n_out = l1_evict_locked(l1, &id, 0, excess, victims, max);
+    l1_filter_t f = {.tenant = &id, .group = -1};
+    *n_out = l1_evict_locked(l1, &f, 0, excess, victims, max);
     l1->st.quota_evictions += *n_out;
     if (t->bytes > room) {
         status = KVD_ERR_QUOTA; /* max victims reached first */
@@ -704,6 +731,7 @@ kvd_status_t kvd_l1_reserve(kvd_l1_t *l1, const kvd_l1_key_t *key,
     e->size_bytes = size_bytes;
     e->slot = slot;
     e->tenant = tenant;
+    e->group = t->group;
     e->to_main = ghost != NULL;
     t->bytes += size_bytes;
     t->objects++;
@@ -1006,6 +1034,25 @@ kvd_status_t kvd_l1_evict(kvd_l1_t *l1, size_t want_objects,
     }
     pthread_mutex_lock(&l1->lock);
     size_t n = l1_evict_locked(l1, NULL, want_objects, want_bytes, victims_out,
+                               max_victims);
+    l1->st.evictions += n;
+    pthread_mutex_unlock(&l1->lock);
+    *n_out = n;
+    return KVD_OK;
+}
+
+kvd_status_t kvd_l1_evict_group(kvd_l1_t *l1, uint8_t group,
+                                size_t want_objects, uint64_t want_bytes,
+                                kvd_l1_victim_t *victims_out,
+                                size_t max_victims, size_t *n_out)
+{
+    if (l1 == NULL || n_out == NULL ||
+        (victims_out == NULL && max_victims > 0)) {
+        return KVD_ERR_INVALID;
+    }
+    l1_filter_t f = {.tenant = NULL, .group = group};
+    pthread_mutex_lock(&l1->lock);
+    size_t n = l1_evict_locked(l1, &f, want_objects, want_bytes, victims_out,
                                max_victims);
     l1->st.evictions += n;
     pthread_mutex_unlock(&l1->lock);

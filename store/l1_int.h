@@ -189,6 +189,18 @@ kvd_status_t kvd_l1_tenant_set_quota(kvd_l1_t *l1, uint32_t tenant,
                                      uint64_t max_bytes);
 
 /*
+ * Puts `tenant` in eviction group `group` (0 by default for every tenant):
+ * the objects it reserves from then on belong to that group, and
+ * kvd_l1_evict_group() takes victims of one group only. The store gives
+ * each tenant with its own arena partition that partition's number, so
+ * evicting for one partition never takes objects whose slots are in
+ * another. Set it before the tenant's first reserve. Errors as
+ * kvd_l1_tenant_set_quota().
+ */
+kvd_status_t kvd_l1_tenant_set_group(kvd_l1_t *l1, uint32_t tenant,
+                                     uint8_t group);
+
+/*
  * Adds `key` in state RESERVED for a writer filling `slot` with
  * `size_bytes` bytes for `tenant`. The entry is invisible to lookups and
  * holds the writer's reference until kvd_l1_commit or kvd_l1_abort. The
@@ -342,6 +354,13 @@ kvd_status_t kvd_l1_pin(kvd_l1_t *l1, const kvd_l1_key_t *key, bool pinned);
 kvd_status_t kvd_l1_evict(kvd_l1_t *l1, size_t want_objects,
                           uint64_t want_bytes, kvd_l1_victim_t *victims_out,
                           size_t max_victims, size_t *n_out);
+
+/* kvd_l1_evict() among the objects of eviction group `group` only (see
+ * kvd_l1_tenant_set_group()); the others keep their places. */
+kvd_status_t kvd_l1_evict_group(kvd_l1_t *l1, uint8_t group,
+                                size_t want_objects, uint64_t want_bytes,
+                                kvd_l1_victim_t *victims_out,
+                                size_t max_victims, size_t *n_out);
 
 /*
  * Removes a READY entry (pinned or not) and writes it to `*removed_out`;

@@ -280,20 +280,38 @@ void store_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
     }
 }
 
-kvd_status_t store_slot_alloc_evicting(kvd_store_t *st, uint32_t class_id,
-                                       uint64_t object_bytes,
+/* The arena partition of `tenant`'s objects (0: the main one). */
+static uint32_t store_part_of(const kvd_store_t *st, uint32_t tenant)
+{
+    for (uint32_t i = 0; i < st->num_part_tenants; i++) {
+        if (st->part_tenants[i] == tenant) {
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
+kvd_status_t store_slot_alloc_evicting(kvd_store_t *st, uint32_t tenant,
+                                       uint32_t class_id, uint64_t object_bytes,
                                        uint32_t *slot_out)
 {
     kvd_l1_victim_t victims[STORE_EVICT_BATCH];
+    uint32_t part = store_part_of(st, tenant);
     for (;;) {
         kvd_status_t status =
-            kvd_arena_slot_alloc(st->arena, class_id, slot_out);
+            kvd_arena_slot_alloc_in(st->arena, part, class_id, slot_out);
         if (status != KVD_ERR_NOSPACE) {
             return status;
         }
         size_t n = 0;
-        (void)kvd_l1_evict(st->l1, 1, object_bytes, victims, STORE_EVICT_BATCH,
-                           &n);
+        if (st->num_part_tenants == 0) {
+            (void)kvd_l1_evict(st->l1, 1, object_bytes, victims,
+                               STORE_EVICT_BATCH, &n);
+        } else {
+            /* Objects of other partitions would free nothing here. */
+            (void)kvd_l1_evict_group(st->l1, (uint8_t)part, 1, object_bytes,
+                                     victims, STORE_EVICT_BATCH, &n);
+        }
         if (n == 0) {
             return KVD_ERR_NOSPACE;
         }
@@ -303,14 +321,14 @@ kvd_status_t store_slot_alloc_evicting(kvd_store_t *st, uint32_t class_id,
 
 /* The slot for a reserve: evict, and if the freed slots are still being
  * written back, wait for them up to store.reserve_timeout. */
-static kvd_status_t store_reserve_slot(kvd_store_t *st, uint32_t class_id,
-                                       uint64_t object_bytes,
+static kvd_status_t store_reserve_slot(kvd_store_t *st, uint32_t tenant,
+                                       uint32_t class_id, uint64_t object_bytes,
                                        uint64_t *deadline_ns,
                                        uint32_t *slot_out)
 {
     for (;;) {
-        kvd_status_t status =
-            store_slot_alloc_evicting(st, class_id, object_bytes, slot_out);
+        kvd_status_t status = store_slot_alloc_evicting(st, tenant, class_id,
+                                                        object_bytes, slot_out);
         if (status != KVD_ERR_NOSPACE) {
             return status;
         }
@@ -538,6 +556,53 @@ KVD_API kvd_status_t kvd_store_open(const kvd_config_t *config,
                                     kvd_store_t **store_out, char *err,
                                     size_t err_len)
 {
+    return kvd_store_open_partitioned(config, NULL, 0, store_out, err, err_len);
+}
+
+/* Checks the partitions and sets them in the arena's settings. */
+static kvd_status_t store_set_parts(kvd_store_t *st,
+                                    const kvd_store_tenant_arena_t *arenas,
+                                    size_t n, char *err, size_t err_len)
+{
+    if (n > KVD_ARENA_PARTS_MAX || (n > 0 && arenas == NULL)) {
+        kvd_config_err(err, err_len, "server.tenant_arenas: at most %u tenants",
+                       KVD_ARENA_PARTS_MAX);
+        return KVD_ERR_INVALID;
+    }
+    if (n > 0 && st->cfg.mode == STORE_MODE_DAEMON) {
+        kvd_config_err(err, err_len,
+                       "server.tenant_arenas: tenant arenas belong to the "
+                       "daemon's own store, not to store.mode=daemon");
+        return KVD_ERR_INVALID;
+    }
+    for (size_t i = 0; i < n; i++) {
+        for (size_t j = 0; j < i; j++) {
+            if (arenas[j].tenant == arenas[i].tenant) {
+                kvd_config_err(err, err_len,
+                               "server.tenant_arenas: tenant id %u twice",
+                               arenas[i].tenant);
+                return KVD_ERR_INVALID;
+            }
+        }
+        if (arenas[i].tenant == 0) {
+            kvd_config_err(err, err_len,
+                           "server.tenant_arenas: the default tenant (0) "
+                           "uses the main arena");
+            return KVD_ERR_INVALID;
+        }
+        st->part_tenants[i] = arenas[i].tenant;
+        st->cfg.arena.part_bytes[i] = arenas[i].bytes;
+    }
+    st->num_part_tenants = (uint32_t)n;
+    st->cfg.arena.num_parts = (uint32_t)n;
+    return KVD_OK;
+}
+
+kvd_status_t kvd_store_open_partitioned(const kvd_config_t *config,
+                                        const kvd_store_tenant_arena_t *arenas,
+                                        size_t n, kvd_store_t **store_out,
+                                        char *err, size_t err_len)
+{
     if (store_out == NULL) {
         return KVD_ERR_INVALID;
     }
@@ -555,6 +620,9 @@ KVD_API kvd_status_t kvd_store_open(const kvd_config_t *config,
     pthread_condattr_destroy(&ca);
 
     kvd_status_t status = store_settings_load(config, &st->cfg, err, err_len);
+    if (status == KVD_OK) {
+        status = store_set_parts(st, arenas, n, err, err_len);
+    }
     if (status != KVD_OK) {
         goto err;
     }
@@ -579,7 +647,11 @@ KVD_API kvd_status_t kvd_store_open(const kvd_config_t *config,
     }
     status = kvd_arena_create(&st->cfg.arena, &st->arena);
     if (status != KVD_OK) {
-        store_err(err, err_len, "store.arena_size: arena", status);
+        store_err(err, err_len,
+                  st->num_part_tenants > 0
+                      ? "store.arena_size and server.tenant_arenas: arena"
+                      : "store.arena_size: arena",
+                  status);
         goto err;
     }
     (void)kvd_arena_query(st->arena, &st->arena_info);
@@ -588,6 +660,11 @@ KVD_API kvd_status_t kvd_store_open(const kvd_config_t *config,
                                                      st->arena_info.size_bytes),
                              .policy = (kvd_l1_policy_t)st->cfg.l1_policy};
     status = kvd_l1_create(&l1cfg, &st->l1);
+    for (uint32_t i = 0; status == KVD_OK && i < st->num_part_tenants; i++) {
+        /* A partition's objects form its own eviction group. */
+        status = kvd_l1_tenant_set_group(st->l1, st->part_tenants[i],
+                                         (uint8_t)(i + 1));
+    }
     if (status != KVD_OK) {
         store_err(err, err_len, "arena object table", status);
         goto err;
@@ -716,12 +793,23 @@ KVD_API kvd_status_t kvd_store_arena_export(kvd_store_t *store,
     if (store->client != NULL) {
         return kvd_client_arena_export(store->client, out);
     }
+    return kvd_store_arena_export_tenant(store, 0, out);
+}
+
+kvd_status_t kvd_store_arena_export_tenant(kvd_store_t *store, uint32_t tenant,
+                                           kvd_store_arena_export_t *out)
+{
+    if (store == NULL || out == NULL || store->client != NULL) {
+        return KVD_ERR_INVALID;
+    }
     kvd_arena_export_t exp;
-    kvd_status_t status = kvd_arena_export(store->arena, &exp);
+    kvd_status_t status =
+        kvd_arena_export_part(store->arena, store_part_of(store, tenant), &exp);
     if (status != KVD_OK) {
         return status;
     }
     out->fd = exp.fd;
+    out->offset = exp.offset;
     out->map_bytes = exp.map_bytes;
     out->size_bytes = exp.size_bytes;
     return KVD_OK;
@@ -742,8 +830,8 @@ static kvd_status_t store_reserve_one(kvd_store_t *st,
         return KVD_ERR_EXISTS;
     }
     uint32_t slot;
-    kvd_status_t status =
-        store_reserve_slot(st, class_id, object_bytes, deadline_ns, &slot);
+    kvd_status_t status = store_reserve_slot(st, tenant, class_id, object_bytes,
+                                             deadline_ns, &slot);
     if (status != KVD_OK) {
         return status;
     }

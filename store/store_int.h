@@ -36,6 +36,7 @@
 #include "store/index_int.h"
 #include "store/l1_int.h"
 #include "store/nvme_int.h"
+#include "store/tenant_arena_int.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -128,6 +129,12 @@ struct kvd_store {
 
     uint8_t *sight; /* admission filter counters (atomic bytes) */
 
+    /* Tenants with an arena partition of their own: partition i + 1 is
+     * part_tenants[i]'s; every other tenant uses partition 0. Fixed at
+     * open. */
+    uint32_t num_part_tenants;
+    uint32_t part_tenants[KVD_ARENA_PARTS_MAX];
+
     pthread_mutex_t mu;
     pthread_cond_t work_cv;  /* I/O thread: something queued or done */
     pthread_cond_t space_cv; /* reservers: slots freed */
@@ -179,10 +186,11 @@ bool store_sighted_twice(kvd_store_t *st, const kvd_store_key_t *key);
 void store_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
                            size_t n);
 
-/* Evicts from L1 until an arena slot of `class_id` is free and takes it;
- * KVD_ERR_NOSPACE when nothing evictable is left. `mu` not held. */
-kvd_status_t store_slot_alloc_evicting(kvd_store_t *st, uint32_t class_id,
-                                       uint64_t object_bytes,
+/* Evicts from L1 until an arena slot of `class_id` is free in `tenant`'s
+ * partition and takes it; KVD_ERR_NOSPACE when nothing evictable is left
+ * there. Only objects of that partition are evicted. `mu` not held. */
+kvd_status_t store_slot_alloc_evicting(kvd_store_t *st, uint32_t tenant,
+                                       uint32_t class_id, uint64_t object_bytes,
                                        uint32_t *slot_out);
 
 /* Appends a job to a queue (`mu` held). */

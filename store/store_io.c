@@ -407,8 +407,8 @@ static kvd_status_t store_read_prepare(kvd_store_t *st, store_job_t *job)
     uint32_t class_id;
     status = kvd_arena_class_register(st->arena, job->size_bytes, &class_id);
     if (status == KVD_OK) {
-        status = store_slot_alloc_evicting(st, class_id, job->size_bytes,
-                                           &job->slot);
+        status = store_slot_alloc_evicting(st, job->tenant, class_id,
+                                           job->size_bytes, &job->slot);
     }
     if (status == KVD_ERR_NOSPACE) {
         /* Every slot is leased or still being written back: wait, up to

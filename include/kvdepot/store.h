@@ -166,11 +166,14 @@ KVD_API void *kvd_store_lease_ptr(kvd_store_t *store,
 
 /* What another process needs to map the arena (daemon mode, workers in
  * other processes): a new O_CLOEXEC descriptor of the sealed memfd, owned
- * by the caller, and the lengths. */
+ * by the caller, and the lengths. The memfd may be one partition of the
+ * daemon's arena (a tenant with an arena of its own): the mapped bytes
+ * are then arena offsets [offset, offset + size_bytes). */
 typedef struct kvd_store_arena_export {
     int fd;
     uint64_t map_bytes;  /* length to mmap (MAP_SHARED) */
-    uint64_t size_bytes; /* offsets below this are slots */
+    uint64_t size_bytes; /* usable bytes from the start of the mapping */
+    uint64_t offset;     /* arena offset of the mapping's first byte */
 } kvd_store_arena_export_t;
 
 KVD_API kvd_status_t kvd_store_arena_export(kvd_store_t *store,

@@ -101,6 +101,8 @@ struct kvd_client {
     size_t n_maps;
     uint32_t map_gen; /* generation of the newest mapping */
     uint64_t map_bytes, size_bytes;
+    uint64_t offset; /* arena offset of the mapping's first byte: the
+                        caller's tenant's partition starts there */
     int arena_fd;
 
     cl_group_t *groups;
@@ -319,6 +321,17 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
 
 /* ---- arena mappings (`mu` held) ------------------------------------------ */
 
+/* Whether arena offsets [offset, offset + len) are in the current mapping
+ * (the caller's partition of the daemon's arena). */
+static bool cl_in_arena(const kvd_client_t *c, uint64_t offset, uint64_t len)
+{
+    if (offset < c->offset) {
+        return false;
+    }
+    offset -= c->offset;
+    return offset < c->size_bytes && len <= c->size_bytes - offset;
+}
+
 static void map_remove(kvd_client_t *c, size_t i)
 {
     kvd_arena_mapping_close(c->maps[i].map);
@@ -401,7 +414,8 @@ static kvd_status_t cl_map(kvd_client_t *c, char *err, size_t err_len)
         kvd_arena_export_t exp = {.fd = fd,
                                   .map_bytes = r.map_bytes,
                                   .size_bytes = r.size_bytes,
-                                  .chunk_bytes = r.size_bytes};
+                                  .chunk_bytes = r.size_bytes,
+                                  .offset = r.offset};
         s = kvd_arena_mapping_open(&exp, &map);
         if (s != KVD_OK) {
             kvd_config_err(err, err_len, "mapping the daemon's arena: %s",
@@ -431,6 +445,7 @@ static kvd_status_t cl_map(kvd_client_t *c, char *err, size_t err_len)
     c->map = map;
     c->map_bytes = r.map_bytes;
     c->size_bytes = r.size_bytes;
+    c->offset = r.offset;
     c->instance = r.instance_id;
     snprintf(c->instance_hex, sizeof c->instance_hex, "%016" PRIx64,
              r.instance_id);
@@ -817,8 +832,7 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
             continue;
         }
         cl_resv_t *r = NULL;
-        if (b->arena_offset < c->size_bytes &&
-            object_bytes <= c->size_bytes - b->arena_offset &&
+        if (cl_in_arena(c, b->arena_offset, object_bytes) &&
             memcmp(b->block_hash.data, hashes[i].bytes, 32) == 0) {
             r = calloc(1, sizeof *r);
         }
@@ -1076,8 +1090,7 @@ static void cl_get_round(kvd_client_t *c, cl_get_t *list, cl_get_t **keep)
         const kvd_pb_get_entry_t *e = rsp->entries[i];
         switch (e->state) {
         case KVDEPOT__V1__GET_STATE__GET_STATE_READY:
-            if (e->arena_offset < c->size_bytes &&
-                e->size_bytes <= c->size_bytes - e->arena_offset) {
+            if (cl_in_arena(c, e->arena_offset, e->size_bytes)) {
                 cl_complete(c, &g->get, KVD_OK, e->arena_offset);
             } else {
                 cl_complete(c, &g->get, KVD_ERR_PROTO, 0);
@@ -1397,6 +1410,7 @@ kvd_status_t kvd_client_arena_export(kvd_client_t *c,
     int e = errno;
     out->map_bytes = c->map_bytes;
     out->size_bytes = c->size_bytes;
+    out->offset = c->offset;
     pthread_mutex_unlock(&c->mu);
     if (fd < 0) {
         return kvd_status_from_errno(e);

@@ -25,6 +25,7 @@
 #include "common/log_int.h"
 #include "proto/kvd_proto.h"
 #include "store/handoff_int.h"
+#include "store/tenant_arena_int.h"
 #include "cluster/membership_int.h"
 #include "cluster/placement_int.h"
 #include "cluster/remote_int.h"
@@ -62,11 +63,13 @@ typedef struct srv_tenancy {
     size_t n_tokens;
     srv_cred_t cns[SRV_TENANTS_MAX];
     size_t n_cns;
-    struct {
+    struct srv_tenant_bytes {
         char tenant[SRV_TENANT_NAME_MAX + 1];
         uint64_t bytes;
     } quotas[SRV_TENANTS_MAX];
     size_t n_quotas;
+    struct srv_tenant_bytes arenas[SRV_TENANTS_MAX];
+    size_t n_arenas;
 } srv_tenancy_t;
 
 typedef struct srv_session {
@@ -125,6 +128,13 @@ static const kvd_config_field_t server_fields[] = {
      "arena bytes a tenant's objects hold; its saves evict its own objects "
      "beyond that, never another tenant's",
      kvd_config_parse_string, SRV_OFF(tenant_quotas), 0, 0, NULL},
+    {"server.tenant_arenas", "",
+     "tenant=size pairs, comma-separated (\"team-a=8g\"): each tenant named "
+     "gets an arena of that size of its own, in addition to "
+     "store.arena_size; its local clients map that arena only, so they "
+     "cannot read any other tenant's bytes, and its objects evict only each "
+     "other (at most 16 tenants; sizes whole store.arena_chunk multiples)",
+     kvd_config_parse_string, SRV_OFF(tenant_arenas), 0, 0, NULL},
     {"cluster.etcd", "",
      "etcd endpoint host:port of the cluster (\"\": this daemon is alone); "
      "the daemon registers there and keeps the view of the others",
@@ -423,22 +433,43 @@ static bool srv_cn_pair(srv_tenancy_t *t, const char *left, size_t left_len,
     return true;
 }
 
-/* server.tenant_quotas: tenant=size, above 0. */
-static bool srv_quota_pair(srv_tenancy_t *t, const char *left, size_t left_len,
-                           const char *right)
+/* tenant=size, above 0, appended to `list` (of `*n`); a tenant given
+ * twice is refused. */
+static bool srv_bytes_pair(struct srv_tenant_bytes *list, size_t *n,
+                           const char *left, size_t left_len, const char *right)
 {
     static const kvd_config_field_t size_field = {
-        "server.tenant_quotas", "", "", kvd_config_parse_size, 0, 0, 0, NULL};
+        "server.tenant_bytes", "", "", kvd_config_parse_size, 0, 0, 0, NULL};
     uint64_t bytes = 0;
-    if (!srv_tenant_name_ok(left, left_len) || t->n_quotas == SRV_TENANTS_MAX ||
+    if (!srv_tenant_name_ok(left, left_len) || *n == SRV_TENANTS_MAX ||
         kvd_config_parse_size(&size_field, right, &bytes, NULL, 0) != KVD_OK ||
         bytes == 0) {
         return false;
     }
-    snprintf(t->quotas[t->n_quotas].tenant, sizeof t->quotas[0].tenant, "%.*s",
-             (int)left_len, left);
-    t->quotas[t->n_quotas++].bytes = bytes;
+    for (size_t i = 0; i < *n; i++) {
+        if (strlen(list[i].tenant) == left_len &&
+            memcmp(list[i].tenant, left, left_len) == 0) {
+            return false;
+        }
+    }
+    snprintf(list[*n].tenant, sizeof list[0].tenant, "%.*s", (int)left_len,
+             left);
+    list[(*n)++].bytes = bytes;
     return true;
+}
+
+/* server.tenant_quotas: tenant=size, above 0. */
+static bool srv_quota_pair(srv_tenancy_t *t, const char *left, size_t left_len,
+                           const char *right)
+{
+    return srv_bytes_pair(t->quotas, &t->n_quotas, left, left_len, right);
+}
+
+/* server.tenant_arenas: tenant=size, above 0. */
+static bool srv_arena_pair(srv_tenancy_t *t, const char *left, size_t left_len,
+                           const char *right)
+{
+    return srv_bytes_pair(t->arenas, &t->n_arenas, left, left_len, right);
 }
 
 #define SRV_NAMES "tenant names of letters, digits, . _ -"
@@ -500,6 +531,7 @@ static kvd_status_t server_settings(const kvd_config_t *config,
     if (tenancy != NULL) {
         tenancy->n_uids = tenancy->n_tokens = tenancy->n_cns = 0;
         tenancy->n_quotas = 0;
+        tenancy->n_arenas = 0;
         kvd_status_t ts = srv_pairs("server.tenants", cfg->tenants,
                                     "uid=tenant pairs, " SRV_NAMES,
                                     srv_uid_pair, tenancy, err, err_len);
@@ -516,6 +548,12 @@ static kvd_status_t server_settings(const kvd_config_t *config,
             ts = srv_pairs("server.tenant_quotas", cfg->tenant_quotas,
                            "tenant=size pairs such as team-a=8g, sizes above 0",
                            srv_quota_pair, tenancy, err, err_len);
+        }
+        if (ts == KVD_OK) {
+            ts = srv_pairs("server.tenant_arenas", cfg->tenant_arenas,
+                           "tenant=size pairs such as team-a=8g, each tenant "
+                           "once, sizes above 0",
+                           srv_arena_pair, tenancy, err, err_len);
         }
         if (ts != KVD_OK) {
             return ts;
@@ -745,8 +783,17 @@ static void handoff_serve(kvd_server_t *srv, int conn)
         (void)kvd_handoff_send(conn, reply_buf, sizeof reply_buf, -1);
         return;
     }
+    /* The caller's tenant's partition: with server.tenant_arenas, a tenant
+     * of its own never receives the memfd of another's bytes. */
+    const char *tenant = NULL;
+    for (size_t i = 0; i < srv->tenancy->n_uids; i++) {
+        if (srv->tenancy->uids[i].uid == (uint32_t)cred.uid) {
+            tenant = srv->tenancy->uids[i].name;
+        }
+    }
     kvd_store_arena_export_t exp;
-    s = kvd_store_arena_export(srv->store, &exp);
+    s = kvd_store_arena_export_tenant(srv->store, kvd_service_tenant_id(tenant),
+                                      &exp);
     if (s != KVD_OK) {
         reply.status = s;
         kvd_handoff_reply_encode(&reply, reply_buf);
@@ -755,6 +802,7 @@ static void handoff_serve(kvd_server_t *srv, int conn)
     }
     reply.map_bytes = exp.map_bytes;
     reply.size_bytes = exp.size_bytes;
+    reply.offset = exp.offset;
     server_session_new(srv, (uint32_t)cred.uid, reply.session);
     kvd_handoff_reply_encode(&reply, reply_buf);
     s = kvd_handoff_send(conn, reply_buf, sizeof reply_buf, exp.fd);
@@ -1051,7 +1099,15 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
     if (s != KVD_OK) {
         goto err;
     }
-    s = kvd_store_open(config, &srv->store, err, err_len);
+    kvd_store_tenant_arena_t arenas[SRV_TENANTS_MAX];
+    for (size_t i = 0; i < srv->tenancy->n_arenas; i++) {
+        arenas[i] = (kvd_store_tenant_arena_t){
+            .tenant = kvd_service_tenant_id(srv->tenancy->arenas[i].tenant),
+            .bytes = srv->tenancy->arenas[i].bytes,
+        };
+    }
+    s = kvd_store_open_partitioned(config, arenas, srv->tenancy->n_arenas,
+                                   &srv->store, err, err_len);
     if (s != KVD_OK) {
         goto err;
     }

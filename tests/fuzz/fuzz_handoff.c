@@ -30,7 +30,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         kvd_handoff_reply_encode(&r, again);
         if (memcmp(again, data, sizeof again) != 0 ||
             (r.status == KVD_OK &&
-             (r.size_bytes == 0 || r.size_bytes > r.map_bytes))) {
+             (r.size_bytes == 0 || r.size_bytes > r.map_bytes ||
+              r.offset % 4096 != 0 || r.offset + r.size_bytes < r.offset))) {
             abort();
         }
     }

@@ -782,6 +782,185 @@ static void test_tenant_of_user(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* Reserves, fills with `byte` and commits keys h[0..n) as tenant 0 (the
+ * daemon binds the caller's own); returns how many committed. */
+static size_t save_filled(kvd_store_t *st, const kvd_namespace_t *ns,
+                          const kvd_block_hash_t *h, size_t n, uint8_t byte)
+{
+    kvd_store_reservation_t r[NKEYS];
+    kvd_store_key_t keys[NKEYS];
+    assert_true(n <= NKEYS);
+    if (kvd_store_reserve(st, ns, h, n, OBJ_BYTES, 0, r) != KVD_OK) {
+        return 0;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *p = r[i].status == KVD_OK
+                         ? kvd_store_reservation_ptr(st, &r[i], OBJ_BYTES)
+                         : NULL;
+        if (p == NULL) {
+            continue;
+        }
+        memset(p, byte, OBJ_BYTES);
+        keys[k].ns = *ns;
+        keys[k++].hash = h[i];
+    }
+    kvd_status_t cs[NKEYS];
+    if (k > 0 && kvd_store_commit(st, keys, k, cs) != KVD_OK) {
+        return 0;
+    }
+    return k;
+}
+
+/* Whether the caller's whole mapping holds a page-aligned 4 KiB run of
+ * `byte` (objects are page-aligned slots filled with one byte). */
+static bool mapping_has_run(kvd_store_t *st, uint8_t byte)
+{
+    kvd_store_arena_export_t exp;
+    assert_int_equal(kvd_store_arena_export(st, &exp), KVD_OK);
+    close(exp.fd);
+    for (uint64_t off = 0; off < exp.size_bytes; off += 4096) {
+        const uint8_t *p = kvd_store_arena_ptr(st, exp.offset + off, 4096);
+        assert_non_null(p);
+        size_t i = 0;
+        while (i < 4096 && p[i] == byte) {
+            i++;
+        }
+        if (i == 4096) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* In a child as uid 65534 (tenant team-b, the main arena): saves its
+ * keys (`save`) or checks they are all there; either way its mapping must
+ * hold none of team-a's bytes. Exit code 0 when all holds. */
+static int team_b_child(const kvd_test_dir_t *d, const kvd_namespace_t *ns,
+                        const kvd_block_hash_t *h, bool save)
+{
+    kvd_store_t *cs = NULL;
+    if (setgid(65534) != 0 || setuid(65534) != 0 ||
+        client_open(d, "30s", "2s", &cs) != KVD_OK) {
+        return 1;
+    }
+    int rc = 0;
+    kvd_store_arena_export_t exp;
+    if (kvd_store_arena_export(cs, &exp) != KVD_OK || exp.offset != 0 ||
+        exp.size_bytes != 16u << 20) {
+        rc = 2;
+    } else {
+        close(exp.fd);
+    }
+    if (rc == 0 && save && save_filled(cs, ns, h, 4, 0xB7) != 4) {
+        rc = 3;
+    }
+    kvd_store_lease_t l[4];
+    size_t m = 0;
+    if (rc == 0 && !save &&
+        (kvd_store_lookup(cs, ns, h, 4, l, &m) != KVD_OK || m != 4)) {
+        rc = 4;
+    }
+    for (size_t i = 0; rc == 0 && !save && i < m; i++) {
+        const uint8_t *p = kvd_store_lease_ptr(cs, &l[i]);
+        if (p == NULL || p[0] != 0xB7 || p[OBJ_BYTES - 1] != 0xB7) {
+            rc = 5;
+        }
+    }
+    if (rc == 0 && mapping_has_run(cs, 0xA7)) {
+        rc = 6; /* team-a's bytes readable from team-b's process */
+    }
+    kvd_store_close(cs);
+    return rc;
+}
+
+static void team_b_run(const kvd_test_dir_t *d, const kvd_namespace_t *ns,
+                       const kvd_block_hash_t *h, bool save)
+{
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        _exit(team_b_child(d, ns, h, save));
+    }
+    int cst = 0;
+    assert_int_equal(waitpid(child, &cst, 0), child);
+    assert_true(WIFEXITED(cst));
+    assert_int_equal(WEXITSTATUS(cst), 0);
+}
+
+/* server.tenant_arenas: a tenant with an arena of its own receives that
+ * arena's memfd only at the hand-off. Its process cannot reach another
+ * tenant's bytes, nor another tenant its bytes, and its saves evict only
+ * its own objects. The other tenant (a child as uid 65534) needs root. */
+static void test_tenant_arenas(void **state)
+{
+    (void)state;
+    bool root = geteuid() == 0;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_tenant_arenas");
+    assert_int_equal(chmod(d.path, 0755), 0);
+    char tenants[96];
+    snprintf(tenants, sizeof tenants, "server.tenants=%u=team-a%s",
+             (unsigned)getuid(), root ? ",65534=team-b" : "");
+    /* 4 MiB: 2 chunks of 2 MiB, 64 objects of 64 KiB. */
+    pid_t dpid = daemon_start(&d, tenants, "server.tenant_arenas=team-a=4m",
+                              "server.unix_mode=0666", (const char *)NULL);
+    /* The children fork while this process has no client open (a gRPC
+     * client does not survive a fork). */
+    kvd_namespace_t nsb;
+    kvd_block_hash_t hb[4];
+    keys_make(&nsb, hb, 4, 0xB0);
+    if (root) {
+        team_b_run(&d, &nsb, hb, true);
+    }
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    kvd_store_arena_export_t exp;
+    assert_int_equal(kvd_store_arena_export(st, &exp), KVD_OK);
+    assert_int_equal(exp.offset, 16u << 20); /* after store.arena_size */
+    assert_int_equal(exp.size_bytes, 4u << 20);
+    struct stat sb;
+    assert_int_equal(fstat(exp.fd, &sb), 0);
+    assert_int_equal((uint64_t)sb.st_size, 4u << 20);
+    close(exp.fd);
+    assert_null(kvd_store_arena_ptr(st, 0, 1));
+    assert_null(kvd_store_arena_ptr(st, (16u << 20) - 1, 2));
+    assert_null(kvd_store_arena_ptr(st, 20u << 20, 1));
+
+    /* team-a saves 10 batches of 8 into its 64 slots: the first ones are
+     * evicted, the last ones are there, with its bytes. */
+    kvd_namespace_t nsa;
+    kvd_block_hash_t ha[10][NKEYS];
+    for (uint8_t b = 0; b < 10; b++) {
+        keys_make(&nsa, ha[b], NKEYS, (uint8_t)(0xA0 + b));
+        assert_int_equal(save_filled(st, &nsa, ha[b], NKEYS, 0xA7), NKEYS);
+    }
+    kvd_store_lease_t l[NKEYS];
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, &nsa, ha[9], NKEYS, l, &m), KVD_OK);
+    assert_int_equal(m, NKEYS);
+    for (size_t i = 0; i < m; i++) {
+        assert_true(l[i].arena_offset >= 16u << 20);
+        const uint8_t *p = kvd_store_lease_ptr(st, &l[i]);
+        assert_non_null(p);
+        assert_int_equal(p[0], 0xA7);
+        assert_int_equal(p[OBJ_BYTES - 1], 0xA7);
+    }
+    assert_int_equal(kvd_store_release(st, l, m), KVD_OK);
+    assert_int_equal(kvd_store_lookup(st, &nsa, ha[0], NKEYS, l, &m), KVD_OK);
+    assert_int_equal(m, 0);
+    assert_false(mapping_has_run(st, 0xB7));
+    kvd_store_close(st);
+
+    if (root) {
+        /* team-b's objects outlived team-a's pressure, and team-b's
+         * process still sees none of team-a's bytes. */
+        team_b_run(&d, &nsb, hb, false);
+    }
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -795,6 +974,7 @@ int main(void)
         cmocka_unit_test(test_dead_daemon_no_hang),
         cmocka_unit_test(test_admin_list_drop_drain),
         cmocka_unit_test(test_tenant_of_user),
+        cmocka_unit_test(test_tenant_arenas),
     };
     return cmocka_run_group_tests(tests, skip_without_daemon, NULL);
 }

@@ -801,6 +801,55 @@ static void test_quota(void **state)
 }
 
 /* Quota eviction also makes room in a full table. */
+/* Eviction groups: a group's eviction takes its own objects only, in
+ * policy order, under both policies; the ungrouped eviction takes any. */
+static void test_evict_group_policy(kvd_l1_policy_t policy)
+{
+    enum { A = 1, B = 2, C = 3 };
+    kvd_l1_t *l1 = test_table(32, policy);
+    assert_int_equal(kvd_l1_tenant_set_group(l1, B, 1), KVD_OK);
+    assert_int_equal(kvd_l1_tenant_set_group(NULL, B, 1), KVD_ERR_INVALID);
+    for (uint32_t i = 0; i < 4; i++) {
+        kvd_l1_key_t ka = test_key(31, i), kb = test_key(32, i),
+                     kc = test_key(33, i);
+        test_put(l1, &ka, A, 10, i);
+        test_put(l1, &kb, B, 10, 100 + i);
+        test_put(l1, &kc, C, 10, 200 + i);
+    }
+    kvd_l1_victim_t v[8];
+    size_t n = 99;
+    assert_int_equal(kvd_l1_evict_group(l1, 1, 3, 0, v, 8, &n), KVD_OK);
+    assert_int_equal(n, 3);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(v[i].tenant, B);
+        assert_int_equal(v[i].slot, 100 + i); /* oldest first */
+    }
+    /* Group 0 (A and C) is never B's. */
+    assert_int_equal(kvd_l1_evict_group(l1, 0, 8, 0, v, 8, &n), KVD_OK);
+    assert_int_equal(n, 8);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(v[i].tenant == A || v[i].tenant == C);
+    }
+    assert_int_equal(kvd_l1_evict_group(l1, 0, 1, 0, v, 8, &n), KVD_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(kvd_l1_evict_group(l1, 2, 1, 0, v, 8, &n), KVD_OK);
+    assert_int_equal(n, 0);
+    assert_int_equal(kvd_l1_evict_group(NULL, 0, 1, 0, v, 8, &n),
+                     KVD_ERR_INVALID);
+    /* B's last object is left, and the plain eviction finds it. */
+    assert_int_equal(kvd_l1_evict(l1, 8, 0, v, 8, &n), KVD_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(v[0].slot, 103);
+    kvd_l1_destroy(l1);
+}
+
+static void test_evict_group(void **state)
+{
+    (void)state;
+    test_evict_group_policy(KVD_L1_S3FIFO);
+    test_evict_group_policy(KVD_L1_LRU);
+}
+
 static void test_quota_full_table(void **state)
 {
     (void)state;
@@ -1477,6 +1526,7 @@ int main(void)
         cmocka_unit_test(test_s3fifo_ghost),
         cmocka_unit_test(test_s3fifo_promotion),
         cmocka_unit_test(test_quota),
+        cmocka_unit_test(test_evict_group),
         cmocka_unit_test(test_quota_full_table),
         cmocka_unit_test(test_tenants_many),
         cmocka_unit_test(test_stats_exact),

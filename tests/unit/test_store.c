@@ -14,11 +14,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "kvdepot/store.h"
+#include "store/arena_int.h"
+#include "store/tenant_arena_int.h"
 
 #define MIB (1ull << 20)
 
@@ -479,6 +482,120 @@ static void test_export_maps_same_bytes(void **state)
     kvd_store_close(st);
 }
 
+/* Tenant arenas: tenant 7's objects live in a partition of their own,
+ * evict only each other, and its export maps that partition alone; the
+ * main arena's tenants never evict tenant 7's objects either. */
+static void test_tenant_arenas(void **state)
+{
+    (void)state;
+    kvd_config_t *cfg = NULL;
+    assert_int_equal(kvd_config_create(&cfg), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.arena_size", "4m"), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.arena_chunk", "1m"), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.arena_hugepages", "off"),
+                     KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.arena_prefault", "false"),
+                     KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.reserve_timeout", "0"), KVD_OK);
+    const kvd_store_tenant_arena_t arenas[] = {{.tenant = 7, .bytes = 2 * MIB}};
+    kvd_store_t *st = NULL;
+    char err[256] = "";
+    /* Tenant 0, a tenant twice and too many partitions are refused. */
+    const kvd_store_tenant_arena_t zero[] = {{.tenant = 0, .bytes = MIB}};
+    assert_int_equal(
+        kvd_store_open_partitioned(cfg, zero, 1, &st, err, sizeof err),
+        KVD_ERR_INVALID);
+    assert_non_null(strstr(err, "server.tenant_arenas"));
+    const kvd_store_tenant_arena_t twice[] = {{.tenant = 3, .bytes = MIB},
+                                              {.tenant = 3, .bytes = MIB}};
+    assert_int_equal(
+        kvd_store_open_partitioned(cfg, twice, 2, &st, err, sizeof err),
+        KVD_ERR_INVALID);
+    kvd_store_tenant_arena_t many[KVD_ARENA_PARTS_MAX + 1];
+    for (uint32_t i = 0; i <= KVD_ARENA_PARTS_MAX; i++) {
+        many[i] = (kvd_store_tenant_arena_t){.tenant = i + 1, .bytes = MIB};
+    }
+    assert_int_equal(kvd_store_open_partitioned(cfg, many,
+                                                KVD_ARENA_PARTS_MAX + 1, &st,
+                                                err, sizeof err),
+                     KVD_ERR_INVALID);
+    assert_null(st);
+    assert_int_equal(
+        kvd_store_open_partitioned(cfg, arenas, 1, &st, err, sizeof err),
+        KVD_OK);
+    kvd_config_destroy(cfg);
+
+    /* 256 KiB objects: 4 per chunk, 8 in tenant 7's arena, 16 in the main
+     * one. Tenant 0 saves 12, tenant 7 saves 8. */
+    const uint64_t size = 256 << 10;
+    kvd_namespace_t ns0 = ns_of(40), ns7 = ns_of(47);
+    put_range(st, &ns0, 0, 12, size, 0);
+    put_range(st, &ns7, 100, 8, size, 7);
+    kvd_store_lease_t l[16];
+    assert_int_equal(lookup_range(st, &ns7, 100, 8, l), 8);
+    for (size_t i = 0; i < 8; i++) {
+        assert_true(l[i].arena_offset >= 4 * MIB &&
+                    l[i].arena_offset < 6 * MIB);
+    }
+    assert_int_equal(kvd_store_release(st, l, 8), KVD_OK);
+    assert_int_equal(lookup_range(st, &ns0, 0, 12, l), 12);
+    for (size_t i = 0; i < 12; i++) {
+        assert_true(l[i].arena_offset < 4 * MIB);
+    }
+    assert_int_equal(kvd_store_release(st, l, 12), KVD_OK);
+
+    /* Tenant 7 saves 4 more: its arena is full, so 4 of its own go; all
+     * 12 of tenant 0 stay although the main arena has room for 4 more. */
+    put_range(st, &ns7, 108, 4, size, 7);
+    assert_int_equal(lookup_range(st, &ns0, 0, 12, l), 12);
+    assert_int_equal(kvd_store_release(st, l, 12), KVD_OK);
+    kvd_store_stats_t stats;
+    assert_int_equal(kvd_store_stats(st, &stats), KVD_OK);
+    assert_int_equal(stats.host.evictions, 4);
+    size_t left = 0;
+    for (uint32_t i = 100; i < 112; i++) {
+        if (lookup_range(st, &ns7, i, 1, l) == 1) {
+            left++;
+            assert_true(check(kvd_store_lease_ptr(st, &l[0]), size, i));
+            assert_int_equal(kvd_store_release(st, l, 1), KVD_OK);
+        }
+    }
+    assert_int_equal(left, 8);
+
+    /* Tenant 0 fills the main arena and more: only its own objects go. */
+    put_range(st, &ns0, 12, 8, size, 0);
+    assert_int_equal(kvd_store_stats(st, &stats), KVD_OK);
+    assert_int_equal(stats.host.evictions, 8);
+    left = 0;
+    for (uint32_t i = 100; i < 112; i++) {
+        if (lookup_range(st, &ns7, i, 1, l) == 1) {
+            left++;
+            assert_int_equal(kvd_store_release(st, l, 1), KVD_OK);
+        }
+    }
+    assert_int_equal(left, 8);
+
+    /* The exports: tenant 7's partition alone, or the main arena. */
+    kvd_store_arena_export_t exp;
+    struct stat sb;
+    assert_int_equal(kvd_store_arena_export_tenant(st, 7, &exp), KVD_OK);
+    assert_int_equal(exp.offset, 4 * MIB);
+    assert_int_equal(exp.size_bytes, 2 * MIB);
+    assert_int_equal(fstat(exp.fd, &sb), 0);
+    assert_int_equal((uint64_t)sb.st_size, 2 * MIB);
+    close(exp.fd);
+    assert_int_equal(kvd_store_arena_export_tenant(st, 9, &exp), KVD_OK);
+    assert_int_equal(exp.offset, 0);
+    assert_int_equal(exp.size_bytes, 4 * MIB);
+    close(exp.fd);
+    assert_int_equal(kvd_store_arena_export(st, &exp), KVD_OK);
+    assert_int_equal(exp.offset, 0);
+    assert_int_equal(fstat(exp.fd, &sb), 0);
+    assert_int_equal((uint64_t)sb.st_size, 4 * MIB);
+    close(exp.fd);
+    kvd_store_close(st);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -534,6 +651,7 @@ int main(void)
         cmocka_unit_test(test_get_host_lease_and_poll),
         cmocka_unit_test(test_delete),
         cmocka_unit_test(test_export_maps_same_bytes),
+        cmocka_unit_test(test_tenant_arenas),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
