@@ -72,6 +72,7 @@ typedef struct peer_op {
     uint64_t *checksums;  /* FETCH: from each DATA */
     kvd_status_t *status; /* FETCH */
     size_t *batch_index;  /* FETCH: entry -> key of the caller's batch */
+    uint32_t tenant;      /* OFFER: the keys' store tenant */
     uint8_t *state;       /* FETCH */
 } peer_op_t;
 
@@ -825,8 +826,8 @@ static void serve_offer(kvd_peer_t *p, const kvd_peer_hdr_t *rq,
             memcpy(hashes[i].bytes, entries + (size_t)i * 40, 32);
             sizes[i] = kvd_get_le64(entries + (size_t)i * 40 + 32);
         }
-        p->cfg.on_offer(p->cfg.offer_ctx, node, &rq->ns, hashes, sizes,
-                        rq->count);
+        p->cfg.on_offer(p->cfg.offer_ctx, node, &rq->ns, (uint32_t)rq->size,
+                        hashes, sizes, rq->count);
     }
     free(hashes);
     free(sizes);
@@ -1285,6 +1286,9 @@ static kvd_status_t ops_submit(kvd_peer_t *p, peer_op_t **ops, size_t n)
         kvd_peer_hdr_t h;
         hdr_init(p, &h, op->kind, op->id, &op->ns);
         h.count = (uint32_t)op->n;
+        if (op->kind == KVD_PEER_OP_OFFER) {
+            h.size = op->tenant;
+        }
         kvd_peer_hdr_encode(&h, op->hdr);
         op->refs += 2; /* the table's and the queue's (then the send's) */
         op->in_table = op->kind != KVD_PEER_OP_OFFER;
@@ -1575,7 +1579,7 @@ kvd_status_t kvd_peer_fetch(kvd_peer_t *p, const kvd_namespace_t *ns,
 
 kvd_status_t kvd_peer_offer(kvd_peer_t *p, const uint8_t *address,
                             size_t address_len, const kvd_namespace_t *ns,
-                            const kvd_block_hash_t *hashes,
+                            uint32_t tenant, const kvd_block_hash_t *hashes,
                             const uint64_t *sizes, size_t n)
 {
     if (p == NULL || address == NULL || address_len == 0 || ns == NULL ||
@@ -1600,6 +1604,7 @@ kvd_status_t kvd_peer_offer(kvd_peer_t *p, const uint8_t *address,
     }
     op->body_len = 2 + id_len + n * 40;
     op->n = n; /* the header's count */
+    op->tenant = tenant;
     op->refs = 0;
     kvd_status_t s = ops_submit(p, &op, 1);
     if (s != KVD_OK) {

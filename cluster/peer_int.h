@@ -56,8 +56,9 @@ extern "C" {
 
 typedef struct kvd_peer kvd_peer_t;
 
+/* `tenant`: the store tenant the offering node saved the keys for. */
 typedef void (*kvd_peer_offer_fn)(void *ctx, const char *node_id,
-                                  const kvd_namespace_t *ns,
+                                  const kvd_namespace_t *ns, uint32_t tenant,
                                   const kvd_block_hash_t *hashes,
                                   const uint64_t *sizes, size_t n);
 
@@ -131,11 +132,13 @@ kvd_status_t kvd_peer_fetch(kvd_peer_t *p, const kvd_namespace_t *ns,
                             uint32_t tenant, kvd_peer_batch_t *batches,
                             size_t nb, uint64_t deadline_ns);
 
-/* Sends an OFFER of keys this node holds (sizes given) and does not wait.
- * KVD_ERR_BUSY when the send queue is full. */
+/* Sends an OFFER of keys this node holds (sizes given), saved for store
+ * tenant `tenant` (the home pulls them into that tenant's share: its
+ * quota, its arena partition), and does not wait. KVD_ERR_BUSY when the
+ * send queue is full. */
 kvd_status_t kvd_peer_offer(kvd_peer_t *p, const uint8_t *address,
                             size_t address_len, const kvd_namespace_t *ns,
-                            const kvd_block_hash_t *hashes,
+                            uint32_t tenant, const kvd_block_hash_t *hashes,
                             const uint64_t *sizes, size_t n);
 
 void kvd_peer_stats(kvd_peer_t *p, kvd_peer_stats_t *out);
@@ -166,7 +169,8 @@ enum {
  *   20 count u32 | 24 size u64 | 32 checksum u64 | 40 namespace [16] |
  *   56 auth [32]
  * count: keys in the body (DATA: the key's index in its FETCH); size and
- * checksum: DATA's object (the XXH3-64 the server's store kept from the
+ * checksum: DATA's object; OFFER: size is the keys' store tenant (below
+ * 2^32); (the XXH3-64 the server's store kept from the
  * object's verified commit, else computed from its bytes). FETCH bodies start
  * with the requester's worker address: the server queues the request and sends
  * the objects one at a time from its progress loop on its own endpoint to that

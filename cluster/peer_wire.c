@@ -70,7 +70,8 @@ kvd_status_t kvd_peer_hdr_decode(const void *buf, size_t len, size_t body_len,
                    ? KVD_OK
                    : KVD_ERR_PROTO;
     case KVD_PEER_OP_OFFER:
-        return n >= 1 && n <= KVD_PEER_MAX_KEYS && body_len >= 2 + n * 40 &&
+        return n >= 1 && n <= KVD_PEER_MAX_KEYS && out->size <= UINT32_MAX &&
+                       body_len >= 2 + n * 40 &&
                        body_len <= 2 + KVD_PEER_MAX_NODE_ID + n * 40
                    ? KVD_OK
                    : KVD_ERR_PROTO;

@@ -37,6 +37,7 @@ typedef struct remote_job {
     kvd_namespace_t ns;
     kvd_block_hash_t hash;
     uint64_t size;
+    uint32_t tenant;                     /* the store tenant it was saved for */
     char node[KVD_PEER_MAX_NODE_ID + 1]; /* JOB_PULL: who offered it */
 } remote_job_t;
 
@@ -509,7 +510,7 @@ static bool enqueue(kvd_remote_t *r, const remote_job_t *j)
 
 void kvd_remote_saved(kvd_remote_t *r, const kvd_namespace_t *ns,
                       const kvd_block_hash_t *hashes, size_t n,
-                      uint64_t object_bytes)
+                      uint64_t object_bytes, uint32_t tenant)
 {
     if (r == NULL || n == 0) {
         return;
@@ -519,6 +520,7 @@ void kvd_remote_saved(kvd_remote_t *r, const kvd_namespace_t *ns,
     j.kind = JOB_PUSH;
     j.ns = *ns;
     j.size = object_bytes;
+    j.tenant = tenant;
     for (size_t i = 0; i < n; i++) {
         j.hash = hashes[i];
         (void)enqueue(r, &j);
@@ -526,8 +528,8 @@ void kvd_remote_saved(kvd_remote_t *r, const kvd_namespace_t *ns,
 }
 
 static void on_offer(void *ctx, const char *node_id, const kvd_namespace_t *ns,
-                     const kvd_block_hash_t *hashes, const uint64_t *sizes,
-                     size_t n)
+                     uint32_t tenant, const kvd_block_hash_t *hashes,
+                     const uint64_t *sizes, size_t n)
 {
     kvd_remote_t *r = ctx;
     /* It talks to us: whatever failed before, it answers again. */
@@ -536,6 +538,7 @@ static void on_offer(void *ctx, const char *node_id, const kvd_namespace_t *ns,
     memset(&j, 0, sizeof j);
     j.kind = JOB_PULL;
     j.ns = *ns;
+    j.tenant = tenant;
     snprintf(j.node, sizeof j.node, "%s", node_id);
     for (size_t i = 0; i < n; i++) {
         j.hash = hashes[i];
@@ -610,7 +613,8 @@ static void do_pushes(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
             size_t node = homes[i * R + h];
             size_t k = 0;
             for (size_t j = i; j < n; j++) {
-                if (memcmp(&jobs[j].ns, &jobs[i].ns, sizeof jobs[i].ns) != 0) {
+                if (memcmp(&jobs[j].ns, &jobs[i].ns, sizeof jobs[i].ns) != 0 ||
+                    jobs[j].tenant != jobs[i].tenant) {
                     continue;
                 }
                 for (size_t g = 0; g < nh[j]; g++) {
@@ -628,8 +632,8 @@ static void do_pushes(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
                 KVD_FAILPOINT("cluster.offer") != 0
                     ? KVD_ERR_PEER
                     : kvd_peer_offer(r->peer, m->ucx_address,
-                                     m->ucx_address_len, &jobs[i].ns, hashes,
-                                     sizes, k);
+                                     m->ucx_address_len, &jobs[i].ns,
+                                     jobs[i].tenant, hashes, sizes, k);
             count(s == KVD_OK ? &r->stats.pushes : &r->stats.push_errors, k);
             for (size_t q = 0; s != KVD_OK && q < k; q++) {
                 failed[group[q]] = true;
@@ -673,7 +677,8 @@ static void do_pulls(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
         size_t k = 0;
         for (size_t j = i; j < n; j++) {
             if (!done[j] && strcmp(jobs[j].node, jobs[i].node) == 0 &&
-                memcmp(&jobs[j].ns, &jobs[i].ns, sizeof jobs[i].ns) == 0) {
+                memcmp(&jobs[j].ns, &jobs[i].ns, sizeof jobs[i].ns) == 0 &&
+                jobs[j].tenant == jobs[i].tenant) {
                 done[j] = true;
                 hashes[k] = jobs[j].hash;
                 sizes[k] = jobs[j].size;
@@ -700,7 +705,7 @@ static void do_pulls(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs,
         uint64_t t = r->cfg.timeout_ms > REMOTE_PULL_TIMEOUT_MS
                          ? r->cfg.timeout_ms
                          : REMOTE_PULL_TIMEOUT_MS;
-        (void)kvd_peer_fetch(r->peer, &jobs[i].ns, 0, &b, 1,
+        (void)kvd_peer_fetch(r->peer, &jobs[i].ns, jobs[i].tenant, &b, 1,
                              kvd_time_deadline_ns((int64_t)t));
         suspect_note(r, jobs[i].node, b.result);
         for (size_t q = 0; q < k; q++) {
@@ -845,6 +850,7 @@ static void repair_step(kvd_remote_t *r, remote_view_t *v, remote_job_t *jobs)
         jobs[k].ns = objs[i].key.ns;
         jobs[k].hash = objs[i].key.hash;
         jobs[k].size = objs[i].size_bytes;
+        jobs[k].tenant = objs[i].tenant;
         k++;
     }
     if (k > 0) {

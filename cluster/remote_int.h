@@ -102,11 +102,12 @@ size_t kvd_remote_fill(kvd_remote_t *r, const kvd_namespace_t *ns,
                        const kvd_block_hash_t *hashes, size_t n,
                        const char *source_node, uint32_t tenant);
 
-/* Keys just committed here (`object_bytes` each): queue them for their
- * homes. Never blocks. */
+/* Keys just committed here (`object_bytes` each) for store tenant
+ * `tenant`: queue them for their homes, which keep them for the same
+ * tenant (its quota, its arena partition). Never blocks. */
 void kvd_remote_saved(kvd_remote_t *r, const kvd_namespace_t *ns,
                       const kvd_block_hash_t *hashes, size_t n,
-                      uint64_t object_bytes);
+                      uint64_t object_bytes, uint32_t tenant);
 
 void kvd_remote_stats(kvd_remote_t *r, kvd_remote_stats_t *out);
 

@@ -1038,12 +1038,12 @@ static void server_foreign_completion(void *ctx,
 
 static void server_saved(void *ctx, const kvd_namespace_t *ns,
                          const kvd_block_hash_t *hashes, size_t n,
-                         uint64_t object_bytes)
+                         uint64_t object_bytes, uint32_t tenant)
 {
     kvd_server_t *srv = ctx;
     kvd_remote_t *r = __atomic_load_n(&srv->remote, __ATOMIC_ACQUIRE);
     if (r != NULL) {
-        kvd_remote_saved(r, ns, hashes, n, object_bytes);
+        kvd_remote_saved(r, ns, hashes, n, object_bytes, tenant);
     }
 }
 

@@ -125,7 +125,8 @@ typedef struct svc_resv {
     size_t n, open; /* keys, and those still reserved */
     size_t cursor;  /* where the next commit entry is probably */
     svc_resv_key_t *keys;
-    uint32_t tenant; /* the creator's bound tenant (0: none) */
+    uint32_t tenant;       /* the creator's bound tenant (0: none) */
+    uint32_t store_tenant; /* the store tenant its slots were taken for */
 } svc_resv_t;
 
 struct kvd_service {
@@ -737,8 +738,9 @@ static kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req,
     } else {
         const char *tenant =
             svc_caller_tenant != NULL ? svc_caller_tenant : rq->tenant;
+        rec->store_tenant = svc_tenant_id(tenant);
         s = kvd_store_reserve(svc->store, &ns, hashes, n, rq->object_size_bytes,
-                              svc_tenant_id(tenant), res);
+                              rec->store_tenant, res);
     }
     if (s != KVD_OK) {
         kvd_config_err(reason, reason_len, "object_size_bytes %llu: %s",
@@ -916,11 +918,12 @@ static kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req,
     }
     kvd_namespace_t ns = r->ns;
     uint64_t object_bytes = r->object_bytes;
+    uint32_t store_tenant = r->store_tenant;
     resv_maybe_done(svc, r);
     pthread_mutex_unlock(&svc->mu);
     if (saved != NULL && committed > 0) {
         svc->cfg.saved(svc->cfg.cluster_ctx, &ns, saved, committed,
-                       object_bytes);
+                       object_bytes, store_tenant);
     }
     free(saved);
 

@@ -89,7 +89,7 @@ typedef struct kvd_service_config {
                    const char *source_node, uint32_t tenant);
     void (*saved)(void *ctx, const kvd_namespace_t *ns,
                   const kvd_block_hash_t *hashes, size_t n,
-                  uint64_t object_bytes);
+                  uint64_t object_bytes, uint32_t tenant);
     /* Store gets submitted by others (the cluster's data plane, reading
      * an object from NVMe for another node) carry user_data with
      * KVD_SERVICE_FOREIGN set; their completions, drained by the service's

@@ -26,6 +26,7 @@
 
 #include "cluster/placement_int.h"
 #include "kvdepot/store.h"
+#include "store/client/client_int.h"
 #include "tests/integration/kvd_testetcd_int.h" /* first: kvd_test_dir_t */
 
 #include "tests/integration/kvd_testchain_int.h"
@@ -289,6 +290,83 @@ static void test_saved_on_a_loaded_on_c(void **state)
     assert_true(kvd_test_now_ms() - t1 < 1000);
 }
 
+/* Objects `node` holds for store tenant `tenant` (kvd_client_list). */
+static uint64_t tenant_objects(cluster_t *c, int node, uint32_t tenant)
+{
+    kvd_client_ns_usage_t *nu = NULL;
+    kvd_client_tenant_usage_t *tu = NULL;
+    size_t nn = 0, nt = 0;
+    bool trunc = false;
+    assert_int_equal(kvd_client_list(kvd_store_daemon_client(c->client[node]),
+                                     &nu, &nn, &tu, &nt, &trunc),
+                     KVD_OK);
+    uint64_t n = 0;
+    for (size_t i = 0; i < nt; i++) {
+        if (tu[i].tenant == tenant) {
+            n += tu[i].objects;
+        }
+    }
+    free(nu);
+    free(tu);
+    return n;
+}
+
+/* A save for a tenant is pushed to its homes for the same tenant: the
+ * homes keep the copies in that tenant's share (quota, arena partition),
+ * not the default tenant's. Saved through B (tenant "7"); A and C, which
+ * keep no disk tier, hold every copy homed on them under that tenant
+ * (before, the pulls were reserved for tenant 0). */
+static void test_pushes_keep_the_tenant(void **state)
+{
+    cluster_t *c = *state;
+    kvd_block_hash_t h[CHAIN];
+    chain(7, h);
+    kvd_store_reservation_t r[CHAIN];
+    kvd_store_key_t keys[CHAIN];
+    assert_int_equal(
+        kvd_store_reserve(c->client[1], &g_ns, h, CHAIN, OBJ, 7, r), KVD_OK);
+    for (size_t i = 0; i < CHAIN; i++) {
+        assert_int_equal(r[i].status, KVD_OK);
+        uint8_t *dst =
+            kvd_store_arena_ptr(c->client[1], r[i].arena_offset, OBJ);
+        assert_non_null(dst);
+        kvd_test_chain_fill(dst, OBJ, &h[i]);
+        keys[i].ns = g_ns;
+        keys[i].hash = h[i];
+    }
+    assert_int_equal(kvd_store_commit(c->client[1], keys, CHAIN, NULL), KVD_OK);
+    /* The daemon names an unbound caller's tenant "7": its store id. */
+    uint32_t t7 = (uint32_t)kvd_xxh3_64("7", 1);
+    t7 = t7 == 0 ? 1 : t7;
+    assert_int_equal(tenant_objects(c, 1, t7), CHAIN);
+    /* Copies homed on A and C, as the daemons' placement puts them. */
+    static const char *const names[NODES] = {"node-a", "node-b", "node-c",
+                                             "node-d"};
+    kvd_member_t m[NODES];
+    memset(m, 0, sizeof m);
+    for (int i = 0; i < NODES; i++) {
+        kvd_store_stats_t st;
+        assert_int_equal(kvd_store_stats(c->client[i], &st), KVD_OK);
+        snprintf(m[i].node_id, sizeof m[i].node_id, "%s", names[i]);
+        m[i].capacity_bytes = st.host.capacity_bytes + st.disk.capacity_bytes;
+    }
+    uint64_t want = 0;
+    for (size_t k = 0; k < CHAIN; k++) {
+        kvd_store_key_t key = {g_ns, h[k]};
+        size_t homes[2];
+        size_t n = kvd_placement_homes(&key, m, NODES, 2, homes);
+        for (size_t j = 0; j < n; j++) {
+            want += homes[j] == 0 || homes[j] == 2;
+        }
+    }
+    uint64_t t0 = kvd_test_now_ms(), got = 0;
+    while ((got = tenant_objects(c, 0, t7) + tenant_objects(c, 2, t7)) < want &&
+           kvd_test_now_ms() - t0 < 5000) {
+        usleep(20000);
+    }
+    assert_int_equal(got, want);
+}
+
 /* Prefill on A, decode on B: B's lookup names A (the transfer params of
  * the prefill side), so it matches at once, before A's pushes land, and
  * the bytes are A's. */
@@ -445,6 +523,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_failed_push_is_retried),
         cmocka_unit_test(test_saved_on_a_loaded_on_c),
+        cmocka_unit_test(test_pushes_keep_the_tenant),
         cmocka_unit_test(test_prefill_decode_handoff),
         cmocka_unit_test(test_etcd_down_and_back),
         cmocka_unit_test(test_disk_tier_served),

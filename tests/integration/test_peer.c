@@ -36,16 +36,18 @@ typedef struct node {
     size_t offer_n;
     kvd_block_hash_t offer_hash;
     uint64_t offer_size;
+    uint32_t offer_tenant;
 } node_t;
 
 static kvd_namespace_t g_ns = {
     {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}};
 
 static void on_offer(void *ctx, const char *node_id, const kvd_namespace_t *ns,
-                     const kvd_block_hash_t *hashes, const uint64_t *sizes,
-                     size_t n)
+                     uint32_t tenant, const kvd_block_hash_t *hashes,
+                     const uint64_t *sizes, size_t n)
 {
     node_t *nd = ctx;
+    nd->offer_tenant = tenant;
     assert_memory_equal(ns, &g_ns, sizeof *ns);
     snprintf(nd->offer_from, sizeof nd->offer_from, "%s", node_id);
     nd->offer_hash = hashes[0];
@@ -564,8 +566,10 @@ static void test_offer(void **state)
     const uint8_t *addr = kvd_peer_address(b.peer, &len);
     kvd_block_hash_t h = key_hash(42);
     uint64_t size = BIG;
-    assert_int_equal(kvd_peer_offer(a.peer, addr, len, &g_ns, &h, &size, 1),
-                     KVD_OK);
+    /* The tenant the keys were saved for travels with the offer. */
+    assert_int_equal(
+        kvd_peer_offer(a.peer, addr, len, &g_ns, 0xC0FFEEu, &h, &size, 1),
+        KVD_OK);
     uint64_t until = kvd_time_deadline_ns(5000);
     while (__atomic_load_n(&b.offer_n, __ATOMIC_ACQUIRE) == 0 &&
            kvd_time_now_ns() < until) {
@@ -575,7 +579,8 @@ static void test_offer(void **state)
     assert_string_equal(b.offer_from, "node-a");
     assert_memory_equal(&b.offer_hash, &h, sizeof h);
     assert_int_equal(b.offer_size, BIG);
-    assert_int_equal(kvd_peer_offer(a.peer, addr, len, &g_ns, &h, &size, 0),
+    assert_int_equal(b.offer_tenant, 0xC0FFEEu);
+    assert_int_equal(kvd_peer_offer(a.peer, addr, len, &g_ns, 0, &h, &size, 0),
                      KVD_ERR_INVALID);
     node_stop(&a);
     node_stop(&b);
@@ -615,6 +620,18 @@ static void test_wire_rejects_bad_headers(void **state)
                      KVD_ERR_PROTO);
     buf[0] ^= 1; /* magic */
     assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 100, &out),
+                     KVD_ERR_PROTO);
+    /* OFFER: size carries the tenant, a 32-bit id. */
+    h.op = KVD_PEER_OP_OFFER;
+    h.count = 1;
+    h.size = UINT32_MAX;
+    kvd_peer_hdr_encode(&h, buf);
+    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 2 + 6 + 40, &out),
+                     KVD_OK);
+    assert_int_equal(out.size, UINT32_MAX);
+    h.size = (uint64_t)UINT32_MAX + 1;
+    kvd_peer_hdr_encode(&h, buf);
+    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 2 + 6 + 40, &out),
                      KVD_ERR_PROTO);
 
     uint8_t body[2 + 6 + 40];
