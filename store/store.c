@@ -815,6 +815,28 @@ kvd_status_t kvd_store_arena_export_tenant(kvd_store_t *store, uint32_t tenant,
     return KVD_OK;
 }
 
+kvd_status_t kvd_store_arena_partitions(kvd_store_t *store,
+                                        kvd_arena_part_stats_t *out, size_t max,
+                                        size_t *n_out)
+{
+    if (store == NULL || out == NULL || n_out == NULL ||
+        store->client != NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_arena_stats_t *st = malloc(sizeof *st);
+    if (st == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    kvd_status_t s = kvd_arena_stats(store->arena, st);
+    size_t n = 0;
+    for (; s == KVD_OK && n < st->num_parts && n < max; n++) {
+        out[n] = st->parts[n];
+    }
+    free(st);
+    *n_out = n;
+    return s;
+}
+
 /* ---- save --------------------------------------------------------------- */
 
 static kvd_status_t store_reserve_one(kvd_store_t *st,

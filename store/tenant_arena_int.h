@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "kvdepot/store.h"
+#include "store/arena_int.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,6 +43,14 @@ kvd_status_t kvd_store_open_partitioned(const kvd_config_t *config,
  * offset. */
 kvd_status_t kvd_store_arena_export_tenant(kvd_store_t *store, uint32_t tenant,
                                            kvd_store_arena_export_t *out);
+
+/* The chunks of every arena partition: out[0] the main one, out[i + 1]
+ * the arena of kvd_store_open_partitioned()'s arenas[i]; at most `max`,
+ * the number written to `*n_out`. KVD_ERR_INVALID for a NULL argument or
+ * a store in daemon mode. */
+kvd_status_t kvd_store_arena_partitions(kvd_store_t *store,
+                                        kvd_arena_part_stats_t *out, size_t max,
+                                        size_t *n_out);
 
 #ifdef __cplusplus
 }

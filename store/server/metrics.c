@@ -18,6 +18,7 @@
 #include "common/log_int.h"
 #include "cluster/membership_int.h"
 #include "cluster/remote_int.h"
+#include "store/arena_int.h"
 #include "store/server/server_int.h"
 
 struct kvd_metrics {
@@ -189,6 +190,20 @@ char *kvd_metrics_render(kvd_server_t *server)
            "# TYPE kvdepot_tier_errors_total counter\n");
     tier(&b, "host", &st.host);
     tier(&b, "disk", &st.disk);
+    kvd_server_arena_t arenas[KVD_ARENA_PARTS_MAX + 1];
+    size_t na = kvd_server_arenas(server, arenas, KVD_ARENA_PARTS_MAX + 1);
+    mb(&b, "# HELP kvdepot_arena_bytes Size of each host arena: the main one "
+           "and each tenant's (server.tenant_arenas).\n"
+           "# TYPE kvdepot_arena_bytes gauge\n"
+           "# HELP kvdepot_arena_free_bytes Bytes of an arena in chunks no "
+           "object size holds (0: its saves evict).\n"
+           "# TYPE kvdepot_arena_free_bytes gauge\n");
+    for (size_t i = 0; i < na; i++) {
+        mb(&b, "kvdepot_arena_bytes{arena=\"%s\"} %llu\n", arenas[i].name,
+           (unsigned long long)arenas[i].bytes);
+        mb(&b, "kvdepot_arena_free_bytes{arena=\"%s\"} %llu\n", arenas[i].name,
+           (unsigned long long)arenas[i].free_bytes);
+    }
     mb(&b, "# TYPE kvdepot_store_leases gauge\nkvdepot_store_leases %llu\n",
        (unsigned long long)st.leases);
     mb(&b,

@@ -1238,6 +1238,31 @@ void kvd_server_collect(kvd_server_t *server, kvd_store_stats_t *store_out,
     kvd_service_stats(server->svc, svc_out);
 }
 
+size_t kvd_server_arenas(kvd_server_t *server, kvd_server_arena_t *out,
+                         size_t max)
+{
+    kvd_arena_part_stats_t parts[KVD_ARENA_PARTS_MAX + 1];
+    size_t n = 0;
+    if (kvd_store_arena_partitions(server->store, parts,
+                                   KVD_ARENA_PARTS_MAX + 1, &n) != KVD_OK) {
+        return 0;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < n && k < max; i++, k++) {
+        const char *name = i == 0 ? "main"
+                           : i - 1 < server->tenancy->n_arenas
+                               ? server->tenancy->arenas[i - 1].tenant
+                               : "?";
+        snprintf(out[k].name, sizeof out[k].name, "%s", name);
+        out[k].bytes = parts[i].bytes_total;
+        out[k].free_bytes = parts[i].chunks_total == 0
+                                ? 0
+                                : parts[i].bytes_total / parts[i].chunks_total *
+                                      parts[i].chunks_free;
+    }
+    return k;
+}
+
 void kvd_server_stop(kvd_server_t *server)
 {
     if (server == NULL) {

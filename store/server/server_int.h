@@ -101,6 +101,18 @@ bool kvd_server_cluster(kvd_server_t *server, struct kvd_membership_stats *out,
 void kvd_server_collect(kvd_server_t *server, kvd_store_stats_t *store_out,
                         kvd_service_stats_t *svc_out);
 
+/* One arena of the daemon: the main one ("main") or a tenant's
+ * (server.tenant_arenas). */
+typedef struct kvd_server_arena {
+    char name[72];
+    uint64_t bytes;      /* its size */
+    uint64_t free_bytes; /* in chunks no object size holds */
+} kvd_server_arena_t;
+
+/* The daemon's arenas, at most `max`; returns how many were written. */
+size_t kvd_server_arenas(kvd_server_t *server, kvd_server_arena_t *out,
+                         size_t max);
+
 /*
  * Graceful stop: refuses new calls, lets calls in progress finish (up to
  * server.shutdown_grace), gives back leases and aborts reservations, flushes

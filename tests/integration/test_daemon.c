@@ -903,8 +903,18 @@ static void test_tenant_arenas(void **state)
     snprintf(tenants, sizeof tenants, "server.tenants=%u=team-a%s",
              (unsigned)getuid(), root ? ",65534=team-b" : "");
     /* 4 MiB: 2 chunks of 2 MiB, 64 objects of 64 KiB. */
-    pid_t dpid = daemon_start(&d, tenants, "server.tenant_arenas=team-a=4m",
-                              "server.unix_mode=0666", (const char *)NULL);
+    pid_t dpid = daemon_start(
+        &d, tenants, "server.tenant_arenas=team-a=4m", "server.unix_mode=0666",
+        "server.metrics_address=127.0.0.1:0", (const char *)NULL);
+    assert_int_equal(
+        kvd_test_daemon_metric(&d, "kvdepot_arena_bytes{arena=\"main\"}"),
+        16u << 20);
+    assert_int_equal(
+        kvd_test_daemon_metric(&d, "kvdepot_arena_bytes{arena=\"team-a\"}"),
+        4u << 20);
+    assert_int_equal(kvd_test_daemon_metric(
+                         &d, "kvdepot_arena_free_bytes{arena=\"team-a\"}"),
+                     4u << 20);
     /* The children fork while this process has no client open (a gRPC
      * client does not survive a fork). */
     kvd_namespace_t nsb;
@@ -950,6 +960,13 @@ static void test_tenant_arenas(void **state)
     assert_int_equal(kvd_store_lookup(st, &nsa, ha[0], NKEYS, l, &m), KVD_OK);
     assert_int_equal(m, 0);
     assert_false(mapping_has_run(st, 0xB7));
+    /* team-a's arena is full; the main one holds team-b's one chunk. */
+    assert_int_equal(kvd_test_daemon_metric(
+                         &d, "kvdepot_arena_free_bytes{arena=\"team-a\"}"),
+                     0);
+    assert_int_equal(
+        kvd_test_daemon_metric(&d, "kvdepot_arena_free_bytes{arena=\"main\"}"),
+        root ? 14u << 20 : 16u << 20);
     kvd_store_close(st);
 
     if (root) {
