@@ -272,6 +272,35 @@ static void test_two_processes_share(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* Gets n disk-tier leases into the arena (promotion); the host leases in
+ * got[i], in the order of l. */
+static void get_from_disk(kvd_store_t *st, const kvd_store_lease_t *l, size_t n,
+                          kvd_store_lease_t *got)
+{
+    kvd_store_get_t g[NKEYS];
+    assert_true(n <= NKEYS);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(l[i].tier, KVD_STORE_TIER_DISK);
+        g[i] = (kvd_store_get_t){.lease = l[i], .user_data = i};
+    }
+    size_t acc = 0;
+    assert_int_equal(kvd_store_get_submit(st, g, n, &acc), KVD_OK);
+    assert_int_equal(acc, n);
+    size_t done = 0;
+    uint64_t deadline = now_ms() + 10000;
+    while (done < n) {
+        assert_true(now_ms() < deadline);
+        (void)kvd_store_wait(st, 100);
+        kvd_store_completion_t c[NKEYS];
+        size_t k = kvd_store_poll(st, c, NKEYS);
+        for (size_t i = 0; i < k; i++) {
+            assert_int_equal(c[i].status, KVD_OK);
+            got[c[i].user_data] = c[i].lease;
+            done++;
+        }
+    }
+}
+
 static void test_restart_keeps_disk_tier(void **state)
 {
     (void)state;
@@ -311,28 +340,8 @@ static void test_restart_keeps_disk_tier(void **state)
         usleep(50000);
     }
     assert_int_equal(m, 4);
-    kvd_store_get_t g[4];
-    for (size_t i = 0; i < 4; i++) {
-        assert_int_equal(l[i].tier, KVD_STORE_TIER_DISK);
-        g[i] = (kvd_store_get_t){.lease = l[i], .user_data = i};
-    }
-    size_t acc = 0;
-    assert_int_equal(kvd_store_get_submit(st, g, 4, &acc), KVD_OK);
-    assert_int_equal(acc, 4);
     kvd_store_lease_t got[4];
-    size_t done = 0;
-    deadline = now_ms() + 10000;
-    while (done < 4) {
-        assert_true(now_ms() < deadline);
-        (void)kvd_store_wait(st, 100);
-        kvd_store_completion_t c[4];
-        size_t n = kvd_store_poll(st, c, 4);
-        for (size_t i = 0; i < n; i++) {
-            assert_int_equal(c[i].status, KVD_OK);
-            got[c[i].user_data] = c[i].lease;
-            done++;
-        }
-    }
+    get_from_disk(st, l, 4, got);
     for (size_t i = 0; i < 4; i++) {
         check_bytes(st, &got[i]);
     }
@@ -978,6 +987,52 @@ static void test_tenant_arenas(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* A tenant arena's objects come back from NVMe after a restart into the
+ * same tenant's arena (the index keeps each object's tenant). */
+static void test_tenant_arena_after_restart(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_tenant_restart");
+    char disk[300], nvme[300], tenants[64];
+    snprintf(disk, sizeof disk, "store.disk_path=%s/nvme", d.path);
+    snprintf(nvme, sizeof nvme, "%s/nvme", d.path);
+    assert_int_equal(mkdir(nvme, 0700), 0);
+    snprintf(tenants, sizeof tenants, "server.tenants=%u=team-a",
+             (unsigned)getuid());
+    pid_t dpid =
+        daemon_start(&d, tenants, "server.tenant_arenas=team-a=4m", disk,
+                     "store.disk_size=32m", "store.disk_write=through",
+                     "store.sync_interval=0", (const char *)NULL);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[4];
+    keys_make(&ns, h, 4, 21);
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    assert_int_equal(save_objects(st, &ns, h, 4), 4);
+    assert_int_equal(kvd_store_flush(st, 10000), KVD_OK);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+
+    dpid = daemon_start(&d, tenants, "server.tenant_arenas=team-a=4m", disk,
+                        "store.disk_size=32m", "store.disk_write=through",
+                        "store.sync_interval=0", (const char *)NULL);
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    kvd_store_lease_t l[4], got[4];
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, &ns, h, 4, l, &m), KVD_OK);
+    assert_int_equal(m, 4);
+    get_from_disk(st, l, 4, got);
+    for (size_t i = 0; i < 4; i++) {
+        assert_true(got[i].arena_offset >= 16u << 20); /* team-a's arena */
+        check_bytes(st, &got[i]);
+    }
+    assert_int_equal(kvd_store_release(st, got, 4), KVD_OK);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -992,6 +1047,7 @@ int main(void)
         cmocka_unit_test(test_admin_list_drop_drain),
         cmocka_unit_test(test_tenant_of_user),
         cmocka_unit_test(test_tenant_arenas),
+        cmocka_unit_test(test_tenant_arena_after_restart),
     };
     return cmocka_run_group_tests(tests, skip_without_daemon, NULL);
 }
