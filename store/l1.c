@@ -605,8 +605,10 @@ void kvd_l1_destroy(kvd_l1_t *l1)
 
 /* ---- public calls ------------------------------------------------------- */
 
-kvd_status_t kvd_l1_tenant_set_quota(kvd_l1_t *l1, uint32_t tenant,
-                                     uint64_t max_bytes)
+/* Sets the quota (when `quota` is not NULL) and the eviction group (when
+ * `group` is not NULL) of `tenant`, adding its record if needed. */
+static kvd_status_t l1_tenant_set(kvd_l1_t *l1, uint32_t tenant,
+                                  const uint64_t *quota, const uint8_t *group)
 {
     if (l1 == NULL) {
         return KVD_ERR_INVALID;
@@ -614,27 +616,26 @@ kvd_status_t kvd_l1_tenant_set_quota(kvd_l1_t *l1, uint32_t tenant,
     pthread_mutex_lock(&l1->lock);
     l1_tenant_t *t;
     kvd_status_t status = l1_tenant_get(l1, tenant, &t);
-    if (status == KVD_OK) {
-        t->quota_bytes = max_bytes;
+    if (status == KVD_OK && quota != NULL) {
+        t->quota_bytes = *quota;
+    }
+    if (status == KVD_OK && group != NULL) {
+        t->group = *group;
     }
     pthread_mutex_unlock(&l1->lock);
     return status;
 }
 
+kvd_status_t kvd_l1_tenant_set_quota(kvd_l1_t *l1, uint32_t tenant,
+                                     uint64_t max_bytes)
+{
+    return l1_tenant_set(l1, tenant, &max_bytes, NULL);
+}
+
 kvd_status_t kvd_l1_tenant_set_group(kvd_l1_t *l1, uint32_t tenant,
                                      uint8_t group)
 {
-    if (l1 == NULL) {
-        return KVD_ERR_INVALID;
-    }
-    pthread_mutex_lock(&l1->lock);
-    l1_tenant_t *t;
-    kvd_status_t status = l1_tenant_get(l1, tenant, &t);
-    if (status == KVD_OK) {
-        t->group = group;
-    }
-    pthread_mutex_unlock(&l1->lock);
-    return status;
+    return l1_tenant_set(l1, tenant, NULL, &group);
 }
 
 /* Quota admission: evicts `t`'s own objects so that `size_bytes` more fit

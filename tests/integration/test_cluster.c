@@ -195,11 +195,11 @@ static double metric_sum(cluster_t *c, const char *name)
     return sum;
 }
 
-/* Pairs (key, home) of chain `h` whose home is not node `from` (index),
+/* Pairs (key, home) of chain `h` for which counts(home, arg) holds,
  * with the nodes' announced capacities as the daemons' placement uses
- * them (host + disk) and cluster.replicas=2: what the pushes of `from`
- * must deliver. */
-static size_t home_pairs(cluster_t *c, const kvd_block_hash_t *h, int from)
+ * them (host + disk) and cluster.replicas=2. */
+static size_t home_pairs_where(cluster_t *c, const kvd_block_hash_t *h,
+                               bool (*counts)(size_t home, int arg), int arg)
 {
     static const char *const names[NODES] = {"node-a", "node-b", "node-c",
                                              "node-d"};
@@ -217,10 +217,22 @@ static size_t home_pairs(cluster_t *c, const kvd_block_hash_t *h, int from)
         size_t homes[2];
         size_t n = kvd_placement_homes(&key, m, NODES, 2, homes);
         for (size_t j = 0; j < n; j++) {
-            pairs += homes[j] != (size_t)from;
+            pairs += counts(homes[j], arg);
         }
     }
     return pairs;
+}
+
+static bool home_is_not(size_t home, int node)
+{
+    return home != (size_t)node;
+}
+
+/* Pairs whose home is not node `from` (index): what the pushes of `from`
+ * must deliver. */
+static size_t home_pairs(cluster_t *c, const kvd_block_hash_t *h, int from)
+{
+    return home_pairs_where(c, h, home_is_not, from);
 }
 
 /* B's first offer fails (failpoint cluster.offer=EIO@1, as if that home
@@ -311,6 +323,12 @@ static uint64_t tenant_objects(cluster_t *c, int node, uint32_t tenant)
     return n;
 }
 
+static bool home_is_a_or_c(size_t home, int unused)
+{
+    (void)unused;
+    return home == 0 || home == 2;
+}
+
 /* A save for a tenant is pushed to its homes for the same tenant: the
  * homes keep the copies in that tenant's share (quota, arena partition),
  * not the default tenant's. Saved through B (tenant "7"); A and C, which
@@ -340,25 +358,7 @@ static void test_pushes_keep_the_tenant(void **state)
     t7 = t7 == 0 ? 1 : t7;
     assert_int_equal(tenant_objects(c, 1, t7), CHAIN);
     /* Copies homed on A and C, as the daemons' placement puts them. */
-    static const char *const names[NODES] = {"node-a", "node-b", "node-c",
-                                             "node-d"};
-    kvd_member_t m[NODES];
-    memset(m, 0, sizeof m);
-    for (int i = 0; i < NODES; i++) {
-        kvd_store_stats_t st;
-        assert_int_equal(kvd_store_stats(c->client[i], &st), KVD_OK);
-        snprintf(m[i].node_id, sizeof m[i].node_id, "%s", names[i]);
-        m[i].capacity_bytes = st.host.capacity_bytes + st.disk.capacity_bytes;
-    }
-    uint64_t want = 0;
-    for (size_t k = 0; k < CHAIN; k++) {
-        kvd_store_key_t key = {g_ns, h[k]};
-        size_t homes[2];
-        size_t n = kvd_placement_homes(&key, m, NODES, 2, homes);
-        for (size_t j = 0; j < n; j++) {
-            want += homes[j] == 0 || homes[j] == 2;
-        }
-    }
+    uint64_t want = home_pairs_where(c, h, home_is_a_or_c, 0);
     uint64_t t0 = kvd_test_now_ms(), got = 0;
     while ((got = tenant_objects(c, 0, t7) + tenant_objects(c, 2, t7)) < want &&
            kvd_test_now_ms() - t0 < 5000) {
