@@ -20,6 +20,9 @@
 #include "demo/engine_int.h"
 #include "kvdepot/leader.h"
 #include "kvdepot/worker.h"
+#ifdef KVD_HAVE_CUDA
+#include "kernels/cuda/cuda_int.h"
+#endif
 
 #define REQ_ID "demo"
 #define MAX_STEPS 100000
@@ -69,9 +72,82 @@ typedef struct engine {
     kvd_worker_t *worker;
     uint32_t *table; /* engine block table: block i of the request */
     uint32_t num_blocks;
+    bool cuda;           /* the cache is in GPU memory */
+    void **dev;          /* CUDA: per layer, the cache in GPU memory */
+    kvd_status_t dev_st; /* CUDA: the first failed copy of a step */
     char *err;
     size_t err_len;
 } engine_t;
+
+/* ---- the cache on the GPU ----------------------------------------------- */
+
+/* Resolves opts.device; with CUDA, the cache's layers get GPU twins
+ * (zeroed, as the host cache is) that the worker loads into and saves
+ * from. */
+static kvd_status_t device_open(engine_t *e)
+{
+    if (e->o->device == KVD_DEMO_DEVICE_HOST) {
+        return KVD_OK;
+    }
+#ifdef KVD_HAVE_CUDA
+    int count = 0;
+    if (kvd_cuda_device_count(&count) == KVD_OK && count > 0) {
+        uint32_t L = e->cache.num_layers;
+        e->dev = calloc(L, sizeof *e->dev);
+        kvd_status_t st = e->dev == NULL ? KVD_ERR_NOMEM : KVD_OK;
+        for (uint32_t l = 0; st == KVD_OK && l < L; l++) {
+            st = kvd_cuda_mem_create(e->cache.layer_bytes, &e->dev[l]);
+            if (st == KVD_OK) {
+                st = kvd_cuda_mem_set(e->dev[l], 0, e->cache.layer_bytes);
+            }
+        }
+        if (st != KVD_OK) {
+            snprintf(e->err, e->err_len, "KV cache in GPU memory: %s",
+                     kvd_status_str(st));
+        }
+        e->cuda = true;
+        return st;
+    }
+#endif
+    if (e->o->device == KVD_DEMO_DEVICE_CUDA) {
+        snprintf(e->err, e->err_len,
+                 "--device cuda: no CUDA device (or a build without CUDA)");
+        return KVD_ERR_NO_DEVICE;
+    }
+    return KVD_OK;
+}
+
+static void device_close(engine_t *e)
+{
+#ifdef KVD_HAVE_CUDA
+    for (uint32_t l = 0; e->dev != NULL && l < e->cache.num_layers; l++) {
+        kvd_cuda_mem_destroy(e->dev[l]);
+    }
+#endif
+    free(e->dev);
+    e->dev = NULL;
+}
+
+/* Copies layer `l` of the cache between GPU memory and the host copy the
+ * model computes on (to_host: after the layer's loads; else after the
+ * layer, before its save). The copies are ordered after the work on the
+ * default stream, where the worker made the layer's load visible. */
+static void device_layer(engine_t *e, uint32_t l, bool to_host)
+{
+#ifdef KVD_HAVE_CUDA
+    if (!e->cuda || e->dev_st != KVD_OK) {
+        return;
+    }
+    void *host = e->cache.layer[l];
+    e->dev_st = to_host
+                    ? kvd_cuda_mem_copy(host, e->dev[l], e->cache.layer_bytes)
+                    : kvd_cuda_mem_copy(e->dev[l], host, e->cache.layer_bytes);
+#else
+    (void)e;
+    (void)l;
+    (void)to_host;
+#endif
+}
 
 /* ---- set-up ------------------------------------------------------------- */
 
@@ -160,6 +236,7 @@ static kvd_status_t open_connector(engine_t *e)
     kvd_worker_config_t wc = {0};
     wc.store = e->store;
     wc.ns = ns;
+    wc.device = e->cuda ? KVD_WORKER_DEVICE_CUDA : KVD_WORKER_DEVICE_HOST;
     wc.format = (kvd_object_format_t){KVD_DTYPE_FP16,
                                       c->num_layers,
                                       2,
@@ -173,7 +250,9 @@ static kvd_status_t open_connector(engine_t *e)
         return st;
     }
     int64_t el = 2, kvd = (int64_t)c->num_kv_heads * e->model.head_dim;
-    kvd_kv_layout_t lo = {(void *const *)e->cache.layer,
+    void *const *bases =
+        e->cuda ? (void *const *)e->dev : (void *const *)e->cache.layer;
+    kvd_kv_layout_t lo = {bases,
                           e->cache.num_blocks,
                           (int64_t)e->cache.num_blocks * KVD_DEMO_BLOCK_SIZE *
                               kvd * el,
@@ -186,6 +265,7 @@ static kvd_status_t open_connector(engine_t *e)
 static void engine_close(engine_t *e)
 {
     kvd_worker_destroy(e->worker);
+    device_close(e);
     kvd_leader_destroy(e->leader);
     if (e->store != NULL) {
         (void)kvd_store_flush(e->store, 10000);
@@ -207,12 +287,16 @@ typedef struct step_forward {
 
 static void hook_before(void *ctx, uint32_t layer)
 {
-    (void)kvd_worker_wait_for_layer_load(ctx, layer, NULL);
+    engine_t *e = ctx;
+    (void)kvd_worker_wait_for_layer_load(e->worker, layer, NULL);
+    device_layer(e, layer, true);
 }
 
 static void hook_after(void *ctx, uint32_t layer)
 {
-    (void)kvd_worker_save_kv_layer(ctx, layer, NULL);
+    engine_t *e = ctx;
+    device_layer(e, layer, false);
+    (void)kvd_worker_save_kv_layer(e->worker, layer, NULL);
 }
 
 /* Plan, worker, model (when `fw` is not NULL), report. The block ids whose
@@ -233,9 +317,14 @@ static kvd_status_t engine_step(engine_t *e, step_forward_t *fw,
     }
     (void)kvd_worker_start_load_kv(e->worker, NULL);
     if (fw != NULL) {
-        kvd_demo_hooks_t hooks = {e->worker, hook_before, hook_after};
+        kvd_demo_hooks_t hooks = {e, hook_before, hook_after};
         st = kvd_demo_forward(&e->model, &e->cache, e->table, fw->tokens, fw->n,
                               fw->pos0, &hooks, &fw->next);
+        if (st == KVD_OK && e->dev_st != KVD_OK) {
+            snprintf(e->err, e->err_len, "KV cache copy to or from the GPU: %s",
+                     kvd_status_str(e->dev_st));
+            st = e->dev_st;
+        }
     }
     (void)kvd_worker_wait_for_save(e->worker, NULL);
     kvd_worker_finished_t f;
@@ -427,6 +516,10 @@ kvd_status_t kvd_demo_run(const kvd_demo_opts_t *o, kvd_demo_result_t *r,
                                  &e.cache);
     }
     if (st == KVD_OK) {
+        st = device_open(&e);
+    }
+    r->on_cuda = e.cuda;
+    if (st == KVD_OK) {
         st = open_store(&e);
     }
     if (st == KVD_OK) {
@@ -448,6 +541,15 @@ kvd_status_t kvd_demo_run(const kvd_demo_opts_t *o, kvd_demo_result_t *r,
     bool delay = false;
     if (st == KVD_OK) {
         st = kvd_leader_request_finished(e.leader, REQ_ID, &delay);
+    }
+    for (uint32_t l = 0; st == KVD_OK && l < e.cache.num_layers; l++) {
+        device_layer(&e, l, true); /* what the GPU holds, not the copy */
+        st = e.dev_st;
+    }
+    if (st == KVD_OK) {
+        r->kv_digest = kvd_demo_cache_digest(
+            &e.cache, e.table, n + r->num_tokens - 1,
+            (size_t)e.model.cfg.num_kv_heads * e.model.head_dim);
     }
     r->total_ms = now_ms() - t0;
     kvd_worker_stats_t ws;

@@ -19,6 +19,13 @@
 #define KVD_DEMO_MAX_GEN 256u
 #define KVD_DEMO_BLOCK_SIZE 16u
 
+/* Where the engine's paged KV cache lives, hence the worker's backend. */
+typedef enum kvd_demo_device {
+    KVD_DEMO_DEVICE_AUTO = 0, /* the GPU when there is one, else host */
+    KVD_DEMO_DEVICE_HOST = 1, /* host memory, the worker's host backend */
+    KVD_DEMO_DEVICE_CUDA = 2  /* GPU memory, the worker's CUDA backend */
+} kvd_demo_device_t;
+
 typedef struct kvd_demo_opts {
     const char *store_dir;     /* NVMe tier and index live here */
     const char *store_address; /* kvdepotd's "unix:PATH", or NULL: the
@@ -30,6 +37,12 @@ typedef struct kvd_demo_opts {
     kvd_demo_config_t model;
     uint64_t seed;
     const char *checkpoint; /* llama2.c file, or NULL: seeded weights */
+    /* With a GPU cache the model still computes on the CPU: each layer's
+     * cache is copied from the GPU before the layer and back after it, so
+     * attention reads exactly what the connector loaded into GPU memory.
+     * Decided inside kvd_demo_run (a process that forks must not touch
+     * CUDA before it forks). */
+    kvd_demo_device_t device;
 } kvd_demo_opts_t;
 
 typedef struct kvd_demo_result {
@@ -42,6 +55,11 @@ typedef struct kvd_demo_result {
     double ttft_ms;           /* request in -> first token out */
     double total_ms;
     uint64_t bytes_loaded, bytes_stored;
+    bool on_cuda; /* the cache was in GPU memory (CUDA backend) */
+    /* kvd_demo_cache_digest of every position the run wrote or loaded
+     * (prompt and generated tokens but the last), read back from the GPU
+     * when the cache is there. */
+    uint64_t kv_digest;
 } kvd_demo_result_t;
 
 /* The prompt: a fixed text repeated up to prompt_tokens - len(question)

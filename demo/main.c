@@ -19,7 +19,10 @@
  * --question TEXT (run), --layers N, --dim N, --heads N, --kv-heads N,
  * --hidden N, --seed N, --checkpoint FILE (llama2.c weights),
  * --daemon unix:PATH (the store is a running kvdepotd instead of the
- * embedded one; the cold reference of the partial hit stays embedded).
+ * embedded one; the cold reference of the partial hit stays embedded),
+ * --device auto|host|cuda (where the KV cache lives: auto takes the GPU
+ * when there is one; with a GPU the worker moves KV between GPU memory and
+ * the store with its CUDA backend).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -49,7 +52,8 @@ static void usage(void)
             "[--question TEXT]\n"
             "       [--layers N] [--dim N] [--heads N] [--kv-heads N] "
             "[--hidden N] [--seed N]\n"
-            "       [--checkpoint llama2c.bin] [--daemon unix:PATH]\n");
+            "       [--checkpoint llama2c.bin] [--daemon unix:PATH] "
+            "[--device auto|host|cuda]\n");
 }
 
 static bool num(const char *s, uint64_t max, uint64_t *out)
@@ -94,6 +98,15 @@ static int parse(int argc, char **argv, args_t *a)
             o->checkpoint = v;
         } else if (ok && strcmp(k, "--daemon") == 0) {
             o->store_address = v;
+        } else if (ok && strcmp(k, "--device") == 0) {
+            static const char *const devs[] = {"auto", "host", "cuda"};
+            ok = false;
+            for (int d = 0; d < 3; d++) {
+                if (strcmp(v, devs[d]) == 0) {
+                    o->device = (kvd_demo_device_t)d;
+                    ok = true;
+                }
+            }
         } else if (ok && num(v, UINT32_MAX, &n)) {
             if (strcmp(k, "--prompt-tokens") == 0) {
                 o->prompt_tokens = (uint32_t)n;
@@ -258,9 +271,14 @@ static int demo(args_t *a)
             return 1;
         }
     }
-    bool raw_ok =
-        agree(&A.r, &B.r) == A.r.num_tokens && B.r.num_tokens == A.r.num_tokens;
-    bool part_ok = agree(&C.r, &Cref.r) == C.r.num_tokens;
+    /* Tokens and the KV bytes behind them: loaded or computed, the cache
+     * must hold the same bytes (a small model may pick the same tokens
+     * from wrong KV). */
+    bool raw_ok = agree(&A.r, &B.r) == A.r.num_tokens &&
+                  B.r.num_tokens == A.r.num_tokens &&
+                  A.r.kv_digest == B.r.kv_digest;
+    bool part_ok = agree(&C.r, &Cref.r) == C.r.num_tokens &&
+                   C.r.kv_digest == Cref.r.kv_digest;
     char eq[4][64];
     printf("| mode                     | codec    | prompt | matched | "
            "computed | TTFT (ms) | loaded MiB | stored MiB | tokens equal |\n"
@@ -278,6 +296,9 @@ static int demo(args_t *a)
         row("cold, new process", name, &q[k][0].r, eq[2 * k]);
         row("warm, new process", name, &q[k][1].r, eq[2 * k + 1]);
     }
+    printf("\nKV cache in %s (worker backend %s)\n",
+           A.r.on_cuda ? "GPU memory" : "host memory",
+           A.r.on_cuda ? "cuda" : "host");
     printf("\nA generated:");
     print_text(&A.r);
     printf("B generated:");
@@ -286,9 +307,11 @@ static int demo(args_t *a)
     printf("\nwarm TTFT: %.1f ms against %.1f ms cold: %.1fx (target >= 5x)\n",
            B.r.ttft_ms, A.r.ttft_ms, speedup);
     printf("raw round trip: %s; partial hit: %s\n",
-           raw_ok ? "the restarted process generated the same tokens"
-                  : "TOKENS DIFFER",
-           part_ok ? "same tokens as computing it cold" : "TOKENS DIFFER");
+           raw_ok ? "the restarted process generated the same tokens from "
+                    "the same KV bytes"
+                  : "TOKENS OR KV BYTES DIFFER",
+           part_ok ? "same tokens and KV bytes as computing it cold"
+                   : "TOKENS OR KV BYTES DIFFER");
     return raw_ok && part_ok ? 0 : 1;
 }
 
@@ -308,11 +331,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvdepot-demo: %s: %s\n", kvd_status_str(st), err);
         return 1;
     }
-    printf("RESULT prompt=%u matched=%u computed=%u failed_blocks=%u "
-           "ttft_ms=%.1f loaded=%llu stored=%llu tokens=",
-           r.prompt_tokens, r.matched_tokens, r.computed_tokens,
-           r.failed_blocks, r.ttft_ms, (unsigned long long)r.bytes_loaded,
-           (unsigned long long)r.bytes_stored);
+    printf("RESULT device=%s prompt=%u matched=%u computed=%u "
+           "failed_blocks=%u ttft_ms=%.1f loaded=%llu stored=%llu "
+           "kv=%016llx tokens=",
+           r.on_cuda ? "cuda" : "host", r.prompt_tokens, r.matched_tokens,
+           r.computed_tokens, r.failed_blocks, r.ttft_ms,
+           (unsigned long long)r.bytes_loaded,
+           (unsigned long long)r.bytes_stored, (unsigned long long)r.kv_digest);
     for (uint32_t i = 0; i < r.num_tokens; i++) {
         printf("%s%u", i ? "," : "", r.tokens[i]);
     }

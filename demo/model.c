@@ -328,6 +328,24 @@ static uint16_t *cache_row(const kvd_demo_cache_t *c, uint32_t l,
     return c->layer[l] + slot * kv_dim;
 }
 
+uint64_t kvd_demo_cache_digest(const kvd_demo_cache_t *c,
+                               const uint32_t *block_table, uint32_t num_pos,
+                               size_t kv_dim)
+{
+    uint64_t acc = 0x6b76646570ull;
+    for (uint32_t l = 0; l < c->num_layers; l++) {
+        for (uint32_t plane = 0; plane < 2; plane++) {
+            for (uint32_t p = 0; p < num_pos; p++) {
+                const uint16_t *row =
+                    cache_row(c, l, plane, block_table, p, kv_dim);
+                uint64_t h = kvd_xxh3_64(row, kv_dim * sizeof *row);
+                acc = (acc ^ h) * 0x100000001b3ull;
+            }
+        }
+    }
+    return acc;
+}
+
 typedef struct scratch {
     float *x, *q, *xb, *xb2, *hb, *hb2, *kv, *att, *kst, *vst, *logits;
 } scratch_t;

@@ -78,6 +78,13 @@ kvd_status_t kvd_demo_cache_init(const kvd_demo_model_t *m, uint32_t num_blocks,
                                  uint32_t block_size, kvd_demo_cache_t *c);
 void kvd_demo_cache_free(kvd_demo_cache_t *c);
 
+/* A digest of the K and V rows of positions [0, num_pos) in every layer,
+ * in position order through `block_table`: equal digests mean the same KV
+ * bytes, wherever the blocks sit. */
+uint64_t kvd_demo_cache_digest(const kvd_demo_cache_t *c,
+                               const uint32_t *block_table, uint32_t num_pos,
+                               size_t kv_dim);
+
 /*
  * Runs tokens[0..n) at positions pos0.. through the model: writes their K
  * and V into the cache at (block_table[pos / block_size], pos %

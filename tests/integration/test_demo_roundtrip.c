@@ -11,6 +11,11 @@
  * the warm run stop matching there and compute the rest; corrupted NVMe
  * data makes the loads fail their checksums, and the run computes those
  * blocks again: the same tokens either way.
+ *
+ * The same file builds test_demo_cuda_fake (KVD_TEST_DEMO_ON_CUDA): the
+ * cache in "GPU memory" of tests/gpu/fake_cuda.c and the worker's CUDA
+ * backend, so every round trip above also runs the demo's GPU path in CI;
+ * on a GPU machine the plain test takes the real GPU (device auto).
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -54,6 +59,9 @@ static kvd_demo_result_t run(const kvd_demo_opts_t *o)
     if (st != KVD_OK) {
         fail_msg("demo run: %s (%s)", kvd_status_str(st), err);
     }
+#ifdef KVD_TEST_DEMO_ON_CUDA
+    assert_true(r.on_cuda);
+#endif
     return r;
 }
 
@@ -89,6 +97,9 @@ static void test_round_trips(void **state)
             (a.bytes_stored / ((PROMPT + GEN - 1) / KVD_DEMO_BLOCK_SIZE)));
     assert_int_equal(b.num_tokens, GEN);
     assert_memory_equal(a.tokens, b.tokens, GEN * sizeof a.tokens[0]);
+    /* The same KV bytes, loaded or computed: a small seeded model can
+     * give the same greedy tokens with wrong KV; the bytes cannot. */
+    assert_int_equal(a.kv_digest, b.kv_digest);
 
     /* Another question: the shared text loads, the rest is computed. */
     o.question = " And how much?";
@@ -99,6 +110,7 @@ static void test_round_trips(void **state)
     assert_true(c.matched_tokens > 0 && c.matched_tokens < HIT);
     assert_int_equal(cref.matched_tokens, 0);
     assert_memory_equal(c.tokens, cref.tokens, GEN * sizeof c.tokens[0]);
+    assert_int_equal(c.kv_digest, cref.kv_digest);
 
     /* Lossy codecs: fp8 is exact at this size, tq4 close. */
     o.question = " Why?";
