@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Builds kvdepot with CUDA on a GPU machine and runs what needs the GPU:
+# the CUDA kernel and worker tests, the worker and demo tests, the kernel
+# and worker benchmarks and the demo (its KV cache in GPU memory). Meant
+# for a machine with nvcc, cmake, ninja and python3 but no Debian
+# packages: the packages scripts/gpu-deps.sh downloaded into
+# .gpu-deps/debs/ are unpacked into a prefix and used from there.
+#
+# Each step's output goes to $OUT (default ./gpu-check-out; the device
+# tool's own $OUT brings them back), one log per step (seven files), and a
+# summary line per step to $OUT/summary.txt; after the set-up a failed step
+# does not stop the next. The demo's store goes to a temporary directory.
+#
+# usage: scripts/gpu-check.sh [--build-only]
+# env:   KVD_DEPS_PREFIX (default /opt/kvd-deps), CUDA_ARCH (default 90),
+#        OUT, JOBS (default: the CPU count)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+prefix=${KVD_DEPS_PREFIX:-/opt/kvd-deps}
+out=${OUT:-$root/gpu-check-out}
+jobs=${JOBS:-$(nproc)}
+mkdir -p "$out"
+summary="$out/summary.txt"
+: >"$summary"
+
+step() { # step NAME COMMAND...: runs it, logs it, records its status
+    local name=$1
+    shift
+    local t0=$SECONDS
+    "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    printf '%-16s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
+        "$(tail -n 1 "$out/$name.log" | cut -c1-120)" | tee -a "$summary"
+    return $rc
+}
+
+unpack() {
+    ls .gpu-deps/debs/*.deb >/dev/null 2>&1 || {
+        echo "no .gpu-deps/debs/*.deb: run scripts/gpu-deps.sh where apt works"
+        return 1
+    }
+    mkdir -p "$prefix"
+    for d in .gpu-deps/debs/*.deb; do
+        if command -v dpkg-deb >/dev/null; then
+            dpkg-deb -x "$d" "$prefix" || return 1
+        else
+            (cd "$(mktemp -d)" && ar x "$root/$d" &&
+                tar -xf data.tar.* -C "$prefix") || return 1
+        fi
+    done
+    echo "unpacked $(ls .gpu-deps/debs/*.deb | wc -l) packages into $prefix"
+}
+
+lib=$prefix/usr/lib/x86_64-linux-gnu
+export PKG_CONFIG_SYSROOT_DIR=$prefix
+export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$prefix/usr/share/pkgconfig
+export LD_LIBRARY_PATH=$lib:$prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PATH=$prefix/usr/bin:$PATH
+export UCX_MODULE_DIR=$lib/ucx
+export UCX_NET_DEVICES=lo UCX_TLS=tcp
+
+configure() {
+    cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DKVD_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
+        -DKVD_ETCD_PROTO_ROOT="$prefix/usr/share/gocode/src/go.etcd.io/etcd"
+}
+
+build() {
+    cmake --build build/gpu -j "$jobs" --target test_cuda_kernels \
+        test_cuda_worker test_cuda_worker_fake test_worker test_demo_model \
+        test_demo_roundtrip test_demo_cuda_fake bench_kernels bench_worker \
+        kvdepot-demo
+}
+
+setup() {
+    unpack && configure && build
+}
+
+step setup setup || exit 1
+[[ "${1:-}" == "--build-only" ]] && exit 0
+
+step nvidia-smi nvidia-smi
+step gpu-tests ctest --test-dir build/gpu --output-on-failure -R \
+    'test_cuda_kernels|test_cuda_worker|test_worker|test_demo'
+step bench-kernels build/gpu/bench/bench_kernels
+step bench-worker build/gpu/bench/bench_worker
+demo_dir=$(mktemp -d)
+step demo build/gpu/demo/kvdepot-demo --dir "$demo_dir/store"
+rm -rf "$demo_dir"
+echo "gpu-check: logs in $out"
