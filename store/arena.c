@@ -511,6 +511,13 @@ static kvd_status_t arena_set_geometry(kvd_arena_t *arena,
         (arena_part_t){.fd = -1, .num_chunks = (uint32_t)num_chunks};
     for (uint32_t i = 0; i < cfg->num_parts; i++) {
         uint64_t n = cfg->part_bytes[i] / cfg->chunk_bytes;
+        if (n * cfg->chunk_bytes != cfg->part_bytes[i]) {
+            KVD_LOG_INFO("arena: partition %u of %" PRIu64
+                         " bytes rounded down to %" PRIu64
+                         " (whole chunks of %" PRIu64 ")",
+                         i + 1, cfg->part_bytes[i], n * cfg->chunk_bytes,
+                         cfg->chunk_bytes);
+        }
         if (num_chunks + n >= UINT32_MAX) {
             KVD_LOG_ERROR("arena: too many chunks of %" PRIu64 " bytes",
                           cfg->chunk_bytes);

@@ -678,9 +678,21 @@ kvd_status_t kvd_server_check_config(const kvd_config_t *config, char *err,
 
 /* ---- shared-memory hand-off --------------------------------------------- */
 
-/* A fresh session secret for a client of user `uid`, remembered with the
- * tenant its uid maps to. */
-static void server_session_new(kvd_server_t *srv, uint32_t uid,
+/* The tenant `uid` maps to (server.tenants), or NULL. */
+static const char *server_uid_tenant(const kvd_server_t *srv, uint32_t uid)
+{
+    const char *tenant = NULL;
+    for (size_t i = 0; i < srv->tenancy->n_uids; i++) {
+        if (srv->tenancy->uids[i].uid == uid) {
+            tenant = srv->tenancy->uids[i].name;
+        }
+    }
+    return tenant;
+}
+
+/* A fresh session secret for a client of `tenant` (its uid's, or NULL),
+ * remembered with it. */
+static void server_session_new(kvd_server_t *srv, const char *tenant,
                                uint8_t *secret_out)
 {
     if (getrandom(secret_out, KVD_HANDOFF_SESSION_BYTES, 0) !=
@@ -690,12 +702,6 @@ static void server_session_new(kvd_server_t *srv, uint32_t uid,
          * confused. */
         memset(secret_out, 0, KVD_HANDOFF_SESSION_BYTES);
         return;
-    }
-    const char *tenant = NULL;
-    for (size_t i = 0; i < srv->tenancy->n_uids; i++) {
-        if (srv->tenancy->uids[i].uid == uid) {
-            tenant = srv->tenancy->uids[i].name;
-        }
     }
     pthread_mutex_lock(&srv->sess_mu);
     srv_session_t *e = &srv->sessions[srv->sess_next];
@@ -785,12 +791,7 @@ static void handoff_serve(kvd_server_t *srv, int conn)
     }
     /* The caller's tenant's partition: with server.tenant_arenas, a tenant
      * of its own never receives the memfd of another's bytes. */
-    const char *tenant = NULL;
-    for (size_t i = 0; i < srv->tenancy->n_uids; i++) {
-        if (srv->tenancy->uids[i].uid == (uint32_t)cred.uid) {
-            tenant = srv->tenancy->uids[i].name;
-        }
-    }
+    const char *tenant = server_uid_tenant(srv, (uint32_t)cred.uid);
     kvd_store_arena_export_t exp;
     s = kvd_store_arena_export_tenant(srv->store, kvd_service_tenant_id(tenant),
                                       &exp);
@@ -803,7 +804,7 @@ static void handoff_serve(kvd_server_t *srv, int conn)
     reply.map_bytes = exp.map_bytes;
     reply.size_bytes = exp.size_bytes;
     reply.offset = exp.offset;
-    server_session_new(srv, (uint32_t)cred.uid, reply.session);
+    server_session_new(srv, tenant, reply.session);
     kvd_handoff_reply_encode(&reply, reply_buf);
     s = kvd_handoff_send(conn, reply_buf, sizeof reply_buf, exp.fd);
     close(exp.fd);

@@ -41,6 +41,8 @@
 
 #include <cmocka.h>
 
+#include "tests/gpu/kvd_gpu_skip_int.h"
+
 #include "kvdepot/common.h"
 #ifdef KVD_HAVE_CUDA
 #include <math.h>
@@ -629,19 +631,11 @@ static void test_register_host_memory_refused(void **state)
 
 int main(void)
 {
-#ifndef KVD_HAVE_CUDA
-    printf("built without CUDA: skipped\n");
-    return 77;
-#else
-    int count = -1;
-    if (kvd_cuda_device_count(&count) != KVD_OK) {
-        printf("CUDA runtime failed to count devices\n");
-        return 1;
+    int skip = kvd_test_gpu_skip();
+    if (skip >= 0) {
+        return skip;
     }
-    if (count == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
+#ifdef KVD_HAVE_CUDA
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_register_host_memory_refused),
         cmocka_unit_test(test_round_trips),
