@@ -29,6 +29,7 @@
 #include "cluster/peer_int.h"
 #include "common/endian_int.h"
 #include "common/failpoint_int.h"
+#include "common/hash_int.h"
 #include "common/log_int.h"
 #include "common/time_int.h"
 #include "proto/kvd_proto.h"
@@ -41,8 +42,24 @@
 #define PEER_DRAIN_QUIET_NS (50 * KVD_NSEC_PER_MSEC)
 #define PEER_SERVE_MAX 1024u
 #define PEER_DISK_MAX 256u
+/* Objects a server sends in parts at once: the next one's parts queue
+ * behind the current one's, so the socket never waits for a turn of the
+ * progress loop, and no more. */
+#define PEER_XFER_WINDOW 2u
+/* Bytes copied into a slot, then hashed, per step (stays in L1/L2). */
+#define PEER_HASH_STEP (16u << 10)
 
-enum { ENTRY_WAIT = 0, ENTRY_RECV = 1, ENTRY_DONE = 2 };
+/* A FETCH entry: waiting, a rendezvous receive in flight (UCX writes the
+ * slot), parts arriving (written under mu by the progress thread), done. */
+enum { ENTRY_WAIT = 0, ENTRY_RECV = 1, ENTRY_DONE = 2, ENTRY_PARTS = 3 };
+
+/* An object arriving in parts: the hash of the bytes in order so far. */
+typedef struct peer_rx {
+    kvd_xxh3_stream_t *hash;
+    uint64_t next;     /* the hash covers [0, next) */
+    uint64_t received; /* bytes of parts copied in */
+    bool ordered;      /* every part came at `next` (else hash it at the end) */
+} peer_rx_t;
 
 typedef struct peer_call {
     pthread_cond_t cv;
@@ -61,7 +78,7 @@ typedef struct peer_op {
     uint8_t *addr;
     size_t addr_len;
     ucp_ep_h ep; /* the endpoint the request went out on */
-    uint8_t hdr[KVD_PEER_HDR_BYTES];
+    uint8_t hdr[KVD_PEER_HDR_MAX_BYTES]; /* KVD_PEER_HDR_BYTES used */
     uint8_t *body;
     size_t body_len;
     kvd_namespace_t ns;
@@ -74,6 +91,7 @@ typedef struct peer_op {
     size_t *batch_index;  /* FETCH: entry -> key of the caller's batch */
     uint32_t tenant;      /* OFFER: the keys' store tenant */
     uint8_t *state;       /* FETCH */
+    peer_rx_t **rx;       /* FETCH: entries in ENTRY_PARTS */
 } peer_op_t;
 
 typedef struct peer_ep {
@@ -85,14 +103,23 @@ typedef struct peer_ep {
     kvd_peer_t *p;
 } peer_ep_t;
 
+/* An object going out in parts: its lease goes back when UCX is done with
+ * the last part. Progress thread only. */
+typedef struct peer_xfer {
+    kvd_store_lease_t lease;
+    uint32_t parts; /* not completed yet */
+} peer_xfer_t;
+
 /* One reply or request on its way out, alive until UCX is done with it. */
 typedef struct peer_send {
     kvd_peer_t *p;
     peer_op_t *op; /* a request's operation, or NULL for replies */
-    uint8_t hdr[KVD_PEER_HDR_BYTES];
+    uint8_t hdr[KVD_PEER_HDR_MAX_BYTES];
+    size_t hdr_len;
     void *owned; /* freed with it */
     kvd_store_lease_t lease;
     bool has_lease;
+    peer_xfer_t *xfer; /* a part of this object */
 } peer_send_t;
 
 /* A FETCH being served, one object per progress-loop turn. */
@@ -104,7 +131,8 @@ typedef struct peer_serve {
     kvd_namespace_t ns;
     uint8_t *entries; /* n (hash, size) */
     uint32_t n, next_entry;
-    bool dead; /* its endpoint failed: drop */
+    uint32_t part; /* bytes per DATA_PART (0: whole objects) */
+    bool dead;     /* its endpoint failed: drop */
 } peer_serve_t;
 
 /* An object of a FETCH being read from NVMe into the arena (a store get),
@@ -115,6 +143,7 @@ typedef struct peer_diskget {
     kvd_namespace_t ns;
     uint32_t idx;
     uint64_t want;
+    uint32_t part;
     kvd_store_completion_t c;
     size_t addr_len;
     uint8_t addr[]; /* the requester's worker address */
@@ -148,6 +177,7 @@ struct kvd_peer {
     peer_serve_t *serve_head, *serve_tail; /* progress thread only */
     size_t serve_count;
     size_t disk_inflight;      /* progress thread only */
+    size_t xfers;              /* objects going out in parts (ditto) */
     bool closing;              /* kvd_peer_stop is draining (on its thread) */
     peer_diskget_t *disk_done; /* under mu */
     uint32_t active;           /* UCX requests in flight (atomic) */
@@ -167,8 +197,22 @@ static bool auth_ok(const kvd_peer_t *p, const kvd_peer_hdr_t *h)
 
 /* ---- operations ---------------------------------------------------------- */
 
+static void rx_free(peer_rx_t *rx)
+{
+    if (rx != NULL) {
+        kvd_xxh3_stream_free(rx->hash);
+        free(rx);
+    }
+}
+
 static void op_free(peer_op_t *op)
 {
+    if (op->rx != NULL) {
+        for (size_t i = 0; i < op->n; i++) {
+            rx_free(op->rx[i]);
+        }
+    }
+    free(op->rx);
     free(op->addr);
     free(op->body);
     free(op->hashes);
@@ -252,6 +296,10 @@ static void entry_done(kvd_peer_t *p, peer_op_t *op, size_t i, kvd_status_t s)
     if (op->state[i] == ENTRY_RECV) {
         op->receiving--;
     }
+    if (op->state[i] == ENTRY_PARTS) {
+        rx_free(op->rx[i]);
+        op->rx[i] = NULL;
+    }
     op->state[i] = ENTRY_DONE;
     kvd_store_key_t k = op_key(op, i);
     if (s == KVD_OK) { /* verified: the store keeps the checksum */
@@ -273,7 +321,8 @@ static void entry_done(kvd_peer_t *p, peer_op_t *op, size_t i, kvd_status_t s)
 }
 
 /* The whole operation failed with `s` (under mu): keys not yet arriving
- * fail now; keys arriving finish when UCX says so. */
+ * and keys arriving in parts fail now (no part is written after this);
+ * keys arriving by rendezvous finish when UCX says so. */
 static void op_fail(kvd_peer_t *p, peer_op_t *op, kvd_status_t s)
 {
     if (op->finished && op->receiving == 0) {
@@ -284,7 +333,7 @@ static void op_fail(kvd_peer_t *p, peer_op_t *op, kvd_status_t s)
     }
     if (op->kind == KVD_PEER_OP_FETCH) {
         for (size_t i = 0; i < op->n; i++) {
-            if (op->state[i] == ENTRY_WAIT) {
+            if (op->state[i] == ENTRY_WAIT || op->state[i] == ENTRY_PARTS) {
                 entry_done(p, op, i, s);
             }
         }
@@ -390,11 +439,25 @@ static ucp_ep_h ep_get(kvd_peer_t *p, const uint8_t *addr, size_t len)
 
 /* ---- sending (progress thread) ------------------------------------------ */
 
+/* `done` parts of `x` are over (sent, failed or never started). */
+static void xfer_put(kvd_peer_t *p, peer_xfer_t *x, uint32_t done)
+{
+    x->parts -= done;
+    if (x->parts == 0) {
+        (void)kvd_store_release(p->cfg.store, &x->lease, 1);
+        p->xfers--;
+        free(x);
+    }
+}
+
 static void send_finish(peer_send_t *s, ucs_status_t st)
 {
     kvd_peer_t *p = s->p;
     if (s->has_lease) {
         (void)kvd_store_release(p->cfg.store, &s->lease, 1);
+    }
+    if (s->xfer != NULL) {
+        xfer_put(p, s->xfer, 1);
     }
     if (s->op != NULL) {
         pthread_mutex_lock(&p->mu);
@@ -430,7 +493,7 @@ static void send_msg(kvd_peer_t *p, ucp_ep_h ep, peer_send_t *s,
     prm.user_data = s;
     prm.flags = flags;
     ucs_status_ptr_t r =
-        ucp_am_send_nbx(ep, PEER_AM_ID, s->hdr, sizeof s->hdr, body, len, &prm);
+        ucp_am_send_nbx(ep, PEER_AM_ID, s->hdr, s->hdr_len, body, len, &prm);
     if (r == NULL) {
         send_finish(s, UCS_OK);
     } else if (UCS_PTR_IS_ERR(r)) {
@@ -488,7 +551,8 @@ static void queue_drain(kvd_peer_t *p)
         }
         s->p = p;
         s->op = op; /* takes over the queue's reference */
-        memcpy(s->hdr, op->hdr, sizeof s->hdr);
+        memcpy(s->hdr, op->hdr, KVD_PEER_HDR_BYTES);
+        s->hdr_len = KVD_PEER_HDR_BYTES;
         stat_add(p, &p->stats.requests_sent, 1);
         send_msg(p, ep, s, op->body, op->body_len,
                  UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER);
@@ -515,7 +579,7 @@ static void reply(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *h,
         s->lease = *lease;
         s->has_lease = true;
     }
-    kvd_peer_hdr_encode(h, s->hdr);
+    s->hdr_len = kvd_peer_hdr_encode(h, s->hdr);
     send_msg(p, ep, s, body, len, flags);
 }
 
@@ -564,10 +628,52 @@ static void serve_lookup(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *rq,
           UCP_AM_SEND_FLAG_EAGER);
 }
 
+/* Sends a leased object as DATA_PART messages of `part` bytes, eagerly
+ * from the arena, in order; the lease goes back with the last part. */
+static void send_parts(kvd_peer_t *p, ucp_ep_h ep, kvd_peer_hdr_t *h,
+                       const kvd_store_lease_t *lease, const uint8_t *data,
+                       uint64_t want, uint32_t part)
+{
+    uint32_t n = (uint32_t)((want + part - 1) / part);
+    peer_xfer_t *x = malloc(sizeof *x);
+    if (x == NULL) {
+        (void)kvd_store_release(p->cfg.store, lease, 1);
+        h->status = KVD_ERR_BUSY;
+        reply(p, ep, h, NULL, NULL, 0, NULL, 0);
+        return;
+    }
+    x->lease = *lease;
+    x->parts = n;
+    p->xfers++;
+    h->op = KVD_PEER_OP_DATA_PART;
+    /* Stand-ins for a transport that reorders or repeats messages: the
+     * parts last first, or the first part again instead of the last. */
+    bool reversed = KVD_FAILPOINT("peer.parts_reversed") != 0;
+    bool gap = n > 1 && KVD_FAILPOINT("peer.parts_gap") != 0;
+    for (uint32_t k = 0; k < n; k++) {
+        peer_send_t *s = calloc(1, sizeof *s);
+        if (s == NULL) {
+            /* The requester's deadline ends the object. */
+            xfer_put(p, x, n - k);
+            return;
+        }
+        uint32_t which = reversed ? n - 1 - k : k;
+        uint64_t off = (gap && which == n - 1 ? 0 : (uint64_t)which) * part;
+        uint64_t len = want - off < part ? want - off : part;
+        h->offset = off;
+        s->p = p;
+        s->xfer = x;
+        s->hdr_len = kvd_peer_hdr_encode(h, s->hdr);
+        send_msg(p, ep, s, data + off, len, UCP_AM_SEND_FLAG_EAGER);
+    }
+}
+
 /* Sends a leased arena object as DATA (the lease goes back when UCX is
- * done with the bytes), or `status` when it cannot. */
+ * done with the bytes), in parts of `part` bytes when it is not 0, or
+ * `status` when it cannot. */
 static void send_object(kvd_peer_t *p, ucp_ep_h ep, kvd_peer_hdr_t *h,
-                        const kvd_store_lease_t *lease, uint64_t want)
+                        const kvd_store_lease_t *lease, uint64_t want,
+                        uint32_t part)
 {
     void *data = kvd_store_arena_ptr(p->cfg.store, lease->arena_offset, want);
     if (lease->size_bytes != want || data == NULL) {
@@ -587,6 +693,10 @@ static void send_object(kvd_peer_t *p, ucp_ep_h ep, kvd_peer_hdr_t *h,
     }
     stat_add(p, &p->stats.objects_served, 1);
     stat_add(p, &p->stats.bytes_served, want);
+    if (part != 0) {
+        send_parts(p, ep, h, lease, data, want, part);
+        return;
+    }
     reply(p, ep, h, NULL, data, want, lease, 0);
 }
 
@@ -607,6 +717,7 @@ static bool disk_get(kvd_peer_t *p, const peer_serve_t *job, uint32_t i,
     dg->ns = job->ns;
     dg->idx = i;
     dg->want = want;
+    dg->part = job->part;
     dg->addr_len = job->addr_len;
     memcpy(dg->addr, job->addr, job->addr_len);
     kvd_store_get_t g = {.lease = *lease,
@@ -647,7 +758,7 @@ static void serve_one(kvd_peer_t *p, ucp_ep_h ep, const peer_serve_t *job,
         reply(p, ep, &h, NULL, NULL, 0, NULL, 0);
         return;
     }
-    send_object(p, ep, &h, &lease, want);
+    send_object(p, ep, &h, &lease, want, job->part);
 }
 
 /* A read from NVMe for a FETCH finished: the object goes out (or the
@@ -668,7 +779,7 @@ static void disk_finish(kvd_peer_t *p, peer_diskget_t *dg)
     } else if (ep == NULL) {
         (void)kvd_store_release(p->cfg.store, &dg->c.lease, 1);
     } else {
-        send_object(p, ep, &h, &dg->c.lease, dg->want);
+        send_object(p, ep, &h, &dg->c.lease, dg->want, dg->part);
     }
     free(dg);
 }
@@ -750,6 +861,10 @@ static void serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
     job->addr_len = alen;
     memcpy(job->entries, entries, (size_t)rq->count * 40);
     job->n = rq->count;
+    job->part = rq->size == 0                  ? 0
+                : rq->size < KVD_PEER_PART_MIN ? KVD_PEER_PART_MIN
+                : rq->size > KVD_PEER_PART_MAX ? KVD_PEER_PART_MAX
+                                               : (uint32_t)rq->size;
     job->req_id = rq->req_id;
     job->ns = rq->ns;
     if (p->serve_tail != NULL) {
@@ -761,11 +876,12 @@ static void serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
     p->serve_count++;
 }
 
-/* Serves the next object of the oldest queued FETCH; false when none. */
+/* Serves the next object of the oldest queued FETCH; false when none or
+ * when PEER_XFER_WINDOW objects are going out in parts. */
 static bool serve_step(kvd_peer_t *p)
 {
     peer_serve_t *job = p->serve_head;
-    if (job == NULL) {
+    if (job == NULL || p->xfers >= PEER_XFER_WINDOW) {
         return false;
     }
     ucp_ep_h ep = job->dead ? NULL : ep_get(p, job->addr, job->addr_len);
@@ -856,13 +972,12 @@ static void got_lookup_reply(kvd_peer_t *p, const kvd_peer_hdr_t *h,
     pthread_mutex_unlock(&p->mu);
 }
 
-/* Bytes of entry `idx` are in its slot (under mu). */
-static void data_arrived(kvd_peer_t *p, peer_op_t *op, size_t idx)
+/* Every byte of entry `idx` is in its slot; `ok`: they hash to the
+ * checksum its server sent (under mu). Committed or aborted. */
+static void entry_verified(kvd_peer_t *p, peer_op_t *op, size_t idx, bool ok)
 {
-    void *dst =
-        kvd_store_arena_ptr(p->cfg.store, op->offsets[idx], op->sizes[idx]);
     kvd_status_t s = KVD_OK;
-    if (dst == NULL || kvd_xxh3_64(dst, op->sizes[idx]) != op->checksums[idx]) {
+    if (!ok) {
         stat_add(p, &p->stats.checksum_errors, 1);
         KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
                             "cluster: an object arrived with a bad checksum; "
@@ -870,6 +985,16 @@ static void data_arrived(kvd_peer_t *p, peer_op_t *op, size_t idx)
         s = KVD_ERR_CHECKSUM;
     }
     entry_done(p, op, idx, s);
+}
+
+/* Bytes of entry `idx` are in its slot (under mu). */
+static void data_arrived(kvd_peer_t *p, peer_op_t *op, size_t idx)
+{
+    void *dst =
+        kvd_store_arena_ptr(p->cfg.store, op->offsets[idx], op->sizes[idx]);
+    entry_verified(p, op, idx,
+                   dst != NULL &&
+                       kvd_xxh3_64(dst, op->sizes[idx]) == op->checksums[idx]);
 }
 
 static void recv_cb(void *request, ucs_status_t st, size_t length,
@@ -970,6 +1095,81 @@ out:
     return ret;
 }
 
+/* Copies a part into the slot; a part at the end of what came in order is
+ * hashed step by step right after its copy, while the bytes are in the
+ * cache. */
+static void rx_copy(peer_rx_t *rx, uint8_t *slot, uint64_t off,
+                    const uint8_t *src, size_t len)
+{
+    if (rx->ordered && off == rx->next) {
+        for (size_t done = 0; done < len;) {
+            size_t step =
+                len - done < PEER_HASH_STEP ? len - done : PEER_HASH_STEP;
+            memcpy(slot + off + done, src + done, step);
+            kvd_xxh3_stream_update(rx->hash, slot + off + done, step);
+            done += step;
+        }
+        rx->next += len;
+    } else {
+        rx->ordered = false; /* hashed whole at the end */
+        memcpy(slot + off, src, len);
+    }
+    rx->received += len;
+}
+
+/* A DATA_PART: copied into entry `count`'s slot under mu (so nothing is
+ * written once the entry is done); the entry is verified and committed
+ * when its bytes are all in. */
+static ucs_status_t got_part(kvd_peer_t *p, const kvd_peer_hdr_t *h,
+                             const void *data, size_t length)
+{
+    pthread_mutex_lock(&p->mu);
+    peer_op_t *op = table_find(p, h->req_id);
+    size_t i = h->count;
+    if (op == NULL || op->kind != KVD_PEER_OP_FETCH || i >= op->n ||
+        (op->state[i] != ENTRY_WAIT && op->state[i] != ENTRY_PARTS)) {
+        goto out; /* late (given up) or not ours: dropped */
+    }
+    uint64_t size = op->sizes[i];
+    if (h->size != size ||
+        (op->state[i] == ENTRY_PARTS && h->checksum != op->checksums[i])) {
+        stat_add(p, &p->stats.malformed, 1);
+        entry_done(p, op, i, KVD_ERR_PEER);
+        goto out;
+    }
+    uint8_t *slot = kvd_store_arena_ptr(p->cfg.store, op->offsets[i], size);
+    if (slot == NULL) {
+        entry_done(p, op, i, KVD_ERR_INTERNAL);
+        goto out;
+    }
+    if (op->state[i] == ENTRY_WAIT) {
+        peer_rx_t *rx = calloc(1, sizeof *rx);
+        if (rx == NULL || (rx->hash = kvd_xxh3_stream_new()) == NULL) {
+            free(rx);
+            entry_done(p, op, i, KVD_ERR_NOMEM);
+            goto out;
+        }
+        rx->ordered = true;
+        op->rx[i] = rx;
+        op->state[i] = ENTRY_PARTS;
+        op->checksums[i] = h->checksum;
+    }
+    peer_rx_t *rx = op->rx[i];
+    rx_copy(rx, slot, h->offset, data, length);
+    if (rx->received < size) {
+        goto out;
+    }
+    /* Every byte came (more than once if parts overlapped: then the whole
+     * slot is hashed and a gap shows as a mismatch). */
+    uint64_t sum = rx->ordered && rx->next == size
+                       ? kvd_xxh3_stream_digest(rx->hash)
+                       : kvd_xxh3_64(slot, size);
+    entry_verified(p, op, i, sum == op->checksums[i]);
+out:
+    pthread_mutex_unlock(&p->mu);
+    return UCS_OK;
+}
+
 static ucs_status_t am_cb(void *arg, const void *header, size_t header_length,
                           void *data, size_t length,
                           const ucp_am_recv_param_t *param)
@@ -996,6 +1196,7 @@ static ucs_status_t am_cb(void *arg, const void *header, size_t header_length,
         return UCS_OK;
     }
     switch (h.op) {
+    case KVD_PEER_OP_DATA_PART: return got_part(p, &h, data, length);
     case KVD_PEER_OP_LOOKUP_REPLY: got_lookup_reply(p, &h, data); return UCS_OK;
     case KVD_PEER_OP_OFFER: serve_offer(p, &h, data, length); return UCS_OK;
     default: break;
@@ -1288,6 +1489,8 @@ static kvd_status_t ops_submit(kvd_peer_t *p, peer_op_t **ops, size_t n)
         h.count = (uint32_t)op->n;
         if (op->kind == KVD_PEER_OP_OFFER) {
             h.size = op->tenant;
+        } else if (op->kind == KVD_PEER_OP_FETCH) {
+            h.size = p->cfg.part_bytes;
         }
         kvd_peer_hdr_encode(&h, op->hdr);
         op->refs += 2; /* the table's and the queue's (then the send's) */
@@ -1451,12 +1654,14 @@ static kvd_status_t fetch_prepare(kvd_peer_t *p, const kvd_namespace_t *ns,
     op->status = calloc(bt->n, sizeof *op->status);
     op->batch_index = calloc(bt->n, sizeof *op->batch_index);
     op->state = calloc(bt->n, 1);
+    op->rx = calloc(bt->n, sizeof *op->rx);
     /* The body: this worker's address (the objects come to it), then the
      * entries. */
     size_t head = 2 + p->address_len;
     op->body = malloc(head + bt->n * 40);
     if (op->offsets == NULL || op->checksums == NULL || op->status == NULL ||
-        op->batch_index == NULL || op->state == NULL || op->body == NULL) {
+        op->batch_index == NULL || op->state == NULL || op->rx == NULL ||
+        op->body == NULL) {
         op_free(op);
         return KVD_ERR_NOMEM;
     }

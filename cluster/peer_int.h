@@ -75,6 +75,10 @@ typedef struct kvd_peer_config {
      * kvd_peer_forget_completion). Without it such objects are answered
      * as absent. */
     bool disk_gets;
+    /* This node's FETCHes ask for objects in parts of this many bytes
+     * (clamped to KVD_PEER_PART_MIN..MAX by the server; 0: whole objects
+     * by rendezvous). See the wire format below. */
+    uint32_t part_bytes;
 } kvd_peer_config_t;
 
 /* One node's part of a batch call. */
@@ -158,23 +162,40 @@ enum {
     KVD_PEER_OP_FETCH = 3,
     KVD_PEER_OP_DATA = 4,
     KVD_PEER_OP_OFFER = 5,
+    KVD_PEER_OP_DATA_PART = 6,
 };
 
 #define KVD_PEER_MAGIC 0x5044564bu /* "KVDP" little-endian */
 #define KVD_PEER_VERSION 1u
 #define KVD_PEER_HDR_BYTES 88u
+/* DATA_PART's header: the common one, then the part's offset (u64). */
+#define KVD_PEER_PART_HDR_BYTES 96u
+#define KVD_PEER_HDR_MAX_BYTES KVD_PEER_PART_HDR_BYTES
+/* The part sizes a server sends (a FETCH asking for less or more is
+ * served with parts of the nearest bound). */
+#define KVD_PEER_PART_MIN (4u << 10)
+#define KVD_PEER_PART_MAX (1u << 20)
 
 /* The header of every message (little-endian on the wire):
  *   0 magic u32 | 4 version u16 | 6 op u16 | 8 req_id u64 | 16 status i32 |
  *   20 count u32 | 24 size u64 | 32 checksum u64 | 40 namespace [16] |
- *   56 auth [32]
- * count: keys in the body (DATA: the key's index in its FETCH); size and
- * checksum: DATA's object; OFFER: size is the keys' store tenant (below
- * 2^32); (the XXH3-64 the server's store kept from the
- * object's verified commit, else computed from its bytes). FETCH bodies start
- * with the requester's worker address: the server queues the request and sends
- * the objects one at a time from its progress loop on its own endpoint to that
- * address, hashing the next while the previous is on its way. */
+ *   56 auth [32] | DATA_PART only: 88 offset u64
+ * count: keys in the body (DATA, DATA_PART: the key's index in its FETCH).
+ * DATA and DATA_PART: size and checksum are the whole object's (the XXH3-64
+ * the server's store kept from the object's verified commit, else computed
+ * from its bytes). OFFER: size is the keys' store tenant (below 2^32).
+ * FETCH: size is the part size the requester takes (0: whole objects).
+ *
+ * FETCH bodies start with the requester's worker address: the server
+ * queues the request and sends the objects one at a time from its progress
+ * loop on its own endpoint to that address. With a part size of 0 an
+ * object goes as one DATA by UCX rendezvous, received straight into the
+ * slot; otherwise as DATA_PART messages of that size (clamped to
+ * KVD_PEER_PART_MIN..MAX), sent eagerly from the arena in order: no
+ * rendezvous round trip per object, and the requester copies each part
+ * into the slot and hashes it while it is in the cache. Failures (a key
+ * gone, a busy server) are a DATA with a status either way; nodes that
+ * predate parts ignore the size and send DATA. */
 typedef struct kvd_peer_hdr {
     uint16_t op;
     uint64_t req_id;
@@ -184,16 +205,21 @@ typedef struct kvd_peer_hdr {
     uint64_t checksum;
     kvd_namespace_t ns;
     uint8_t auth[KVD_PEER_AUTH_BYTES];
+    uint64_t offset; /* DATA_PART */
 } kvd_peer_hdr_t;
 
-void kvd_peer_hdr_encode(const kvd_peer_hdr_t *h,
-                         uint8_t out[KVD_PEER_HDR_BYTES]);
+/* Writes the header (KVD_PEER_PART_HDR_BYTES for DATA_PART, else
+ * KVD_PEER_HDR_BYTES) and returns its length. */
+size_t kvd_peer_hdr_encode(const kvd_peer_hdr_t *h,
+                           uint8_t out[KVD_PEER_HDR_MAX_BYTES]);
 
-/* Checks magic, version, op and that the body length fits the op and
- * count: LOOKUP and FETCH bodies are count 32-byte hashes (FETCH: plus a
- * u64 size each), LOOKUP_REPLY count u64 sizes, DATA's body is the object
- * (`size` bytes), OFFER a u16-prefixed node id then count (hash, size).
- * KVD_ERR_PROTO otherwise. The auth digest is the caller's to check. */
+/* Checks magic, version, op, the header's length for the op and that the
+ * body length fits the op and count: LOOKUP and FETCH bodies are count
+ * 32-byte hashes (FETCH: plus a u64 size each), LOOKUP_REPLY count u64
+ * sizes, DATA's body is the object (`size` bytes), DATA_PART's 1 or more
+ * bytes of it from `offset` (ending at `size` at most), OFFER a
+ * u16-prefixed node id then count (hash, size). KVD_ERR_PROTO otherwise.
+ * The auth digest is the caller's to check. */
 kvd_status_t kvd_peer_hdr_decode(const void *buf, size_t len, size_t body_len,
                                  kvd_peer_hdr_t *out);
 

@@ -3,13 +3,14 @@
  * byte here comes from the network: lengths are checked against the op
  * and count before anything is read.
  */
+#include <stdbool.h>
 #include <string.h>
 
 #include "cluster/peer_int.h"
 #include "common/endian_int.h"
 
-void kvd_peer_hdr_encode(const kvd_peer_hdr_t *h,
-                         uint8_t out[KVD_PEER_HDR_BYTES])
+size_t kvd_peer_hdr_encode(const kvd_peer_hdr_t *h,
+                           uint8_t out[KVD_PEER_HDR_MAX_BYTES])
 {
     kvd_put_le32(out, KVD_PEER_MAGIC);
     kvd_put_le16(out + 4, KVD_PEER_VERSION);
@@ -21,19 +22,28 @@ void kvd_peer_hdr_encode(const kvd_peer_hdr_t *h,
     kvd_put_le64(out + 32, h->checksum);
     memcpy(out + 40, h->ns.bytes, KVD_NAMESPACE_BYTES);
     memcpy(out + 56, h->auth, KVD_PEER_AUTH_BYTES);
+    if (h->op != KVD_PEER_OP_DATA_PART) {
+        return KVD_PEER_HDR_BYTES;
+    }
+    kvd_put_le64(out + KVD_PEER_HDR_BYTES, h->offset);
+    return KVD_PEER_PART_HDR_BYTES;
 }
 
 kvd_status_t kvd_peer_hdr_decode(const void *buf, size_t len, size_t body_len,
                                  kvd_peer_hdr_t *out)
 {
     const uint8_t *p = buf;
-    if (p == NULL || out == NULL || len != KVD_PEER_HDR_BYTES ||
+    if (p == NULL || out == NULL || len < KVD_PEER_HDR_BYTES ||
         kvd_get_le32(p) != KVD_PEER_MAGIC ||
         kvd_get_le16(p + 4) != KVD_PEER_VERSION) {
         return KVD_ERR_PROTO;
     }
     memset(out, 0, sizeof *out);
     out->op = kvd_get_le16(p + 6);
+    bool part = out->op == KVD_PEER_OP_DATA_PART;
+    if (len != (part ? KVD_PEER_PART_HDR_BYTES : KVD_PEER_HDR_BYTES)) {
+        return KVD_ERR_PROTO;
+    }
     out->req_id = kvd_get_le64(p + 8);
     out->status = (int32_t)kvd_get_le32(p + 16);
     out->count = kvd_get_le32(p + 20);
@@ -67,6 +77,15 @@ kvd_status_t kvd_peer_hdr_decode(const void *buf, size_t len, size_t body_len,
         }
         return out->size >= 1 && out->size <= (UINT64_C(1) << 30) &&
                        body_len == out->size
+                   ? KVD_OK
+                   : KVD_ERR_PROTO;
+    case KVD_PEER_OP_DATA_PART:
+        out->offset = kvd_get_le64(p + KVD_PEER_HDR_BYTES);
+        /* Failures go as DATA; a part is bytes of an object, in bounds. */
+        return n < KVD_PEER_MAX_KEYS && out->status == KVD_OK &&
+                       out->size >= 1 && out->size <= (UINT64_C(1) << 30) &&
+                       body_len >= 1 && out->offset < out->size &&
+                       body_len <= out->size - out->offset
                    ? KVD_OK
                    : KVD_ERR_PROTO;
     case KVD_PEER_OP_OFFER:

@@ -968,6 +968,7 @@ kvd_status_t kvd_remote_start(const kvd_remote_config_t *cfg,
         .node_id = r->self_id,
         .token = cfg->token,
         .disk_gets = true, /* kvdepotd's service routes their completions */
+        .part_bytes = cfg->part_bytes,
         .on_offer = on_offer,
         .offer_ctx = r,
     };

@@ -54,6 +54,7 @@ typedef struct kvd_remote_config {
     size_t replicas;     /* R, 1..KVD_PLACEMENT_MAX_REPLICAS */
     uint64_t timeout_ms; /* a remote lookup's deadline */
     size_t queue;        /* keys waiting to be pushed or pulled, at most */
+    uint32_t part_bytes; /* fetches in parts of this (kvd_peer_config_t) */
 } kvd_remote_config_t;
 
 typedef struct kvd_remote_stats {

@@ -25,6 +25,7 @@
 #endif
 
 #include "common/failpoint_int.h"
+#include "common/hash_int.h"
 #include "common/log_int.h"
 
 static pthread_once_t kvd_sha256_once = PTHREAD_ONCE_INIT;
@@ -142,4 +143,39 @@ KVD_API uint64_t kvd_xxh3_64(const void *data, size_t len)
 #else
     return XXH3_64bits(data, len);
 #endif
+}
+
+/* A kvd_xxh3_stream_t pointer is libxxhash's XXH3_state_t under another
+ * name (the header keeps xxHash out of its includers). */
+
+kvd_xxh3_stream_t *kvd_xxh3_stream_new(void)
+{
+    XXH3_state_t *st = XXH3_createState();
+    if (st != NULL && XXH3_64bits_reset(st) != XXH_OK) {
+        XXH3_freeState(st);
+        st = NULL;
+    }
+    return (kvd_xxh3_stream_t *)st;
+}
+
+void kvd_xxh3_stream_update(kvd_xxh3_stream_t *s, const void *data, size_t len)
+{
+    if (len == 0) {
+        return;
+    }
+#if defined(__x86_64__)
+    (void)XXH3_64bits_update_dispatch((XXH3_state_t *)s, data, len);
+#else
+    (void)XXH3_64bits_update((XXH3_state_t *)s, data, len);
+#endif
+}
+
+uint64_t kvd_xxh3_stream_digest(const kvd_xxh3_stream_t *s)
+{
+    return XXH3_64bits_digest((const XXH3_state_t *)s);
+}
+
+void kvd_xxh3_stream_free(kvd_xxh3_stream_t *s)
+{
+    XXH3_freeState((XXH3_state_t *)s);
 }

@@ -170,6 +170,12 @@ static const kvd_config_field_t server_fields[] = {
      "keys waiting to be pushed to their homes or pulled from a node that "
      "offered them; beyond this they are dropped (and counted)",
      kvd_config_parse_int, SRV_OFF(cluster_queue), 1, 1 << 24, NULL},
+    {"cluster.fetch_part", "60k",
+     "objects pulled from other nodes come in parts of this size, sent "
+     "eagerly and hashed as each lands (4k to 1m; 0: each object whole by "
+     "UCX rendezvous)",
+     kvd_config_parse_size, SRV_OFF(cluster_fetch_part_bytes), 0, 1 << 20,
+     NULL},
     {"server.node_id", "", "this daemon's node id (\"\": the host name)",
      kvd_config_parse_string, SRV_OFF(node_id), 0, 0, NULL},
     {"server.threads", "2", "gRPC completion-queue threads",
@@ -999,6 +1005,7 @@ static kvd_status_t server_join_cluster(kvd_server_t *srv, char *err,
         .replicas = (size_t)srv->cfg.cluster_replicas,
         .timeout_ms = srv->cfg.cluster_timeout_ms,
         .queue = (size_t)srv->cfg.cluster_queue,
+        .part_bytes = (uint32_t)srv->cfg.cluster_fetch_part_bytes,
     };
     kvd_remote_t *remote = NULL;
     kvd_status_t s = kvd_remote_start(&rc, &remote, err, err_len);

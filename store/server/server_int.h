@@ -47,6 +47,7 @@ typedef struct kvd_server_settings {
     int64_t cluster_replicas;
     uint64_t cluster_timeout_ms;
     int64_t cluster_queue;
+    int64_t cluster_fetch_part_bytes;
     int64_t threads;
     uint64_t max_message_bytes;
     uint64_t lease_ttl_ms;

@@ -1,7 +1,8 @@
 /*
  * libFuzzer target for the peer messages of the cluster data plane
- * (cluster/peer_wire.c): the first KVD_PEER_HDR_BYTES bytes are a header,
- * the rest its body, as UCX hands them to the active-message handler.
+ * (cluster/peer_wire.c): the first KVD_PEER_HDR_BYTES bytes are a header
+ * (KVD_PEER_PART_HDR_BYTES when its op is DATA_PART), the rest its body,
+ * as UCX hands them to the active-message handler.
  * Checks that a header that decodes encodes back to the same bytes, that
  * the body length it accepted matches its op and count, and that an OFFER
  * body decodes to a valid node id and entries inside the body. Seeds in
@@ -24,18 +25,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         return 0;
     }
-    const uint8_t *body = data + KVD_PEER_HDR_BYTES;
-    size_t len = size - KVD_PEER_HDR_BYTES;
+    size_t hlen = KVD_PEER_HDR_BYTES;
+    if ((data[6] | data[7] << 8) == KVD_PEER_OP_DATA_PART &&
+        size >= KVD_PEER_PART_HDR_BYTES) {
+        hlen = KVD_PEER_PART_HDR_BYTES;
+    }
+    const uint8_t *body = data + hlen;
+    size_t len = size - hlen;
     kvd_peer_hdr_t h;
-    if (kvd_peer_hdr_decode(data, KVD_PEER_HDR_BYTES, len, &h) != KVD_OK) {
+    if (kvd_peer_hdr_decode(data, hlen, len, &h) != KVD_OK) {
         return 0;
     }
-    uint8_t again[KVD_PEER_HDR_BYTES];
-    kvd_peer_hdr_encode(&h, again);
-    if (memcmp(again, data, KVD_PEER_HDR_BYTES) != 0) {
+    uint8_t again[KVD_PEER_HDR_MAX_BYTES];
+    if (kvd_peer_hdr_encode(&h, again) != hlen ||
+        memcmp(again, data, hlen) != 0) {
         abort();
     }
     switch (h.op) {
+    case KVD_PEER_OP_DATA_PART:
+        if (len == 0 || h.offset >= h.size || len > h.size - h.offset ||
+            h.status != KVD_OK) {
+            abort(); /* a part outside its object was accepted */
+        }
+        break;
     case KVD_PEER_OP_LOOKUP:
         if (len != (size_t)h.count * 32 || h.count == 0) {
             abort();

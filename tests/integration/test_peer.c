@@ -2,7 +2,10 @@
  * The UCX data plane (cluster/peer_int.h) between two embedded stores of
  * this process, over loopback TCP (ctest sets UCX_NET_DEVICES=lo and
  * UCX_TLS=tcp): LOOKUP, FETCH into the local arena with checksums, OFFER,
- * a corrupt transfer, a wrong cluster token, a dead peer, deadlines.
+ * a corrupt transfer, a wrong cluster token, a dead peer, deadlines. The
+ * fetch tests run twice: objects whole by rendezvous, then in DATA_PART
+ * messages (parts of PARTS bytes, the last one shorter), with the parts'
+ * own cases: out of order, a gap, a part size below the minimum.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -26,7 +29,11 @@
 #include "store/checksum_int.h"
 
 #define SMALL 4096u
-#define BIG (2u << 20) /* rendezvous */
+#define BIG (2u << 20) /* rendezvous, or 103 parts */
+#define PARTS 20480u
+
+/* The part size node_start's data planes ask for (0: rendezvous). */
+static uint32_t g_part_bytes;
 
 typedef struct node {
     kvd_store_t *store;
@@ -76,6 +83,7 @@ static void node_start(node_t *nd, const char *id, const char *token)
         .token = token,
         .on_offer = on_offer,
         .offer_ctx = nd,
+        .part_bytes = g_part_bytes,
     };
     kvd_status_t s = kvd_peer_start(&pc, &nd->peer, err, sizeof err);
     if (s != KVD_OK) {
@@ -586,6 +594,91 @@ static void test_offer(void **state)
     node_stop(&b);
 }
 
+/* Parts that arrive last first land (hashed whole at the end instead of
+ * as they come); a part size below the minimum is served at the minimum. */
+static void test_parts_out_of_order(void **state)
+{
+    (void)state;
+    node_t a, b;
+    uint32_t saved = g_part_bytes;
+    g_part_bytes = 1; /* the server sends KVD_PEER_PART_MIN */
+    node_start(&a, "node-a", NULL);
+    g_part_bytes = saved;
+    node_start(&b, "node-b", NULL);
+    put(&b, 20, BIG);
+    put(&b, 21, SMALL + 1);
+    kvd_block_hash_t h[2] = {key_hash(20), key_hash(21)};
+    uint64_t sizes[2] = {BIG, SMALL + 1};
+    kvd_status_t st[2];
+    kvd_peer_batch_t bt = batch_to(&b, h, 2, sizes, st);
+    char err[128];
+    assert_int_equal(
+        kvd_failpoint_set("peer.parts_reversed=EIO", err, sizeof err), KVD_OK);
+    kvd_status_t s =
+        kvd_peer_fetch(a.peer, &g_ns, 0, &bt, 1, kvd_time_deadline_ns(10000));
+    assert_int_equal(kvd_failpoint_set("", err, sizeof err), KVD_OK);
+    assert_int_equal(s, KVD_OK);
+    assert_int_equal(st[0], KVD_OK);
+    assert_int_equal(st[1], KVD_OK);
+    assert_true(holds(&a, 20, BIG));
+    assert_true(holds(&a, 21, SMALL + 1));
+    kvd_peer_stats_t ps;
+    kvd_peer_stats(a.peer, &ps);
+    assert_int_equal(ps.checksum_errors, 0);
+    node_stop(&a);
+    node_stop(&b);
+}
+
+/* The first part sent again instead of the last: as many bytes arrive as
+ * the object has, but not all of it; the check finds the hole, the object
+ * is not cached and its slot goes back. */
+static void test_parts_gap_detected(void **state)
+{
+    (void)state;
+    node_t a, b;
+    node_start(&a, "node-a", NULL);
+    node_start(&b, "node-b", NULL);
+    put(&b, 22, BIG);
+    kvd_block_hash_t h = key_hash(22);
+    uint64_t size = BIG;
+    kvd_status_t st;
+    kvd_peer_batch_t bt = batch_to(&b, &h, 1, &size, &st);
+    char err[128];
+    assert_int_equal(kvd_failpoint_set("peer.parts_gap=EIO", err, sizeof err),
+                     KVD_OK);
+    assert_int_equal(
+        kvd_peer_fetch(a.peer, &g_ns, 0, &bt, 1, kvd_time_deadline_ns(5000)),
+        KVD_OK);
+    assert_int_equal(kvd_failpoint_set("", err, sizeof err), KVD_OK);
+    assert_int_equal(st, KVD_ERR_CHECKSUM);
+    assert_false(holds(&a, 22, BIG));
+    kvd_store_stats_t ss;
+    assert_int_equal(kvd_store_stats(a.store, &ss), KVD_OK);
+    assert_int_equal(ss.host.bytes, 0);
+    /* Without the fault it lands. */
+    assert_int_equal(
+        kvd_peer_fetch(a.peer, &g_ns, 0, &bt, 1, kvd_time_deadline_ns(5000)),
+        KVD_OK);
+    assert_int_equal(st, KVD_OK);
+    assert_true(holds(&a, 22, BIG));
+    node_stop(&a);
+    node_stop(&b);
+}
+
+static int parts_on(void **state)
+{
+    (void)state;
+    g_part_bytes = PARTS;
+    return 0;
+}
+
+static int parts_off(void **state)
+{
+    (void)state;
+    g_part_bytes = 0;
+    return 0;
+}
+
 static void test_wire_rejects_bad_headers(void **state)
 {
     (void)state;
@@ -593,46 +686,87 @@ static void test_wire_rejects_bad_headers(void **state)
     memset(&h, 0, sizeof h);
     h.op = KVD_PEER_OP_LOOKUP;
     h.count = 2;
-    uint8_t buf[KVD_PEER_HDR_BYTES];
+    uint8_t buf[KVD_PEER_HDR_MAX_BYTES];
     kvd_peer_hdr_encode(&h, buf);
-    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 64, &out), KVD_OK);
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_HDR_BYTES, 64, &out),
+                     KVD_OK);
     assert_int_equal(out.count, 2);
-    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 63, &out),
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_HDR_BYTES, 63, &out),
                      KVD_ERR_PROTO);
-    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf - 1, 64, &out),
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_HDR_BYTES - 1, 64, &out),
                      KVD_ERR_PROTO);
     h.count = KVD_PEER_MAX_KEYS + 1;
     kvd_peer_hdr_encode(&h, buf);
-    assert_int_equal(
-        kvd_peer_hdr_decode(buf, sizeof buf, (size_t)h.count * 32, &out),
-        KVD_ERR_PROTO);
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_HDR_BYTES,
+                                         (size_t)h.count * 32, &out),
+                     KVD_ERR_PROTO);
     h.op = 99;
     h.count = 1;
     kvd_peer_hdr_encode(&h, buf);
-    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 32, &out),
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_HDR_BYTES, 32, &out),
                      KVD_ERR_PROTO);
     h.op = KVD_PEER_OP_DATA;
     h.count = 0;
     h.size = 100;
     kvd_peer_hdr_encode(&h, buf);
-    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 100, &out), KVD_OK);
-    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 99, &out),
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_HDR_BYTES, 100, &out),
+                     KVD_OK);
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_HDR_BYTES, 99, &out),
                      KVD_ERR_PROTO);
     buf[0] ^= 1; /* magic */
-    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 100, &out),
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_HDR_BYTES, 100, &out),
                      KVD_ERR_PROTO);
     /* OFFER: size carries the tenant, a 32-bit id. */
     h.op = KVD_PEER_OP_OFFER;
     h.count = 1;
     h.size = UINT32_MAX;
     kvd_peer_hdr_encode(&h, buf);
-    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 2 + 6 + 40, &out),
-                     KVD_OK);
+    assert_int_equal(
+        kvd_peer_hdr_decode(buf, KVD_PEER_HDR_BYTES, 2 + 6 + 40, &out), KVD_OK);
     assert_int_equal(out.size, UINT32_MAX);
     h.size = (uint64_t)UINT32_MAX + 1;
     kvd_peer_hdr_encode(&h, buf);
-    assert_int_equal(kvd_peer_hdr_decode(buf, sizeof buf, 2 + 6 + 40, &out),
+    assert_int_equal(
+        kvd_peer_hdr_decode(buf, KVD_PEER_HDR_BYTES, 2 + 6 + 40, &out),
+        KVD_ERR_PROTO);
+
+    /* DATA_PART: a 96-byte header (the offset last), 1+ bytes inside the
+     * object, never a status; the other ops keep 88 bytes. */
+    h.op = KVD_PEER_OP_DATA_PART;
+    h.count = 3;
+    h.size = 100;
+    h.offset = 60;
+    assert_int_equal(kvd_peer_hdr_encode(&h, buf), KVD_PEER_PART_HDR_BYTES);
+    assert_int_equal(
+        kvd_peer_hdr_decode(buf, KVD_PEER_PART_HDR_BYTES, 40, &out), KVD_OK);
+    assert_int_equal(out.offset, 60);
+    assert_int_equal(out.count, 3);
+    assert_int_equal(
+        kvd_peer_hdr_decode(buf, KVD_PEER_PART_HDR_BYTES, 41, &out),
+        KVD_ERR_PROTO); /* past the end */
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_PART_HDR_BYTES, 0, &out),
                      KVD_ERR_PROTO);
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_HDR_BYTES, 40, &out),
+                     KVD_ERR_PROTO); /* no offset */
+    h.offset = 100;
+    kvd_peer_hdr_encode(&h, buf);
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_PART_HDR_BYTES, 1, &out),
+                     KVD_ERR_PROTO);
+    h.offset = UINT64_MAX;
+    kvd_peer_hdr_encode(&h, buf);
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_PART_HDR_BYTES, 1, &out),
+                     KVD_ERR_PROTO);
+    h.offset = 0;
+    h.status = KVD_ERR_NOT_FOUND;
+    kvd_peer_hdr_encode(&h, buf);
+    assert_int_equal(kvd_peer_hdr_decode(buf, KVD_PEER_PART_HDR_BYTES, 1, &out),
+                     KVD_ERR_PROTO);
+    h.status = KVD_OK;
+    h.op = KVD_PEER_OP_DATA;
+    assert_int_equal(kvd_peer_hdr_encode(&h, buf), KVD_PEER_HDR_BYTES);
+    assert_int_equal(
+        kvd_peer_hdr_decode(buf, KVD_PEER_PART_HDR_BYTES, 100, &out),
+        KVD_ERR_PROTO); /* only DATA_PART has the longer header */
 
     uint8_t body[2 + 6 + 40];
     body[0] = 6;
@@ -673,5 +807,17 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_peer_stops_mid_transfer),
         cmocka_unit_test(test_peer_killed_mid_transfer),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    const struct CMUnitTest parts[] = {
+        cmocka_unit_test(test_lookup_and_fetch),
+        cmocka_unit_test(test_corrupt_not_cached),
+        cmocka_unit_test(test_kept_checksum_travels),
+        cmocka_unit_test(test_dead_peer_fails_within_deadline),
+        cmocka_unit_test(test_peer_stops_mid_transfer),
+        cmocka_unit_test(test_peer_killed_mid_transfer),
+        cmocka_unit_test(test_parts_out_of_order),
+        cmocka_unit_test(test_parts_gap_detected),
+    };
+    int failed = cmocka_run_group_tests_name("rendezvous", tests, NULL, NULL);
+    failed += cmocka_run_group_tests_name("parts", parts, parts_on, parts_off);
+    return failed;
 }

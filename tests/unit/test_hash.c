@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "common/failpoint_int.h"
+#include "common/hash_int.h"
 #include "kvdepot/common.h"
 
 static void hex_to_bytes(const char *hex, uint8_t *out, size_t len)
@@ -157,6 +158,43 @@ static void test_xxh3_alignment_and_avalanche(void **state)
 
 /* A libcrypto failure (injected) is KVD_ERR_INTERNAL, for block hashing
  * too, and neither output is touched. */
+/* The streaming digest of pieces fed in order equals the one-shot digest
+ * of the whole, whatever the piece sizes (the cluster hashes each part of
+ * an object as it lands); a stream with nothing fed hashes as empty. */
+static void test_xxh3_stream_matches_one_shot(void **state)
+{
+    (void)state;
+    enum { N = 3 * 65536 + 123 };
+    uint8_t *buf = malloc(N);
+    assert_non_null(buf);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < N; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        buf[i] = (uint8_t)x;
+    }
+    kvd_xxh3_stream_t *s = kvd_xxh3_stream_new();
+    assert_non_null(s);
+    assert_true(kvd_xxh3_stream_digest(s) == kvd_xxh3_64(NULL, 0));
+    kvd_xxh3_stream_free(s);
+    static const size_t pieces[] = {1, 7, 240, 4096, 16384, 61440, N};
+    for (size_t k = 0; k < sizeof pieces / sizeof *pieces; k++) {
+        s = kvd_xxh3_stream_new();
+        assert_non_null(s);
+        for (size_t off = 0; off < N; off += pieces[k]) {
+            size_t len = N - off < pieces[k] ? N - off : pieces[k];
+            kvd_xxh3_stream_update(s, buf + off, len);
+        }
+        assert_true(kvd_xxh3_stream_digest(s) == kvd_xxh3_64(buf, N));
+        kvd_xxh3_stream_update(s, buf, 0);
+        assert_true(kvd_xxh3_stream_digest(s) == kvd_xxh3_64(buf, N));
+        kvd_xxh3_stream_free(s);
+    }
+    kvd_xxh3_stream_free(NULL);
+    free(buf);
+}
+
 static void test_sha256_failure_is_internal(void **state)
 {
     (void)state;
@@ -192,6 +230,7 @@ int main(void)
         cmocka_unit_test(test_sha256_rejects_bad_arguments),
         cmocka_unit_test(test_xxh3_reference_values),
         cmocka_unit_test(test_xxh3_alignment_and_avalanche),
+        cmocka_unit_test(test_xxh3_stream_matches_one_shot),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
