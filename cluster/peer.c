@@ -27,6 +27,7 @@
 #include <openssl/crypto.h>
 
 #include "cluster/peer_int.h"
+#include "common/copy_int.h"
 #include "common/endian_int.h"
 #include "common/failpoint_int.h"
 #include "common/hash_int.h"
@@ -46,7 +47,7 @@
  * behind the current one's, so the socket never waits for a turn of the
  * progress loop, and no more. */
 #define PEER_XFER_WINDOW 2u
-/* Bytes copied into a slot, then hashed, per step (stays in L1/L2). */
+/* Bytes of a part hashed, then copied into its slot, per step (L1/L2). */
 #define PEER_HASH_STEP (16u << 10)
 
 /* A FETCH entry: waiting, a rendezvous receive in flight (UCX writes the
@@ -1095,9 +1096,10 @@ out:
     return ret;
 }
 
-/* Copies a part into the slot; a part at the end of what came in order is
- * hashed step by step right after its copy, while the bytes are in the
- * cache. */
+/* Copies a part into the slot with non-temporal stores (the slot is cold
+ * and stays unread until an engine loads it; common/copy_int.h). A part
+ * at the end of what came in order is hashed step by step just before
+ * each step's copy, while UCX's receive buffer holds it in the cache. */
 static void rx_copy(peer_rx_t *rx, uint8_t *slot, uint64_t off,
                     const uint8_t *src, size_t len)
 {
@@ -1105,14 +1107,14 @@ static void rx_copy(peer_rx_t *rx, uint8_t *slot, uint64_t off,
         for (size_t done = 0; done < len;) {
             size_t step =
                 len - done < PEER_HASH_STEP ? len - done : PEER_HASH_STEP;
-            memcpy(slot + off + done, src + done, step);
-            kvd_xxh3_stream_update(rx->hash, slot + off + done, step);
+            kvd_xxh3_stream_update(rx->hash, src + done, step);
+            kvd_copy_nt(slot + off + done, src + done, step);
             done += step;
         }
         rx->next += len;
     } else {
         rx->ordered = false; /* hashed whole at the end */
-        memcpy(slot + off, src, len);
+        kvd_copy_nt(slot + off, src, len);
     }
     rx->received += len;
 }
