@@ -7,7 +7,10 @@
  *           objects saved through node A (keys chosen so that A is their
  *           home, so nothing moves before the lookup), then looked up
  *           through node B in chains of CHAIN_LEN; B asks A for them in one
- *           batch and pulls them over UCX into its arena before answering.
+ *           batch and pulls them over UCX into its arena before answering
+ *           (in parts of cluster.fetch_part, the daemons' default, unless
+ *           KVDEPOT_CLUSTER_FETCH_PART in the environment says otherwise:
+ *           0 measures whole objects by rendezvous).
  *           Bytes per second of lookups, everything included (gRPC from
  *           the client to B, LOOKUP and FETCH to A, checksums, commits).
  *           Peer: ucx_perftest ucp_am_bw with 2 MiB messages over the
@@ -19,9 +22,8 @@
  *           through a bounce buffer instead of put_zcopy (second
  *           headline). ucx_perftest sends one 2 MiB buffer again and again, so
  *           its data stays in the caches; kvdepot moves OBJECTS distinct
- *           objects (256 MiB) and reads each twice more for its checksum
- *           (sender and receiver). Headline: median of the per-pass ratios
- *           to am_bw.
+ *           objects (256 MiB) and hashes each on arrival. Headline:
+ *           median of the per-pass ratios to am_bw.
  *   reroute three daemons, R=2: a chain saved through A and pushed to its
  *           homes; A is SIGKILLed; the time until a lookup through C
  *           matches the whole chain again, and until A leaves C's view
