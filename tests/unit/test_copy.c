@@ -14,17 +14,14 @@
 #include <cmocka.h>
 
 #include "common/copy_int.h"
+#include "tests/unit/kvd_testdata_int.h"
 
 enum { SPAN = 4096 + 256 };
 
-static void pattern(uint8_t *p, size_t n, uint32_t seed)
+static void pattern(uint8_t *p, size_t n, uint64_t seed)
 {
-    uint32_t x = seed * 2654435761u + 1;
     for (size_t i = 0; i < n; i++) {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        p[i] = (uint8_t)x;
+        p[i] = (uint8_t)kvd_test_rng(&seed);
     }
 }
 
