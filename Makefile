@@ -9,6 +9,8 @@
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
 #                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
+#   make bench-peers     kvdepot against LMCache, Mooncake and NIXL in one run
+#                        (PyPI peers in a venv under build/; not make test)
 #   make soak            32 client processes against one kvdepotd for 10 min
 #                        (SOAK_SECONDS, SOAK_CLIENTS); not part of make test
 #   make fuzz NAME=x     run one libFuzzer target for FUZZ_SECONDS (clang)
@@ -23,8 +25,8 @@ FUZZ_SECONDS ?= 60
 CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all deps build test test-ci test-asan test-tsan test-vllm demo bench soak fuzz \
-        fuzz-all fmt \
+.PHONY: all deps build test test-ci test-asan test-tsan test-vllm demo bench bench-peers soak \
+        fuzz fuzz-all fmt \
         format-check lint install clean
 
 all: build
@@ -64,6 +66,11 @@ test-vllm: build
 
 demo: build
 	@build/dev/demo/kvdepot-demo $(DEMO_ARGS)
+
+# The peers come from PyPI into build/peers-venv (scripts/install-peers.sh).
+bench-peers: build
+	@scripts/install-peers.sh build/peers-venv
+	@build/peers-venv/bin/python bench/peers/run.py
 
 SOAK_SECONDS ?= 600
 SOAK_CLIENTS ?= 32

@@ -91,6 +91,61 @@ static kvd_store_t *store_open(const char *const *kv, size_t n)
 
 /* ---- arena vs memcpy ---------------------------------------------------- */
 
+/* Stores ARENA_OBJECTS objects of `pass` from src: reserve, copy in,
+ * commit. */
+static int arena_put_all(kvd_store_t *st, const kvd_namespace_t *ns,
+                         uint32_t pass, const uint8_t *src)
+{
+    for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
+        kvd_block_hash_t h = hash_of(pass, i);
+        kvd_store_reservation_t r;
+        kvd_store_key_t key = {*ns, h};
+        if (kvd_store_reserve(st, ns, &h, 1, OBJ_BYTES, 0, &r) != KVD_OK ||
+            r.status != KVD_OK) {
+            fprintf(stderr, "bench_store: reserve failed\n");
+            return 1;
+        }
+        memcpy(kvd_store_arena_ptr(st, r.arena_offset, OBJ_BYTES),
+               src + (size_t)i * OBJ_BYTES, OBJ_BYTES);
+        (void)kvd_store_commit(st, &key, 1, NULL);
+    }
+    return 0;
+}
+
+/* Gets them back: lookup, copy out to dst + i * stride, release; a byte
+ * of each copy goes into *sink, so no copy is optimised away. */
+static int arena_get_all(kvd_store_t *st, const kvd_namespace_t *ns,
+                         uint32_t pass, uint8_t *dst, size_t stride,
+                         unsigned *sink)
+{
+    for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
+        kvd_block_hash_t h = hash_of(pass, i);
+        kvd_store_lease_t l;
+        size_t m = 0;
+        (void)kvd_store_lookup(st, ns, &h, 1, &l, &m);
+        if (m != 1) {
+            fprintf(stderr, "bench_store: lookup missed\n");
+            return 1;
+        }
+        uint8_t *out = dst + (size_t)i * stride;
+        memcpy(out, kvd_store_arena_ptr(st, l.arena_offset, OBJ_BYTES),
+               OBJ_BYTES);
+        *sink += out[i];
+        (void)kvd_store_release(st, &l, 1);
+    }
+    return 0;
+}
+
+/* Deletes them, so the next pass finds the arena empty. */
+static void arena_delete_all(kvd_store_t *st, const kvd_namespace_t *ns,
+                             uint32_t pass)
+{
+    for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
+        kvd_store_key_t key = {*ns, hash_of(pass, i)};
+        (void)kvd_store_delete(st, &key, 1, NULL);
+    }
+}
+
 static int bench_arena(void)
 {
     static const char *const kv[] = {
@@ -122,40 +177,14 @@ static int bench_arena(void)
             sink += dst[i];
         }
         double t1 = now_s();
-        for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
-            kvd_block_hash_t h = hash_of(pass, i);
-            kvd_store_reservation_t r;
-            kvd_store_key_t key = {ns, h};
-            if (kvd_store_reserve(st, &ns, &h, 1, OBJ_BYTES, 0, &r) != KVD_OK ||
-                r.status != KVD_OK) {
-                fprintf(stderr, "bench_store: reserve failed\n");
-                return 1;
-            }
-            memcpy(kvd_store_arena_ptr(st, r.arena_offset, OBJ_BYTES),
-                   src + (size_t)i * OBJ_BYTES, OBJ_BYTES);
-            (void)kvd_store_commit(st, &key, 1, NULL);
-        }
-        for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
-            kvd_block_hash_t h = hash_of(pass, i);
-            kvd_store_lease_t l;
-            size_t m = 0;
-            (void)kvd_store_lookup(st, &ns, &h, 1, &l, &m);
-            if (m != 1) {
-                fprintf(stderr, "bench_store: lookup missed\n");
-                return 1;
-            }
-            memcpy(dst, kvd_store_arena_ptr(st, l.arena_offset, OBJ_BYTES),
-                   OBJ_BYTES);
-            sink += dst[i];
-            (void)kvd_store_release(st, &l, 1);
+        if (arena_put_all(st, &ns, pass, src) != 0 ||
+            arena_get_all(st, &ns, pass, dst, 0, &sink) != 0) {
+            return 1;
         }
         double t2 = now_s();
         best_peer = t1 - t0 < best_peer ? t1 - t0 : best_peer;
         best_store = t2 - t1 < best_store ? t2 - t1 : best_store;
-        for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
-            kvd_store_key_t key = {ns, hash_of(pass, i)};
-            (void)kvd_store_delete(st, &key, 1, NULL);
-        }
+        arena_delete_all(st, &ns, pass);
     }
     double gb = 2.0 * (double)total / 1e9;
     printf("arena, %u x 2 MiB put+get: store %.2f GB/s, memcpy %.2f GB/s "
@@ -265,7 +294,11 @@ static int store_disk_write(const char *dir, double *bytes_per_s)
     return 0;
 }
 
-static int store_disk_read(const char *dir, double *bytes_per_s)
+/* Reads every object back after a reopen; with `copy_out`, each object is
+ * also copied there (object i at i * OBJ_BYTES) as its completion arrives,
+ * inside the timed part, as a caller that wants the bytes would. */
+static int store_disk_read(const char *dir, double *bytes_per_s,
+                           uint8_t *copy_out)
 {
     kvd_store_t *st = store_open_disk(dir);
     if (st == NULL) {
@@ -290,7 +323,15 @@ static int store_disk_read(const char *dir, double *bytes_per_s)
     (void)kvd_store_get_submit(st, g, m, &accepted);
     while (got < accepted) {
         (void)kvd_store_wait(st, 10000);
-        got += kvd_store_poll(st, c + got, DISK_OBJECTS - got);
+        size_t n = kvd_store_poll(st, c + got, DISK_OBJECTS - got);
+        for (size_t i = got; copy_out != NULL && i < got + n; i++) {
+            const void *p =
+                kvd_store_arena_ptr(st, c[i].lease.arena_offset, OBJ_BYTES);
+            if (c[i].status == KVD_OK && p != NULL) {
+                memcpy(copy_out + c[i].user_data * OBJ_BYTES, p, OBJ_BYTES);
+            }
+        }
+        got += n;
     }
     double t1 = now_s();
     for (size_t i = 0; i < got; i++) {
@@ -358,8 +399,8 @@ static int bench_nvme(double *fio_write_out)
         double a = fio_run(fio_file, "write");
         double b = fio_run(fio_file, "read");
         unlink(fio_file);
-        if (store_disk_write(dir, &w) != 0 || store_disk_read(dir, &r) != 0 ||
-            a <= 0 || b <= 0) {
+        if (store_disk_write(dir, &w) != 0 ||
+            store_disk_read(dir, &r, NULL) != 0 || a <= 0 || b <= 0) {
             fprintf(stderr, "bench_store: NVMe part failed (fio %s)\n",
                     a <= 0 || b <= 0 ? "failed or missing" : "ok");
             rm_store_dir(root);
@@ -379,6 +420,112 @@ static int bench_nvme(double *fio_write_out)
     headline("nvme_write_vs_fio", sw, "target >= 0.9");
     headline("nvme_read_vs_fio", sr, "target >= 0.9");
     *fio_write_out = fw;
+    return 0;
+}
+
+/* ---- the figures bench/peers/run.py sets beside LMCache's --------------- */
+
+/* Arena store (reserve, copy in, commit) and retrieve (lookup, copy out to
+ * the caller's buffer, release) of ARENA_OBJECTS distinct objects, timed
+ * apart; bytes per second of the pass. */
+static int peers_arena_pass(kvd_store_t *st, uint32_t pass, const uint8_t *src,
+                            uint8_t *dst, double *store_bps,
+                            double *retrieve_bps)
+{
+    kvd_namespace_t ns;
+    memset(ns.bytes, 4, sizeof ns.bytes);
+    unsigned sink = 0;
+    double t0 = now_s();
+    if (arena_put_all(st, &ns, pass, src) != 0) {
+        return 1;
+    }
+    double t1 = now_s();
+    if (arena_get_all(st, &ns, pass, dst, OBJ_BYTES, &sink) != 0) {
+        return 1;
+    }
+    double t2 = now_s();
+    arena_delete_all(st, &ns, pass);
+    double bytes = (double)ARENA_OBJECTS * OBJ_BYTES;
+    *store_bps = bytes / (t1 - t0);
+    *retrieve_bps = bytes / (t2 - t1);
+    return memcmp(src, dst, (size_t)ARENA_OBJECTS * OBJ_BYTES) != 0;
+}
+
+/* The disk objects as store_disk_write fills them. */
+static int peers_disk_check(const uint8_t *dst)
+{
+    for (uint32_t i = 0; i < DISK_OBJECTS; i++) {
+        const uint8_t *p = dst + (size_t)i * OBJ_BYTES;
+        if (p[0] != (uint8_t)(i * 7 + 1) || p[OBJ_BYTES - 1] != p[0]) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* `bench_store --peers`: the same objects as LMCache's run in
+ * bench/peers/run.py, PEERS_PASSES passes, medians printed as one JSON line
+ * (bytes per second), with fio on the same disk as the device's ceiling. */
+#define PEERS_PASSES 5
+static int bench_peers(void)
+{
+    static const char *const kv[] = {
+        "store.arena_size",      "640m", "store.arena_chunk",    "64m",
+        "store.arena_hugepages", "auto", "store.arena_prefault", "true"};
+    const char *base = getenv("KVDEPOT_BENCH_DIR");
+    char root[512], dir[600];
+    snprintf(root, sizeof root, "%s/kvd_bench_peers_XXXXXX",
+             base != NULL && base[0] != '\0' ? base : "/var/tmp");
+    size_t arena_bytes = (size_t)ARENA_OBJECTS * OBJ_BYTES;
+    size_t disk_bytes = (size_t)DISK_OBJECTS * OBJ_BYTES;
+    kvd_store_t *st = store_open(kv, sizeof kv / sizeof kv[0]);
+    uint8_t *src = malloc(arena_bytes), *dst = malloc(disk_bytes);
+    if (st == NULL || src == NULL || dst == NULL || mkdtemp(root) == NULL) {
+        fprintf(stderr, "bench_store: peers setup failed\n");
+        return 1;
+    }
+    snprintf(dir, sizeof dir, "%s/store", root);
+    for (size_t i = 0; i < arena_bytes; i++) {
+        src[i] = (uint8_t)(i * 2654435761u >> 13) | 1;
+    }
+    memset(dst, 0, disk_bytes);
+    double as[PEERS_PASSES], ar[PEERS_PASSES], dw[PEERS_PASSES],
+        dr[PEERS_PASSES], fw[PEERS_PASSES], fr[PEERS_PASSES];
+    char fio_file[600];
+    snprintf(fio_file, sizeof fio_file, "%s/fio.dat", root);
+    int rc = 0;
+    for (uint32_t p = 0; p < PEERS_PASSES && rc == 0; p++) {
+        rc = peers_arena_pass(st, p, src, dst, &as[p], &ar[p]);
+        if (rc == 0) {
+            memset(dst, 0, disk_bytes);
+            fw[p] = fio_run(fio_file, "write");
+            fr[p] = fio_run(fio_file, "read");
+            unlink(fio_file);
+            rc = fw[p] <= 0 || fr[p] <= 0 ||
+                 store_disk_write(dir, &dw[p]) != 0 ||
+                 store_disk_read(dir, &dr[p], dst) != 0 ||
+                 peers_disk_check(dst) != 0;
+        }
+        rm_store_dir(dir);
+        if (rc != 0) {
+            fprintf(stderr, "bench_store: peers pass %u failed\n", p + 1);
+        }
+    }
+    kvd_store_close(st);
+    rm_store_dir(root);
+    free(dst);
+    free(src);
+    if (rc != 0) {
+        return rc;
+    }
+    printf("PEERS {\"objects\": [%u, %u], \"size\": %u, \"passes\": %d, "
+           "\"arena_store\": %.0f, \"arena_retrieve\": %.0f, "
+           "\"disk_store\": %.0f, \"disk_retrieve\": %.0f, "
+           "\"fio_write\": %.0f, \"fio_read\": %.0f}\n",
+           ARENA_OBJECTS, DISK_OBJECTS, (unsigned)OBJ_BYTES, PEERS_PASSES,
+           median(as, PEERS_PASSES), median(ar, PEERS_PASSES),
+           median(dw, PEERS_PASSES), median(dr, PEERS_PASSES),
+           median(fw, PEERS_PASSES), median(fr, PEERS_PASSES));
     return 0;
 }
 
@@ -457,8 +604,15 @@ static int bench_index(double fio_write_bytes_per_s)
     return 0;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--peers") == 0) {
+        return bench_peers();
+    }
+    if (argc != 1) {
+        fprintf(stderr, "usage: bench_store [--peers]\n");
+        return 2;
+    }
     double fio_write = 0;
     int rc = bench_arena();
     if (rc == 0) {
