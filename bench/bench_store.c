@@ -466,7 +466,7 @@ static int peers_disk_check(const uint8_t *dst)
 /* `bench_store --peers`: the same objects as LMCache's run in
  * bench/peers/run.py, PEERS_PASSES passes, medians printed as one JSON line
  * (bytes per second), with fio on the same disk as the device's ceiling. */
-#define PEERS_PASSES 5
+#define PEERS_PASSES 3
 static int bench_peers(void)
 {
     static const char *const kv[] = {
@@ -493,23 +493,27 @@ static int bench_peers(void)
         dr[PEERS_PASSES], fw[PEERS_PASSES], fr[PEERS_PASSES];
     char fio_file[600];
     snprintf(fio_file, sizeof fio_file, "%s/fio.dat", root);
-    int rc = 0;
+    /* The arena passes first, after one untimed pass as LMCache's side
+     * has (first touches of the pages are not the store's), then the disk
+     * passes: on this VM the first memory pass after a disk pass runs
+     * at half speed, whoever makes it. */
+    double warm_s, warm_r;
+    int rc = peers_arena_pass(st, PEERS_PASSES, src, dst, &warm_s, &warm_r);
     for (uint32_t p = 0; p < PEERS_PASSES && rc == 0; p++) {
         rc = peers_arena_pass(st, p, src, dst, &as[p], &ar[p]);
-        if (rc == 0) {
-            memset(dst, 0, disk_bytes);
-            fw[p] = fio_run(fio_file, "write");
-            fr[p] = fio_run(fio_file, "read");
-            unlink(fio_file);
-            rc = fw[p] <= 0 || fr[p] <= 0 ||
-                 store_disk_write(dir, &dw[p]) != 0 ||
-                 store_disk_read(dir, &dr[p], dst) != 0 ||
-                 peers_disk_check(dst) != 0;
-        }
+    }
+    for (uint32_t p = 0; p < PEERS_PASSES && rc == 0; p++) {
+        memset(dst, 0, disk_bytes);
+        fw[p] = fio_run(fio_file, "write");
+        fr[p] = fio_run(fio_file, "read");
+        unlink(fio_file);
+        rc = fw[p] <= 0 || fr[p] <= 0 || store_disk_write(dir, &dw[p]) != 0 ||
+             store_disk_read(dir, &dr[p], dst) != 0 ||
+             peers_disk_check(dst) != 0;
         rm_store_dir(dir);
-        if (rc != 0) {
-            fprintf(stderr, "bench_store: peers pass %u failed\n", p + 1);
-        }
+    }
+    if (rc != 0) {
+        fprintf(stderr, "bench_store: a peers pass failed\n");
     }
     kvd_store_close(st);
     rm_store_dir(root);

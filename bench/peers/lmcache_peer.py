@@ -3,7 +3,7 @@
 N objects of SIZE bytes (uint8, non-zero random source bytes), distinct
 CacheEngineKeys. One untimed warm-up pass (LMCache's CPU arena is plain
 lazily-faulted memory on a host without a GPU, where cudaHostAlloc would
-have made it resident), then five timed passes with fresh keys; the median
+have made it resident), then three timed passes with fresh keys; the median
 pass is reported for store and retrieve separately. Every retrieved byte is
 compared with the source outside the timed regions. The copies in and out
 stand in for the engine's and run on one thread (torch.set_num_threads(1)),
@@ -61,7 +61,7 @@ from lmcache.v1.storage_backend.local_disk_backend import (  # noqa: E402
     LocalDiskBackend,
 )
 
-PASSES = 5
+PASSES = 3
 WARMUP = 1
 TOKENS = 256
 MODEL = "kvdepot-bench"

@@ -1,7 +1,8 @@
 """kvdepot against LMCache, Mooncake and NIXL: same machine, same data, same run.
 
 `make bench-peers` runs this with the peers' virtualenv (scripts/install-peers.sh).
-Every workload runs kvdepot and its peer back to back; each peer runs in its own
+Every workload runs kvdepot and its peer back to back (the store workloads in
+three rounds, headline = median of the rounds' ratios); each peer runs in its own
 process (bench/peers/<peer>_peer.py prints one JSON line), so a peer that cannot
 run here becomes a row with its exact error instead of ending the run.
 
@@ -28,6 +29,7 @@ build's programs come from build/dev/bench unless KVDEPOT_BENCH_BIN says.
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +41,7 @@ ROOT = HERE.parents[1]
 BIN = Path(os.environ.get("KVDEPOT_BENCH_BIN", ROOT / "build" / "dev" / "bench"))
 GB = 1e9
 PEER_TIMEOUT_S = 600
+STORE_ROUNDS = 3
 
 
 def dist_version(*names):
@@ -105,83 +108,109 @@ def attempt(fn):
         return None, f"{type(e).__name__}: {e}"
 
 
-class Table:
-    def __init__(self):
-        self.rows = []
+class Row:
+    """One workload: (kvdepot, peer) bytes per second for each round."""
 
-    def add(self, name, metric, ours, peer, peer_run, key):
+    def __init__(self, name, metric, peer, key):
+        self.name, self.metric, self.peer, self.key = name, metric, peer, key
+        self.pairs = []
+        self.err = None
+
+    def record(self, ours, peer_run):
         result, err = peer_run
-        theirs = result.get(key) if result is not None else None
-        self.rows.append((name, metric, ours, peer, theirs, err))
+        if err is not None:
+            self.err = self.err or err
+        elif ours:
+            self.pairs.append((ours, result[self.key]))
 
-    def print(self, notes, versions):
-        print("\nkvdepot against its peers (GB/s = 1e9 bytes/s; "
-              "ratio = kvdepot / peer)")
-        print(f"{'workload':<36} {'kvdepot':>9} {'peer':<9} "
-              f"{'peer GB/s':>9} {'ratio':>6}")
-        for name, _, ours, peer, theirs, err in self.rows:
-            ours_s = f"{ours / GB:9.2f}" if ours else f"{'failed':>9}"
-            if ours and theirs:
-                print(f"{name:<36} {ours_s} {peer:<9} {theirs / GB:9.2f} "
-                      f"{ours / theirs:6.2f}")
-                continue
-            print(f"{name:<36} {ours_s} {peer:<9} {'-':>9} {'-':>6}")
-            if err is not None:
-                print(f"    {peer} could not run here: {err}")
-        for note in notes:
-            print(note)
-        print("versions: " + "; ".join(versions))
-        print(f"machine: {os.cpu_count()} CPUs, Linux {os.uname().release}")
-        print()
-        for _, metric, ours, _, theirs, _ in self.rows:
-            if ours and theirs:
-                print(f"BENCH peers: {metric} = {ours / theirs:.3g} "
-                      "(target >= 1.0)")
+    def ratio(self):
+        return statistics.median(o / t for o, t in self.pairs)
 
-    def complete(self):
-        return all(ours and theirs for _, _, ours, _, theirs, _ in self.rows)
+    def line(self):
+        if not self.pairs:
+            why = f"\n    {self.peer} could not run here: {self.err}" \
+                if self.err else ""
+            return f"{self.name:<36} {'-':>9} {self.peer:<9} {'-':>9} " \
+                   f"{'-':>6}{why}"
+        ours = statistics.median(o for o, _ in self.pairs) / GB
+        theirs = statistics.median(t for _, t in self.pairs) / GB
+        return f"{self.name:<36} {ours:9.2f} {self.peer:<9} {theirs:9.2f} " \
+               f"{self.ratio():6.2f}"
+
+
+def print_table(rows, notes, versions):
+    print("\nkvdepot against its peers (GB/s = 1e9 bytes/s, medians over "
+          "the rounds; ratio = median of the rounds' kvdepot / peer)")
+    print(f"{'workload':<36} {'kvdepot':>9} {'peer':<9} {'peer GB/s':>9} "
+          f"{'ratio':>6}")
+    for row in rows:
+        print(row.line())
+    for note in notes:
+        print(note)
+    print("versions: " + "; ".join(versions))
+    print(f"machine: {os.cpu_count()} CPUs, Linux {os.uname().release}")
+    print()
+    for row in rows:
+        if row.pairs:
+            print(f"BENCH peers: {row.metric} = {row.ratio():.3g} "
+                  "(target >= 1.0)")
+
+
+def store_rounds(rows, bench_dir):
+    """STORE_ROUNDS rounds of kvdepot then LMCache: memory and the disk
+    drift within a run, so each round's pair is measured back to back."""
+    fio = []
+    for _ in range(STORE_ROUNDS):
+        store = kvdepot_store()
+        arena_n, disk_n = store["objects"]
+        size = store["size"]
+        cpu = attempt(lambda: run_peer("lmcache_peer.py", "cpu", "--objects",
+                                       arena_n, "--size", size))
+        with tempfile.TemporaryDirectory(prefix="kvd_bench_peers_",
+                                         dir=bench_dir) as d:
+            disk = attempt(lambda: run_peer(
+                "lmcache_peer.py", "disk", "--objects", disk_n, "--size",
+                size, "--dir", d))
+        rows["arena_store"].record(store["arena_store"], cpu)
+        rows["arena_retrieve"].record(store["arena_retrieve"], cpu)
+        rows["disk_store"].record(store["disk_store"], disk)
+        rows["disk_retrieve"].record(store["disk_retrieve"], disk)
+        fio.append((store["fio_write"], store["fio_read"]))
+    return (f"the disk itself (fio, io_uring, O_DIRECT, 2 MiB, QD 32, same "
+            f"directory), per round: "
+            + ", ".join(f"write {w / GB:.2f} read {r / GB:.2f}"
+                        for w, r in fio) + " GB/s")
 
 
 def main():
-    table = Table()
     bench_dir = os.environ.get("KVDEPOT_BENCH_DIR", "/var/tmp")
-    store = kvdepot_store()
-    arena_n, disk_n = store["objects"]
-    size = store["size"]
-    cpu = attempt(lambda: run_peer("lmcache_peer.py", "cpu", "--objects",
-                                   arena_n, "--size", size))
-    with tempfile.TemporaryDirectory(prefix="kvd_bench_peers_",
-                                     dir=bench_dir) as d:
-        disk = attempt(lambda: run_peer("lmcache_peer.py", "disk", "--objects",
-                                        disk_n, "--size", size, "--dir", d))
-    fetch, fetch_err = attempt(kvdepot_fetch)
-    if fetch_err is not None:
-        print(f"kvdepot fetch failed: {fetch_err}", file=sys.stderr)
-    mooncake = attempt(lambda: run_peer("mooncake_peer.py"))
-    nixl = attempt(lambda: run_peer("nixl_peer.py"))
-
     lm = "LMCache"
-    table.add(f"arena store, {arena_n} x 2 MiB", "arena_store_vs_lmcache",
-              store["arena_store"], lm, cpu, "store_bytes_per_s")
-    table.add(f"arena retrieve, {arena_n} x 2 MiB",
-              "arena_retrieve_vs_lmcache", store["arena_retrieve"], lm, cpu,
-              "retrieve_bytes_per_s")
-    table.add(f"disk store, {disk_n} x 2 MiB", "disk_store_vs_lmcache",
-              store["disk_store"], lm, disk, "store_bytes_per_s")
-    table.add(f"disk retrieve, {disk_n} x 2 MiB", "disk_retrieve_vs_lmcache",
-              store["disk_retrieve"], lm, disk, "retrieve_bytes_per_s")
-    table.add("remote fetch, 128 x 2 MiB, TCP", "fetch_vs_mooncake_tcp", fetch,
-              "Mooncake", mooncake, "bytes_per_s")
-    table.add("remote fetch, 128 x 2 MiB, UCX tcp", "fetch_vs_nixl_ucx", fetch,
-              "NIXL", nixl, "bytes_per_s")
-    fio = (f"the disk itself (fio, io_uring, O_DIRECT, 2 MiB, QD 32, same "
-           f"directory): write {store['fio_write'] / GB:.2f} GB/s, read "
-           f"{store['fio_read'] / GB:.2f} GB/s")
-    table.print([fio], [kvdepot_version(), dist_version("lmcache"),
-                 dist_version("mooncake-transfer-engine",
-                              "mooncake-transfer-engine-non-cuda"),
-                 dist_version("nixl")])
-    return 0 if table.complete() else 1
+    rows = {
+        "arena_store": Row("arena store, 256 x 2 MiB",
+                           "arena_store_vs_lmcache", lm, "store_bytes_per_s"),
+        "arena_retrieve": Row("arena retrieve, 256 x 2 MiB",
+                              "arena_retrieve_vs_lmcache", lm,
+                              "retrieve_bytes_per_s"),
+        "disk_store": Row("disk store, 512 x 2 MiB", "disk_store_vs_lmcache",
+                          lm, "store_bytes_per_s"),
+        "disk_retrieve": Row("disk retrieve, 512 x 2 MiB",
+                             "disk_retrieve_vs_lmcache", lm,
+                             "retrieve_bytes_per_s"),
+        "mooncake": Row("remote fetch, 128 x 2 MiB, TCP",
+                        "fetch_vs_mooncake_tcp", "Mooncake", "bytes_per_s"),
+        "nixl": Row("remote fetch, 128 x 2 MiB, UCX tcp",
+                    "fetch_vs_nixl_ucx", "NIXL", "bytes_per_s"),
+    }
+    fio = store_rounds(rows, bench_dir)
+    fetch = kvdepot_fetch()
+    rows["mooncake"].record(fetch, attempt(lambda: run_peer("mooncake_peer.py")))
+    rows["nixl"].record(fetch, attempt(lambda: run_peer("nixl_peer.py")))
+    print_table(rows.values(), [fio], [
+        kvdepot_version(), dist_version("lmcache"),
+        dist_version("mooncake-transfer-engine",
+                     "mooncake-transfer-engine-non-cuda"),
+        dist_version("nixl")])
+    return 0 if all(r.pairs for r in rows.values()) else 1
 
 
 if __name__ == "__main__":
