@@ -157,6 +157,10 @@ static int bench_arena(void)
             *dst = malloc(OBJ_BYTES);
     if (st == NULL || src == NULL || plain == NULL || dst == NULL) {
         fprintf(stderr, "bench_store: arena setup failed\n");
+        kvd_store_close(st);
+        free(dst);
+        free(plain);
+        free(src);
         return 1;
     }
     memset(src, 0x5a, total);
@@ -166,7 +170,8 @@ static int bench_arena(void)
     memset(ns.bytes, 1, sizeof ns.bytes);
     double best_store = 1e9, best_peer = 1e9;
     unsigned sink = 0;
-    for (uint32_t pass = 0; pass < 5; pass++) {
+    int rc = 0;
+    for (uint32_t pass = 0; pass < 5 && rc == 0; pass++) {
         double t0 = now_s();
         for (uint32_t i = 0; i < ARENA_OBJECTS; i++) {
             memcpy(plain + (size_t)i * OBJ_BYTES, src + (size_t)i * OBJ_BYTES,
@@ -177,26 +182,26 @@ static int bench_arena(void)
             sink += dst[i];
         }
         double t1 = now_s();
-        if (arena_put_all(st, &ns, pass, src) != 0 ||
-            arena_get_all(st, &ns, pass, dst, 0, &sink) != 0) {
-            return 1;
-        }
+        rc = arena_put_all(st, &ns, pass, src) != 0 ||
+             arena_get_all(st, &ns, pass, dst, 0, &sink) != 0;
         double t2 = now_s();
         best_peer = t1 - t0 < best_peer ? t1 - t0 : best_peer;
         best_store = t2 - t1 < best_store ? t2 - t1 : best_store;
         arena_delete_all(st, &ns, pass);
     }
-    double gb = 2.0 * (double)total / 1e9;
-    printf("arena, %u x 2 MiB put+get: store %.2f GB/s, memcpy %.2f GB/s "
-           "(checksum %u)\n",
-           ARENA_OBJECTS, gb / best_store, gb / best_peer, sink & 1);
-    headline("arena_put_get_vs_memcpy", best_peer / best_store,
-             "target >= 0.9");
+    if (rc == 0) {
+        double gb = 2.0 * (double)total / 1e9;
+        printf("arena, %u x 2 MiB put+get: store %.2f GB/s, memcpy %.2f GB/s "
+               "(checksum %u)\n",
+               ARENA_OBJECTS, gb / best_store, gb / best_peer, sink & 1);
+        headline("arena_put_get_vs_memcpy", best_peer / best_store,
+                 "target >= 0.9");
+    }
     kvd_store_close(st);
     free(dst);
     free(plain);
     free(src);
-    return 0;
+    return rc;
 }
 
 /* ---- NVMe vs fio -------------------------------------------------------- */
@@ -482,6 +487,9 @@ static int bench_peers(void)
     uint8_t *src = malloc(arena_bytes), *dst = malloc(disk_bytes);
     if (st == NULL || src == NULL || dst == NULL || mkdtemp(root) == NULL) {
         fprintf(stderr, "bench_store: peers setup failed\n");
+        kvd_store_close(st);
+        free(dst);
+        free(src);
         return 1;
     }
     snprintf(dir, sizeof dir, "%s/store", root);
