@@ -113,11 +113,14 @@ class Row:
 
     def __init__(self, name, metric, peer, key):
         self.name, self.metric, self.peer, self.key = name, metric, peer, key
+        self.ours = []
         self.pairs = []
         self.err = None
 
     def record(self, ours, peer_run):
         result, err = peer_run
+        if ours:
+            self.ours.append(ours)
         if err is not None:
             self.err = self.err or err
         elif ours:
@@ -128,9 +131,11 @@ class Row:
 
     def line(self):
         if not self.pairs:
+            ours = f"{statistics.median(self.ours) / GB:9.2f}" \
+                if self.ours else f"{'-':>9}"
             why = f"\n    {self.peer} could not run here: {self.err}" \
                 if self.err else ""
-            return f"{self.name:<36} {'-':>9} {self.peer:<9} {'-':>9} " \
+            return f"{self.name:<36} {ours} {self.peer:<9} {'-':>9} " \
                    f"{'-':>6}{why}"
         ours = statistics.median(o for o, _ in self.pairs) / GB
         theirs = statistics.median(t for _, t in self.pairs) / GB
@@ -202,9 +207,13 @@ def main():
                     "fetch_vs_nixl_ucx", "NIXL", "bytes_per_s"),
     }
     fio = store_rounds(rows, bench_dir)
-    fetch = kvdepot_fetch()
-    rows["mooncake"].record(fetch, attempt(lambda: run_peer("mooncake_peer.py")))
-    rows["nixl"].record(fetch, attempt(lambda: run_peer("nixl_peer.py")))
+    fetch, fetch_err = attempt(kvdepot_fetch)
+    for row, script in ((rows["mooncake"], "mooncake_peer.py"),
+                        (rows["nixl"], "nixl_peer.py")):
+        if fetch_err is not None:
+            row.err = f"kvdepot's side failed first: {fetch_err}"
+        else:
+            row.record(fetch, attempt(lambda s=script: run_peer(s)))
     print_table(rows.values(), [fio], [
         kvdepot_version(), dist_version("lmcache"),
         dist_version("mooncake-transfer-engine",
