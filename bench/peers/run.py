@@ -92,12 +92,18 @@ def kvdepot_store():
 
 
 def kvdepot_fetch():
-    """Median MiB/s of bench_cluster's fetch passes, as bytes per second."""
+    """bench_cluster's fetch: the median of its passes in bytes per second,
+    and the objects it moved (count, size, lookup batch), which the peers
+    then move too."""
     out = run_program([str(BIN / "bench_cluster")])
-    m = re.search(r"^fetch: kvdepot (\d+) MiB/s", out, re.M)
-    if m is None:
+    shape = re.search(r"^bench_cluster: (\d+) objects of (\d+) KiB, "
+                      r"chains of (\d+)", out, re.M)
+    rate = re.search(r"^fetch: kvdepot (\d+) MiB/s", out, re.M)
+    if shape is None or rate is None:
         raise RuntimeError("bench_cluster printed no fetch figure")
-    return float(m.group(1)) * (1 << 20)
+    return {"bytes_per_s": float(rate.group(1)) * (1 << 20),
+            "objects": int(shape.group(1)), "size": int(shape.group(2)) << 10,
+            "batch": int(shape.group(3))}
 
 
 def attempt(fn):
@@ -121,6 +127,8 @@ class Row:
         result, err = peer_run
         if ours:
             self.ours.append(ours)
+        if err is None and self.key not in result:
+            err = f"no {self.key} in its result"
         if err is not None:
             self.err = self.err or err
         elif ours:
@@ -165,6 +173,7 @@ def store_rounds(rows, bench_dir):
     """STORE_ROUNDS rounds of kvdepot then LMCache: memory and the disk
     drift within a run, so each round's pair is measured back to back."""
     fio = []
+    store = {}
     for _ in range(STORE_ROUNDS):
         store = kvdepot_store()
         arena_n, disk_n = store["objects"]
@@ -181,40 +190,50 @@ def store_rounds(rows, bench_dir):
         rows["disk_store"].record(store["disk_store"], disk)
         rows["disk_retrieve"].record(store["disk_retrieve"], disk)
         fio.append((store["fio_write"], store["fio_read"]))
-    return (f"the disk itself (fio, io_uring, O_DIRECT, 2 MiB, QD 32, same "
-            f"directory), per round: "
+    mib = store["size"] / (1 << 20)
+    return [f"objects: arena {store['objects'][0]} x {mib:g} MiB, disk "
+            f"{store['objects'][1]} x {mib:g} MiB",
+            f"the disk itself (fio, io_uring, O_DIRECT, {mib:g} MiB, QD 32, "
+            f"same directory), per round: "
             + ", ".join(f"write {w / GB:.2f} read {r / GB:.2f}"
-                        for w, r in fio) + " GB/s")
+                        for w, r in fio) + " GB/s"]
 
 
 def main():
     bench_dir = os.environ.get("KVDEPOT_BENCH_DIR", "/var/tmp")
     lm = "LMCache"
     rows = {
-        "arena_store": Row("arena store, 256 x 2 MiB",
+        "arena_store": Row("arena store",
                            "arena_store_vs_lmcache", lm, "store_bytes_per_s"),
-        "arena_retrieve": Row("arena retrieve, 256 x 2 MiB",
+        "arena_retrieve": Row("arena retrieve",
                               "arena_retrieve_vs_lmcache", lm,
                               "retrieve_bytes_per_s"),
-        "disk_store": Row("disk store, 512 x 2 MiB", "disk_store_vs_lmcache",
+        "disk_store": Row("disk store", "disk_store_vs_lmcache",
                           lm, "store_bytes_per_s"),
-        "disk_retrieve": Row("disk retrieve, 512 x 2 MiB",
+        "disk_retrieve": Row("disk retrieve",
                              "disk_retrieve_vs_lmcache", lm,
                              "retrieve_bytes_per_s"),
-        "mooncake": Row("remote fetch, 128 x 2 MiB, TCP",
+        "mooncake": Row("remote fetch, TCP",
                         "fetch_vs_mooncake_tcp", "Mooncake", "bytes_per_s"),
-        "nixl": Row("remote fetch, 128 x 2 MiB, UCX tcp",
+        "nixl": Row("remote fetch, UCX over TCP",
                     "fetch_vs_nixl_ucx", "NIXL", "bytes_per_s"),
     }
-    fio = store_rounds(rows, bench_dir)
+    notes = store_rounds(rows, bench_dir)
     fetch, fetch_err = attempt(kvdepot_fetch)
+    if fetch is not None:
+        shape = ("--objects", fetch["objects"], "--size", fetch["size"],
+                 "--batch", fetch["batch"])
+        notes.append(f"remote fetch: {fetch['objects']} x "
+                     f"{fetch['size'] >> 20} MiB in batches of "
+                     f"{fetch['batch']}, pulled from another process")
     for row, script in ((rows["mooncake"], "mooncake_peer.py"),
                         (rows["nixl"], "nixl_peer.py")):
         if fetch_err is not None:
             row.err = f"kvdepot's side failed first: {fetch_err}"
         else:
-            row.record(fetch, attempt(lambda s=script: run_peer(s)))
-    print_table(rows.values(), [fio], [
+            row.record(fetch["bytes_per_s"],
+                       attempt(lambda s=script: run_peer(s, *shape)))
+    print_table(rows.values(), notes, [
         kvdepot_version(), dist_version("lmcache"),
         dist_version("mooncake-transfer-engine",
                      "mooncake-transfer-engine-non-cuda"),
