@@ -837,6 +837,16 @@ kvd_status_t kvd_store_arena_partitions(kvd_store_t *store,
     return s;
 }
 
+kvd_status_t kvd_store_arena_backing(kvd_store_t *store,
+                                     kvd_arena_backing_t *out)
+{
+    if (store == NULL || out == NULL || store->client != NULL) {
+        return KVD_ERR_INVALID;
+    }
+    *out = store->arena_info.backing;
+    return KVD_OK;
+}
+
 /* ---- save --------------------------------------------------------------- */
 
 static kvd_status_t store_reserve_one(kvd_store_t *st,

@@ -204,6 +204,17 @@ char *kvd_metrics_render(kvd_server_t *server)
         mb(&b, "kvdepot_arena_free_bytes{arena=\"%s\"} %llu\n", arenas[i].name,
            (unsigned long long)arenas[i].free_bytes);
     }
+    kvd_arena_backing_t pages = kvd_server_arena_backing(server);
+    mb(&b,
+       "# HELP kvdepot_arena_pages What backs the arena's memory, 1 for the "
+       "one in use: 4 KiB pages (plain), shared memory with transparent huge "
+       "pages asked for (thp), a hugetlb pool (hugetlb).\n"
+       "# TYPE kvdepot_arena_pages gauge\n"
+       "kvdepot_arena_pages{backing=\"plain\"} %d\n"
+       "kvdepot_arena_pages{backing=\"thp\"} %d\n"
+       "kvdepot_arena_pages{backing=\"hugetlb\"} %d\n",
+       pages == KVD_ARENA_BACKING_PLAIN, pages == KVD_ARENA_BACKING_THP,
+       pages == KVD_ARENA_BACKING_HUGETLB);
     mb(&b, "# TYPE kvdepot_store_leases gauge\nkvdepot_store_leases %llu\n",
        (unsigned long long)st.leases);
     mb(&b,

@@ -1271,6 +1271,13 @@ size_t kvd_server_arenas(kvd_server_t *server, kvd_server_arena_t *out,
     return k;
 }
 
+kvd_arena_backing_t kvd_server_arena_backing(kvd_server_t *server)
+{
+    kvd_arena_backing_t b = KVD_ARENA_BACKING_PLAIN;
+    (void)kvd_store_arena_backing(server->store, &b);
+    return b;
+}
+
 void kvd_server_stop(kvd_server_t *server)
 {
     if (server == NULL) {

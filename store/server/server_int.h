@@ -16,6 +16,7 @@
 
 #include "kvdepot/common.h"
 #include "kvdepot/store.h"
+#include "store/arena_int.h"
 #include "store/server/service_int.h"
 
 #ifdef __cplusplus
@@ -113,6 +114,9 @@ typedef struct kvd_server_arena {
 /* The daemon's arenas, at most `max`; returns how many were written. */
 size_t kvd_server_arenas(kvd_server_t *server, kvd_server_arena_t *out,
                          size_t max);
+
+/* What backs the daemon's arena memory (every arena: one mapping). */
+kvd_arena_backing_t kvd_server_arena_backing(kvd_server_t *server);
 
 /*
  * Graceful stop: refuses new calls, lets calls in progress finish (up to

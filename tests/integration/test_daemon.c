@@ -897,6 +897,38 @@ static void team_b_run(const kvd_test_dir_t *d, const kvd_namespace_t *ns,
     assert_int_equal(WEXITSTATUS(cst), 0);
 }
 
+/* /metrics says what backs the arena: 4 KiB pages and nothing else with
+ * store.arena_hugepages=off; exactly one backing with the default (auto),
+ * whatever this host offers. */
+static void test_arena_pages_metric(void **state)
+{
+    (void)state;
+    static const char *const names[] = {
+        "kvdepot_arena_pages{backing=\"plain\"}",
+        "kvdepot_arena_pages{backing=\"thp\"}",
+        "kvdepot_arena_pages{backing=\"hugetlb\"}"};
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_arena_pages");
+    pid_t dpid =
+        daemon_start(&d, "store.arena_hugepages=off",
+                     "server.metrics_address=127.0.0.1:0", (const char *)NULL);
+    assert_true(kvd_test_daemon_metric(&d, names[0]) == 1);
+    assert_true(kvd_test_daemon_metric(&d, names[1]) == 0);
+    assert_true(kvd_test_daemon_metric(&d, names[2]) == 0);
+    daemon_stop(dpid);
+    dpid = daemon_start(&d, "server.metrics_address=127.0.0.1:0",
+                        (const char *)NULL);
+    double sum = 0;
+    for (size_t i = 0; i < 3; i++) {
+        double v = kvd_test_daemon_metric(&d, names[i]);
+        assert_true(v == 0 || v == 1);
+        sum += v;
+    }
+    assert_true(sum == 1);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
 /* server.tenant_arenas: a tenant with an arena of its own receives that
  * arena's memfd only at the hand-off. Its process cannot reach another
  * tenant's bytes, nor another tenant its bytes, and its saves evict only
@@ -1046,6 +1078,7 @@ int main(void)
         cmocka_unit_test(test_dead_daemon_no_hang),
         cmocka_unit_test(test_admin_list_drop_drain),
         cmocka_unit_test(test_tenant_of_user),
+        cmocka_unit_test(test_arena_pages_metric),
         cmocka_unit_test(test_tenant_arenas),
         cmocka_unit_test(test_tenant_arena_after_restart),
     };
