@@ -99,6 +99,21 @@ static uint64_t nr_hugepages(void)
 /* Whether a hugetlb memfd can be created and sized here (a pool is not
  * needed for that; mmap is what reserves pages). Failpoints numbered @1
  * after memfd_create only hit the hugetlb attempt when this holds. */
+/* Whether the host's shmem THP setting gives huge pages on faults to a
+ * mapping that asks (MADV_HUGEPAGE), so auto needs no collapse. */
+static bool shmem_thp_on_faults(void)
+{
+    char buf[256] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+    if (f != NULL) {
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = '\0';
+        fclose(f);
+    }
+    return buf[0] != '\0' && strstr(buf, "[never]") == NULL &&
+           strstr(buf, "[deny]") == NULL;
+}
+
 static bool hugetlbfs_usable(void)
 {
     int fd = memfd_create("probe", MFD_CLOEXEC | MFD_HUGETLB);
@@ -156,6 +171,105 @@ static void check_info(kvd_arena_t *arena, uint64_t size)
     p[info.size_bytes - 1] = 0x5a;
     assert_int_equal(p[0], 0xa5);
     assert_int_equal(p[info.size_bytes - 1], 0x5a);
+}
+
+/* Bytes of [base, base + len) that this process maps with 2 MiB entries
+ * (/proc/self/smaps: ShmemPmdMapped and FilePmdMapped of those VMAs). */
+static uint64_t pmd_mapped(const void *base, uint64_t len)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (f == NULL) {
+        return 0;
+    }
+    uintptr_t lo = (uintptr_t)base, hi = lo + len;
+    bool inside = false;
+    uint64_t total = 0;
+    char line[512];
+    while (fgets(line, sizeof line, f) != NULL) {
+        unsigned long start, end, kb;
+        if (sscanf(line, "%lx-%lx ", &start, &end) == 2 &&
+            strchr(line, ':') != NULL && line[0] != ' ' &&
+            strncmp(line, "ShmemPmdMapped", 14) != 0 &&
+            strncmp(line, "FilePmdMapped", 13) != 0) {
+            inside = start < hi && end > lo;
+        } else if (inside &&
+                   (sscanf(line, "ShmemPmdMapped: %lu kB", &kb) == 1 ||
+                    sscanf(line, "FilePmdMapped: %lu kB", &kb) == 1)) {
+            total += (uint64_t)kb << 10;
+        }
+    }
+    fclose(f);
+    return total;
+}
+
+/* Whether this kernel builds a 2 MiB shared-memory page on request
+ * (MADV_COLLAPSE: Linux 6.1, refused under shmem_enabled "deny"). */
+static bool collapse_works(void)
+{
+    const size_t huge = 2 * MIB;
+    int fd = memfd_create("probe", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)huge) != 0) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        return false;
+    }
+    uint8_t *r = mmap(NULL, 2 * huge, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    bool ok = false;
+    if (r != MAP_FAILED) {
+        uint8_t *at = (uint8_t *)(((uintptr_t)r + huge - 1) & ~(huge - 1));
+        uint8_t *p = mmap(at, huge, PROT_READ | PROT_WRITE,
+                          MAP_SHARED | MAP_FIXED, fd, 0);
+        if (p != MAP_FAILED) {
+            p[0] = 1;
+            ok = madvise(p, huge, 25 /* MADV_COLLAPSE */) == 0;
+        }
+        munmap(r, 2 * huge);
+    }
+    close(fd);
+    return ok;
+}
+
+static void arm(const char *spec);
+
+/* auto with prefault and no hugetlb pool: 2 MiB pages anyway where the
+ * kernel builds them on request, whatever the host's shmem THP setting
+ * ("never" by default); the arena reports transparent huge pages only
+ * when the kernel maps it with them. A refused collapse leaves 4 KiB
+ * pages that work. */
+static void test_collapse(void **state)
+{
+    (void)state;
+    if (nr_hugepages() != 0) {
+        skip(); /* auto would take the pool */
+    }
+    bool can = collapse_works();
+    for (int refuse = 0; refuse < 2; refuse++) {
+        kvd_arena_config_t cfg =
+            test_config(8 * MIB, 2 * MIB, KVD_ARENA_HUGEPAGES_AUTO, true);
+        kvd_arena_t *arena = NULL;
+        if (refuse) {
+            arm("arena.collapse=ENOMEM@2"); /* after one extent */
+        }
+        assert_int_equal(kvd_arena_create(&cfg, &arena), KVD_OK);
+        kvd_failpoint_clear();
+        check_info(arena, 8 * MIB);
+        kvd_arena_info_t info;
+        assert_int_equal(kvd_arena_query(arena, &info), KVD_OK);
+        uint64_t pmd = pmd_mapped(info.base, info.map_bytes);
+        if (info.backing == KVD_ARENA_BACKING_THP) {
+            assert_true(pmd > 0);
+        }
+        if (can && !refuse) {
+            assert_int_equal(info.backing, KVD_ARENA_BACKING_THP);
+            assert_int_equal(pmd, info.map_bytes);
+        }
+        if (refuse && can && !shmem_thp_on_faults()) {
+            assert_int_equal(info.backing, KVD_ARENA_BACKING_PLAIN);
+        }
+        kvd_arena_destroy(arena);
+    }
 }
 
 static void test_create_modes(void **state)
@@ -1252,6 +1366,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_modes),
+        cmocka_unit_test(test_collapse),
         cmocka_unit_test(test_create_invalid),
         cmocka_unit_test(test_prefault),
         cmocka_unit_test(test_class_register),
