@@ -17,6 +17,8 @@
  *           other objects goes through B untimed, as ucx_perftest runs a
  *           tenth of its iterations untimed before its clock starts (its
  *           warm-up); its rate is printed as the first lookup after idle.
+ *           Node A and node B run on a CPU of their own each, as on two
+ *           hosts, and so do ucx_perftest's server and client.
  *           Peer: ucx_perftest ucp_am_bw with 2 MiB messages over the
  *           same transport, run between the kvdepot passes; ucp_put_bw and
  *           one plain memcpy of the same bytes (cold memory) are reported
@@ -61,6 +63,7 @@ enum { A1, B1, A2, B2, C2, NODES };
 
 typedef struct node {
     const char *id, *cluster, *replicas;
+    int cpu; /* the only CPU it runs on, or -1 */
     char dir[160], ready[200], sock[200];
     pid_t pid;
     kvd_store_t *client;
@@ -73,6 +76,7 @@ typedef struct bench {
     node_t n[NODES];
     kvd_namespace_t ns;
     uint32_t next_key;
+    int side_cpu[2]; /* the two ends of a transfer, or -1 */
 } bench_t;
 
 static char headlines[3][200];
@@ -158,7 +162,7 @@ static int node_start(bench_t *b, node_t *n, const char *bin)
                     "--ready-file",
                     n->ready,
                     NULL};
-    n->pid = child_spawn(argv, log);
+    n->pid = child_spawn_on(n->cpu, argv, log);
     return n->pid < 0 ? -1 : 0;
 }
 
@@ -329,7 +333,7 @@ static double perftest(const bench_t *b, const char *test, bool err_handling)
     snprintf(log_s, sizeof log_s, "%s/perftest-server.log", b->dir);
     snprintf(log_c, sizeof log_c, "%s/perftest-client.log", b->dir);
     char *sv[] = {(char *)bin, "-p", port, err_handling ? "-e" : NULL, NULL};
-    pid_t server = child_spawn(sv, log_s);
+    pid_t server = child_spawn_on(b->side_cpu[0], sv, log_s);
     usleep(300000);
     char *cv[] = {(char *)bin,
                   "127.0.0.1",
@@ -343,7 +347,7 @@ static double perftest(const bench_t *b, const char *test, bool err_handling)
                   "256",
                   err_handling ? "-e" : NULL,
                   NULL};
-    pid_t client = child_spawn(cv, log_c);
+    pid_t client = child_spawn_on(b->side_cpu[1], cv, log_c);
     int st = 0;
     if (client < 0 || waitpid(client, &st, 0) != client || !WIFEXITED(st) ||
         WEXITSTATUS(st) != 0) {
@@ -519,6 +523,22 @@ int main(void)
                      {"node-c", "reroute", "2"}};
     int rc = 1;
     const char *bin = env_or("KVDEPOTD", KVD_BENCH_KVDEPOTD);
+    /* The two ends of a transfer (node A and node B of the fetch, the
+     * ucx_perftest server and client) run on a CPU of their own each, as
+     * on two hosts: left to the scheduler, a thread woken by a message
+     * from the other end tends to be placed on the CPU of the thread that
+     * woke it, and then both polling progress threads share one CPU.
+     * ucx_perftest's processes never sleep, so they stay apart anyway. */
+    b.side_cpu[0] = b.side_cpu[1] = -1;
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) == 0 &&
+        CPU_COUNT(&mine) >= 2) {
+        for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; c++) {
+            if (CPU_ISSET(c, &mine)) {
+                b.side_cpu[k++] = c;
+            }
+        }
+    }
     /* Every child starts before this process opens a client: gRPC does not
      * survive fork() (ucx_perftest, started later, only execs). */
     if (etcd_start(&b) != 0) {
@@ -528,6 +548,7 @@ int main(void)
         b.n[i].id = spec[i].id;
         b.n[i].cluster = spec[i].cluster;
         b.n[i].replicas = spec[i].replicas;
+        b.n[i].cpu = i == A1 ? b.side_cpu[0] : i == B1 ? b.side_cpu[1] : -1;
         if (node_start(&b, &b.n[i], bin) != 0) {
             goto out;
         }
@@ -549,9 +570,11 @@ int main(void)
     }
 
     printf("bench_cluster: %u objects of %u KiB, chains of %u, %d passes; "
-           "UCX_TLS=%s UCX_NET_DEVICES=%s; arenas on %s pages\n",
+           "UCX_TLS=%s UCX_NET_DEVICES=%s; arenas on %s pages; the two "
+           "ends on CPUs %d and %d\n",
            OBJECTS, OBJ >> 10, CHAIN_LEN, PASSES, getenv("UCX_TLS"),
-           getenv("UCX_NET_DEVICES"), arena_pages(&b.n[A1]));
+           getenv("UCX_NET_DEVICES"), arena_pages(&b.n[A1]), b.side_cpu[0],
+           b.side_cpu[1]);
     double warm[PASSES];
     (void)fetch_pass(&b, &warm[0]); /* endpoints, arena pages */
     double kvd[PASSES], am[PASSES], am_e[PASSES], put[PASSES], mc[PASSES];

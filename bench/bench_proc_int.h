@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -47,8 +48,9 @@ static inline double median(const double *v, size_t n)
     return n % 2 == 1 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
-/* Forks and execs argv with stdout and stderr in `log`; -1 if fork failed. */
-static inline pid_t child_spawn(char *const argv[], const char *log)
+/* Forks and execs argv with stdout and stderr in `log`, on CPU `cpu` only
+ * when it is not negative; -1 if fork failed. */
+static inline pid_t child_spawn_on(int cpu, char *const argv[], const char *log)
 {
     pid_t parent = getpid();
     fflush(NULL); /* or the child's freopen writes this buffer again */
@@ -59,6 +61,14 @@ static inline pid_t child_spawn(char *const argv[], const char *log)
         if (getppid() != parent || freopen(log, "w", stdout) == NULL) {
             _exit(126);
         }
+        if (cpu >= 0) {
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(cpu, &one);
+            if (sched_setaffinity(0, sizeof one, &one) != 0) {
+                _exit(126);
+            }
+        }
         (void)dup2(STDOUT_FILENO, STDERR_FILENO);
         execvp(argv[0], argv);
         _exit(127);
@@ -67,6 +77,12 @@ static inline pid_t child_spawn(char *const argv[], const char *log)
         fprintf(stderr, "%s: fork: %s\n", bench_prog, strerror(errno));
     }
     return pid;
+}
+
+/* Forks and execs argv with stdout and stderr in `log`; -1 if fork failed. */
+static inline pid_t child_spawn(char *const argv[], const char *log)
+{
+    return child_spawn_on(-1, argv, log);
 }
 
 static inline bool child_alive(pid_t pid, const char *name)
