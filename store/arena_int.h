@@ -100,7 +100,8 @@ typedef enum kvd_arena_hugepages {
 /* What the region actually got. */
 typedef enum kvd_arena_backing {
     KVD_ARENA_BACKING_PLAIN = 0,   /* 4 KiB pages */
-    KVD_ARENA_BACKING_THP = 1,     /* shmem with MADV_HUGEPAGE accepted */
+    KVD_ARENA_BACKING_THP = 1,     /* shmem on 2 MiB pages: MADV_HUGEPAGE
+                                      accepted, or built by MADV_COLLAPSE */
     KVD_ARENA_BACKING_HUGETLB = 2, /* hugetlbfs memfd */
 } kvd_arena_backing_t;
 
