@@ -187,10 +187,8 @@ static uint64_t pmd_mapped(const void *base, uint64_t len)
     char line[512];
     while (fgets(line, sizeof line, f) != NULL) {
         unsigned long start, end, kb;
-        if (sscanf(line, "%lx-%lx ", &start, &end) == 2 &&
-            strchr(line, ':') != NULL && line[0] != ' ' &&
-            strncmp(line, "ShmemPmdMapped", 14) != 0 &&
-            strncmp(line, "FilePmdMapped", 13) != 0) {
+        /* A VMA's first line starts "start-end"; no field name does. */
+        if (sscanf(line, "%lx-%lx ", &start, &end) == 2) {
             inside = start < hi && end > lo;
         } else if (inside &&
                    (sscanf(line, "ShmemPmdMapped: %lu kB", &kb) == 1 ||
