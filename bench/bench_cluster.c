@@ -400,7 +400,6 @@ static double memcpy_pass(void)
     return mibs;
 }
 
-/* One pass of the fetch measurement; MiB/s, or -1. */
 /* One fetch pass: OBJECTS objects saved through A, then looked up through
  * B in chains of CHAIN_LEN, timed; MiB/s, or -1. Before the timed
  * lookups, WARMUP_OBJECTS others are looked up through B untimed (their

@@ -53,8 +53,8 @@ kvd_status_t kvd_store_arena_partitions(kvd_store_t *store,
                                         size_t *n_out);
 
 /* What backs the arena's memory (one mapping for every partition): 4 KiB
- * pages, shared memory with transparent huge pages asked for, or a hugetlb
- * pool. KVD_ERR_INVALID for a NULL argument or a store in daemon mode. */
+ * pages, shared memory on 2 MiB transparent huge pages, or a hugetlb pool.
+ * KVD_ERR_INVALID for a NULL argument or a store in daemon mode. */
 kvd_status_t kvd_store_arena_backing(kvd_store_t *store,
                                      kvd_arena_backing_t *out);
 

@@ -207,8 +207,8 @@ char *kvd_metrics_render(kvd_server_t *server)
     kvd_arena_backing_t pages = kvd_server_arena_backing(server);
     mb(&b,
        "# HELP kvdepot_arena_pages What backs the arena's memory, 1 for the "
-       "one in use: 4 KiB pages (plain), shared memory with transparent huge "
-       "pages asked for (thp), a hugetlb pool (hugetlb).\n"
+       "one in use: 4 KiB pages (plain), shared memory on 2 MiB transparent "
+       "huge pages (thp), a hugetlb pool (hugetlb).\n"
        "# TYPE kvdepot_arena_pages gauge\n"
        "kvdepot_arena_pages{backing=\"plain\"} %d\n"
        "kvdepot_arena_pages{backing=\"thp\"} %d\n"

@@ -96,9 +96,6 @@ static uint64_t nr_hugepages(void)
     return n;
 }
 
-/* Whether a hugetlb memfd can be created and sized here (a pool is not
- * needed for that; mmap is what reserves pages). Failpoints numbered @1
- * after memfd_create only hit the hugetlb attempt when this holds. */
 /* Whether the host's shmem THP setting gives huge pages on faults to a
  * mapping that asks (MADV_HUGEPAGE), so auto needs no collapse. */
 static bool shmem_thp_on_faults(void)
@@ -114,6 +111,9 @@ static bool shmem_thp_on_faults(void)
            strstr(buf, "[deny]") == NULL;
 }
 
+/* Whether a hugetlb memfd can be created and sized here (a pool is not
+ * needed for that; mmap is what reserves pages). Failpoints numbered @1
+ * after memfd_create only hit the hugetlb attempt when this holds. */
 static bool hugetlbfs_usable(void)
 {
     int fd = memfd_create("probe", MFD_CLOEXEC | MFD_HUGETLB);
@@ -200,6 +200,10 @@ static uint64_t pmd_mapped(const void *base, uint64_t len)
     return total;
 }
 
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25 /* Linux 6.1 */
+#endif
+
 /* Whether this kernel builds a 2 MiB shared-memory page on request
  * (MADV_COLLAPSE: Linux 6.1, refused under shmem_enabled "deny"). */
 static bool collapse_works(void)
@@ -221,7 +225,7 @@ static bool collapse_works(void)
                           MAP_SHARED | MAP_FIXED, fd, 0);
         if (p != MAP_FAILED) {
             p[0] = 1;
-            ok = madvise(p, huge, 25 /* MADV_COLLAPSE */) == 0;
+            ok = madvise(p, huge, MADV_COLLAPSE) == 0;
         }
         munmap(r, 2 * huge);
     }
