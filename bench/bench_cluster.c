@@ -46,9 +46,9 @@
 #include <sys/stat.h>
 
 #include "bench/bench_proc_int.h"
-#include "cluster/placement_int.h"
+#include "cluster/placement.h"
 #include "kvdepot/store.h"
-#include "tests/integration/kvd_metric_int.h"
+#include "tests/support/kvd_metric.h"
 
 #define OBJ (2u << 20)
 #define OBJECTS 128u

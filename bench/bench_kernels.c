@@ -29,10 +29,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 #include "kvdepot/kernels.h"
 #ifdef KVD_HAVE_CUDA
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 #endif
 
 #define BENCH_HEADS 8

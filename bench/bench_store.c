@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "kvdepot/store.h"
-#include "store/index_int.h"
+#include "store/index.h"
 
 #define MIB (1ull << 20)
 #define OBJ_BYTES (2 * MIB)

@@ -48,9 +48,9 @@
 #include <unistd.h>
 
 #include "kvdepot/worker.h"
-#include "tests/unit/kvd_testplan_int.h"
+#include "tests/support/kvd_testplan.h"
 #ifdef KVD_HAVE_CUDA
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 #endif
 
 #define LAYERS 32u

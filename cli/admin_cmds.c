@@ -12,7 +12,7 @@
 
 #include "cli/cli_int.h"
 #include "cli/daemon_int.h"
-#include "store/client/client_int.h"
+#include "client/client.h"
 
 #define EVICT_MAX_HASHES 4096
 
@@ -157,8 +157,8 @@ int kvd_cli_ls_run(int argc, char **argv)
     if (!kvd_cli_conn_open(&conn, &store)) {
         goto out;
     }
-    kvd_status_t st = kvd_client_list(kvd_store_daemon_client(store), &ns, &nn,
-                                      &tn, &nt, &truncated);
+    kvd_status_t st =
+        kvd_client_list(kvd_client_of(store), &ns, &nn, &tn, &nt, &truncated);
     if (st != KVD_OK) {
         fprintf(stderr, "kvdepot ls: the daemon at %s did not answer: %s\n",
                 conn.address, kvd_status_str(st));
@@ -228,8 +228,8 @@ int kvd_cli_evict_run(int argc, char **argv)
         rc = KVD_CLI_EXIT_FAILURE;
         if (kvd_cli_conn_open(&conn, &store)) {
             uint64_t dropped = 0;
-            kvd_status_t st = kvd_client_drop_tenant(
-                kvd_store_daemon_client(store), tenant, &dropped);
+            kvd_status_t st =
+                kvd_client_drop_tenant(kvd_client_of(store), tenant, &dropped);
             if (st == KVD_OK) {
                 printf("evicted %" PRIu64 " objects of tenant %s (leased "
                        "ones, if any, were kept)\n",
@@ -267,8 +267,8 @@ int kvd_cli_evict_run(int argc, char **argv)
     }
     if (n == 0) {
         uint64_t dropped = 0;
-        kvd_status_t st = kvd_client_drop_namespace(
-            kvd_store_daemon_client(store), &ns, &dropped);
+        kvd_status_t st =
+            kvd_client_drop_namespace(kvd_client_of(store), &ns, &dropped);
         if (st == KVD_OK) {
             printf("evicted %" PRIu64 " objects of namespace %s (leased ones, "
                    "if any, were kept)\n",
@@ -318,8 +318,8 @@ int kvd_cli_drain_run(int argc, char **argv)
     rc = KVD_CLI_EXIT_FAILURE;
     if (kvd_cli_conn_open(&conn, &store)) {
         uint64_t leases = 0, resv = 0;
-        kvd_status_t st = kvd_client_drain(kvd_store_daemon_client(store), on,
-                                           &leases, &resv);
+        kvd_status_t st =
+            kvd_client_drain(kvd_client_of(store), on, &leases, &resv);
         if (st == KVD_OK) {
             printf("%s: %" PRIu64 " leases and %" PRIu64
                    " reservations still held by clients\n",
@@ -355,8 +355,7 @@ int kvd_cli_config_run(int argc, char **argv)
     rc = KVD_CLI_EXIT_FAILURE;
     if (kvd_cli_conn_open(&conn, &store)) {
         char *text = NULL;
-        kvd_status_t st =
-            kvd_client_config_dump(kvd_store_daemon_client(store), &text);
+        kvd_status_t st = kvd_client_config_dump(kvd_client_of(store), &text);
         if (st == KVD_OK) {
             fputs(text, stdout);
             rc = KVD_CLI_EXIT_OK;

@@ -29,7 +29,7 @@
 
 #include "cli/cli_int.h"
 #include "cli/npy_int.h"
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 #include "kvdepot/kernels.h"
 
 #define KVD_EVAL_DEFAULT_VECTORS 4096

@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "cluster/etcd_int.h"
-#include "cluster/membership_int.h"
+#include "cluster/membership.h"
 #include "common/log_int.h"
 #include "common/time_int.h"
 

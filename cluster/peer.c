@@ -34,7 +34,7 @@
 #include "common/log_int.h"
 #include "common/time_int.h"
 #include "proto/kvd_proto.h"
-#include "store/checksum_int.h"
+#include "store/engine.h"
 
 #define PEER_AM_ID 17u
 #define PEER_BUCKETS 256u

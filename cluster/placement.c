@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "cluster/placement_int.h"
+#include "cluster/placement.h"
 
 double kvd_placement_score(const kvd_store_key_t *key, const kvd_member_t *node)
 {

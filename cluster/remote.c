@@ -1,5 +1,5 @@
 /*
- * A clustered node's share of the one cache (cluster/remote_int.h).
+ * A clustered node's share of the one cache (cluster/remote.h).
  *
  * The view of the live nodes is a refcounted snapshot, taken again when
  * the membership's generation moves, so a lookup keeps a consistent view
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cluster/placement_int.h"
-#include "cluster/remote_int.h"
+#include "cluster/placement.h"
+#include "cluster/remote.h"
 #include "common/failpoint_int.h"
 #include "common/log_int.h"
 #include "common/time_int.h"

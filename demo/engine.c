@@ -21,7 +21,7 @@
 #include "kvdepot/leader.h"
 #include "kvdepot/worker.h"
 #ifdef KVD_HAVE_CUDA
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 #endif
 
 #define REQ_ID "demo"

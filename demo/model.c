@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "demo/model_int.h"
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 
 /* ---- weights ------------------------------------------------------------ */
 

@@ -15,7 +15,7 @@ seconds=${1:-600}
 clients=${2:-32}
 build=${3:-build/dev}
 kvdepot=$build/cli/kvdepot
-daemon=$build/store/server/kvdepotd
+daemon=$build/server/kvdepotd
 for b in "$kvdepot" "$daemon"; do
     [[ -x $b ]] || { echo "soak: $b not built (make build)" >&2; exit 2; }
 done

@@ -1,5 +1,5 @@
 /*
- * Host arena (store/arena_int.h): one sealed memfd mapped once (or, with
+ * Host arena (store/arena.h): one sealed memfd mapped once (or, with
  * partitions, one per partition mapped side by side in one reserved range),
  * cut into chunks that are carved into fixed-size slots per slab class.
  * Each partition keeps its own free-chunk pool and each class one partial
@@ -37,7 +37,7 @@
  * when the chunk is carved), never the class table, which changes under
  * the lock.
  */
-#include "store/arena_int.h"
+#include "store/arena.h"
 
 #include <assert.h>
 #include <errno.h>

@@ -28,7 +28,7 @@
 #include "common/endian_int.h"
 #include "common/failpoint_int.h"
 #include "common/log_int.h"
-#include "store/index_int.h"
+#include "store/index.h"
 
 _Static_assert(sizeof(kvd_index_key_t) == KVD_INDEX_KEY_BYTES,
                "the key struct is used as the LMDB key bytes");

@@ -24,8 +24,7 @@
 #include "common/config_int.h"
 #include "common/log_int.h"
 #include "common/time_int.h"
-#include "store/checksum_int.h"
-#include "store/client/client_int.h"
+#include "store/engine.h"
 #include "store/store_int.h"
 
 _Static_assert(sizeof(kvd_store_key_t) == 48, "store key is 48 bytes");
@@ -181,7 +180,7 @@ static size_t store_sight_bucket(const kvd_store_key_t *key)
     return (size_t)(kvd_xxh3_64(key, sizeof *key) & (STORE_SIGHT_BUCKETS - 1));
 }
 
-void store_sight(kvd_store_t *st, const kvd_store_key_t *key)
+void store_sight(kvd_embedded_t *st, const kvd_store_key_t *key)
 {
     uint8_t *c = &st->sight[store_sight_bucket(key)];
     /* Saturating at 2 is all the filter needs; a lost race loses one
@@ -191,7 +190,7 @@ void store_sight(kvd_store_t *st, const kvd_store_key_t *key)
     }
 }
 
-bool store_sighted_twice(kvd_store_t *st, const kvd_store_key_t *key)
+bool store_sighted_twice(kvd_embedded_t *st, const kvd_store_key_t *key)
 {
     return __atomic_load_n(&st->sight[store_sight_bucket(key)],
                            __ATOMIC_RELAXED) >= 2;
@@ -220,7 +219,7 @@ store_job_t *store_queue_take(store_queue_t *q)
 }
 
 /* Hands a write job to the I/O thread. */
-static void store_write_enqueue(kvd_store_t *st, store_job_t *job)
+static void store_write_enqueue(kvd_embedded_t *st, store_job_t *job)
 {
     pthread_mutex_lock(&st->mu);
     store_queue_push(&st->wq, job);
@@ -231,13 +230,13 @@ static void store_write_enqueue(kvd_store_t *st, store_job_t *job)
 
 /* ---- eviction ----------------------------------------------------------- */
 
-static bool store_l2_has(kvd_store_t *st, const kvd_l1_key_t *key)
+static bool store_l2_has(kvd_embedded_t *st, const kvd_l1_key_t *key)
 {
     kvd_l1_entry_info_t info;
     return st->l2 != NULL && kvd_l1_peek(st->l2, key, &info) == KVD_OK;
 }
 
-void store_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
+void store_victims_dispose(kvd_embedded_t *st, const kvd_l1_victim_t *victims,
                            size_t n)
 {
     for (size_t i = 0; i < n; i++) {
@@ -281,7 +280,7 @@ void store_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
 }
 
 /* The arena partition of `tenant`'s objects (0: the main one). */
-static uint32_t store_part_of(const kvd_store_t *st, uint32_t tenant)
+static uint32_t store_part_of(const kvd_embedded_t *st, uint32_t tenant)
 {
     for (uint32_t i = 0; i < st->num_part_tenants; i++) {
         if (st->part_tenants[i] == tenant) {
@@ -291,7 +290,7 @@ static uint32_t store_part_of(const kvd_store_t *st, uint32_t tenant)
     return 0;
 }
 
-kvd_status_t store_slot_alloc_evicting(kvd_store_t *st, uint32_t tenant,
+kvd_status_t store_slot_alloc_evicting(kvd_embedded_t *st, uint32_t tenant,
                                        uint32_t class_id, uint64_t object_bytes,
                                        uint32_t *slot_out)
 {
@@ -321,7 +320,7 @@ kvd_status_t store_slot_alloc_evicting(kvd_store_t *st, uint32_t tenant,
 
 /* The slot for a reserve: evict, and if the freed slots are still being
  * written back, wait for them up to store.reserve_timeout. */
-static kvd_status_t store_reserve_slot(kvd_store_t *st, uint32_t tenant,
+static kvd_status_t store_reserve_slot(kvd_embedded_t *st, uint32_t tenant,
                                        uint32_t class_id, uint64_t object_bytes,
                                        uint64_t *deadline_ns,
                                        uint32_t *slot_out)
@@ -380,6 +379,30 @@ KVD_API kvd_status_t kvd_store_check_config(const kvd_config_t *config,
     return s;
 }
 
+kvd_status_t kvd_store_mode_settings(const kvd_config_t *config,
+                                     kvd_store_mode_settings_t *out, char *err,
+                                     size_t err_len)
+{
+    if (out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    store_settings_t *cfg = malloc(sizeof *cfg);
+    if (cfg == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    kvd_status_t s = store_settings_load(config, cfg, err, err_len);
+    if (s == KVD_OK) {
+        memset(out, 0, sizeof *out);
+        out->daemon = cfg->mode == STORE_MODE_DAEMON;
+        memcpy(out->address, cfg->address, sizeof out->address);
+        out->timeout_ms = cfg->timeout_ms;
+        out->lease_ttl_ms = cfg->lease_ttl_ms;
+        out->get_queue = (size_t)cfg->get_queue;
+    }
+    free(cfg);
+    return s;
+}
+
 static void store_err(char *err, size_t err_len, const char *what,
                       kvd_status_t status)
 {
@@ -391,7 +414,7 @@ static void store_err(char *err, size_t err_len, const char *what,
 /* Rebuilds `l2` and the extent allocator from the index. Records that
  * cannot be placed (outside the files, overlapping, beyond the table's
  * capacity, or of the host tier) are deleted from the index. */
-static kvd_status_t store_recover(kvd_store_t *st)
+static kvd_status_t store_recover(kvd_embedded_t *st)
 {
     enum { PAGE = 512 };
     kvd_index_entry_t *page = calloc(PAGE, sizeof *page);
@@ -471,7 +494,8 @@ out:
     return status;
 }
 
-static kvd_status_t store_disk_open(kvd_store_t *st, char *err, size_t err_len)
+static kvd_status_t store_disk_open(kvd_embedded_t *st, char *err,
+                                    size_t err_len)
 {
     kvd_status_t status = kvd_nvme_open(&st->cfg.nvme, &st->nvme);
     if (status != KVD_OK) {
@@ -516,9 +540,8 @@ static kvd_status_t store_disk_open(kvd_store_t *st, char *err, size_t err_len)
     return status;
 }
 
-static void store_free(kvd_store_t *st)
+static void store_free(kvd_embedded_t *st)
 {
-    kvd_client_close(st->client);
     if (st->io_thread_started) {
         pthread_mutex_lock(&st->mu);
         st->stopping = true;
@@ -552,15 +575,8 @@ static size_t store_pow2_at_least(size_t n)
     return p;
 }
 
-KVD_API kvd_status_t kvd_store_open(const kvd_config_t *config,
-                                    kvd_store_t **store_out, char *err,
-                                    size_t err_len)
-{
-    return kvd_store_open_partitioned(config, NULL, 0, store_out, err, err_len);
-}
-
 /* Checks the partitions and sets them in the arena's settings. */
-static kvd_status_t store_set_parts(kvd_store_t *st,
+static kvd_status_t store_set_parts(kvd_embedded_t *st,
                                     const kvd_store_tenant_arena_t *arenas,
                                     size_t n, char *err, size_t err_len)
 {
@@ -573,6 +589,12 @@ static kvd_status_t store_set_parts(kvd_store_t *st,
         kvd_config_err(err, err_len,
                        "server.tenant_arenas: tenant arenas belong to the "
                        "daemon's own store, not to store.mode=daemon");
+        return KVD_ERR_INVALID;
+    }
+    if (st->cfg.mode == STORE_MODE_DAEMON) {
+        kvd_config_err(err, err_len,
+                       "store.mode: daemon stores are opened by "
+                       "kvd_store_open, not by the embedded engine");
         return KVD_ERR_INVALID;
     }
     for (size_t i = 0; i < n; i++) {
@@ -606,10 +628,11 @@ kvd_status_t kvd_store_open_partitioned(const kvd_config_t *config,
     if (store_out == NULL) {
         return KVD_ERR_INVALID;
     }
-    kvd_store_t *st = calloc(1, sizeof *st);
+    kvd_embedded_t *st = calloc(1, sizeof *st);
     if (st == NULL) {
         return KVD_ERR_NOMEM;
     }
+    st->base.ops = &kvd_store_embedded_ops;
     pthread_mutex_init(&st->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -625,20 +648,6 @@ kvd_status_t kvd_store_open_partitioned(const kvd_config_t *config,
     }
     if (status != KVD_OK) {
         goto err;
-    }
-    if (st->cfg.mode == STORE_MODE_DAEMON) {
-        kvd_client_config_t ccfg = {
-            .address = st->cfg.address,
-            .timeout_ms = st->cfg.timeout_ms,
-            .lease_ttl_ms = st->cfg.lease_ttl_ms,
-            .get_queue = (size_t)st->cfg.get_queue,
-        };
-        status = kvd_client_open(&ccfg, &st->client, err, err_len);
-        if (status != KVD_OK) {
-            goto err;
-        }
-        *store_out = st;
-        return KVD_OK;
     }
     st->sight = calloc(STORE_SIGHT_BUCKETS, 1);
     if (st->sight == NULL) {
@@ -692,114 +701,80 @@ kvd_status_t kvd_store_open_partitioned(const kvd_config_t *config,
                  (unsigned long long)(st->arena_info.size_bytes >> 20),
                  st->nvme != NULL ? ", NVMe tier at " : "",
                  st->nvme != NULL ? st->cfg.nvme.path : "");
-    *store_out = st;
+    *store_out = &st->base;
     return KVD_OK;
 err:
     store_free(st);
     return status;
 }
 
-KVD_API void kvd_store_close(kvd_store_t *store)
+static void emb_close(kvd_store_t *base)
 {
-    if (store == NULL) {
-        return;
-    }
-    store_free(store);
+    store_free(store_embedded(base));
 }
 
 /* ---- arena access ------------------------------------------------------- */
 
-KVD_API void *kvd_store_arena_ptr(kvd_store_t *store, uint64_t arena_offset,
-                                  uint64_t len)
+static void *emb_arena_ptr(kvd_store_t *base, uint64_t arena_offset,
+                           uint64_t len)
 {
-    if (store != NULL && store->client != NULL) {
-        return kvd_client_arena_ptr(store->client, arena_offset, len);
-    }
-    if (store == NULL || len == 0 ||
-        arena_offset >= store->arena_info.size_bytes ||
+    kvd_embedded_t *store = store_embedded(base);
+    if (len == 0 || arena_offset >= store->arena_info.size_bytes ||
         len > store->arena_info.size_bytes - arena_offset) {
         return NULL;
     }
     return (uint8_t *)store->arena_info.base + arena_offset;
 }
 
-KVD_API kvd_status_t kvd_store_arena_hold(kvd_store_t *store, void **base_out,
-                                          uint64_t *size_bytes_out,
-                                          uint32_t *generation_out)
+static kvd_status_t emb_arena_hold(kvd_store_t *base, void **base_out,
+                                   uint64_t *size_bytes_out,
+                                   uint32_t *generation_out)
 {
-    if (store == NULL || base_out == NULL || size_bytes_out == NULL ||
-        generation_out == NULL) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_arena_hold(store->client, base_out, size_bytes_out,
-                                     generation_out);
-    }
+    kvd_embedded_t *store = store_embedded(base);
     *base_out = store->arena_info.base;
     *size_bytes_out = store->arena_info.size_bytes;
     *generation_out = 0;
     return KVD_OK;
 }
 
-KVD_API void kvd_store_arena_unhold(kvd_store_t *store, uint32_t generation)
+/* The embedded arena never changes: nothing to hold, generation 0. */
+static void emb_arena_unhold(kvd_store_t *base, uint32_t generation)
 {
-    if (store != NULL && store->client != NULL) {
-        kvd_client_arena_unhold(store->client, generation);
-    }
+    (void)base;
+    (void)generation;
 }
 
-KVD_API uint32_t kvd_store_arena_generation(kvd_store_t *store)
+static uint32_t emb_arena_generation(kvd_store_t *base)
 {
-    if (store == NULL || store->client == NULL) {
-        return 0;
-    }
-    return kvd_client_arena_generation(store->client);
+    (void)base;
+    return 0;
 }
 
-KVD_API void *kvd_store_lease_ptr(kvd_store_t *store,
-                                  const kvd_store_lease_t *lease)
+static void *emb_lease_ptr(kvd_store_t *base, const kvd_store_lease_t *lease)
 {
-    if (store == NULL || lease == NULL) {
-        return NULL;
-    }
-    if (store->client != NULL) {
-        return kvd_client_lease_ptr(store->client, lease);
-    }
     if (lease->tier != KVD_STORE_TIER_HOST) {
         return NULL;
     }
-    return kvd_store_arena_ptr(store, lease->arena_offset, lease->size_bytes);
+    return emb_arena_ptr(base, lease->arena_offset, lease->size_bytes);
 }
 
-KVD_API void *kvd_store_reservation_ptr(kvd_store_t *store,
-                                        const kvd_store_reservation_t *r,
-                                        uint64_t len)
+static void *emb_reservation_ptr(kvd_store_t *base,
+                                 const kvd_store_reservation_t *r, uint64_t len)
 {
-    if (store == NULL || r == NULL || r->status != KVD_OK) {
-        return NULL;
-    }
-    if (store->client != NULL) {
-        return kvd_client_reservation_ptr(store->client, r, len);
-    }
-    return kvd_store_arena_ptr(store, r->arena_offset, len);
+    return emb_arena_ptr(base, r->arena_offset, len);
 }
 
-KVD_API kvd_status_t kvd_store_arena_export(kvd_store_t *store,
-                                            kvd_store_arena_export_t *out)
+static kvd_status_t emb_arena_export(kvd_store_t *base,
+                                     kvd_store_arena_export_t *out)
 {
-    if (store == NULL || out == NULL) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_arena_export(store->client, out);
-    }
-    return kvd_store_arena_export_tenant(store, 0, out);
+    return kvd_store_arena_export_tenant(base, 0, out);
 }
 
-kvd_status_t kvd_store_arena_export_tenant(kvd_store_t *store, uint32_t tenant,
+kvd_status_t kvd_store_arena_export_tenant(kvd_store_t *base, uint32_t tenant,
                                            kvd_store_arena_export_t *out)
 {
-    if (store == NULL || out == NULL || store->client != NULL) {
+    kvd_embedded_t *store = store_embedded(base);
+    if (store == NULL || out == NULL) {
         return KVD_ERR_INVALID;
     }
     kvd_arena_export_t exp;
@@ -815,12 +790,12 @@ kvd_status_t kvd_store_arena_export_tenant(kvd_store_t *store, uint32_t tenant,
     return KVD_OK;
 }
 
-kvd_status_t kvd_store_arena_partitions(kvd_store_t *store,
+kvd_status_t kvd_store_arena_partitions(kvd_store_t *base,
                                         kvd_arena_part_stats_t *out, size_t max,
                                         size_t *n_out)
 {
-    if (store == NULL || out == NULL || n_out == NULL ||
-        store->client != NULL) {
+    kvd_embedded_t *store = store_embedded(base);
+    if (store == NULL || out == NULL || n_out == NULL) {
         return KVD_ERR_INVALID;
     }
     kvd_arena_stats_t *st = malloc(sizeof *st);
@@ -837,10 +812,11 @@ kvd_status_t kvd_store_arena_partitions(kvd_store_t *store,
     return s;
 }
 
-kvd_status_t kvd_store_arena_backing(kvd_store_t *store,
+kvd_status_t kvd_store_arena_backing(kvd_store_t *base,
                                      kvd_arena_backing_t *out)
 {
-    if (store == NULL || out == NULL || store->client != NULL) {
+    kvd_embedded_t *store = store_embedded(base);
+    if (store == NULL || out == NULL) {
         return KVD_ERR_INVALID;
     }
     *out = store->arena_info.backing;
@@ -849,7 +825,7 @@ kvd_status_t kvd_store_arena_backing(kvd_store_t *store,
 
 /* ---- save --------------------------------------------------------------- */
 
-static kvd_status_t store_reserve_one(kvd_store_t *st,
+static kvd_status_t store_reserve_one(kvd_embedded_t *st,
                                       const kvd_store_key_t *key,
                                       uint32_t class_id, uint64_t object_bytes,
                                       uint32_t tenant, uint64_t *deadline_ns,
@@ -894,22 +870,12 @@ static kvd_status_t store_reserve_one(kvd_store_t *st,
     return KVD_OK;
 }
 
-KVD_API kvd_status_t kvd_store_reserve(kvd_store_t *store,
-                                       const kvd_namespace_t *ns,
-                                       const kvd_block_hash_t *hashes,
-                                       size_t num_hashes, uint64_t object_bytes,
-                                       uint32_t tenant,
-                                       kvd_store_reservation_t *out)
+static kvd_status_t emb_reserve(kvd_store_t *base, const kvd_namespace_t *ns,
+                                const kvd_block_hash_t *hashes,
+                                size_t num_hashes, uint64_t object_bytes,
+                                uint32_t tenant, kvd_store_reservation_t *out)
 {
-    if (store == NULL || ns == NULL ||
-        (num_hashes > 0 && (hashes == NULL || out == NULL)) ||
-        object_bytes == 0) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_reserve(store->client, ns, hashes, num_hashes,
-                                  object_bytes, tenant, out);
-    }
+    kvd_embedded_t *store = store_embedded(base);
     if (object_bytes > store->arena_info.chunk_bytes) {
         return KVD_ERR_INVALID;
     }
@@ -933,7 +899,7 @@ KVD_API kvd_status_t kvd_store_reserve(kvd_store_t *store,
 }
 
 /* Queues the write-through of a committed, leased object. */
-static void store_write_through(kvd_store_t *st, const kvd_store_key_t *key,
+static void store_write_through(kvd_embedded_t *st, const kvd_store_key_t *key,
                                 const kvd_l1_key_t *lk)
 {
     kvd_l1_entry_info_t info;
@@ -958,7 +924,7 @@ static void store_write_through(kvd_store_t *st, const kvd_store_key_t *key,
 
 /* Commits one key of an embedded store; `xxh3`, when not NULL, is the
  * checksum of its bytes the caller checked, kept with the entry. */
-static kvd_status_t store_commit_one(kvd_store_t *store,
+static kvd_status_t store_commit_one(kvd_embedded_t *store,
                                      const kvd_store_key_t *key,
                                      const uint64_t *xxh3)
 {
@@ -980,16 +946,10 @@ static kvd_status_t store_commit_one(kvd_store_t *store,
     return s;
 }
 
-KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,
-                                      const kvd_store_key_t *keys, size_t num,
-                                      kvd_status_t *statuses_out)
+static kvd_status_t emb_commit(kvd_store_t *base, const kvd_store_key_t *keys,
+                               size_t num, kvd_status_t *statuses_out)
 {
-    if (store == NULL || (num > 0 && keys == NULL)) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_commit(store->client, keys, num, statuses_out);
-    }
+    kvd_embedded_t *store = store_embedded(base);
     kvd_status_t first = KVD_OK;
     for (size_t i = 0; i < num; i++) {
         kvd_status_t s = store_commit_one(store, &keys[i], NULL);
@@ -1003,25 +963,26 @@ KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,
     return first;
 }
 
-kvd_status_t kvd_store_commit_checksum(kvd_store_t *store,
+kvd_status_t kvd_store_commit_checksum(kvd_store_t *base,
                                        const kvd_store_key_t *key,
                                        uint64_t xxh3)
 {
-    if (store == NULL || key == NULL) {
+    if (base == NULL || key == NULL) {
         return KVD_ERR_INVALID;
     }
-    if (store->client != NULL) {
-        return kvd_client_commit(store->client, key, 1, NULL);
+    kvd_embedded_t *store = store_embedded(base);
+    if (store == NULL) {
+        return kvd_store_commit(base, key, 1, NULL);
     }
     return store_commit_one(store, key, &xxh3);
 }
 
-bool kvd_store_lease_checksum(kvd_store_t *store,
-                              const kvd_store_lease_t *lease,
+bool kvd_store_lease_checksum(kvd_store_t *base, const kvd_store_lease_t *lease,
                               uint64_t *xxh3_out)
 {
+    kvd_embedded_t *store = store_embedded(base);
     if (store == NULL || lease == NULL || xxh3_out == NULL ||
-        store->client != NULL || lease->tier != KVD_STORE_TIER_HOST) {
+        lease->tier != KVD_STORE_TIER_HOST) {
         return false;
     }
     kvd_l1_key_t lk;
@@ -1038,16 +999,10 @@ bool kvd_store_lease_checksum(kvd_store_t *store,
     return true;
 }
 
-KVD_API kvd_status_t kvd_store_abort(kvd_store_t *store,
-                                     const kvd_store_key_t *keys, size_t num,
-                                     kvd_status_t *statuses_out)
+static kvd_status_t emb_abort(kvd_store_t *base, const kvd_store_key_t *keys,
+                              size_t num, kvd_status_t *statuses_out)
 {
-    if (store == NULL || (num > 0 && keys == NULL)) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_abort(store->client, keys, num, statuses_out);
-    }
+    kvd_embedded_t *store = store_embedded(base);
     kvd_status_t first = KVD_OK;
     bool freed = false;
     for (size_t i = 0; i < num; i++) {
@@ -1078,7 +1033,7 @@ KVD_API kvd_status_t kvd_store_abort(kvd_store_t *store,
 
 /* Leases the longest prefix of keys[0..n) in one table; returns its length
  * and fills leases_out with `tier`. */
-static size_t store_lookup_tier(kvd_store_t *st, kvd_l1_t *table,
+static size_t store_lookup_tier(kvd_embedded_t *st, kvd_l1_t *table,
                                 kvd_store_tier_t tier,
                                 const kvd_namespace_t *ns,
                                 const kvd_block_hash_t *hashes, size_t n,
@@ -1118,31 +1073,15 @@ static size_t store_lookup_tier(kvd_store_t *st, kvd_l1_t *table,
     return done;
 }
 
-KVD_API kvd_status_t kvd_store_lookup(kvd_store_t *store,
-                                      const kvd_namespace_t *ns,
-                                      const kvd_block_hash_t *hashes,
-                                      size_t num_hashes,
-                                      kvd_store_lease_t *leases_out,
-                                      size_t *matched_out)
+static kvd_status_t emb_lookup(kvd_store_t *base, const kvd_namespace_t *ns,
+                               const kvd_block_hash_t *hashes,
+                               size_t num_hashes, const char *source_node,
+                               kvd_store_lease_t *leases_out,
+                               size_t *matched_out)
 {
-    return kvd_store_lookup_from(store, ns, hashes, num_hashes, NULL,
-                                 leases_out, matched_out);
-}
-
-KVD_API kvd_status_t kvd_store_lookup_from(
-    kvd_store_t *store, const kvd_namespace_t *ns,
-    const kvd_block_hash_t *hashes, size_t num_hashes, const char *source_node,
-    kvd_store_lease_t *leases_out, size_t *matched_out)
-{
-    if (store == NULL || ns == NULL || matched_out == NULL ||
-        (num_hashes > 0 && (hashes == NULL || leases_out == NULL))) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_lookup(store->client, ns, hashes, num_hashes,
-                                 source_node, leases_out, matched_out);
-    }
+    kvd_embedded_t *store = store_embedded(base);
     /* Embedded: this process is the only node; nothing to ask. */
+    (void)source_node;
     size_t m = 0;
     for (size_t i = 0; i < num_hashes; i++) {
         kvd_store_key_t key = {.ns = *ns, .hash = hashes[i]};
@@ -1175,16 +1114,10 @@ KVD_API kvd_status_t kvd_store_lookup_from(
     return KVD_OK;
 }
 
-KVD_API kvd_status_t kvd_store_release(kvd_store_t *store,
-                                       const kvd_store_lease_t *leases,
-                                       size_t num)
+static kvd_status_t emb_release(kvd_store_t *base,
+                                const kvd_store_lease_t *leases, size_t num)
 {
-    if (store == NULL || (num > 0 && leases == NULL)) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_release(store->client, leases, num);
-    }
+    kvd_embedded_t *store = store_embedded(base);
     kvd_status_t first = KVD_OK;
     for (size_t i = 0; i < num; i++) {
         kvd_l1_key_t lk;
@@ -1224,16 +1157,11 @@ KVD_API kvd_status_t kvd_store_release(kvd_store_t *store,
     return first;
 }
 
-KVD_API kvd_status_t kvd_store_get_submit(kvd_store_t *store,
-                                          const kvd_store_get_t *gets,
-                                          size_t num, size_t *accepted_out)
+static kvd_status_t emb_get_submit(kvd_store_t *base,
+                                   const kvd_store_get_t *gets, size_t num,
+                                   size_t *accepted_out)
 {
-    if (store == NULL || accepted_out == NULL || (num > 0 && gets == NULL)) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_get_submit(store->client, gets, num, accepted_out);
-    }
+    kvd_embedded_t *store = store_embedded(base);
     for (size_t i = 0; i < num; i++) {
         uint32_t tier = gets[i].lease.tier;
         if ((tier != KVD_STORE_TIER_HOST && tier != KVD_STORE_TIER_DISK) ||
@@ -1290,15 +1218,10 @@ KVD_API kvd_status_t kvd_store_get_submit(kvd_store_t *store,
     return KVD_OK;
 }
 
-KVD_API size_t kvd_store_poll(kvd_store_t *store, kvd_store_completion_t *out,
-                              size_t max)
+static size_t emb_poll(kvd_store_t *base, kvd_store_completion_t *out,
+                       size_t max)
 {
-    if (store == NULL || out == NULL) {
-        return 0;
-    }
-    if (store->client != NULL) {
-        return kvd_client_poll(store->client, out, max);
-    }
+    kvd_embedded_t *store = store_embedded(base);
     size_t n = kvd_ring_pop(store->cq, out, max);
     if (n > 0) {
         __atomic_fetch_sub(&store->gets_outstanding, n, __ATOMIC_RELAXED);
@@ -1306,28 +1229,19 @@ KVD_API size_t kvd_store_poll(kvd_store_t *store, kvd_store_completion_t *out,
     return n;
 }
 
-KVD_API kvd_status_t kvd_store_wait(kvd_store_t *store, int timeout_ms)
+static kvd_status_t emb_wait(kvd_store_t *base, int timeout_ms)
 {
-    if (store == NULL) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_wait(store->client, timeout_ms);
-    }
-    return kvd_ring_wait(store->cq, timeout_ms);
+    return kvd_ring_wait(store_embedded(base)->cq, timeout_ms);
 }
 
-KVD_API int kvd_store_fd(kvd_store_t *store)
+static int emb_fd(kvd_store_t *base)
 {
-    if (store != NULL && store->client != NULL) {
-        return kvd_client_fd(store->client);
-    }
-    return store == NULL ? -1 : kvd_ring_fd(store->cq);
+    return kvd_ring_fd(store_embedded(base)->cq);
 }
 
 /* ---- management --------------------------------------------------------- */
 
-static bool store_write_queued(kvd_store_t *st, const kvd_store_key_t *key)
+static bool store_write_queued(kvd_embedded_t *st, const kvd_store_key_t *key)
 {
     bool found = false;
     pthread_mutex_lock(&st->mu);
@@ -1338,7 +1252,7 @@ static bool store_write_queued(kvd_store_t *st, const kvd_store_key_t *key)
     return found;
 }
 
-kvd_status_t store_l2_victims_dispose(kvd_store_t *st,
+kvd_status_t store_l2_victims_dispose(kvd_embedded_t *st,
                                       const kvd_l1_victim_t *victims, size_t n)
 {
     kvd_status_t first = KVD_OK;
@@ -1378,16 +1292,10 @@ kvd_status_t store_l2_victims_dispose(kvd_store_t *st,
     return first;
 }
 
-KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
-                                      const kvd_store_key_t *keys, size_t num,
-                                      size_t *num_deleted_out)
+static kvd_status_t emb_delete(kvd_store_t *base, const kvd_store_key_t *keys,
+                               size_t num, size_t *num_deleted_out)
 {
-    if (store == NULL || (num > 0 && keys == NULL)) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_delete(store->client, keys, num, num_deleted_out);
-    }
+    kvd_embedded_t *store = store_embedded(base);
     size_t deleted = 0;
     bool busy = false;
     kvd_status_t io = KVD_OK; /* an NVMe record that could not be removed */
@@ -1432,25 +1340,13 @@ KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
     return io != KVD_OK ? io : busy ? KVD_ERR_BUSY : KVD_OK;
 }
 
-kvd_client_t *kvd_store_daemon_client(kvd_store_t *store)
-{
-    return store != NULL ? store->client : NULL;
-}
-
 /* The cursor walks L1 first, then L2: its top bit says which. */
 #define STORE_SCAN_L2 (UINT64_C(1) << 63)
 
-KVD_API kvd_status_t kvd_store_scan(kvd_store_t *store, uint64_t *cursor,
-                                    kvd_store_object_t *out, size_t max,
-                                    size_t *n_out)
+static kvd_status_t emb_scan(kvd_store_t *base, uint64_t *cursor,
+                             kvd_store_object_t *out, size_t max, size_t *n_out)
 {
-    if (store == NULL || cursor == NULL || n_out == NULL ||
-        (max > 0 && out == NULL)) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return KVD_ERR_UNSUPPORTED;
-    }
+    kvd_embedded_t *store = store_embedded(base);
     size_t n = 0;
     kvd_l1_scan_entry_t chunk[STORE_KEY_CHUNK];
     while (n < max) {
@@ -1487,29 +1383,15 @@ KVD_API kvd_status_t kvd_store_scan(kvd_store_t *store, uint64_t *cursor,
     return KVD_OK;
 }
 
-KVD_API kvd_status_t kvd_store_tenant_set_quota(kvd_store_t *store,
-                                                uint32_t tenant,
-                                                uint64_t max_bytes)
+static kvd_status_t emb_tenant_set_quota(kvd_store_t *base, uint32_t tenant,
+                                         uint64_t max_bytes)
 {
-    if (store == NULL) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        /* The daemon owns its objects and quotas: its config and
-         * operator tools change them, not an engine. */
-        return KVD_ERR_UNSUPPORTED;
-    }
-    return kvd_l1_tenant_set_quota(store->l1, tenant, max_bytes);
+    return kvd_l1_tenant_set_quota(store_embedded(base)->l1, tenant, max_bytes);
 }
 
-KVD_API kvd_status_t kvd_store_flush(kvd_store_t *store, int timeout_ms)
+static kvd_status_t emb_flush(kvd_store_t *base, int timeout_ms)
 {
-    if (store == NULL) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_flush(store->client, timeout_ms);
-    }
+    kvd_embedded_t *store = store_embedded(base);
     uint64_t deadline = kvd_time_deadline_ns(timeout_ms);
     kvd_status_t status = KVD_OK;
     pthread_mutex_lock(&store->mu);
@@ -1555,14 +1437,9 @@ KVD_API kvd_status_t kvd_store_flush(kvd_store_t *store, int timeout_ms)
     return status;
 }
 
-KVD_API kvd_status_t kvd_store_stats(kvd_store_t *store, kvd_store_stats_t *out)
+static kvd_status_t emb_stats(kvd_store_t *base, kvd_store_stats_t *out)
 {
-    if (store == NULL || out == NULL) {
-        return KVD_ERR_INVALID;
-    }
-    if (store->client != NULL) {
-        return kvd_client_stats(store->client, out);
-    }
+    kvd_embedded_t *store = store_embedded(base);
     memset(out, 0, sizeof *out);
     kvd_l1_stats_t s1;
     (void)kvd_l1_stats(store->l1, &s1);
@@ -1601,3 +1478,29 @@ KVD_API kvd_status_t kvd_store_stats(kvd_store_t *store, kvd_store_stats_t *out)
     out->dropped_writes = store_read(&store->n.dropped_writes);
     return KVD_OK;
 }
+
+const kvd_store_ops_t kvd_store_embedded_ops = {
+    .name = "embedded",
+    .close = emb_close,
+    .arena_ptr = emb_arena_ptr,
+    .arena_hold = emb_arena_hold,
+    .arena_unhold = emb_arena_unhold,
+    .arena_generation = emb_arena_generation,
+    .lease_ptr = emb_lease_ptr,
+    .reservation_ptr = emb_reservation_ptr,
+    .arena_export = emb_arena_export,
+    .reserve = emb_reserve,
+    .commit = emb_commit,
+    .abort = emb_abort,
+    .lookup = emb_lookup,
+    .release = emb_release,
+    .get_submit = emb_get_submit,
+    .poll = emb_poll,
+    .wait = emb_wait,
+    .fd = emb_fd,
+    .delete_keys = emb_delete,
+    .scan = emb_scan,
+    .tenant_set_quota = emb_tenant_set_quota,
+    .flush = emb_flush,
+    .stats = emb_stats,
+};

@@ -32,15 +32,18 @@
 
 #include "common/ring_int.h"
 #include "kvdepot/store.h"
-#include "store/arena_int.h"
-#include "store/index_int.h"
+#include "store/arena.h"
+#include "store/index.h"
 #include "store/l1_int.h"
 #include "store/nvme_int.h"
-#include "store/tenant_arena_int.h"
+#include "store/ops.h"
+#include "store/engine.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+typedef struct kvd_embedded kvd_embedded_t;
 
 enum store_disk_write {
     STORE_WRITE_BACK = 0,   /* NVMe on L1 eviction */
@@ -87,7 +90,7 @@ typedef enum store_job_kind {
 typedef struct store_job store_job_t;
 struct store_job {
     store_job_t *next;
-    kvd_store_t *store;
+    kvd_embedded_t *store;
     store_job_kind_t kind;
     kvd_store_key_t key;
     uint32_t tenant;
@@ -108,10 +111,11 @@ typedef struct store_queue {
     size_t len;
 } store_queue_t;
 
-struct kvd_store {
+/* The embedded engine: a kvd_store_t whose ops are kvd_store_embedded_ops.
+ * `base` comes first, so the store handle and the engine are one pointer. */
+struct kvd_embedded {
+    kvd_store_t base;
     store_settings_t cfg;
-    /* Daemon mode: every call goes here; nothing below is used. */
-    struct kvd_client *client;
 
     kvd_arena_t *arena;
     kvd_arena_info_t arena_info;
@@ -160,6 +164,14 @@ struct kvd_store {
     int last_drop_status;
 };
 
+/* The engine behind `store`, or NULL when it is not an embedded store. */
+static inline kvd_embedded_t *store_embedded(kvd_store_t *store)
+{
+    return store != NULL && store->ops == &kvd_store_embedded_ops
+               ? (kvd_embedded_t *)store
+               : NULL;
+}
+
 /* Relaxed counter helpers. */
 static inline void store_count(uint64_t *counter, uint64_t v)
 {
@@ -178,18 +190,18 @@ void store_key_from_l1(const kvd_l1_key_t *key, kvd_store_key_t *out);
 
 /* Admission filter: one more sighting of `key`, and whether it has been
  * seen at least twice. */
-void store_sight(kvd_store_t *st, const kvd_store_key_t *key);
-bool store_sighted_twice(kvd_store_t *st, const kvd_store_key_t *key);
+void store_sight(kvd_embedded_t *st, const kvd_store_key_t *key);
+bool store_sighted_twice(kvd_embedded_t *st, const kvd_store_key_t *key);
 
 /* Takes the slots of objects evicted from L1: frees them, or queues the
  * write-back of those the disk tier should keep. Any thread, `mu` not held. */
-void store_victims_dispose(kvd_store_t *st, const kvd_l1_victim_t *victims,
+void store_victims_dispose(kvd_embedded_t *st, const kvd_l1_victim_t *victims,
                            size_t n);
 
 /* Evicts from L1 until an arena slot of `class_id` is free in `tenant`'s
  * partition and takes it; KVD_ERR_NOSPACE when nothing evictable is left
  * there. Only objects of that partition are evicted. `mu` not held. */
-kvd_status_t store_slot_alloc_evicting(kvd_store_t *st, uint32_t tenant,
+kvd_status_t store_slot_alloc_evicting(kvd_embedded_t *st, uint32_t tenant,
                                        uint32_t class_id, uint64_t object_bytes,
                                        uint32_t *slot_out);
 
@@ -200,7 +212,7 @@ store_job_t *store_queue_take(store_queue_t *q);
 
 /* Removes (or, while leased, dooms) an NVMe object whose bytes failed
  * their checksum. Any thread, `mu` not held. */
-void store_forget_corrupt(kvd_store_t *st, const kvd_store_key_t *key);
+void store_forget_corrupt(kvd_embedded_t *st, const kvd_store_key_t *key);
 
 /* I/O thread body (store_io.c), started by kvd_store_open. */
 void *store_io_main(void *arg);
@@ -209,7 +221,7 @@ void *store_io_main(void *arg);
  * extents are freed. KVD_ERR_IO when some records could not be removed
  * (their extents stay allocated; a restart finds those objects again).
  * Any thread, `mu` not held. */
-kvd_status_t store_l2_victims_dispose(kvd_store_t *st,
+kvd_status_t store_l2_victims_dispose(kvd_embedded_t *st,
                                       const kvd_l1_victim_t *victims, size_t n);
 
 #ifdef __cplusplus

@@ -56,7 +56,7 @@ static uint64_t store_round_block(uint64_t bytes)
 static void store_io_done(void *arg, kvd_status_t status)
 {
     store_job_t *job = arg;
-    kvd_store_t *st = job->store;
+    kvd_embedded_t *st = job->store;
     job->io_status = status;
     pthread_mutex_lock(&st->mu);
     store_queue_push(&st->doneq, job);
@@ -68,7 +68,7 @@ static void store_io_done(void *arg, kvd_status_t status)
 /* ---- writes ------------------------------------------------------------- */
 
 /* The source slot is no longer needed by a write job; the job is freed. */
-static void store_write_finish(kvd_store_t *st, store_job_t *job)
+static void store_write_finish(kvd_embedded_t *st, store_job_t *job)
 {
     if (job->leased) {
         kvd_l1_key_t lk;
@@ -87,7 +87,7 @@ static void store_write_finish(kvd_store_t *st, store_job_t *job)
     free(job);
 }
 
-static void store_write_drop(kvd_store_t *st, store_job_t *job,
+static void store_write_drop(kvd_embedded_t *st, store_job_t *job,
                              kvd_status_t why)
 {
     KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
@@ -99,7 +99,7 @@ static void store_write_drop(kvd_store_t *st, store_job_t *job,
 }
 
 /* Undoes a write's reservations (extent and `l2` entry). */
-static void store_write_unreserve(kvd_store_t *st, store_job_t *job)
+static void store_write_unreserve(kvd_embedded_t *st, store_job_t *job)
 {
     kvd_l1_key_t lk;
     uint32_t extent;
@@ -112,7 +112,7 @@ static void store_write_unreserve(kvd_store_t *st, store_job_t *job)
 
 /* Evicts NVMe objects to make room for `bytes` (or one entry). Returns
  * whether anything was evicted. */
-static bool store_l2_make_room(kvd_store_t *st, uint64_t bytes)
+static bool store_l2_make_room(kvd_embedded_t *st, uint64_t bytes)
 {
     kvd_l1_victim_t victims[16];
     size_t n = 0;
@@ -124,7 +124,7 @@ static bool store_l2_make_room(kvd_store_t *st, uint64_t bytes)
 
 /* Extent and `l2` reservation for a write. KVD_ERR_EXISTS: the key is on
  * NVMe already (or being written there). */
-static kvd_status_t store_write_prepare(kvd_store_t *st, store_job_t *job)
+static kvd_status_t store_write_prepare(kvd_embedded_t *st, store_job_t *job)
 {
     kvd_l1_key_t lk;
     store_key_to_l1(&job->key, &lk);
@@ -161,8 +161,8 @@ static kvd_status_t store_write_prepare(kvd_store_t *st, store_job_t *job)
     return KVD_OK;
 }
 
-static void store_io_fill(kvd_store_t *st, store_job_t *job, kvd_nvme_op_t op,
-                          kvd_nvme_io_t *io)
+static void store_io_fill(kvd_embedded_t *st, store_job_t *job,
+                          kvd_nvme_op_t op, kvd_nvme_io_t *io)
 {
     io->op = op;
     io->extent = job->extent;
@@ -176,7 +176,7 @@ static void store_io_fill(kvd_store_t *st, store_job_t *job, kvd_nvme_op_t op,
 }
 
 /* Hands `n` prepared jobs to the NVMe tier; returns how many it took. */
-static size_t store_io_submit(kvd_store_t *st, const kvd_nvme_io_t *ios,
+static size_t store_io_submit(kvd_embedded_t *st, const kvd_nvme_io_t *ios,
                               size_t n)
 {
     if (n == 0) {
@@ -198,7 +198,7 @@ static size_t store_io_submit(kvd_store_t *st, const kvd_nvme_io_t *ios,
 
 /* Operations the NVMe queue can take now. Only this thread submits, so
  * the room can only grow until it does. */
-static size_t store_io_room(kvd_store_t *st)
+static size_t store_io_room(kvd_embedded_t *st)
 {
     pthread_mutex_lock(&st->mu);
     uint64_t inflight = st->ios_inflight;
@@ -211,7 +211,7 @@ static size_t store_io_room(kvd_store_t *st)
 /* Starts the writes of `list`; returns those the NVMe queue had no room
  * for, in order. Jobs are prepared (extent, checksum) only when there is
  * room to submit them. */
-static store_job_t *store_writes_start(kvd_store_t *st, store_job_t *list)
+static store_job_t *store_writes_start(kvd_embedded_t *st, store_job_t *list)
 {
     store_job_t *jobs[STORE_IO_BATCH];
     kvd_nvme_io_t ios[STORE_IO_BATCH];
@@ -249,7 +249,7 @@ static store_job_t *store_writes_start(kvd_store_t *st, store_job_t *list)
 }
 
 /* Index put for the writes that completed, then their `l2` commits. */
-static void store_writes_complete(kvd_store_t *st, store_job_t *list)
+static void store_writes_complete(kvd_embedded_t *st, store_job_t *list)
 {
     size_t n = 0;
     for (store_job_t *j = list; j != NULL; j = j->next) {
@@ -304,7 +304,7 @@ static void store_writes_complete(kvd_store_t *st, store_job_t *list)
 /* Ends a get: gives the caller's NVMe lease back, removes an object whose
  * bytes failed their checksum (before the caller can see the completion
  * and look the key up again), then publishes the completion. */
-static void store_get_complete(kvd_store_t *st, store_job_t *job,
+static void store_get_complete(kvd_embedded_t *st, store_job_t *job,
                                kvd_status_t status,
                                const kvd_store_lease_t *lease)
 {
@@ -329,7 +329,7 @@ static void store_get_complete(kvd_store_t *st, store_job_t *job,
     free(job);
 }
 
-static void store_get_complete_host(kvd_store_t *st, store_job_t *job,
+static void store_get_complete_host(kvd_embedded_t *st, store_job_t *job,
                                     uint32_t slot)
 {
     kvd_store_lease_t lease = job->get.lease;
@@ -339,7 +339,7 @@ static void store_get_complete_host(kvd_store_t *st, store_job_t *job,
 }
 
 /* Drops an object whose NVMe bytes failed their checksum. */
-static void store_drop_corrupt(kvd_store_t *st, store_job_t *job)
+static void store_drop_corrupt(kvd_embedded_t *st, store_job_t *job)
 {
     kvd_index_key_t ik;
     store_key_to_index(&job->key, &ik);
@@ -355,7 +355,7 @@ static void store_drop_corrupt(kvd_store_t *st, store_job_t *job)
  * other readers still hold it, it is doomed instead: no lookup matches it
  * again (an engine would load it, fail, recompute and ask again forever),
  * and the last release removes it (kvd_store_release). */
-void store_forget_corrupt(kvd_store_t *st, const kvd_store_key_t *key)
+void store_forget_corrupt(kvd_embedded_t *st, const kvd_store_key_t *key)
 {
     kvd_l1_key_t lk;
     kvd_l1_victim_t v;
@@ -370,7 +370,7 @@ void store_forget_corrupt(kvd_store_t *st, const kvd_store_key_t *key)
 
 /* Prepares a read; returns KVD_OK (submit it), KVD_INPROGRESS (done
  * without I/O, or completed), or KVD_ERR_BUSY (wait and retry). */
-static kvd_status_t store_read_prepare(kvd_store_t *st, store_job_t *job)
+static kvd_status_t store_read_prepare(kvd_embedded_t *st, store_job_t *job)
 {
     kvd_l1_key_t lk;
     store_key_to_l1(&job->key, &lk);
@@ -446,7 +446,7 @@ static kvd_status_t store_read_prepare(kvd_store_t *st, store_job_t *job)
     return KVD_OK;
 }
 
-static void store_read_unreserve(kvd_store_t *st, store_job_t *job)
+static void store_read_unreserve(kvd_embedded_t *st, store_job_t *job)
 {
     kvd_l1_key_t lk;
     uint32_t slot;
@@ -458,7 +458,7 @@ static void store_read_unreserve(kvd_store_t *st, store_job_t *job)
 }
 
 /* Starts the reads of `list`; returns those that must wait. */
-static store_job_t *store_reads_start(kvd_store_t *st, store_job_t *list)
+static store_job_t *store_reads_start(kvd_embedded_t *st, store_job_t *list)
 {
     store_job_t *wait = NULL, **wait_tail = &wait;
     store_job_t *jobs[STORE_IO_BATCH];
@@ -493,7 +493,7 @@ static store_job_t *store_reads_start(kvd_store_t *st, store_job_t *list)
     return wait;
 }
 
-static void store_read_complete(kvd_store_t *st, store_job_t *job)
+static void store_read_complete(kvd_embedded_t *st, store_job_t *job)
 {
     kvd_status_t status = job->io_status;
     if (status == KVD_OK) {
@@ -525,7 +525,7 @@ static void store_read_complete(kvd_store_t *st, store_job_t *job)
 
 /* ---- the thread --------------------------------------------------------- */
 
-static void store_done_handle(kvd_store_t *st, store_job_t *list)
+static void store_done_handle(kvd_embedded_t *st, store_job_t *list)
 {
     store_job_t *writes = NULL, **wt = &writes;
     for (store_job_t *j = list, *next; j != NULL; j = next) {
@@ -562,7 +562,7 @@ static void store_queue_prepend(store_queue_t *q, store_job_t *list)
     q->len += n;
 }
 
-static void store_gets_cancel(kvd_store_t *st, store_job_t *list)
+static void store_gets_cancel(kvd_embedded_t *st, store_job_t *list)
 {
     for (store_job_t *j = list, *next; j != NULL; j = next) {
         next = j->next;
@@ -572,7 +572,7 @@ static void store_gets_cancel(kvd_store_t *st, store_job_t *list)
 
 void *store_io_main(void *arg)
 {
-    kvd_store_t *st = arg;
+    kvd_embedded_t *st = arg;
     uint64_t queue_depth = st->cfg.nvme.queue_depth;
     uint64_t last_sync_ns = kvd_time_now_ns();
     bool dirty = false;

@@ -46,7 +46,7 @@
 
 #include "common/config_int.h"
 #include "common/log_int.h"
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 #include "proto/kvd_proto.h"
 #include "worker/worker_int.h"
 

@@ -4,7 +4,7 @@
  * TurboQuant) applied on the way. Two implementations share this contract:
  * the plain-C reference (kvd_ref_*, always built; what the host device
  * backend runs) and CUDA (kvd_cuda_*, built when nvcc is found, declared in
- * kernels/cuda/cuda_int.h).
+ * kvdepot/kernels_cuda.h).
  *
  * Object layout (DESIGN.md §4, shared/reference/quant-kernels.md §8): one
  * object holds one engine block for every layer of the shard, layer-major.

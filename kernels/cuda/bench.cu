@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common/log_int.h"
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 
 // Fills n 16-bit elements with values in [-2, 2) from a hash of the index
 // (fp16 or bf16 bit patterns); fp8 caches get bytes in [-2, 2) as e4m3.

@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 extern "C" {
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 }
 
 #define KVD_GS_THREADS 128

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "common/log_int.h"
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 
 extern "C" kvd_status_t kvd_cuda_status(int cuda_err, const char *what)
 {

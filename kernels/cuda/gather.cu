@@ -28,7 +28,7 @@
 #include "common/log_int.h"
 #include "kernels/cuda/codec_kivi.cuh"
 #include "kernels/cuda/codec_tq.cuh"
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 
 extern "C" {
 #include "kernels/ref/tq_int.h"

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "common/log_int.h"
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 
 // ---- devices and pointers ----
 

@@ -6,7 +6,7 @@
 
 #include "common/log_int.h"
 #include "kernels/cuda/codec_dev.cuh"
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 
 extern "C" kvd_status_t kvd_cuda_mem_create(size_t len, void **dev_out)
 {

@@ -13,7 +13,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 
 static uint32_t kvd_float_bits(float f)
 {

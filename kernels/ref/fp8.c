@@ -14,7 +14,7 @@
  */
 #include <math.h>
 
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 
 #define KVD_FP8_E4M3_MAX 448.0f
 #define KVD_FP8_MIN_NORMAL 0.015625f /* 2^-6 */

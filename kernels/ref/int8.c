@@ -24,7 +24,7 @@
  */
 #include <math.h>
 
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 
 #define KVD_INT8_QMAX 127.0f
 #define KVD_HALF_ONE 0x3c00u

@@ -26,7 +26,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 
 #define KVD_KIVI_V_GROUP 32u
 #define KVD_HALF_MAX_BITS 0x7bffu /* 65504 */

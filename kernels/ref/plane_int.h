@@ -12,7 +12,7 @@
 
 #include <stddef.h>
 
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 
 /* Codec properties shared by format.c (region sizes) and plane.c. */
 static inline int kvd_codec_is_kivi(kvd_codec_t c)

@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 
 /* Lane count of the norm reduction tree and of a BP32 group: one CUDA warp
  * holds one group of 32 coordinates, lane l holding coordinate g*32 + l. */

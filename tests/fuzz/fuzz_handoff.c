@@ -1,5 +1,5 @@
 /*
- * Fuzz target for the shared-memory hand-off messages (store/handoff_int.h):
+ * Fuzz target for the shared-memory hand-off messages (client/handoff.h):
  * the daemon decodes a HELLO from any local process that can connect, and a
  * client decodes the daemon's REPLY before mapping the descriptor it
  * carries. Each input is decoded as both; whatever decodes must re-encode
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/handoff_int.h"
+#include "client/handoff.h"
 
 /* libFuzzer's fixed entry point name. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size); // NOLINT

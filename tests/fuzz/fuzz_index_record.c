@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store/index_int.h"
+#include "store/index.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,6 +1,6 @@
 /*
  * Fuzz target for kvdepotd's request handlers, driven in-process without
- * gRPC (store/server/service_int.h): the first byte picks the method, the
+ * gRPC (server/service_int.h): the first byte picks the method, the
  * rest is the request body exactly as a client sends it. One embedded store
  * and one service live for the whole run, so requests act on the state
  * earlier ones left (leases, reservations, stored objects). Any crash,
@@ -12,7 +12,7 @@
 
 #include "kvdepot/store.h"
 #include "proto/kvd_proto.h"
-#include "store/server/service_int.h"
+#include "server/service_int.h"
 
 /* libFuzzer's fixed entry point name. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size); // NOLINT

@@ -9,7 +9,7 @@
  *
  * The worker's namespace is 16 bytes of 0x42, block size 4, 8 blocks, so
  * seeds that get past the semantic checks must use them; the seeds in
- * corpus/worker_plan/ were packed with tests/unit/kvd_testplan_int.h
+ * corpus/worker_plan/ were packed with tests/support/kvd_testplan.h
  * (saves of blocks, synchronous and asynchronous loads of keys saved by
  * an earlier seed or never stored, block ids out of range, another
  * namespace).

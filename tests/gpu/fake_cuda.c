@@ -28,8 +28,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/cuda_int.h"
-#include "kernels/ref/ref_int.h"
+#include "kvdepot/kernels_cuda.h"
+#include "kernels/ref/ref.h"
 
 typedef enum fop_kind {
     FOP_COPY,

@@ -9,7 +9,7 @@
 
 #include "kvdepot/common.h"
 #ifdef KVD_HAVE_CUDA
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 #endif
 
 static inline int kvd_test_gpu_skip(void)

@@ -15,7 +15,7 @@
 
 #include "kvdepot/common.h"
 #ifdef KVD_HAVE_CUDA
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 
 static void test_roundtrip(void **state)
 {

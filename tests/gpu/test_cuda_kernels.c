@@ -38,8 +38,8 @@
 #ifdef KVD_HAVE_CUDA
 #include <math.h>
 
-#include "kernels/cuda/cuda_int.h"
-#include "kernels/ref/ref_int.h"
+#include "kvdepot/kernels_cuda.h"
+#include "kernels/ref/ref.h"
 #include "kernels/ref/tq_int.h"
 #include "kvdepot/kernels.h"
 

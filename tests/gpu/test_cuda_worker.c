@@ -50,10 +50,10 @@
 
 #include "tests/unit/kvd_testcache_int.h"
 #include "tests/unit/kvd_testdata_int.h"
-#include "tests/unit/kvd_testplan_int.h"
+#include "tests/support/kvd_testplan.h"
 
-#include "kernels/cuda/cuda_int.h"
-#include "kernels/ref/ref_int.h"
+#include "kvdepot/kernels_cuda.h"
+#include "kernels/ref/ref.h"
 #include "kvdepot/worker.h"
 
 #define POISON 0x5a

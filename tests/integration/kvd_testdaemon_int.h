@@ -20,7 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "tests/integration/kvd_metric_int.h"
+#include "tests/support/kvd_metric.h"
 
 /* The daemon binary, or NULL when $KVDEPOTD is not set. */
 static inline const char *kvd_test_daemon_bin(void)

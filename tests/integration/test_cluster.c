@@ -24,9 +24,9 @@
 
 #include <cmocka.h>
 
-#include "cluster/placement_int.h"
+#include "cluster/placement.h"
 #include "kvdepot/store.h"
-#include "store/client/client_int.h"
+#include "client/client.h"
 #include "tests/integration/kvd_testetcd_int.h" /* first: kvd_test_dir_t */
 
 #include "tests/integration/kvd_testchain_int.h"
@@ -309,8 +309,8 @@ static uint64_t tenant_objects(cluster_t *c, int node, uint32_t tenant)
     kvd_client_tenant_usage_t *tu = NULL;
     size_t nn = 0, nt = 0;
     bool trunc = false;
-    assert_int_equal(kvd_client_list(kvd_store_daemon_client(c->client[node]),
-                                     &nu, &nn, &tu, &nt, &trunc),
+    assert_int_equal(kvd_client_list(kvd_client_of(c->client[node]), &nu, &nn,
+                                     &tu, &nt, &trunc),
                      KVD_OK);
     uint64_t n = 0;
     for (size_t i = 0; i < nt; i++) {

@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "kvdepot/store.h"
-#include "store/client/client_int.h"
+#include "client/client.h"
 #include "tests/unit/kvd_testdir_int.h"
 #include "tests/integration/kvd_testdaemon_int.h"
 
@@ -668,7 +668,7 @@ static void test_admin_list_drop_drain(void **state)
     pid_t dpid = daemon_start(&d, (const char *)NULL);
     kvd_store_t *st = NULL;
     assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
-    kvd_client_t *c = kvd_store_daemon_client(st);
+    kvd_client_t *c = kvd_client_of(st);
     assert_non_null(c);
     kvd_namespace_t ns1, ns2;
     kvd_block_hash_t h[NKEYS];
@@ -770,9 +770,8 @@ static void test_tenant_of_user(void **state)
     kvd_client_tenant_usage_t *tu = NULL;
     size_t nn = 0, nt = 0;
     bool trunc = false;
-    assert_int_equal(kvd_client_list(kvd_store_daemon_client(st), &nu, &nn, &tu,
-                                     &nt, &trunc),
-                     KVD_OK);
+    assert_int_equal(
+        kvd_client_list(kvd_client_of(st), &nu, &nn, &tu, &nt, &trunc), KVD_OK);
     uint32_t team = (uint32_t)kvd_xxh3_64("team-nobody", 11);
     team = team == 0 ? 1 : team;
     assert_int_equal(nt, 2);

@@ -33,7 +33,7 @@
 #include <unistd.h>
 
 #include "cluster/etcd_int.h"
-#include "cluster/membership_int.h"
+#include "cluster/membership.h"
 #include "tests/unit/kvd_testdir_int.h"
 #include "tests/integration/kvd_testetcd_int.h"
 

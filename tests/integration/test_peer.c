@@ -26,7 +26,7 @@
 #include "common/failpoint_int.h"
 #include "common/time_int.h"
 #include "kvdepot/store.h"
-#include "store/checksum_int.h"
+#include "store/engine.h"
 
 #define SMALL 4096u
 #define BIG (2u << 20) /* rendezvous, or 103 parts */

@@ -1,5 +1,5 @@
 /*
- * Host arena (store/arena_int.h): creation in each huge-page mode and with
+ * Host arena (store/arena.h): creation in each huge-page mode and with
  * bad settings, slab classes, exact capacity, free and reuse, chunks moving
  * between classes (no fragmentation failure), class places handed back
  * when a size drains and reused by other sizes, slot alignment and
@@ -31,7 +31,7 @@
 #include <cmocka.h>
 
 #include "common/failpoint_int.h"
-#include "store/arena_int.h"
+#include "store/arena.h"
 
 #define MIB (1ull << 20)
 

@@ -1,5 +1,5 @@
 /*
- * Persistent index (store/index_int.h): every record field survives a round
+ * Persistent index (store/index.h): every record field survives a round
  * trip and a reopen; prefix lookups stop at the first gap; a 10k batch is
  * one transaction; deletes and namespace drops remove exactly what they
  * name; a child killed with SIGKILL mid-write leaves every synced batch and
@@ -29,7 +29,7 @@
 #include <cmocka.h>
 
 #include "common/failpoint_int.h"
-#include "store/index_int.h"
+#include "store/index.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define TEST_UNDER_TSAN 1

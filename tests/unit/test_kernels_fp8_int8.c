@@ -24,7 +24,7 @@
 
 #include "tests/unit/kvd_testdata_int.h"
 
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 #include "kvdepot/kernels.h"
 
 /* ---- randomness -------------------------------------------------------- */

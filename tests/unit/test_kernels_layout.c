@@ -26,7 +26,7 @@
 #include "tests/unit/kvd_testcache_int.h"
 #include "tests/unit/kvd_testdata_int.h"
 
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 #include "kvdepot/kernels.h"
 
 #define POISON 0xa5

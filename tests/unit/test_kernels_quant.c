@@ -28,7 +28,7 @@
 
 #include "tests/unit/kvd_testdata_int.h"
 
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 #include "kernels/ref/tq_int.h"
 #include "kvdepot/kernels.h"
 

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "cluster/placement_int.h"
+#include "cluster/placement.h"
 
 #define KEYS 40000
 

@@ -20,8 +20,8 @@
 #include <cmocka.h>
 
 #include "kvdepot/store.h"
-#include "store/arena_int.h"
-#include "store/tenant_arena_int.h"
+#include "store/arena.h"
+#include "store/engine.h"
 
 #define MIB (1ull << 20)
 

@@ -30,14 +30,14 @@
 #include "tests/unit/kvd_testcache_int.h"
 #include "tests/unit/kvd_testdata_int.h"
 #include "tests/unit/kvd_testdir_int.h"
-#include "tests/unit/kvd_testplan_int.h"
+#include "tests/support/kvd_testplan.h"
 
 #include "common/failpoint_int.h"
-#include "kernels/ref/ref_int.h"
+#include "kernels/ref/ref.h"
 #include "kvdepot/worker.h"
 #include "proto/kvd_proto.h"
 #ifdef KVD_HAVE_CUDA
-#include "kernels/cuda/cuda_int.h"
+#include "kvdepot/kernels_cuda.h"
 #endif
 
 #define POISON 0x5a

@@ -20,7 +20,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "store/server/service_int.h"
+#include "server/service_int.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -35,7 +35,7 @@
 #include "common/config_int.h"
 #include "common/log_int.h"
 #include "common/time_int.h"
-#include "store/server/rpc_int.h"
+#include "server/rpc_int.h"
 
 #define RPC_PENDING 8 /* request_call outstanding per thread */
 #define RPC_TOKEN_MAX 256

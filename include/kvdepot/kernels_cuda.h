@@ -17,8 +17,8 @@
  * in is borrowed for the call (and, for the asynchronous functions, until
  * the enqueued work has executed on the stream).
  */
-#ifndef KVD_KERNELS_CUDA_INT_H
-#define KVD_KERNELS_CUDA_INT_H
+#ifndef KVDEPOT_KERNELS_CUDA_H
+#define KVDEPOT_KERNELS_CUDA_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -298,4 +298,4 @@ kvd_status_t kvd_cuda_bench_gather(const kvd_object_format_t *fmt,
 }
 #endif
 
-#endif /* KVD_KERNELS_CUDA_INT_H */
+#endif /* KVDEPOT_KERNELS_CUDA_H */

@@ -1,6 +1,6 @@
 /*
  * The shared-memory hand-off messages and the one-descriptor unix socket
- * send/receive (store/handoff_int.h has the format).
+ * send/receive (client/handoff.h has the format).
  */
 #include <errno.h>
 #include <poll.h>
@@ -10,7 +10,7 @@
 
 #include "common/config_int.h"
 #include "common/endian_int.h"
-#include "store/handoff_int.h"
+#include "client/handoff.h"
 
 static const uint8_t hello_magic[4] = {'K', 'V', 'D', 'H'};
 static const uint8_t reply_magic[4] = {'K', 'V', 'D', 'A'};

@@ -83,8 +83,8 @@
  *
  * Internal: not exported from libkvdepot.so.
  */
-#ifndef KVD_STORE_INDEX_INT_H
-#define KVD_STORE_INDEX_INT_H
+#ifndef KVD_STORE_INDEX_H
+#define KVD_STORE_INDEX_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -297,4 +297,4 @@ kvd_status_t kvd_index_put_raw(kvd_index_t *index, const kvd_index_key_t *key,
 }
 #endif
 
-#endif /* KVD_STORE_INDEX_INT_H */
+#endif /* KVD_STORE_INDEX_H */

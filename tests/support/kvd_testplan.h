@@ -4,8 +4,8 @@
  * only (static inline); returns NULL with the reason on stderr when the
  * plan is refused by the proto layer, so callers fail their own way.
  */
-#ifndef KVD_TESTS_TESTPLAN_INT_H
-#define KVD_TESTS_TESTPLAN_INT_H
+#ifndef KVD_TESTS_SUPPORT_TESTPLAN_H
+#define KVD_TESTS_SUPPORT_TESTPLAN_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -118,4 +118,4 @@ out:
     return buf;
 }
 
-#endif /* KVD_TESTS_TESTPLAN_INT_H */
+#endif /* KVD_TESTS_SUPPORT_TESTPLAN_H */

@@ -13,8 +13,8 @@
  * Threading: one background thread per membership does all of the above;
  * kvd_membership_view() may be called from any thread.
  */
-#ifndef KVD_CLUSTER_MEMBERSHIP_INT_H
-#define KVD_CLUSTER_MEMBERSHIP_INT_H
+#ifndef KVD_CLUSTER_MEMBERSHIP_H
+#define KVD_CLUSTER_MEMBERSHIP_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -79,4 +79,4 @@ size_t kvd_membership_view(kvd_membership_t *m, kvd_member_t *out, size_t max,
 }
 #endif
 
-#endif /* KVD_CLUSTER_MEMBERSHIP_INT_H */
+#endif /* KVD_CLUSTER_MEMBERSHIP_H */

@@ -58,8 +58,8 @@
  * Internal: not exported from libkvdepot.so; the store and tests link the
  * static library.
  */
-#ifndef KVD_STORE_ARENA_INT_H
-#define KVD_STORE_ARENA_INT_H
+#ifndef KVD_STORE_ARENA_H
+#define KVD_STORE_ARENA_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -373,4 +373,4 @@ void *kvd_arena_mapping_ptr(const kvd_arena_mapping_t *mapping, uint64_t offset,
 }
 #endif
 
-#endif /* KVD_STORE_ARENA_INT_H */
+#endif /* KVD_STORE_ARENA_H */

@@ -31,8 +31,8 @@
  * Both decoders treat their input as hostile (fuzzed by
  * tests/fuzz/fuzz_handoff.c). Thread: any; no state.
  */
-#ifndef KVD_STORE_HANDOFF_INT_H
-#define KVD_STORE_HANDOFF_INT_H
+#ifndef KVD_CLIENT_HANDOFF_H
+#define KVD_CLIENT_HANDOFF_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -99,4 +99,4 @@ kvd_status_t kvd_handoff_recv(int sock, uint8_t *data, size_t len,
 }
 #endif
 
-#endif /* KVD_STORE_HANDOFF_INT_H */
+#endif /* KVD_CLIENT_HANDOFF_H */

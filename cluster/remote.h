@@ -27,13 +27,13 @@
  *
  * Threading: any thread calls; one mover thread does the pushes and pulls.
  */
-#ifndef KVD_CLUSTER_REMOTE_INT_H
-#define KVD_CLUSTER_REMOTE_INT_H
+#ifndef KVD_CLUSTER_REMOTE_H
+#define KVD_CLUSTER_REMOTE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cluster/membership_int.h"
+#include "cluster/membership.h"
 #include "cluster/peer_int.h"
 #include "kvdepot/store.h"
 
@@ -121,4 +121,4 @@ void kvd_remote_store_completion(kvd_remote_t *r,
 }
 #endif
 
-#endif /* KVD_CLUSTER_REMOTE_INT_H */
+#endif /* KVD_CLUSTER_REMOTE_H */

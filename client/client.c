@@ -41,9 +41,10 @@
 #include "common/ring_int.h"
 #include "common/time_int.h"
 #include "proto/kvd_proto.h"
-#include "store/arena_int.h"
-#include "store/client/client_int.h"
-#include "store/handoff_int.h"
+#include "store/arena.h"
+#include "client/client.h"
+#include "store/ops.h"
+#include "client/handoff.h"
 
 #define CL_BUCKETS 4096u
 #define CL_MAPPINGS_MAX 16u
@@ -87,6 +88,7 @@ typedef struct cl_get {
 } cl_get_t;
 
 struct kvd_client {
+    kvd_store_t base; /* first: the store handle is the client */
     kvd_client_config_t cfg;
     char address[KVD_CONFIG_STRING_MAX];
     char shm_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -1663,6 +1665,7 @@ kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
     if (c == NULL) {
         return KVD_ERR_NOMEM;
     }
+    c->base.ops = &kvd_client_store_ops;
     c->cfg = *cfg;
     snprintf(c->address, sizeof c->address, "%s", cfg->address);
     c->cfg.address = c->address;
@@ -1795,4 +1798,16 @@ void kvd_client_close(kvd_client_t *c)
     pthread_cond_destroy(&c->get_cv);
     pthread_mutex_destroy(&c->mu);
     free(c);
+}
+
+kvd_store_t *kvd_client_store(kvd_client_t *c)
+{
+    return c == NULL ? NULL : &c->base;
+}
+
+kvd_client_t *kvd_client_of(kvd_store_t *store)
+{
+    return store != NULL && store->ops == &kvd_client_store_ops
+               ? (kvd_client_t *)store
+               : NULL;
 }

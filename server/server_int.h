@@ -16,8 +16,8 @@
 
 #include "kvdepot/common.h"
 #include "kvdepot/store.h"
-#include "store/arena_int.h"
-#include "store/server/service_int.h"
+#include "store/arena.h"
+#include "server/service_int.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -4,8 +4,8 @@
  * file (--ready-file, "metrics_port=N"), the daemon having been started
  * with server.metrics_address=127.0.0.1:0. Header-only, no test framework.
  */
-#ifndef KVD_TESTS_METRIC_INT_H
-#define KVD_TESTS_METRIC_INT_H
+#ifndef KVD_TESTS_SUPPORT_METRIC_H
+#define KVD_TESTS_SUPPORT_METRIC_H
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -71,4 +71,4 @@ static inline double kvd_metric_read(const char *ready_path, const char *name)
     return v;
 }
 
-#endif /* KVD_TESTS_METRIC_INT_H */
+#endif /* KVD_TESTS_SUPPORT_METRIC_H */

@@ -25,7 +25,7 @@
 
 #include "common/config_int.h"
 #include "common/log_int.h"
-#include "store/server/server_int.h"
+#include "server/server_int.h"
 
 typedef struct main_settings {
     char log_level[KVD_CONFIG_STRING_MAX];

@@ -24,8 +24,8 @@
 #include "common/log_int.h"
 #include "common/time_int.h"
 #include "proto/kvd_proto.h"
-#include "store/checksum_int.h"
-#include "store/server/service_int.h"
+#include "store/engine.h"
+#include "server/service_int.h"
 
 #define SVC_BUCKETS 4096u
 #define SVC_POLL_BATCH 64u

@@ -78,7 +78,7 @@ typedef struct kvd_service_config {
      * outlives the service. */
     const kvd_service_config_entry_t *config_entries;
     size_t n_config_entries;
-    /* Clustered daemons (cluster/remote_int.h); NULL when alone. `miss`
+    /* Clustered daemons (cluster/remote.h); NULL when alone. `miss`
      * fetches what the cluster holds of a lookup's missing keys into the
      * store (for lookups that set include_remote; source_node, when set,
      * asked first) and returns how many of them (a prefix) are here now;

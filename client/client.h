@@ -1,12 +1,15 @@
 /*
- * The store client (DESIGN.md §6): the calls of include/kvdepot/store.h
- * served by a kvdepotd on this node instead of an embedded store. store.c
- * hands every call of a store opened with `store.mode: daemon` to the
- * functions here, so the leader and the worker switch by configuration.
+ * The store client (docs/architecture.md, docs/daemon.md): the calls of
+ * include/kvdepot/store.h served by a kvdepotd on this node instead of an
+ * embedded store. A client is a kvd_store_t whose ops
+ * (kvd_client_store_ops, client/client_store.c) are the functions here;
+ * kvd_store_open (client/open.c) opens one for `store.mode: daemon`, so the
+ * leader and the worker switch by configuration. A documented internal
+ * header of client/, for the CLI's operator calls and the tests.
  *
  * Control over gRPC (the unix socket in store.address), data through the
  * daemon's arena mapped in this process (the memfd comes over the hand-off
- * socket, store/handoff_int.h). Every call has a deadline (store.timeout):
+ * socket, client/handoff.h). Every call has a deadline (store.timeout):
  * a dead daemon turns into errors the caller already handles (lookups find
  * nothing, reserves are rejected, gets fail), never a hang. After a daemon
  * restart the client maps the new arena and goes on; ids taken from the
@@ -20,8 +23,8 @@
  * Threading: as store.h (every call thread-safe; poll/wait from one thread).
  * One internal thread drives gets of disk-tier blocks to completion.
  */
-#ifndef KVD_STORE_CLIENT_CLIENT_INT_H
-#define KVD_STORE_CLIENT_CLIENT_INT_H
+#ifndef KVD_CLIENT_CLIENT_H
+#define KVD_CLIENT_CLIENT_H
 
 #include <stdint.h>
 
@@ -48,6 +51,14 @@ kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
                              kvd_client_t **client_out, char *err,
                              size_t err_len);
 void kvd_client_close(kvd_client_t *c);
+
+/* The store calls of a client: the kvd_store_t whose ops are the functions
+ * below (client/client_store.c). kvd_store_close on it closes the client.
+ * Valid until the client is closed. */
+kvd_store_t *kvd_client_store(kvd_client_t *c);
+
+/* The client's ops table (client/client_store.c). */
+extern const struct kvd_store_ops kvd_client_store_ops;
 
 void *kvd_client_arena_ptr(kvd_client_t *c, uint64_t offset, uint64_t len);
 /* The bytes of a HOST lease or of a reservation in the arena of the daemon
@@ -94,9 +105,10 @@ kvd_status_t kvd_client_stats(kvd_client_t *c, kvd_store_stats_t *out);
 
 /* ---- operator calls (the kvdepot CLI) ---------------------------------- */
 
-/* The client behind a store opened in daemon mode; NULL for an embedded
- * store. Valid until kvd_store_close. */
-kvd_client_t *kvd_store_daemon_client(kvd_store_t *store);
+/* The client behind a store opened in daemon mode (kvd_store_open with
+ * store.mode daemon); NULL for any other store. The client and the store
+ * are one object: valid until kvd_store_close. */
+kvd_client_t *kvd_client_of(kvd_store_t *store);
 
 typedef struct kvd_client_ns_usage {
     kvd_namespace_t ns;
@@ -144,4 +156,4 @@ kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,
 }
 #endif
 
-#endif /* KVD_STORE_CLIENT_CLIENT_INT_H */
+#endif /* KVD_CLIENT_CLIENT_H */

@@ -16,10 +16,10 @@
 
 #include "common/config_int.h"
 #include "common/log_int.h"
-#include "cluster/membership_int.h"
-#include "cluster/remote_int.h"
-#include "store/arena_int.h"
-#include "store/server/server_int.h"
+#include "cluster/membership.h"
+#include "cluster/remote.h"
+#include "store/arena.h"
+#include "server/server_int.h"
 
 struct kvd_metrics {
     struct MHD_Daemon *d;

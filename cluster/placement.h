@@ -6,12 +6,12 @@
  * own, and a node offering twice the capacity is home to twice the keys.
  * Pure functions: no state, any thread.
  */
-#ifndef KVD_CLUSTER_PLACEMENT_INT_H
-#define KVD_CLUSTER_PLACEMENT_INT_H
+#ifndef KVD_CLUSTER_PLACEMENT_H
+#define KVD_CLUSTER_PLACEMENT_H
 
 #include <stddef.h>
 
-#include "cluster/membership_int.h"
+#include "cluster/membership.h"
 #include "kvdepot/store.h"
 
 #ifdef __cplusplus
@@ -38,4 +38,4 @@ size_t kvd_placement_homes(const kvd_store_key_t *key,
 }
 #endif
 
-#endif /* KVD_CLUSTER_PLACEMENT_INT_H */
+#endif /* KVD_CLUSTER_PLACEMENT_H */

@@ -24,13 +24,13 @@
 #include "common/config_int.h"
 #include "common/log_int.h"
 #include "proto/kvd_proto.h"
-#include "store/handoff_int.h"
-#include "store/tenant_arena_int.h"
-#include "cluster/membership_int.h"
-#include "cluster/placement_int.h"
-#include "cluster/remote_int.h"
-#include "store/server/rpc_int.h"
-#include "store/server/server_int.h"
+#include "client/handoff.h"
+#include "store/engine.h"
+#include "cluster/membership.h"
+#include "cluster/placement.h"
+#include "cluster/remote.h"
+#include "server/rpc_int.h"
+#include "server/server_int.h"
 
 #define SRV_OFF(m) offsetof(kvd_server_settings_t, m)
 #define SRV_HANDOFF_TIMEOUT_MS 1000

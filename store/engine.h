@@ -1,18 +1,37 @@
 /*
+ * The embedded engine's calls beyond include/kvdepot/store.h: a documented
+ * internal interface for the daemon (server/) and the cluster (cluster/),
+ * which link the static library. Nothing here reaches the client: each call
+ * works on an embedded store and says what it does on any other.
+ *
  * Tenant arenas: kvdepotd opens its store with an arena partition per
- * tenant named in server.tenant_arenas (store/arena_int.h, "Partitions")
+ * tenant named in server.tenant_arenas (store/arena.h, "Partitions")
  * and hands each local client the partition of its tenant only.
  *
- * Internal: the daemon and the tests link the static library.
+ * Remembered checksums: an object whose bytes a writer has checked against
+ * their XXH3-64 at commit keeps that value in its L1 entry, so a reader that
+ * needs it (the cluster data plane sending the object to another node) does
+ * not read 2 MiB again to compute it. Writers that check: the daemon's Commit
+ * with server.verify_commits (the client's checksum, verified), and the
+ * cluster data plane committing a fetched object (verified on arrival).
+ *
+ * A remembered checksum describes the bytes as they were checked: a
+ * process that writes into a committed slot afterwards (a broken client
+ * mapping the arena) makes the object fail a peer's verification instead
+ * of travelling with a checksum of the damaged bytes.
+ *
+ * Embedded stores only (a daemon-mode store has no L1 here). Threading:
+ * any thread, as the other store calls.
  */
-#ifndef KVD_STORE_TENANT_ARENA_INT_H
-#define KVD_STORE_TENANT_ARENA_INT_H
+#ifndef KVD_STORE_ENGINE_H
+#define KVD_STORE_ENGINE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "kvdepot/store.h"
-#include "store/arena_int.h"
+#include "store/arena.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -58,8 +77,22 @@ kvd_status_t kvd_store_arena_partitions(kvd_store_t *store,
 kvd_status_t kvd_store_arena_backing(kvd_store_t *store,
                                      kvd_arena_backing_t *out);
 
+/* kvd_store_commit of one key whose bytes the caller has checked against
+ * `xxh3` (XXH3-64 of the whole object); the entry remembers it. In daemon
+ * mode the same as kvd_store_commit. Errors: as kvd_store_commit. */
+kvd_status_t kvd_store_commit_checksum(kvd_store_t *store,
+                                       const kvd_store_key_t *key,
+                                       uint64_t xxh3);
+
+/* Writes the checksum remembered for the arena object `lease` holds (a
+ * HOST lease of this store) to `*xxh3_out`; false when none is remembered
+ * (committed without one, or not an embedded store's HOST lease). */
+bool kvd_store_lease_checksum(kvd_store_t *store,
+                              const kvd_store_lease_t *lease,
+                              uint64_t *xxh3_out);
+
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* KVD_STORE_TENANT_ARENA_INT_H */
+#endif /* KVD_STORE_ENGINE_H */

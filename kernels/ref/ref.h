@@ -14,8 +14,8 @@
  * scale (never multiply by a reciprocal) and round with rintf (RNE);
  * scales are rounded to fp16 before use where they are stored as fp16.
  */
-#ifndef KVD_KERNELS_REF_INT_H
-#define KVD_KERNELS_REF_INT_H
+#ifndef KVD_KERNELS_REF_H
+#define KVD_KERNELS_REF_H
 
 #include <stdint.h>
 
@@ -93,4 +93,4 @@ void kvd_ref_tq_decode(const kvd_plane_dims_t *d, unsigned bits,
                        const kvd_codec_tables_t *tables, const uint8_t *data,
                        const uint16_t *norm_fp16, float *x);
 
-#endif /* KVD_KERNELS_REF_INT_H */
+#endif /* KVD_KERNELS_REF_H */

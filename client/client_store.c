@@ -1,0 +1,159 @@
+/*
+ * The client as a store: kvd_client_store_ops, the ops table (store/ops.h)
+ * whose entries hand each store.h call to the kvd_client_* function that
+ * does it over gRPC and the mapped arena. Arguments arrive checked by
+ * store/store_api.c. A daemon owns its objects and quotas: scan and
+ * tenant_set_quota are left out (KVD_ERR_UNSUPPORTED); operators ask the
+ * daemon through the admin calls of client/client.h.
+ */
+#include "client/client.h"
+#include "store/ops.h"
+
+static kvd_client_t *cl(kvd_store_t *s)
+{
+    return (kvd_client_t *)s; /* kvd_client_t starts with its kvd_store_t */
+}
+
+static void cl_close(kvd_store_t *s)
+{
+    kvd_client_close(cl(s));
+}
+
+static void *cl_arena_ptr(kvd_store_t *s, uint64_t off, uint64_t len)
+{
+    return kvd_client_arena_ptr(cl(s), off, len);
+}
+
+static kvd_status_t cl_arena_hold(kvd_store_t *s, void **base_out,
+                                  uint64_t *size_bytes_out,
+                                  uint32_t *generation_out)
+{
+    return kvd_client_arena_hold(cl(s), base_out, size_bytes_out,
+                                 generation_out);
+}
+
+static void cl_arena_unhold(kvd_store_t *s, uint32_t generation)
+{
+    kvd_client_arena_unhold(cl(s), generation);
+}
+
+static uint32_t cl_arena_generation(kvd_store_t *s)
+{
+    return kvd_client_arena_generation(cl(s));
+}
+
+static void *cl_lease_ptr(kvd_store_t *s, const kvd_store_lease_t *lease)
+{
+    return kvd_client_lease_ptr(cl(s), lease);
+}
+
+static void *cl_reservation_ptr(kvd_store_t *s,
+                                const kvd_store_reservation_t *r, uint64_t len)
+{
+    return kvd_client_reservation_ptr(cl(s), r, len);
+}
+
+static kvd_status_t cl_arena_export(kvd_store_t *s,
+                                    kvd_store_arena_export_t *out)
+{
+    return kvd_client_arena_export(cl(s), out);
+}
+
+static kvd_status_t cl_reserve(kvd_store_t *s, const kvd_namespace_t *ns,
+                               const kvd_block_hash_t *hashes, size_t n,
+                               uint64_t object_bytes, uint32_t tenant,
+                               kvd_store_reservation_t *out)
+{
+    return kvd_client_reserve(cl(s), ns, hashes, n, object_bytes, tenant, out);
+}
+
+static kvd_status_t cl_commit(kvd_store_t *s, const kvd_store_key_t *keys,
+                              size_t n, kvd_status_t *statuses_out)
+{
+    return kvd_client_commit(cl(s), keys, n, statuses_out);
+}
+
+static kvd_status_t cl_abort(kvd_store_t *s, const kvd_store_key_t *keys,
+                             size_t n, kvd_status_t *statuses_out)
+{
+    return kvd_client_abort(cl(s), keys, n, statuses_out);
+}
+
+static kvd_status_t cl_lookup(kvd_store_t *s, const kvd_namespace_t *ns,
+                              const kvd_block_hash_t *hashes, size_t n,
+                              const char *source_node,
+                              kvd_store_lease_t *leases_out,
+                              size_t *matched_out)
+{
+    return kvd_client_lookup(cl(s), ns, hashes, n, source_node, leases_out,
+                             matched_out);
+}
+
+static kvd_status_t cl_release(kvd_store_t *s, const kvd_store_lease_t *leases,
+                               size_t n)
+{
+    return kvd_client_release(cl(s), leases, n);
+}
+
+static kvd_status_t cl_get_submit(kvd_store_t *s, const kvd_store_get_t *g,
+                                  size_t n, size_t *accepted_out)
+{
+    return kvd_client_get_submit(cl(s), g, n, accepted_out);
+}
+
+static size_t cl_poll(kvd_store_t *s, kvd_store_completion_t *out, size_t max)
+{
+    return kvd_client_poll(cl(s), out, max);
+}
+
+static kvd_status_t cl_wait(kvd_store_t *s, int timeout_ms)
+{
+    return kvd_client_wait(cl(s), timeout_ms);
+}
+
+static int cl_fd(kvd_store_t *s)
+{
+    return kvd_client_fd(cl(s));
+}
+
+static kvd_status_t cl_delete(kvd_store_t *s, const kvd_store_key_t *keys,
+                              size_t n, size_t *num_deleted_out)
+{
+    return kvd_client_delete(cl(s), keys, n, num_deleted_out);
+}
+
+static kvd_status_t cl_flush(kvd_store_t *s, int timeout_ms)
+{
+    return kvd_client_flush(cl(s), timeout_ms);
+}
+
+static kvd_status_t cl_stats(kvd_store_t *s, kvd_store_stats_t *out)
+{
+    return kvd_client_stats(cl(s), out);
+}
+
+const kvd_store_ops_t kvd_client_store_ops = {
+    .name = "daemon",
+    .close = cl_close,
+    .arena_ptr = cl_arena_ptr,
+    .arena_hold = cl_arena_hold,
+    .arena_unhold = cl_arena_unhold,
+    .arena_generation = cl_arena_generation,
+    .lease_ptr = cl_lease_ptr,
+    .reservation_ptr = cl_reservation_ptr,
+    .arena_export = cl_arena_export,
+    .reserve = cl_reserve,
+    .commit = cl_commit,
+    .abort = cl_abort,
+    .lookup = cl_lookup,
+    .release = cl_release,
+    .get_submit = cl_get_submit,
+    .poll = cl_poll,
+    .wait = cl_wait,
+    .fd = cl_fd,
+    .delete_keys = cl_delete,
+    .scan = NULL,
+    .tenant_set_quota = NULL,
+    .flush = cl_flush,
+    .stats = cl_stats,
+};

@@ -1,0 +1,231 @@
+/*
+ * The calls of include/kvdepot/store.h, over the ops interface
+ * (store/ops.h): each checks its arguments once, as store.h states, and
+ * hands the call to the store's implementation (the embedded engine or the
+ * kvdepotd client). kvd_store_open is in client/open.c, the one place that
+ * knows both implementations.
+ */
+#include <stddef.h>
+
+#include "store/ops.h"
+
+KVD_API void kvd_store_close(kvd_store_t *store)
+{
+    if (store != NULL) {
+        store->ops->close(store);
+    }
+}
+
+KVD_API void *kvd_store_arena_ptr(kvd_store_t *store, uint64_t arena_offset,
+                                  uint64_t len)
+{
+    return store == NULL ? NULL
+                         : store->ops->arena_ptr(store, arena_offset, len);
+}
+
+KVD_API kvd_status_t kvd_store_arena_hold(kvd_store_t *store, void **base_out,
+                                          uint64_t *size_bytes_out,
+                                          uint32_t *generation_out)
+{
+    if (store == NULL || base_out == NULL || size_bytes_out == NULL ||
+        generation_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->arena_hold(store, base_out, size_bytes_out,
+                                  generation_out);
+}
+
+KVD_API void kvd_store_arena_unhold(kvd_store_t *store, uint32_t generation)
+{
+    if (store != NULL) {
+        store->ops->arena_unhold(store, generation);
+    }
+}
+
+KVD_API uint32_t kvd_store_arena_generation(kvd_store_t *store)
+{
+    return store == NULL ? 0 : store->ops->arena_generation(store);
+}
+
+KVD_API void *kvd_store_lease_ptr(kvd_store_t *store,
+                                  const kvd_store_lease_t *lease)
+{
+    if (store == NULL || lease == NULL) {
+        return NULL;
+    }
+    return store->ops->lease_ptr(store, lease);
+}
+
+KVD_API void *kvd_store_reservation_ptr(kvd_store_t *store,
+                                        const kvd_store_reservation_t *r,
+                                        uint64_t len)
+{
+    if (store == NULL || r == NULL || r->status != KVD_OK) {
+        return NULL;
+    }
+    return store->ops->reservation_ptr(store, r, len);
+}
+
+KVD_API kvd_status_t kvd_store_arena_export(kvd_store_t *store,
+                                            kvd_store_arena_export_t *out)
+{
+    if (store == NULL || out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->arena_export(store, out);
+}
+
+KVD_API kvd_status_t kvd_store_reserve(kvd_store_t *store,
+                                       const kvd_namespace_t *ns,
+                                       const kvd_block_hash_t *hashes,
+                                       size_t num_hashes, uint64_t object_bytes,
+                                       uint32_t tenant,
+                                       kvd_store_reservation_t *out)
+{
+    if (store == NULL || ns == NULL ||
+        (num_hashes > 0 && (hashes == NULL || out == NULL)) ||
+        object_bytes == 0) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->reserve(store, ns, hashes, num_hashes, object_bytes,
+                               tenant, out);
+}
+
+KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,
+                                      const kvd_store_key_t *keys, size_t num,
+                                      kvd_status_t *statuses_out)
+{
+    if (store == NULL || (num > 0 && keys == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->commit(store, keys, num, statuses_out);
+}
+
+KVD_API kvd_status_t kvd_store_abort(kvd_store_t *store,
+                                     const kvd_store_key_t *keys, size_t num,
+                                     kvd_status_t *statuses_out)
+{
+    if (store == NULL || (num > 0 && keys == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->abort(store, keys, num, statuses_out);
+}
+
+KVD_API kvd_status_t kvd_store_lookup(kvd_store_t *store,
+                                      const kvd_namespace_t *ns,
+                                      const kvd_block_hash_t *hashes,
+                                      size_t num_hashes,
+                                      kvd_store_lease_t *leases_out,
+                                      size_t *matched_out)
+{
+    return kvd_store_lookup_from(store, ns, hashes, num_hashes, NULL,
+                                 leases_out, matched_out);
+}
+
+KVD_API kvd_status_t kvd_store_lookup_from(
+    kvd_store_t *store, const kvd_namespace_t *ns,
+    const kvd_block_hash_t *hashes, size_t num_hashes, const char *source_node,
+    kvd_store_lease_t *leases_out, size_t *matched_out)
+{
+    if (store == NULL || ns == NULL || matched_out == NULL ||
+        (num_hashes > 0 && (hashes == NULL || leases_out == NULL))) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->lookup(store, ns, hashes, num_hashes, source_node,
+                              leases_out, matched_out);
+}
+
+KVD_API kvd_status_t kvd_store_release(kvd_store_t *store,
+                                       const kvd_store_lease_t *leases,
+                                       size_t num)
+{
+    if (store == NULL || (num > 0 && leases == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->release(store, leases, num);
+}
+
+KVD_API kvd_status_t kvd_store_get_submit(kvd_store_t *store,
+                                          const kvd_store_get_t *gets,
+                                          size_t num, size_t *accepted_out)
+{
+    if (store == NULL || accepted_out == NULL || (num > 0 && gets == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->get_submit(store, gets, num, accepted_out);
+}
+
+KVD_API size_t kvd_store_poll(kvd_store_t *store, kvd_store_completion_t *out,
+                              size_t max)
+{
+    if (store == NULL || out == NULL) {
+        return 0;
+    }
+    return store->ops->poll(store, out, max);
+}
+
+KVD_API kvd_status_t kvd_store_wait(kvd_store_t *store, int timeout_ms)
+{
+    if (store == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->wait(store, timeout_ms);
+}
+
+KVD_API int kvd_store_fd(kvd_store_t *store)
+{
+    return store == NULL ? -1 : store->ops->fd(store);
+}
+
+KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
+                                      const kvd_store_key_t *keys, size_t num,
+                                      size_t *num_deleted_out)
+{
+    if (store == NULL || (num > 0 && keys == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->delete_keys(store, keys, num, num_deleted_out);
+}
+
+KVD_API kvd_status_t kvd_store_scan(kvd_store_t *store, uint64_t *cursor,
+                                    kvd_store_object_t *out, size_t max,
+                                    size_t *n_out)
+{
+    if (store == NULL || cursor == NULL || n_out == NULL ||
+        (max > 0 && out == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->ops->scan == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
+    return store->ops->scan(store, cursor, out, max, n_out);
+}
+
+KVD_API kvd_status_t kvd_store_tenant_set_quota(kvd_store_t *store,
+                                                uint32_t tenant,
+                                                uint64_t max_bytes)
+{
+    if (store == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->ops->tenant_set_quota == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
+    return store->ops->tenant_set_quota(store, tenant, max_bytes);
+}
+
+KVD_API kvd_status_t kvd_store_flush(kvd_store_t *store, int timeout_ms)
+{
+    if (store == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->flush(store, timeout_ms);
+}
+
+KVD_API kvd_status_t kvd_store_stats(kvd_store_t *store, kvd_store_stats_t *out)
+{
+    if (store == NULL || out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    return store->ops->stats(store, out);
+}
