@@ -554,7 +554,7 @@ static int bench_index(double fio_write_bytes_per_s)
         fprintf(stderr, "bench_store: index open failed\n");
         return 1;
     }
-    kvd_index_ns_t ns;
+    kvd_namespace_t ns;
     memset(ns.bytes, 3, sizeof ns.bytes);
     kvd_index_entry_t batch[INDEX_BATCH];
     memset(batch, 0, sizeof batch);

@@ -1,7 +1,7 @@
 /*
  * The persistent index on LMDB (contract, record layout and durability rules
  * in index_int.h). One MDB_env with its unnamed database; keys are the raw
- * 48-byte kvd_index_key_t, values the 64-byte versioned record.
+ * 48-byte kvd_store_key_t, values the 64-byte versioned record.
  *
  * Concurrency: LMDB lets readers run beside one writer without locks. Two
  * locks of ours sit around it. `write_mutex` serializes this process's
@@ -30,7 +30,7 @@
 #include "common/log_int.h"
 #include "store/index.h"
 
-_Static_assert(sizeof(kvd_index_key_t) == KVD_INDEX_KEY_BYTES,
+_Static_assert(sizeof(kvd_store_key_t) == KVD_INDEX_KEY_BYTES,
                "the key struct is used as the LMDB key bytes");
 
 #define INDEX_MAP_ALIGN (1ull << 20)
@@ -106,7 +106,7 @@ static kvd_status_t index_status(int rc, const char *what)
 
 /* XXH3 over key || record[0..56): the key is part of what is checked, so a
  * valid record stored under the wrong key is caught too. */
-static uint64_t record_check(const kvd_index_key_t *key, const uint8_t *rec)
+static uint64_t record_check(const kvd_store_key_t *key, const uint8_t *rec)
 {
     uint8_t buf[KVD_INDEX_KEY_BYTES + KVD_INDEX_RECORD_BYTES - 8];
 
@@ -151,7 +151,7 @@ kvd_status_t kvd_index_record_pack(const kvd_index_entry_t *entry,
     return KVD_OK;
 }
 
-kvd_status_t kvd_index_record_unpack(const kvd_index_key_t *key,
+kvd_status_t kvd_index_record_unpack(const kvd_store_key_t *key,
                                      const void *bytes, size_t len,
                                      kvd_index_entry_t *entry_out)
 {
@@ -192,7 +192,7 @@ kvd_status_t kvd_index_record_unpack(const kvd_index_key_t *key,
     return KVD_OK;
 }
 
-static void log_bad_record(const kvd_index_key_t *key, const char *what)
+static void log_bad_record(const kvd_store_key_t *key, const char *what)
 {
     KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_ERROR, INDEX_LOG_INTERVAL_MS,
                         "index: %s: undecodable record for key "
@@ -628,7 +628,7 @@ kvd_status_t kvd_index_put_batch(kvd_index_t *index,
 }
 
 typedef struct raw_args {
-    const kvd_index_key_t *key;
+    const kvd_store_key_t *key;
     const void *bytes;
     size_t len;
 } raw_args_t;
@@ -642,7 +642,7 @@ static int raw_body(MDB_txn *txn, MDB_dbi dbi, void *arg)
     return mdb_put(txn, dbi, &k, &v, 0);
 }
 
-kvd_status_t kvd_index_put_raw(kvd_index_t *index, const kvd_index_key_t *key,
+kvd_status_t kvd_index_put_raw(kvd_index_t *index, const kvd_store_key_t *key,
                                const void *bytes, size_t len)
 {
     raw_args_t a = {key, bytes, len};
@@ -654,7 +654,7 @@ kvd_status_t kvd_index_put_raw(kvd_index_t *index, const kvd_index_key_t *key,
 }
 
 typedef struct delete_args {
-    const kvd_index_key_t *keys;
+    const kvd_store_key_t *keys;
     size_t num_keys;
     size_t num_deleted;
 } delete_args_t;
@@ -680,7 +680,7 @@ static int delete_body(MDB_txn *txn, MDB_dbi dbi, void *arg)
 }
 
 kvd_status_t kvd_index_delete_batch(kvd_index_t *index,
-                                    const kvd_index_key_t *keys,
+                                    const kvd_store_key_t *keys,
                                     size_t num_keys, size_t *num_deleted_out)
 {
     delete_args_t a = {keys, num_keys, 0};
@@ -700,14 +700,14 @@ kvd_status_t kvd_index_delete_batch(kvd_index_t *index,
 }
 
 typedef struct drop_args {
-    const kvd_index_ns_t *ns;
+    const kvd_namespace_t *ns;
     uint64_t num_deleted;
 } drop_args_t;
 
 static int drop_body(MDB_txn *txn, MDB_dbi dbi, void *arg)
 {
     drop_args_t *a = arg;
-    kvd_index_key_t first;
+    kvd_store_key_t first;
     MDB_cursor *cur;
     MDB_val k, v;
     int rc;
@@ -745,7 +745,7 @@ static int drop_body(MDB_txn *txn, MDB_dbi dbi, void *arg)
 }
 
 kvd_status_t kvd_index_drop_namespace(kvd_index_t *index,
-                                      const kvd_index_ns_t *ns,
+                                      const kvd_namespace_t *ns,
                                       uint64_t *num_deleted_out)
 {
     drop_args_t a = {ns, 0};
@@ -767,7 +767,7 @@ kvd_status_t kvd_index_drop_namespace(kvd_index_t *index,
 /* ------------------------------------------------------------------------ */
 
 typedef struct get_args {
-    const kvd_index_key_t *key;
+    const kvd_store_key_t *key;
     kvd_index_entry_t entry;
     kvd_status_t decode;
 } get_args_t;
@@ -789,7 +789,7 @@ static int get_body(MDB_txn *txn, MDB_dbi dbi, void *arg)
     return rc;
 }
 
-kvd_status_t kvd_index_get(kvd_index_t *index, const kvd_index_key_t *key,
+kvd_status_t kvd_index_get(kvd_index_t *index, const kvd_store_key_t *key,
                            kvd_index_entry_t *entry_out)
 {
     get_args_t a;
@@ -813,7 +813,7 @@ kvd_status_t kvd_index_get(kvd_index_t *index, const kvd_index_key_t *key,
 }
 
 typedef struct prefix_args {
-    const kvd_index_ns_t *ns;
+    const kvd_namespace_t *ns;
     const kvd_block_hash_t *hashes;
     size_t num_hashes;
     kvd_index_entry_t *entries;
@@ -823,7 +823,7 @@ typedef struct prefix_args {
 static int prefix_body(MDB_txn *txn, MDB_dbi dbi, void *arg)
 {
     prefix_args_t *a = arg;
-    kvd_index_key_t key;
+    kvd_store_key_t key;
     kvd_index_entry_t e;
     MDB_val k = {KVD_INDEX_KEY_BYTES, &key};
     MDB_val v;
@@ -853,7 +853,7 @@ static int prefix_body(MDB_txn *txn, MDB_dbi dbi, void *arg)
 }
 
 kvd_status_t
-kvd_index_lookup_prefix(kvd_index_t *index, const kvd_index_ns_t *ns,
+kvd_index_lookup_prefix(kvd_index_t *index, const kvd_namespace_t *ns,
                         const kvd_block_hash_t *hashes, size_t num_hashes,
                         kvd_index_entry_t *entries_out, size_t *matched_out)
 {
@@ -874,7 +874,7 @@ kvd_index_lookup_prefix(kvd_index_t *index, const kvd_index_ns_t *ns,
 }
 
 typedef struct scan_args {
-    const kvd_index_key_t *after;
+    const kvd_store_key_t *after;
     kvd_index_entry_t *entries;
     size_t capacity;
     size_t count;
@@ -884,7 +884,7 @@ typedef struct scan_args {
 static int scan_body(MDB_txn *txn, MDB_dbi dbi, void *arg)
 {
     scan_args_t *a = arg;
-    kvd_index_key_t key;
+    kvd_store_key_t key;
     MDB_cursor *cur;
     MDB_val k, v;
     int rc;
@@ -927,7 +927,7 @@ static int scan_body(MDB_txn *txn, MDB_dbi dbi, void *arg)
     return rc == MDB_NOTFOUND ? 0 : rc;
 }
 
-kvd_status_t kvd_index_scan(kvd_index_t *index, const kvd_index_key_t *after,
+kvd_status_t kvd_index_scan(kvd_index_t *index, const kvd_store_key_t *after,
                             kvd_index_entry_t *entries_out, size_t capacity,
                             size_t *count_out, uint64_t *num_corrupt_out)
 {

@@ -90,6 +90,7 @@
 #include <stdint.h>
 
 #include "kvdepot/common.h"
+#include "kvdepot/store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -108,17 +109,9 @@ extern "C" {
  * reader table beside it as "index.mdb-lock". */
 #define KVD_INDEX_FILE_NAME "index.mdb"
 
-/* 16-byte namespace digest (docs/protocol.md: namespace_id). */
-typedef struct kvd_index_ns {
-    uint8_t bytes[KVD_INDEX_NS_BYTES];
-} kvd_index_ns_t;
-
-/* The index key: byte arrays only, so the struct is exactly 48 bytes and is
- * used as the LMDB key as it is. */
-typedef struct kvd_index_key {
-    kvd_index_ns_t ns;
-    kvd_block_hash_t hash;
-} kvd_index_key_t;
+/* The index key is kvd_store_key_t (include/kvdepot/store.h): byte arrays
+ * only, so the struct is exactly 48 bytes and is used as the LMDB key as it
+ * is. */
 
 typedef enum kvd_index_tier {
     KVD_INDEX_TIER_HOST = 1, /* location.offset = arena slot index */
@@ -127,7 +120,7 @@ typedef enum kvd_index_tier {
 
 /* One object's record, decoded. */
 typedef struct kvd_index_entry {
-    kvd_index_key_t key;
+    kvd_store_key_t key;
     uint8_t tier;    /* kvd_index_tier_t */
     uint8_t codec_k; /* codec ids, stored verbatim */
     uint8_t codec_v;
@@ -201,7 +194,7 @@ kvd_status_t kvd_index_put_batch(kvd_index_t *index,
  * NULL). Errors and thread: as kvd_index_put_batch.
  */
 kvd_status_t kvd_index_delete_batch(kvd_index_t *index,
-                                    const kvd_index_key_t *keys,
+                                    const kvd_store_key_t *keys,
                                     size_t num_keys, size_t *num_deleted_out);
 
 /*
@@ -214,7 +207,7 @@ kvd_status_t kvd_index_delete_batch(kvd_index_t *index,
  * still succeed.
  */
 kvd_status_t kvd_index_drop_namespace(kvd_index_t *index,
-                                      const kvd_index_ns_t *ns,
+                                      const kvd_namespace_t *ns,
                                       uint64_t *num_deleted_out);
 
 /*
@@ -223,7 +216,7 @@ kvd_status_t kvd_index_drop_namespace(kvd_index_t *index,
  * validation; logged), KVD_ERR_BUSY (no free reader slot), KVD_ERR_IO.
  * Thread: any; never waits for a writer.
  */
-kvd_status_t kvd_index_get(kvd_index_t *index, const kvd_index_key_t *key,
+kvd_status_t kvd_index_get(kvd_index_t *index, const kvd_store_key_t *key,
                            kvd_index_entry_t *entry_out);
 
 /*
@@ -238,7 +231,7 @@ kvd_status_t kvd_index_get(kvd_index_t *index, const kvd_index_key_t *key,
  * kvd_index_get.
  */
 kvd_status_t
-kvd_index_lookup_prefix(kvd_index_t *index, const kvd_index_ns_t *ns,
+kvd_index_lookup_prefix(kvd_index_t *index, const kvd_namespace_t *ns,
                         const kvd_block_hash_t *hashes, size_t num_hashes,
                         kvd_index_entry_t *entries_out, size_t *matched_out);
 
@@ -255,7 +248,7 @@ kvd_index_lookup_prefix(kvd_index_t *index, const kvd_index_ns_t *ns,
  * (NULL entries_out or count_out, capacity 0), KVD_ERR_BUSY, KVD_ERR_IO.
  * Thread: as kvd_index_get.
  */
-kvd_status_t kvd_index_scan(kvd_index_t *index, const kvd_index_key_t *after,
+kvd_status_t kvd_index_scan(kvd_index_t *index, const kvd_store_key_t *after,
                             kvd_index_entry_t *entries_out, size_t capacity,
                             size_t *count_out, uint64_t *num_corrupt_out);
 
@@ -281,7 +274,7 @@ kvd_status_t kvd_index_record_pack(const kvd_index_entry_t *entry,
  * KVD_ERR_CORRUPT for anything else (not logged here), KVD_ERR_INVALID for
  * NULL arguments. Pure function; thread-safe; the fuzz target's entry point.
  */
-kvd_status_t kvd_index_record_unpack(const kvd_index_key_t *key,
+kvd_status_t kvd_index_record_unpack(const kvd_store_key_t *key,
                                      const void *bytes, size_t len,
                                      kvd_index_entry_t *entry_out);
 
@@ -290,7 +283,7 @@ kvd_status_t kvd_index_record_unpack(const kvd_index_key_t *key,
  * its own transaction. For tests that need a damaged record on disk; the
  * store never calls it. Errors: as kvd_index_put_batch.
  */
-kvd_status_t kvd_index_put_raw(kvd_index_t *index, const kvd_index_key_t *key,
+kvd_status_t kvd_index_put_raw(kvd_index_t *index, const kvd_store_key_t *key,
                                const void *bytes, size_t len);
 
 #ifdef __cplusplus

@@ -35,8 +35,9 @@
 #include "common/log_int.h"
 #include "store/l1_int.h"
 
-_Static_assert(sizeof(kvd_l1_key_t) == 48, "kvd_l1_key_t must be unpadded: "
-                                           "keys are compared with memcmp");
+_Static_assert(sizeof(kvd_store_key_t) == 48,
+               "kvd_store_key_t must be unpadded: "
+               "keys are compared with memcmp");
 
 enum { L1_FREE = 0, L1_RESERVED, L1_READY, L1_GHOST };
 enum { L1_Q_NONE = 0, L1_Q_SMALL, L1_Q_MAIN, L1_Q_GHOST, L1_Q_LRU, L1_Q_N };
@@ -45,7 +46,7 @@ enum { L1_Q_NONE = 0, L1_Q_SMALL, L1_Q_MAIN, L1_Q_GHOST, L1_Q_LRU, L1_Q_N };
 
 typedef struct l1_entry l1_entry_t;
 struct l1_entry {
-    kvd_l1_key_t key;
+    kvd_store_key_t key;
     l1_entry_t *chain; /* next in the hash bucket, or in the free list */
     l1_entry_t *newer; /* queue neighbour towards the head */
     l1_entry_t *older; /* queue neighbour towards the tail */
@@ -116,16 +117,16 @@ static uint64_t l1_load64(const uint8_t *p)
     return v;
 }
 
-static l1_entry_t **l1_bucket(kvd_l1_t *l1, const kvd_l1_key_t *key)
+static l1_entry_t **l1_bucket(kvd_l1_t *l1, const kvd_store_key_t *key)
 {
     uint64_t h = l1_load64(key->hash.bytes) ^
-                 (l1_load64(key->ns) * 0x9e3779b97f4a7c15ull);
+                 (l1_load64(key->ns.bytes) * 0x9e3779b97f4a7c15ull);
     h ^= h >> 29;
     return &l1->buckets[h & l1->bucket_mask].first;
 }
 
 /* Any node with this key, ghost included. */
-static l1_entry_t *l1_find(kvd_l1_t *l1, const kvd_l1_key_t *key)
+static l1_entry_t *l1_find(kvd_l1_t *l1, const kvd_store_key_t *key)
 {
     for (l1_entry_t *e = *l1_bucket(l1, key); e != NULL; e = e->chain) {
         if (memcmp(&e->key, key, sizeof(*key)) == 0) {
@@ -136,7 +137,7 @@ static l1_entry_t *l1_find(kvd_l1_t *l1, const kvd_l1_key_t *key)
 }
 
 /* A reserved or ready entry with this key; ghosts do not exist here. */
-static l1_entry_t *l1_find_live(kvd_l1_t *l1, const kvd_l1_key_t *key)
+static l1_entry_t *l1_find_live(kvd_l1_t *l1, const kvd_store_key_t *key)
 {
     l1_entry_t *e = l1_find(l1, key);
     return (e != NULL && e->state != L1_GHOST) ? e : NULL;
@@ -151,7 +152,7 @@ static void l1_hash_remove(kvd_l1_t *l1, l1_entry_t *e)
     *pp = e->chain;
 }
 
-static l1_entry_t *l1_node_alloc(kvd_l1_t *l1, const kvd_l1_key_t *key)
+static l1_entry_t *l1_node_alloc(kvd_l1_t *l1, const kvd_store_key_t *key)
 {
     l1_entry_t *e = l1->free_list;
     /* The pool holds capacity + ghost_capacity nodes and both populations
@@ -680,7 +681,7 @@ out:
     return status;
 }
 
-kvd_status_t kvd_l1_reserve(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_reserve(kvd_l1_t *l1, const kvd_store_key_t *key,
                             uint32_t tenant, uint64_t size_bytes, uint32_t slot,
                             kvd_l1_victim_t *victims_out, size_t max_victims,
                             size_t *n_victims_out)
@@ -745,7 +746,7 @@ out:
     return status;
 }
 
-static kvd_status_t l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key,
+static kvd_status_t l1_commit(kvd_l1_t *l1, const kvd_store_key_t *key,
                               bool acquire, const uint64_t *checksum)
 {
     if (l1 == NULL || key == NULL) {
@@ -787,23 +788,23 @@ out:
     return status;
 }
 
-kvd_status_t kvd_l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key)
+kvd_status_t kvd_l1_commit(kvd_l1_t *l1, const kvd_store_key_t *key)
 {
     return l1_commit(l1, key, false, NULL);
 }
 
-kvd_status_t kvd_l1_commit_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key)
+kvd_status_t kvd_l1_commit_acquire(kvd_l1_t *l1, const kvd_store_key_t *key)
 {
     return l1_commit(l1, key, true, NULL);
 }
 
-kvd_status_t kvd_l1_commit_checksum(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_commit_checksum(kvd_l1_t *l1, const kvd_store_key_t *key,
                                     uint64_t checksum, bool acquire)
 {
     return l1_commit(l1, key, acquire, &checksum);
 }
 
-kvd_status_t kvd_l1_abort(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_abort(kvd_l1_t *l1, const kvd_store_key_t *key,
                           uint32_t *slot_out)
 {
     if (l1 == NULL || key == NULL || slot_out == NULL) {
@@ -852,7 +853,7 @@ static void l1_hit(kvd_l1_t *l1, l1_entry_t *e)
     }
 }
 
-kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_l1_key_t *keys,
+kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_store_key_t *keys,
                                   size_t n, uint32_t *slots_out,
                                   size_t *matched_out)
 {
@@ -882,7 +883,7 @@ kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_l1_key_t *keys,
 }
 
 /* One lease back; `lock` held. */
-static kvd_status_t l1_release_locked(kvd_l1_t *l1, const kvd_l1_key_t *key)
+static kvd_status_t l1_release_locked(kvd_l1_t *l1, const kvd_store_key_t *key)
 {
     l1_entry_t *e = l1_find_live(l1, key);
     if (e == NULL) {
@@ -900,7 +901,7 @@ static kvd_status_t l1_release_locked(kvd_l1_t *l1, const kvd_l1_key_t *key)
     return KVD_OK;
 }
 
-kvd_status_t kvd_l1_release(kvd_l1_t *l1, const kvd_l1_key_t *key)
+kvd_status_t kvd_l1_release(kvd_l1_t *l1, const kvd_store_key_t *key)
 {
     if (l1 == NULL || key == NULL) {
         return KVD_ERR_INVALID;
@@ -911,7 +912,7 @@ kvd_status_t kvd_l1_release(kvd_l1_t *l1, const kvd_l1_key_t *key)
     return status;
 }
 
-kvd_status_t kvd_l1_release_many(kvd_l1_t *l1, const kvd_l1_key_t *keys,
+kvd_status_t kvd_l1_release_many(kvd_l1_t *l1, const kvd_store_key_t *keys,
                                  size_t n)
 {
     if (l1 == NULL || (n > 0 && keys == NULL)) {
@@ -929,7 +930,7 @@ kvd_status_t kvd_l1_release_many(kvd_l1_t *l1, const kvd_l1_key_t *keys,
     return first;
 }
 
-kvd_status_t kvd_l1_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_acquire(kvd_l1_t *l1, const kvd_store_key_t *key,
                             uint32_t *slot_out)
 {
     if (l1 == NULL || key == NULL || slot_out == NULL) {
@@ -953,7 +954,7 @@ out:
     return status;
 }
 
-kvd_status_t kvd_l1_doom(kvd_l1_t *l1, const kvd_l1_key_t *key)
+kvd_status_t kvd_l1_doom(kvd_l1_t *l1, const kvd_store_key_t *key)
 {
     if (l1 == NULL || key == NULL) {
         return KVD_ERR_INVALID;
@@ -972,7 +973,7 @@ kvd_status_t kvd_l1_doom(kvd_l1_t *l1, const kvd_l1_key_t *key)
     return status;
 }
 
-kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_store_key_t *key,
                          kvd_l1_entry_info_t *info_out)
 {
     if (l1 == NULL || key == NULL || info_out == NULL) {
@@ -998,7 +999,7 @@ kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_l1_key_t *key,
     return status;
 }
 
-kvd_status_t kvd_l1_pin(kvd_l1_t *l1, const kvd_l1_key_t *key, bool pinned)
+kvd_status_t kvd_l1_pin(kvd_l1_t *l1, const kvd_store_key_t *key, bool pinned)
 {
     if (l1 == NULL || key == NULL) {
         return KVD_ERR_INVALID;
@@ -1061,7 +1062,7 @@ kvd_status_t kvd_l1_evict_group(kvd_l1_t *l1, uint8_t group,
     return KVD_OK;
 }
 
-kvd_status_t kvd_l1_delete(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_delete(kvd_l1_t *l1, const kvd_store_key_t *key,
                            kvd_l1_victim_t *removed_out)
 {
     if (l1 == NULL || key == NULL || removed_out == NULL) {

@@ -80,6 +80,7 @@
 #include <stdint.h>
 
 #include "kvdepot/common.h"
+#include "kvdepot/store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -94,11 +95,6 @@ extern "C" {
 #define KVD_L1_FREQ_MAX 3
 
 /* Object key: namespace digest (DESIGN.md §3) and block hash. */
-typedef struct kvd_l1_key {
-    uint8_t ns[16];
-    kvd_block_hash_t hash;
-} kvd_l1_key_t;
-
 typedef enum kvd_l1_policy {
     KVD_L1_S3FIFO = 0,
     KVD_L1_LRU = 1
@@ -121,7 +117,7 @@ typedef struct kvd_l1_config {
 /* An object removed by eviction, quota eviction, delete or abort; its slot
  * now belongs to the caller. */
 typedef struct kvd_l1_victim {
-    kvd_l1_key_t key;
+    kvd_store_key_t key;
     uint64_t size_bytes;
     uint32_t slot;
     uint32_t tenant;
@@ -231,7 +227,7 @@ kvd_status_t kvd_l1_tenant_set_group(kvd_l1_t *l1, uint32_t tenant,
  *   KVD_ERR_NOMEM    first sight of `tenant` and its record cannot be
  *                    allocated (failpoint "l1.tenant_alloc").
  */
-kvd_status_t kvd_l1_reserve(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_reserve(kvd_l1_t *l1, const kvd_store_key_t *key,
                             uint32_t tenant, uint64_t size_bytes, uint32_t slot,
                             kvd_l1_victim_t *victims_out, size_t max_victims,
                             size_t *n_victims_out);
@@ -242,7 +238,7 @@ kvd_status_t kvd_l1_reserve(kvd_l1_t *l1, const kvd_l1_key_t *key,
  * Errors: KVD_ERR_INVALID (NULL), KVD_ERR_NOT_FOUND (no such entry),
  * KVD_ERR_STATE (already ready).
  */
-kvd_status_t kvd_l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key);
+kvd_status_t kvd_l1_commit(kvd_l1_t *l1, const kvd_store_key_t *key);
 
 /*
  * As kvd_l1_commit, and the writer's reference becomes one lease in the
@@ -250,7 +246,7 @@ kvd_status_t kvd_l1_commit(kvd_l1_t *l1, const kvd_l1_key_t *key);
  * it (write-through, promotion from NVMe). Release it with kvd_l1_release.
  * Counts no hit. Errors: as kvd_l1_commit.
  */
-kvd_status_t kvd_l1_commit_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key);
+kvd_status_t kvd_l1_commit_acquire(kvd_l1_t *l1, const kvd_store_key_t *key);
 
 /*
  * As kvd_l1_commit (kvd_l1_commit_acquire when `acquire`), and the entry
@@ -259,7 +255,7 @@ kvd_status_t kvd_l1_commit_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key);
  * cluster data plane sending the object) need not read the bytes again.
  * Errors: as kvd_l1_commit.
  */
-kvd_status_t kvd_l1_commit_checksum(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_commit_checksum(kvd_l1_t *l1, const kvd_store_key_t *key,
                                     uint64_t checksum, bool acquire);
 
 /*
@@ -267,7 +263,7 @@ kvd_status_t kvd_l1_commit_checksum(kvd_l1_t *l1, const kvd_l1_key_t *key,
  * `*slot_out`; the caller frees it. Errors: KVD_ERR_INVALID (NULL),
  * KVD_ERR_NOT_FOUND, KVD_ERR_STATE (the entry is ready: use delete).
  */
-kvd_status_t kvd_l1_abort(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_abort(kvd_l1_t *l1, const kvd_store_key_t *key,
                           uint32_t *slot_out);
 
 /*
@@ -282,7 +278,7 @@ kvd_status_t kvd_l1_abort(kvd_l1_t *l1, const kvd_l1_key_t *key,
  * `keys` and `slots_out` have `n` elements (both may be NULL when n is 0).
  * Errors: KVD_ERR_INVALID (NULL l1/matched_out, or NULL arrays with n > 0).
  */
-kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_l1_key_t *keys,
+kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_store_key_t *keys,
                                   size_t n, uint32_t *slots_out,
                                   size_t *matched_out);
 
@@ -291,11 +287,11 @@ kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_l1_key_t *keys,
  * (NULL), KVD_ERR_NOT_FOUND, KVD_ERR_STATE (entry reserved, or no lease
  * held on it).
  */
-kvd_status_t kvd_l1_release(kvd_l1_t *l1, const kvd_l1_key_t *key);
+kvd_status_t kvd_l1_release(kvd_l1_t *l1, const kvd_store_key_t *key);
 
 /* kvd_l1_release of n keys under one lock hold: every key is tried; the
  * first error is returned. */
-kvd_status_t kvd_l1_release_many(kvd_l1_t *l1, const kvd_l1_key_t *keys,
+kvd_status_t kvd_l1_release_many(kvd_l1_t *l1, const kvd_store_key_t *keys,
                                  size_t n);
 
 /*
@@ -305,7 +301,7 @@ kvd_status_t kvd_l1_release_many(kvd_l1_t *l1, const kvd_l1_key_t *keys,
  * KVD_ERR_INVALID (NULL), KVD_ERR_NOT_FOUND, KVD_ERR_STATE (reserved, or
  * the lease count is saturated).
  */
-kvd_status_t kvd_l1_acquire(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_acquire(kvd_l1_t *l1, const kvd_store_key_t *key,
                             uint32_t *slot_out);
 
 /* An entry as it is now, for kvd_l1_peek. */
@@ -328,11 +324,11 @@ typedef struct kvd_l1_entry_info {
  * an object whose checksum failed while other readers held it. Errors:
  * KVD_ERR_INVALID (NULL), KVD_ERR_NOT_FOUND, KVD_ERR_STATE (reserved).
  */
-kvd_status_t kvd_l1_doom(kvd_l1_t *l1, const kvd_l1_key_t *key);
+kvd_status_t kvd_l1_doom(kvd_l1_t *l1, const kvd_store_key_t *key);
 
 /* Writes `key`'s entry into *info_out without side effects (no lease, no
  * hit). Errors: KVD_ERR_INVALID (NULL), KVD_ERR_NOT_FOUND. */
-kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_store_key_t *key,
                          kvd_l1_entry_info_t *info_out);
 
 /*
@@ -340,7 +336,7 @@ kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_l1_key_t *key,
  * is never evicted, by policy or quota; delete still removes it. Pinning is
  * a flag, not a count. Errors: KVD_ERR_INVALID (NULL), KVD_ERR_NOT_FOUND.
  */
-kvd_status_t kvd_l1_pin(kvd_l1_t *l1, const kvd_l1_key_t *key, bool pinned);
+kvd_status_t kvd_l1_pin(kvd_l1_t *l1, const kvd_store_key_t *key, bool pinned);
 
 /*
  * Evicts READY, unleased, unpinned entries in policy order until at least
@@ -368,13 +364,13 @@ kvd_status_t kvd_l1_evict_group(kvd_l1_t *l1, uint8_t group,
  * KVD_ERR_NOT_FOUND, KVD_ERR_STATE (reserved: use abort), KVD_ERR_BUSY
  * (leased: retry after the readers release).
  */
-kvd_status_t kvd_l1_delete(kvd_l1_t *l1, const kvd_l1_key_t *key,
+kvd_status_t kvd_l1_delete(kvd_l1_t *l1, const kvd_store_key_t *key,
                            kvd_l1_victim_t *removed_out);
 
 /* Writes a snapshot of the table's counters. KVD_ERR_INVALID on NULL. */
 /* One READY entry, written by kvd_l1_scan. */
 typedef struct kvd_l1_scan_entry {
-    kvd_l1_key_t key;
+    kvd_store_key_t key;
     uint64_t size_bytes;
     uint32_t tenant;
 } kvd_l1_scan_entry_t;

@@ -27,9 +27,7 @@
 #include "store/engine.h"
 #include "store/store_int.h"
 
-_Static_assert(sizeof(kvd_store_key_t) == 48, "store key is 48 bytes");
-_Static_assert(sizeof(kvd_l1_key_t) == 48, "l1 key is 48 bytes");
-_Static_assert(sizeof(kvd_index_key_t) == 48, "index key is 48 bytes");
+_Static_assert(sizeof(kvd_store_key_t) == 48, "the one key type is 48 bytes");
 
 /* Lookups and reserves convert keys in chunks of this many on the stack. */
 #define STORE_KEY_CHUNK 64u
@@ -38,24 +36,6 @@ _Static_assert(sizeof(kvd_index_key_t) == 48, "index key is 48 bytes");
 /* Bounds on the objects the tables hold when the setting is 0 (auto). */
 #define STORE_AUTO_OBJ_BYTES (64u << 10)
 #define STORE_AUTO_MIN 1024u
-
-void store_key_to_l1(const kvd_store_key_t *key, kvd_l1_key_t *out)
-{
-    memcpy(out->ns, key->ns.bytes, sizeof out->ns);
-    out->hash = key->hash;
-}
-
-void store_key_to_index(const kvd_store_key_t *key, kvd_index_key_t *out)
-{
-    memcpy(out->ns.bytes, key->ns.bytes, sizeof out->ns.bytes);
-    out->hash = key->hash;
-}
-
-void store_key_from_l1(const kvd_l1_key_t *key, kvd_store_key_t *out)
-{
-    memcpy(out->ns.bytes, key->ns, sizeof out->ns.bytes);
-    out->hash = key->hash;
-}
 
 /* ---- settings ----------------------------------------------------------- */
 
@@ -230,7 +210,7 @@ static void store_write_enqueue(kvd_embedded_t *st, store_job_t *job)
 
 /* ---- eviction ----------------------------------------------------------- */
 
-static bool store_l2_has(kvd_embedded_t *st, const kvd_l1_key_t *key)
+static bool store_l2_has(kvd_embedded_t *st, const kvd_store_key_t *key)
 {
     kvd_l1_entry_info_t info;
     return st->l2 != NULL && kvd_l1_peek(st->l2, key, &info) == KVD_OK;
@@ -242,7 +222,7 @@ void store_victims_dispose(kvd_embedded_t *st, const kvd_l1_victim_t *victims,
     for (size_t i = 0; i < n; i++) {
         const kvd_l1_victim_t *v = &victims[i];
         kvd_store_key_t key;
-        store_key_from_l1(&v->key, &key);
+        key = v->key;
         bool keep = st->nvme != NULL && !store_l2_has(st, &v->key);
         if (keep && st->cfg.disk_admission == STORE_ADMIT_SECOND &&
             !store_sighted_twice(st, &key)) {
@@ -418,12 +398,12 @@ static kvd_status_t store_recover(kvd_embedded_t *st)
 {
     enum { PAGE = 512 };
     kvd_index_entry_t *page = calloc(PAGE, sizeof *page);
-    kvd_index_key_t *bad = calloc(PAGE, sizeof *bad);
+    kvd_store_key_t *bad = calloc(PAGE, sizeof *bad);
     kvd_status_t status = KVD_ERR_NOMEM;
     if (page == NULL || bad == NULL) {
         goto out;
     }
-    kvd_index_key_t after;
+    kvd_store_key_t after;
     bool first = true;
     uint64_t recovered = 0, dropped = 0, corrupt = 0;
     for (;;) {
@@ -445,9 +425,7 @@ static kvd_status_t store_recover(kvd_embedded_t *st)
                 s = kvd_nvme_extent_mark(st->nvme, extent, e->size_bytes);
             }
             if (s == KVD_OK) {
-                kvd_l1_key_t key;
-                memcpy(key.ns, e->key.ns.bytes, sizeof key.ns);
-                key.hash = e->key.hash;
+                kvd_store_key_t key = e->key;
                 size_t nv = 0;
                 s = kvd_l1_reserve(st->l2, &key, e->tenant_id, e->size_bytes,
                                    extent, NULL, 0, &nv);
@@ -831,8 +809,8 @@ static kvd_status_t store_reserve_one(kvd_embedded_t *st,
                                       uint32_t tenant, uint64_t *deadline_ns,
                                       uint64_t *offset_out)
 {
-    kvd_l1_key_t lk;
-    store_key_to_l1(key, &lk);
+    kvd_store_key_t lk;
+    lk = *key;
     kvd_l1_entry_info_t info;
     if (kvd_l1_peek(st->l1, &lk, &info) == KVD_OK || store_l2_has(st, &lk)) {
         return KVD_ERR_EXISTS;
@@ -900,7 +878,7 @@ static kvd_status_t emb_reserve(kvd_store_t *base, const kvd_namespace_t *ns,
 
 /* Queues the write-through of a committed, leased object. */
 static void store_write_through(kvd_embedded_t *st, const kvd_store_key_t *key,
-                                const kvd_l1_key_t *lk)
+                                const kvd_store_key_t *lk)
 {
     kvd_l1_entry_info_t info;
     store_job_t *job = NULL;
@@ -930,8 +908,8 @@ static kvd_status_t store_commit_one(kvd_embedded_t *store,
 {
     bool through =
         store->nvme != NULL && store->cfg.disk_write == STORE_WRITE_THROUGH;
-    kvd_l1_key_t lk;
-    store_key_to_l1(key, &lk);
+    kvd_store_key_t lk;
+    lk = *key;
     kvd_status_t s;
     if (xxh3 != NULL) {
         s = kvd_l1_commit_checksum(store->l1, &lk, *xxh3, through);
@@ -985,8 +963,8 @@ bool kvd_store_lease_checksum(kvd_store_t *base, const kvd_store_lease_t *lease,
         lease->tier != KVD_STORE_TIER_HOST) {
         return false;
     }
-    kvd_l1_key_t lk;
-    store_key_to_l1(&lease->key, &lk);
+    kvd_store_key_t lk;
+    lk = lease->key;
     kvd_l1_entry_info_t info;
     /* The lease keeps the entry (and its slot) in place; the slot and size
      * are compared anyway, so a caller's stale lease yields no checksum. */
@@ -1006,8 +984,8 @@ static kvd_status_t emb_abort(kvd_store_t *base, const kvd_store_key_t *keys,
     kvd_status_t first = KVD_OK;
     bool freed = false;
     for (size_t i = 0; i < num; i++) {
-        kvd_l1_key_t lk;
-        store_key_to_l1(&keys[i], &lk);
+        kvd_store_key_t lk;
+        lk = keys[i];
         uint32_t slot;
         kvd_status_t s = kvd_l1_abort(store->l1, &lk, &slot);
         if (s == KVD_OK) {
@@ -1039,13 +1017,13 @@ static size_t store_lookup_tier(kvd_embedded_t *st, kvd_l1_t *table,
                                 const kvd_block_hash_t *hashes, size_t n,
                                 kvd_store_lease_t *leases_out)
 {
-    kvd_l1_key_t keys[STORE_KEY_CHUNK];
+    kvd_store_key_t keys[STORE_KEY_CHUNK];
     uint32_t slots[STORE_KEY_CHUNK];
     size_t done = 0;
     while (done < n) {
         size_t c = n - done < STORE_KEY_CHUNK ? n - done : STORE_KEY_CHUNK;
         for (size_t i = 0; i < c; i++) {
-            memcpy(keys[i].ns, ns->bytes, sizeof keys[i].ns);
+            keys[i].ns = *ns;
             keys[i].hash = hashes[done + i];
         }
         size_t m = 0;
@@ -1120,15 +1098,15 @@ static kvd_status_t emb_release(kvd_store_t *base,
     kvd_embedded_t *store = store_embedded(base);
     kvd_status_t first = KVD_OK;
     for (size_t i = 0; i < num; i++) {
-        kvd_l1_key_t lk;
+        kvd_store_key_t lk;
         kvd_status_t s;
         if (leases[i].tier == KVD_STORE_TIER_HOST) {
             /* A run of arena leases goes back under one lock hold. */
-            kvd_l1_key_t run[STORE_KEY_CHUNK];
+            kvd_store_key_t run[STORE_KEY_CHUNK];
             size_t k = 0;
             while (i + k < num && k < STORE_KEY_CHUNK &&
                    leases[i + k].tier == KVD_STORE_TIER_HOST) {
-                store_key_to_l1(&leases[i + k].key, &run[k]);
+                run[k] = leases[i + k].key;
                 k++;
             }
             s = kvd_l1_release_many(store->l1, run, k);
@@ -1138,7 +1116,7 @@ static kvd_status_t emb_release(kvd_store_t *base,
             }
             continue;
         }
-        store_key_to_l1(&leases[i].key, &lk);
+        lk = leases[i].key;
         if (leases[i].tier == KVD_STORE_TIER_DISK && store->l2 != NULL) {
             s = kvd_l1_release(store->l2, &lk);
             kvd_l1_entry_info_t info;
@@ -1259,13 +1237,11 @@ kvd_status_t store_l2_victims_dispose(kvd_embedded_t *st,
     if (n == 0) {
         return KVD_OK;
     }
-    kvd_index_key_t keys[STORE_EVICT_BATCH];
+    kvd_store_key_t keys[STORE_EVICT_BATCH];
     for (size_t done = 0; done < n;) {
         size_t c = n - done < STORE_EVICT_BATCH ? n - done : STORE_EVICT_BATCH;
         for (size_t i = 0; i < c; i++) {
-            memcpy(keys[i].ns.bytes, victims[done + i].key.ns,
-                   sizeof keys[i].ns.bytes);
-            keys[i].hash = victims[done + i].key.hash;
+            keys[i] = victims[done + i].key;
         }
         kvd_status_t s = kvd_index_delete_batch(st->index, keys, c, NULL);
         if (s == KVD_OK) {
@@ -1302,8 +1278,8 @@ static kvd_status_t emb_delete(kvd_store_t *base, const kvd_store_key_t *keys,
     kvd_l1_victim_t l2v[STORE_EVICT_BATCH];
     size_t nl2 = 0;
     for (size_t i = 0; i < num; i++) {
-        kvd_l1_key_t lk;
-        store_key_to_l1(&keys[i], &lk);
+        kvd_store_key_t lk;
+        lk = keys[i];
         if (store->l2 != NULL && store_write_queued(store, &keys[i])) {
             busy = true;
             continue;
@@ -1363,7 +1339,7 @@ static kvd_status_t emb_scan(kvd_store_t *base, uint64_t *cursor,
             return s;
         }
         for (size_t i = 0; i < got; i++) {
-            store_key_from_l1(&chunk[i].key, &out[n].key);
+            out[n].key = chunk[i].key;
             out[n].tier = l2 ? KVD_STORE_TIER_DISK : KVD_STORE_TIER_HOST;
             out[n].tenant = chunk[i].tenant;
             out[n].size_bytes = chunk[i].size_bytes;

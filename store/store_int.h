@@ -183,11 +183,6 @@ static inline uint64_t store_read(const uint64_t *counter)
     return __atomic_load_n(counter, __ATOMIC_RELAXED);
 }
 
-/* Key conversions: the three key structs are the same 48 bytes. */
-void store_key_to_l1(const kvd_store_key_t *key, kvd_l1_key_t *out);
-void store_key_to_index(const kvd_store_key_t *key, kvd_index_key_t *out);
-void store_key_from_l1(const kvd_l1_key_t *key, kvd_store_key_t *out);
-
 /* Admission filter: one more sighting of `key`, and whether it has been
  * seen at least twice. */
 void store_sight(kvd_embedded_t *st, const kvd_store_key_t *key);

@@ -71,8 +71,8 @@ static void store_io_done(void *arg, kvd_status_t status)
 static void store_write_finish(kvd_embedded_t *st, store_job_t *job)
 {
     if (job->leased) {
-        kvd_l1_key_t lk;
-        store_key_to_l1(&job->key, &lk);
+        kvd_store_key_t lk;
+        lk = job->key;
         (void)kvd_l1_release(st->l1, &lk);
     } else {
         (void)kvd_arena_slot_free(st->arena, job->slot);
@@ -101,9 +101,9 @@ static void store_write_drop(kvd_embedded_t *st, store_job_t *job,
 /* Undoes a write's reservations (extent and `l2` entry). */
 static void store_write_unreserve(kvd_embedded_t *st, store_job_t *job)
 {
-    kvd_l1_key_t lk;
+    kvd_store_key_t lk;
     uint32_t extent;
-    store_key_to_l1(&job->key, &lk);
+    lk = job->key;
     if (kvd_l1_abort(st->l2, &lk, &extent) == KVD_OK) {
         (void)kvd_nvme_extent_free(st->nvme, extent, job->size_bytes);
     }
@@ -126,8 +126,8 @@ static bool store_l2_make_room(kvd_embedded_t *st, uint64_t bytes)
  * NVMe already (or being written there). */
 static kvd_status_t store_write_prepare(kvd_embedded_t *st, store_job_t *job)
 {
-    kvd_l1_key_t lk;
-    store_key_to_l1(&job->key, &lk);
+    kvd_store_key_t lk;
+    lk = job->key;
     kvd_l1_entry_info_t info;
     if (kvd_l1_peek(st->l2, &lk, &info) == KVD_OK) {
         return KVD_ERR_EXISTS;
@@ -265,7 +265,7 @@ static void store_writes_complete(kvd_embedded_t *st, store_job_t *list)
                 continue;
             }
             kvd_index_entry_t *e = &entries[k++];
-            store_key_to_index(&j->key, &e->key);
+            e->key = j->key;
             e->tier = KVD_INDEX_TIER_DISK;
             e->tenant_id = j->tenant;
             (void)kvd_nvme_extent_locate(st->nvme, j->extent, &e->file_id,
@@ -286,8 +286,8 @@ static void store_writes_complete(kvd_embedded_t *st, store_job_t *list)
         next = j->next;
         kvd_status_t s = j->io_status == KVD_OK ? put : j->io_status;
         if (s == KVD_OK) {
-            kvd_l1_key_t lk;
-            store_key_to_l1(&j->key, &lk);
+            kvd_store_key_t lk;
+            lk = j->key;
             (void)kvd_l1_commit(st->l2, &lk);
             store_count(&st->n.disk_bytes_written, j->size_bytes);
             store_write_finish(st, j);
@@ -315,8 +315,8 @@ static void store_get_complete(kvd_embedded_t *st, store_job_t *job,
     c.lease = lease != NULL ? *lease : job->get.lease;
     /* The caller's NVMe lease ends here whatever the outcome. */
     if (job->get.lease.tier == KVD_STORE_TIER_DISK) {
-        kvd_l1_key_t lk;
-        store_key_to_l1(&job->key, &lk);
+        kvd_store_key_t lk;
+        lk = job->key;
         (void)kvd_l1_release(st->l2, &lk);
         if (status == KVD_ERR_CHECKSUM) {
             store_forget_corrupt(st, &job->key);
@@ -341,8 +341,8 @@ static void store_get_complete_host(kvd_embedded_t *st, store_job_t *job,
 /* Drops an object whose NVMe bytes failed their checksum. */
 static void store_drop_corrupt(kvd_embedded_t *st, store_job_t *job)
 {
-    kvd_index_key_t ik;
-    store_key_to_index(&job->key, &ik);
+    kvd_store_key_t ik;
+    ik = job->key;
     (void)kvd_index_delete_batch(st->index, &ik, 1, NULL);
     KVD_LOG_ERROR("store: NVMe object at extent %u failed its checksum; "
                   "dropped",
@@ -357,9 +357,9 @@ static void store_drop_corrupt(kvd_embedded_t *st, store_job_t *job)
  * and the last release removes it (kvd_store_release). */
 void store_forget_corrupt(kvd_embedded_t *st, const kvd_store_key_t *key)
 {
-    kvd_l1_key_t lk;
+    kvd_store_key_t lk;
     kvd_l1_victim_t v;
-    store_key_to_l1(key, &lk);
+    lk = *key;
     kvd_status_t s = kvd_l1_delete(st->l2, &lk, &v);
     if (s == KVD_OK) {
         (void)store_l2_victims_dispose(st, &v, 1);
@@ -372,8 +372,8 @@ void store_forget_corrupt(kvd_embedded_t *st, const kvd_store_key_t *key)
  * without I/O, or completed), or KVD_ERR_BUSY (wait and retry). */
 static kvd_status_t store_read_prepare(kvd_embedded_t *st, store_job_t *job)
 {
-    kvd_l1_key_t lk;
-    store_key_to_l1(&job->key, &lk);
+    kvd_store_key_t lk;
+    lk = job->key;
     uint32_t slot;
     if (job->get.lease.tier == KVD_STORE_TIER_HOST) {
         store_get_complete(st, job, KVD_OK, NULL);
@@ -387,9 +387,9 @@ static kvd_status_t store_read_prepare(kvd_embedded_t *st, store_job_t *job)
     if (kvd_l1_peek(st->l1, &lk, &info) == KVD_OK) {
         return KVD_ERR_BUSY; /* being written into the arena by someone */
     }
-    kvd_index_key_t ik;
+    kvd_store_key_t ik;
     kvd_index_entry_t rec;
-    store_key_to_index(&job->key, &ik);
+    ik = job->key;
     kvd_status_t status = kvd_index_get(st->index, &ik, &rec);
     if (status == KVD_OK) {
         status = kvd_nvme_extent_from_location(st->nvme, rec.file_id,
@@ -448,9 +448,9 @@ static kvd_status_t store_read_prepare(kvd_embedded_t *st, store_job_t *job)
 
 static void store_read_unreserve(kvd_embedded_t *st, store_job_t *job)
 {
-    kvd_l1_key_t lk;
+    kvd_store_key_t lk;
     uint32_t slot;
-    store_key_to_l1(&job->key, &lk);
+    lk = job->key;
     if (kvd_l1_abort(st->l1, &lk, &slot) == KVD_OK) {
         (void)kvd_arena_slot_free(st->arena, slot);
     }
@@ -510,8 +510,8 @@ static void store_read_complete(kvd_embedded_t *st, store_job_t *job)
         store_get_complete(st, job, status, NULL);
         return;
     }
-    kvd_l1_key_t lk;
-    store_key_to_l1(&job->key, &lk);
+    kvd_store_key_t lk;
+    lk = job->key;
     store_count(&st->n.disk_bytes_read, job->size_bytes);
     /* The bytes just matched the record's checksum: the entry keeps it. */
     if (kvd_l1_commit_checksum(st->l1, &lk, job->checksum, true) != KVD_OK) {

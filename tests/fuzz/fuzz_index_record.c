@@ -20,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    kvd_index_key_t key;
+    kvd_store_key_t key;
     kvd_index_entry_t entry;
     uint8_t again[KVD_INDEX_RECORD_BYTES];
 

@@ -83,9 +83,9 @@ static kvd_index_t *index_open_or_fail(const test_dir_t *d,
     return idx;
 }
 
-static kvd_index_ns_t make_ns(uint8_t tag)
+static kvd_namespace_t make_ns(uint8_t tag)
 {
-    kvd_index_ns_t ns;
+    kvd_namespace_t ns;
     for (int i = 0; i < KVD_INDEX_NS_BYTES; i++) {
         ns.bytes[i] = (uint8_t)(tag ^ (i * 17));
     }
@@ -109,9 +109,9 @@ static kvd_block_hash_t make_hash(uint32_t id)
     return h;
 }
 
-static kvd_index_key_t make_key(uint8_t ns_tag, uint32_t id)
+static kvd_store_key_t make_key(uint8_t ns_tag, uint32_t id)
 {
-    kvd_index_key_t k;
+    kvd_store_key_t k;
     k.ns = make_ns(ns_tag);
     k.hash = make_hash(id);
     return k;
@@ -176,7 +176,7 @@ static void expect_range(kvd_index_t *idx, uint8_t ns_tag, uint32_t first,
                          uint32_t n, uint32_t gen)
 {
     for (uint32_t i = 0; i < n; i++) {
-        kvd_index_key_t k = make_key(ns_tag, first + i);
+        kvd_store_key_t k = make_key(ns_tag, first + i);
         kvd_index_entry_t want = make_entry(ns_tag, first + i, gen);
         kvd_index_entry_t got;
         assert_int_equal(kvd_index_get(idx, &k, &got), KVD_OK);
@@ -227,7 +227,7 @@ static void test_round_trip_every_field(void **state)
     assert_int_equal(count_of(idx), 2);
 
     /* Misses and rejected entries; out-parameters untouched on error. */
-    kvd_index_key_t missing = make_key(1, 12);
+    kvd_store_key_t missing = make_key(1, 12);
     kvd_index_entry_t got = make_entry(9, 9, 9);
     kvd_index_entry_t before = got;
     assert_int_equal(kvd_index_get(idx, &missing, &got), KVD_ERR_NOT_FOUND);
@@ -332,7 +332,7 @@ static void test_lookup_prefix(void **state)
     for (uint32_t i = 0; i < 8; i++) {
         chain[i] = make_hash(i);
     }
-    kvd_index_ns_t ns1 = make_ns(1), ns2 = make_ns(2), ns3 = make_ns(3);
+    kvd_namespace_t ns1 = make_ns(1), ns2 = make_ns(2), ns3 = make_ns(3);
     kvd_index_entry_t out[8];
     size_t matched = 99;
 
@@ -407,7 +407,7 @@ static void test_delete_batch(void **state)
     kvd_index_t *idx = index_open_or_fail(&d, NULL);
     assert_int_equal(put_range(idx, 1, 0, 100, 0), KVD_OK);
 
-    kvd_index_key_t keys[5] = {make_key(1, 3), make_key(1, 50), make_key(1, 99),
+    kvd_store_key_t keys[5] = {make_key(1, 3), make_key(1, 50), make_key(1, 99),
                                make_key(1, 500), make_key(2, 3)};
     size_t deleted = 77;
     assert_int_equal(kvd_index_delete_batch(idx, keys, 5, &deleted), KVD_OK);
@@ -421,7 +421,7 @@ static void test_delete_batch(void **state)
     assert_int_equal(kvd_index_delete_batch(idx, keys, 5, NULL), KVD_OK);
 
     /* A failed delete batch deletes nothing. */
-    kvd_index_key_t k10 = make_key(1, 10);
+    kvd_store_key_t k10 = make_key(1, 10);
     assert_int_equal(kvd_failpoint_set("index.delete=ENOSPC", NULL, 0), KVD_OK);
     deleted = 77;
     assert_int_equal(kvd_index_delete_batch(idx, &k10, 1, &deleted),
@@ -449,7 +449,7 @@ static void test_drop_namespace_removes_only_it(void **state)
     assert_int_equal(put_range(idx, 2, 0, 3000, 2), KVD_OK);
     assert_int_equal(put_range(idx, 3, 0, 300, 3), KVD_OK);
 
-    kvd_index_ns_t ns2 = make_ns(2), ns9 = make_ns(9);
+    kvd_namespace_t ns2 = make_ns(2), ns9 = make_ns(9);
     uint64_t dropped = 0;
     assert_int_equal(kvd_failpoint_set("index.delete=EIO", NULL, 0), KVD_OK);
     assert_int_equal(kvd_index_drop_namespace(idx, &ns2, &dropped), KVD_ERR_IO);
@@ -461,14 +461,14 @@ static void test_drop_namespace_removes_only_it(void **state)
     assert_int_equal(count_of(idx), 600);
     expect_range(idx, 1, 0, 300, 1);
     expect_range(idx, 3, 0, 300, 3);
-    kvd_index_key_t k = make_key(2, 7);
+    kvd_store_key_t k = make_key(2, 7);
     kvd_index_entry_t got;
     assert_int_equal(kvd_index_get(idx, &k, &got), KVD_ERR_NOT_FOUND);
 
     assert_int_equal(kvd_index_drop_namespace(idx, &ns9, &dropped), KVD_OK);
     assert_int_equal(dropped, 0);
     /* Dropping everything leaves an empty, usable index. */
-    kvd_index_ns_t ns1 = make_ns(1), ns3 = make_ns(3);
+    kvd_namespace_t ns1 = make_ns(1), ns3 = make_ns(3);
     assert_int_equal(kvd_index_drop_namespace(idx, &ns3, NULL), KVD_OK);
     assert_int_equal(kvd_index_drop_namespace(idx, &ns1, &dropped), KVD_OK);
     assert_int_equal(dropped, 300);
@@ -488,7 +488,7 @@ static size_t scan_all(kvd_index_t *idx, kvd_index_entry_t *all, size_t cap,
 {
     size_t total = 0;
     uint64_t corrupt = 0;
-    const kvd_index_key_t *after = NULL;
+    const kvd_store_key_t *after = NULL;
     for (;;) {
         size_t n = 0;
         uint64_t c = 0;
@@ -531,7 +531,7 @@ static void test_reopen_keeps_everything(void **state)
     for (size_t i = 0; i < 1010; i++) {
         if (i > 0) {
             assert_true(memcmp(&all[i - 1].key, &all[i].key,
-                               sizeof(kvd_index_key_t)) < 0);
+                               sizeof(kvd_store_key_t)) < 0);
         }
         uint32_t id =
             (uint32_t)all[i].key.hash.bytes[2] << 8 | all[i].key.hash.bytes[3];
@@ -589,7 +589,7 @@ static void crash_check(kvd_index_t *idx)
      * exactly the batches 1..G of new keys exist. */
     int64_t g_last = -1;
     for (uint32_t i = 0; i < CRASH_B; i++) {
-        kvd_index_key_t k = make_key(3, i);
+        kvd_store_key_t k = make_key(3, i);
         kvd_status_t st = kvd_index_get(idx, &k, &got);
         int64_t g = 0;
         if (st == KVD_OK) {
@@ -716,14 +716,14 @@ static void test_map_cap_gives_nospace_and_no_change(void **state)
 
     /* The failed batch left nothing behind; the rest is intact. */
     assert_int_equal(count_of(idx), (uint64_t)good * 500);
-    kvd_index_key_t k = make_key(1, good * 500);
+    kvd_store_key_t k = make_key(1, good * 500);
     kvd_index_entry_t got;
     assert_int_equal(kvd_index_get(idx, &k, &got), KVD_ERR_NOT_FOUND);
     expect_range(idx, 1, 0, good * 500, 1);
 
     /* Still usable: a small delete fits in the pages earlier commits
      * freed, and its room takes new records. */
-    kvd_index_key_t keys[20];
+    kvd_store_key_t keys[20];
     for (uint32_t i = 0; i < 20; i++) {
         keys[i] = make_key(1, i);
     }
@@ -765,7 +765,7 @@ static void test_corrupt_records_are_reported(void **state)
             KVD_ERR_CORRUPT);
     }
     /* A valid record under another key, wrong lengths, other versions. */
-    kvd_index_key_t other = make_key(1, 2);
+    kvd_store_key_t other = make_key(1, 2);
     assert_int_equal(kvd_index_record_unpack(&other, rec, sizeof(rec), &got),
                      KVD_ERR_CORRUPT);
     assert_int_equal(kvd_index_record_unpack(&e.key, rec, 63, &got),
@@ -781,13 +781,13 @@ static void test_corrupt_records_are_reported(void **state)
     bad[20] ^= 1; /* the offset: the most dangerous field to get wrong */
     assert_int_equal(kvd_index_put_raw(idx, &e.key, bad, sizeof(bad)), KVD_OK);
     assert_int_equal(kvd_index_get(idx, &e.key, &got), KVD_ERR_CORRUPT);
-    kvd_index_key_t k3 = make_key(1, 3);
+    kvd_store_key_t k3 = make_key(1, 3);
     assert_int_equal(kvd_index_put_raw(idx, &k3, rec, 10), KVD_OK);
     assert_int_equal(kvd_index_get(idx, &k3, &got), KVD_ERR_CORRUPT);
 
     kvd_block_hash_t chain[4] = {make_hash(0), make_hash(1), make_hash(2),
                                  make_hash(3)};
-    kvd_index_ns_t ns1 = make_ns(1);
+    kvd_namespace_t ns1 = make_ns(1);
     kvd_index_entry_t out[4];
     size_t matched = 9;
     assert_int_equal(
@@ -863,7 +863,7 @@ static void *reader_main(void *arg)
     reader_ctx_t *r = arg;
     kvd_block_hash_t chain[CHAIN];
     kvd_index_entry_t out[CHAIN];
-    kvd_index_ns_t ns = make_ns(1);
+    kvd_namespace_t ns = make_ns(1);
     int64_t last_gen = 0;
 
     for (uint32_t i = 0; i < CHAIN; i++) {

@@ -52,10 +52,10 @@ static uint64_t test_mix(uint64_t x)
 
 /* Key number `i` in namespace `ns`; the hash bytes look like SHA-256
  * output (the table hashes their first 8 bytes). */
-static kvd_l1_key_t test_key(uint8_t ns, uint32_t i)
+static kvd_store_key_t test_key(uint8_t ns, uint32_t i)
 {
-    kvd_l1_key_t k;
-    memset(k.ns, ns, sizeof(k.ns));
+    kvd_store_key_t k;
+    memset(k.ns.bytes, ns, sizeof(k.ns.bytes));
     for (size_t w = 0; w < sizeof(k.hash.bytes) / 8; w++) {
         uint64_t v = test_mix(((uint64_t)i << 8 | w) ^ 0x1234);
         memcpy(&k.hash.bytes[w * 8], &v, 8);
@@ -72,7 +72,7 @@ static kvd_l1_t *test_table(uint32_t capacity, kvd_l1_policy_t policy)
     return l1;
 }
 
-static void test_put(kvd_l1_t *l1, const kvd_l1_key_t *k, uint32_t tenant,
+static void test_put(kvd_l1_t *l1, const kvd_store_key_t *k, uint32_t tenant,
                      uint64_t size, uint32_t slot)
 {
     size_t n = 99;
@@ -83,7 +83,7 @@ static void test_put(kvd_l1_t *l1, const kvd_l1_key_t *k, uint32_t tenant,
 }
 
 /* Looks one key up; returns true and leaves a lease on a hit. */
-static bool test_get(kvd_l1_t *l1, const kvd_l1_key_t *k, uint32_t *slot)
+static bool test_get(kvd_l1_t *l1, const kvd_store_key_t *k, uint32_t *slot)
 {
     size_t m = 99;
     uint32_t s = UINT32_MAX;
@@ -95,7 +95,7 @@ static bool test_get(kvd_l1_t *l1, const kvd_l1_key_t *k, uint32_t *slot)
 }
 
 /* A hit followed by the release: counts an access, holds nothing. */
-static bool test_touch(kvd_l1_t *l1, const kvd_l1_key_t *k)
+static bool test_touch(kvd_l1_t *l1, const kvd_store_key_t *k)
 {
     if (!test_get(l1, k, NULL)) {
         return false;
@@ -155,7 +155,7 @@ static void test_create_errors(void **state)
     /* Capacity 1 gives a usable S3-FIFO table (small share rounds up). */
     cfg.capacity = 1;
     assert_int_equal(kvd_l1_create(&cfg, &l1), KVD_OK);
-    kvd_l1_key_t k = test_key(1, 1);
+    kvd_store_key_t k = test_key(1, 1);
     test_put(l1, &k, 0, 10, 3);
     assert_true(test_touch(l1, &k));
     kvd_l1_destroy(l1);
@@ -167,9 +167,9 @@ static void test_lifecycle_errors(void **state)
 {
     (void)state;
     kvd_l1_t *l1 = test_table(16, KVD_L1_S3FIFO);
-    kvd_l1_key_t k = test_key(1, 1);
-    kvd_l1_key_t absent = test_key(1, 2);
-    kvd_l1_key_t other_ns = test_key(2, 1); /* same hash, other namespace */
+    kvd_store_key_t k = test_key(1, 1);
+    kvd_store_key_t absent = test_key(1, 2);
+    kvd_store_key_t other_ns = test_key(2, 1); /* same hash, other namespace */
     kvd_l1_victim_t v[2];
     uint32_t slot = 0;
     size_t n = 0;
@@ -204,7 +204,7 @@ static void test_lifecycle_errors(void **state)
     assert_int_equal(kvd_l1_tenant_set_quota(NULL, 0, 1), KVD_ERR_INVALID);
 
     /* Byte counters cannot wrap. */
-    kvd_l1_key_t big = test_key(1, 3);
+    kvd_store_key_t big = test_key(1, 3);
     assert_int_equal(kvd_l1_reserve(l1, &big, 0, UINT64_MAX, 0, NULL, 0, &n),
                      KVD_OK);
     assert_int_equal(kvd_l1_reserve(l1, &absent, 0, 1, 0, NULL, 0, &n),
@@ -284,7 +284,7 @@ static void test_lookup_prefix(void **state)
 {
     (void)state;
     kvd_l1_t *l1 = test_table(16, KVD_L1_S3FIFO);
-    kvd_l1_key_t keys[8];
+    kvd_store_key_t keys[8];
     for (uint32_t i = 0; i < 8; i++) {
         keys[i] = test_key(3, i);
     }
@@ -344,7 +344,7 @@ static void test_acquire_and_peek(void **state)
 {
     (void)state;
     kvd_l1_t *l1 = test_table(8, KVD_L1_S3FIFO);
-    kvd_l1_key_t a = test_key(1, 1), b = test_key(1, 2), z = test_key(1, 9);
+    kvd_store_key_t a = test_key(1, 1), b = test_key(1, 2), z = test_key(1, 9);
     kvd_l1_entry_info_t info;
     uint32_t slot = 0;
     size_t n = 0;
@@ -395,7 +395,7 @@ static void test_evict_skips_busy_policy(kvd_l1_policy_t policy)
 {
     enum { CAP = 64 };
     kvd_l1_t *l1 = test_table(CAP, policy);
-    kvd_l1_key_t keys[CAP];
+    kvd_store_key_t keys[CAP];
     for (uint32_t i = 0; i < CAP; i++) {
         keys[i] = test_key(4, i);
         if (i % 7 == 6) { /* reserved, never committed */
@@ -485,10 +485,10 @@ static void test_capacity(void **state)
     enum { CAP = 8 };
     kvd_l1_t *l1 = test_table(CAP, KVD_L1_LRU);
     for (uint32_t i = 0; i < CAP; i++) {
-        kvd_l1_key_t k = test_key(5, i);
+        kvd_store_key_t k = test_key(5, i);
         test_put(l1, &k, 0, 1, i);
     }
-    kvd_l1_key_t extra = test_key(5, 100);
+    kvd_store_key_t extra = test_key(5, 100);
     size_t n = 99;
     assert_int_equal(kvd_l1_reserve(l1, &extra, 0, 1, 100, NULL, 0, &n),
                      KVD_ERR_NOSPACE);
@@ -509,11 +509,11 @@ static void test_capacity(void **state)
                      KVD_OK);
     /* Reservations count against capacity too. */
     for (uint32_t i = 0; i < 3; i++) {
-        kvd_l1_key_t k = test_key(5, 200 + i);
+        kvd_store_key_t k = test_key(5, 200 + i);
         assert_int_equal(kvd_l1_reserve(l1, &k, 0, 1, 200 + i, NULL, 0, &n),
                          KVD_OK);
     }
-    kvd_l1_key_t k = test_key(5, 300);
+    kvd_store_key_t k = test_key(5, 300);
     assert_int_equal(kvd_l1_reserve(l1, &k, 0, 1, 300, NULL, 0, &n),
                      KVD_ERR_NOSPACE);
     kvd_l1_stats_t s = test_stats(l1);
@@ -529,7 +529,7 @@ static void test_lru_order(void **state)
 {
     (void)state;
     kvd_l1_t *l1 = test_table(8, KVD_L1_LRU);
-    kvd_l1_key_t keys[5];
+    kvd_store_key_t keys[5];
     for (uint32_t i = 0; i < 5; i++) {
         keys[i] = test_key(6, i);
         test_put(l1, &keys[i], 0, 1, i);
@@ -551,7 +551,7 @@ static void test_lru_order(void **state)
 
 /* Inserts `key`, evicting one object first when the table is full, as the
  * store does. */
-static void test_put_evicting(kvd_l1_t *l1, const kvd_l1_key_t *k,
+static void test_put_evicting(kvd_l1_t *l1, const kvd_store_key_t *k,
                               uint32_t slot)
 {
     size_t n;
@@ -573,18 +573,18 @@ static uint32_t test_hot_after_scan(kvd_l1_policy_t policy)
     enum { CAP = 100, HOT = 20, SCAN = 500 };
     kvd_l1_t *l1 = test_table(CAP, policy);
     for (uint32_t i = 0; i < HOT; i++) {
-        kvd_l1_key_t k = test_key(7, i);
+        kvd_store_key_t k = test_key(7, i);
         test_put_evicting(l1, &k, i);
         assert_true(test_touch(l1, &k));
         assert_true(test_touch(l1, &k));
     }
     for (uint32_t i = 0; i < SCAN; i++) {
-        kvd_l1_key_t k = test_key(8, i);
+        kvd_store_key_t k = test_key(8, i);
         test_put_evicting(l1, &k, 1000 + i);
     }
     uint32_t survivors = 0;
     for (uint32_t i = 0; i < HOT; i++) {
-        kvd_l1_key_t k = test_key(7, i);
+        kvd_store_key_t k = test_key(7, i);
         survivors += test_touch(l1, &k);
     }
     kvd_l1_stats_t s = test_stats(l1);
@@ -612,10 +612,10 @@ static void test_s3fifo_ghost(void **state)
     (void)state;
     /* Capacity 10: S holds 1, the ghost 9 keys. */
     kvd_l1_t *l1 = test_table(10, KVD_L1_S3FIFO);
-    kvd_l1_key_t a = test_key(9, 0);
+    kvd_store_key_t a = test_key(9, 0);
     test_put(l1, &a, 0, 1, 0);
     for (uint32_t i = 1; i < 10; i++) {
-        kvd_l1_key_t k = test_key(9, i);
+        kvd_store_key_t k = test_key(9, i);
         test_put(l1, &k, 0, 1, i);
     }
     /* Never hit: `a` is the S victim and its key goes to G. */
@@ -668,7 +668,7 @@ static void test_s3fifo_promotion(void **state)
         .capacity = 10, .policy = KVD_L1_S3FIFO, .small_percent = 50};
     kvd_l1_t *l1;
     assert_int_equal(kvd_l1_create(&cfg, &l1), KVD_OK);
-    kvd_l1_key_t keys[6];
+    kvd_store_key_t keys[6];
     for (uint32_t i = 0; i < 6; i++) {
         keys[i] = test_key(10, i);
         test_put(l1, &keys[i], 0, 1, i);
@@ -715,7 +715,7 @@ static void test_quota(void **state)
     enum { A = 1, B = 2 };
     kvd_l1_t *l1 = test_table(32, KVD_L1_S3FIFO);
     assert_int_equal(kvd_l1_tenant_set_quota(l1, A, 300), KVD_OK);
-    kvd_l1_key_t ka[8], kb[3];
+    kvd_store_key_t ka[8], kb[3];
     for (uint32_t i = 0; i < 8; i++) {
         ka[i] = test_key(11, i);
     }
@@ -810,8 +810,8 @@ static void test_evict_group_policy(kvd_l1_policy_t policy)
     assert_int_equal(kvd_l1_tenant_set_group(l1, B, 1), KVD_OK);
     assert_int_equal(kvd_l1_tenant_set_group(NULL, B, 1), KVD_ERR_INVALID);
     for (uint32_t i = 0; i < 4; i++) {
-        kvd_l1_key_t ka = test_key(31, i), kb = test_key(32, i),
-                     kc = test_key(33, i);
+        kvd_store_key_t ka = test_key(31, i), kb = test_key(32, i),
+                        kc = test_key(33, i);
         test_put(l1, &ka, A, 10, i);
         test_put(l1, &kb, B, 10, 100 + i);
         test_put(l1, &kc, C, 10, 200 + i);
@@ -856,10 +856,10 @@ static void test_quota_full_table(void **state)
     kvd_l1_t *l1 = test_table(4, KVD_L1_LRU);
     assert_int_equal(kvd_l1_tenant_set_quota(l1, 1, 20), KVD_OK);
     for (uint32_t i = 0; i < 4; i++) {
-        kvd_l1_key_t k = test_key(13, i);
+        kvd_store_key_t k = test_key(13, i);
         test_put(l1, &k, i < 2 ? 1 : 2, 10, i);
     }
-    kvd_l1_key_t k = test_key(13, 9);
+    kvd_store_key_t k = test_key(13, 9);
     kvd_l1_victim_t v[2];
     size_t n;
     assert_int_equal(kvd_l1_reserve(l1, &k, 2, 10, 9, v, 2, &n),
@@ -878,7 +878,7 @@ static void test_tenants_many(void **state)
     enum { T = 1000 };
     kvd_l1_t *l1 = test_table(T, KVD_L1_S3FIFO);
     for (uint32_t t = 0; t < T; t++) {
-        kvd_l1_key_t k = test_key(14, t);
+        kvd_store_key_t k = test_key(14, t);
         test_put(l1, &k, t * 7919u, 1 + t, t);
     }
     for (uint32_t t = 0; t < T; t++) {
@@ -897,7 +897,7 @@ static void test_tenants_many(void **state)
         st = kvd_l1_tenant_set_quota(l1, 5000000 + t, 1);
     }
     assert_int_equal(st, KVD_ERR_NOMEM);
-    kvd_l1_key_t k = test_key(14, 5000);
+    kvd_store_key_t k = test_key(14, 5000);
     size_t n;
     kvd_l1_victim_t v;
     assert_int_equal(kvd_l1_evict(l1, 1, 0, &v, 1, &n), KVD_OK);
@@ -905,7 +905,7 @@ static void test_tenants_many(void **state)
                      KVD_ERR_NOMEM);
     kvd_failpoint_clear();
 #else
-    kvd_l1_key_t k = test_key(14, 5000);
+    kvd_store_key_t k = test_key(14, 5000);
     size_t n;
     kvd_l1_victim_t v;
     assert_int_equal(kvd_l1_evict(l1, 1, 0, &v, 1, &n), KVD_OK);
@@ -924,7 +924,7 @@ static void test_stats_exact(void **state)
 {
     (void)state;
     kvd_l1_t *l1 = test_table(10, KVD_L1_S3FIFO);
-    kvd_l1_key_t k[6];
+    kvd_store_key_t k[6];
     for (uint32_t i = 0; i < 6; i++) {
         k[i] = test_key(15, i);
     }
@@ -998,7 +998,7 @@ static void test_same_bucket(void **state)
     (void)state;
     enum { N = 9 };
     kvd_l1_t *l1 = test_table(16, KVD_L1_LRU);
-    kvd_l1_key_t keys[N];
+    kvd_store_key_t keys[N];
     for (uint32_t i = 0; i < N; i++) {
         keys[i] = test_key(17, 0);
         keys[i].hash.bytes[31] = (uint8_t)i;
@@ -1051,10 +1051,10 @@ static bool md_evictable(const md_obj_t *o)
     return o->present && o->ready && o->refs == 0 && !o->pinned;
 }
 
-static uint32_t md_index(const kvd_l1_key_t *k)
+static uint32_t md_index(const kvd_store_key_t *k)
 {
     for (uint32_t i = 0; i < MD_KEYS; i++) {
-        kvd_l1_key_t c = test_key(18, i);
+        kvd_store_key_t c = test_key(18, i);
         if (memcmp(&c, k, sizeof(c)) == 0) {
             return i;
         }
@@ -1124,7 +1124,7 @@ static void md_check(md_t *m)
 static void md_reserve(md_t *m, uint32_t i, unsigned r)
 {
     md_obj_t *o = &m->obj[i];
-    kvd_l1_key_t k = test_key(18, i);
+    kvd_store_key_t k = test_key(18, i);
     uint32_t tenant = i % MD_TENANTS;
     uint64_t size = 1 + r % 40;
     uint64_t quota = m->quota[tenant];
@@ -1178,7 +1178,7 @@ static void md_step(md_t *m, unsigned r)
 {
     uint32_t i = (r >> 4) % MD_KEYS;
     md_obj_t *o = &m->obj[i];
-    kvd_l1_key_t k = test_key(18, i);
+    kvd_store_key_t k = test_key(18, i);
     switch (r % 9) {
     case 0:
     case 1: md_reserve(m, i, r >> 12); break;
@@ -1201,7 +1201,7 @@ static void md_step(md_t *m, unsigned r)
     }
     case 3:
     case 4: {
-        kvd_l1_key_t keys[4];
+        kvd_store_key_t keys[4];
         uint32_t slots[4];
         size_t len = 1 + (r >> 12) % 4, matched = 99, want = 0;
         for (size_t j = 0; j < len; j++) {
@@ -1368,7 +1368,7 @@ static void cc_evict(cc_shared_t *sh, size_t want)
 
 static void cc_lookup(cc_shared_t *sh, uint32_t first)
 {
-    kvd_l1_key_t keys[4];
+    kvd_store_key_t keys[4];
     uint32_t slots[4];
     size_t m = 0;
     for (uint32_t i = 0; i < 4; i++) {
@@ -1399,7 +1399,7 @@ static void cc_insert(cc_shared_t *sh, uint32_t key, bool abort_it)
         cc_evict(sh, 1);
         return;
     }
-    kvd_l1_key_t k = test_key(16, key);
+    kvd_store_key_t k = test_key(16, key);
     size_t n;
     kvd_status_t st =
         kvd_l1_reserve(sh->l1, &k, key % 3, 64, slot, NULL, 0, &n);
@@ -1437,7 +1437,7 @@ static void *cc_worker(void *arg)
         case 5: cc_insert(sh, key, (r >> 20) % 4 == 0); break;
         case 6: cc_evict(sh, 1 + (r >> 20) % 3); break;
         default: {
-            kvd_l1_key_t k = test_key(16, key);
+            kvd_store_key_t k = test_key(16, key);
             kvd_l1_victim_t v;
             kvd_status_t st = kvd_l1_delete(sh->l1, &k, &v);
             if (st == KVD_OK) {
