@@ -364,6 +364,8 @@ static void l1_entry_remove(kvd_l1_t *l1, l1_entry_t *e, bool evicted,
         out->size_bytes = e->size_bytes;
         out->slot = e->slot;
         out->tenant = e->tenant;
+        out->has_checksum = e->has_checksum;
+        out->checksum = e->checksum;
     }
     bool to_ghost = evicted && e->queue == L1_Q_SMALL && l1->ghost_capacity > 0;
     if (e->queue != L1_Q_NONE) {

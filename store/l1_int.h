@@ -121,6 +121,8 @@ typedef struct kvd_l1_victim {
     uint64_t size_bytes;
     uint32_t slot;
     uint32_t tenant;
+    bool has_checksum; /* the entry's remembered checksum, as in */
+    uint64_t checksum; /* kvd_l1_entry_info_t */
 } kvd_l1_victim_t;
 
 /* Table-wide counters, a consistent snapshot taken under the lock. */

@@ -249,6 +249,8 @@ void store_victims_dispose(kvd_embedded_t *st, const kvd_l1_victim_t *victims,
         job->size_bytes = v->size_bytes;
         job->slot = v->slot;
         job->extent = KVD_NVME_EXTENT_INVALID;
+        job->has_checksum = v->has_checksum;
+        job->checksum = v->checksum;
         store_write_enqueue(st, job);
     }
     if (n > 0) {
@@ -897,6 +899,8 @@ static void store_write_through(kvd_embedded_t *st, const kvd_store_key_t *key,
     job->slot = info.slot;
     job->extent = KVD_NVME_EXTENT_INVALID;
     job->leased = true;
+    job->has_checksum = info.has_checksum;
+    job->checksum = info.checksum;
     store_write_enqueue(st, job);
 }
 

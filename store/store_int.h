@@ -99,6 +99,12 @@ struct store_job {
     uint32_t extent; /* NVMe extent, KVD_NVME_EXTENT_INVALID until known */
     bool leased;     /* write: the slot is an L1 lease (write-through) to
                         release, not an evicted slot to free */
+    /* XXH3-64 of the bytes. A write whose entry remembers the checksum a
+     * writer checked at commit (store/engine.h) takes it from there
+     * (has_checksum) instead of reading the object again; bytes changed
+     * since then fail the NVMe read's check instead of being indexed with a
+     * checksum of the damaged bytes. */
+    bool has_checksum;
     uint64_t checksum;
     kvd_status_t io_status;
     uint64_t deadline_ns; /* read: give up waiting for a slot (0: not

@@ -156,8 +156,10 @@ static kvd_status_t store_write_prepare(kvd_embedded_t *st, store_job_t *job)
         job->extent = KVD_NVME_EXTENT_INVALID;
         return status;
     }
-    job->checksum =
-        kvd_xxh3_64(kvd_arena_slot_ptr(st->arena, job->slot), job->size_bytes);
+    if (!job->has_checksum) {
+        job->checksum = kvd_xxh3_64(kvd_arena_slot_ptr(st->arena, job->slot),
+                                    job->size_bytes);
+    }
     return KVD_OK;
 }
 

@@ -29,8 +29,10 @@
 #include <cmocka.h>
 
 #include "common/failpoint_int.h"
+#include "common/hash_int.h"
 #include "tests/unit/kvd_testdir_int.h"
 #include "kvdepot/store.h"
+#include "store/engine.h"
 
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define TEST_SANITIZED 1
@@ -297,6 +299,51 @@ static void test_write_through_reopen(void **state)
     assert_int_equal(stats_of(st).disk.objects, 18);
     assert_int_equal(get_one(st, 0, NULL, NULL), KVD_ERR_NOT_FOUND);
     assert_int_equal(get_one(st, 2, NULL, NULL), KVD_OK);
+    kvd_store_close(st);
+    kvd_test_dir_remove(&d);
+}
+
+/* ---- remembered checksums reach NVMe ------------------------------------ */
+
+/* A writer that checked an object's bytes commits it with their checksum
+ * (kvd_store_commit_checksum: the daemon's verified Commit). Write-back
+ * takes that checksum for the NVMe copy instead of hashing the slot again,
+ * so bytes damaged in the arena after the commit (a broken client writing
+ * into a committed slot) fail the NVMe read's check instead of being
+ * indexed as good and served. */
+static void test_write_back_keeps_commit_checksum(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
+    kvd_store_t *st = NULL;
+    assert_int_equal(store_open_kv(&d, &st, NULL), KVD_OK);
+    kvd_namespace_t ns = test_ns();
+    for (uint32_t i = 0; i < 2; i++) {
+        kvd_block_hash_t h = hash_of(i);
+        kvd_store_reservation_t r;
+        assert_int_equal(kvd_store_reserve(st, &ns, &h, 1, OBJ, 0, &r), KVD_OK);
+        assert_int_equal(r.status, KVD_OK);
+        uint8_t *p = kvd_store_arena_ptr(st, r.arena_offset, OBJ);
+        fill(p, OBJ, i);
+        kvd_store_key_t key = {ns, h};
+        assert_int_equal(
+            kvd_store_commit_checksum(st, &key, kvd_xxh3_64(p, OBJ)), KVD_OK);
+        if (i == 0) {
+            p[OBJ / 2] ^= 0x5a; /* damaged after the checked commit */
+        }
+    }
+    /* Twice the arena's objects: both are written back and evicted. */
+    for (uint32_t i = 2; i < 66; i++) {
+        assert_int_equal(put_one(st, i), KVD_OK);
+    }
+    assert_int_equal(kvd_store_flush(st, 10000), KVD_OK);
+    uint32_t tier = 0;
+    assert_int_equal(get_one(st, 1, NULL, &tier), KVD_OK);
+    assert_int_equal(tier, KVD_STORE_TIER_DISK);
+    assert_int_equal(get_one(st, 0, NULL, &tier), KVD_ERR_CHECKSUM);
+    assert_int_equal(stats_of(st).checksum_errors, 1);
+    assert_int_equal(get_one(st, 0, NULL, NULL), KVD_ERR_NOT_FOUND);
     kvd_store_close(st);
     kvd_test_dir_remove(&d);
 }
@@ -713,6 +760,7 @@ int main(void)
         cmocka_unit_test(test_fill_beyond_arena_uring),
         cmocka_unit_test(test_fill_beyond_arena_threads),
         cmocka_unit_test(test_write_through_reopen),
+        cmocka_unit_test(test_write_back_keeps_commit_checksum),
         cmocka_unit_test(test_crash_keeps_whole_objects),
         cmocka_unit_test(test_checksum_mismatch_drops_object),
         cmocka_unit_test(test_corrupt_object_held_by_another_reader),
