@@ -189,6 +189,47 @@ static inline uint64_t store_read(const uint64_t *counter)
     return __atomic_load_n(counter, __ATOMIC_RELAXED);
 }
 
+/* Lookups and reserves convert keys in chunks of this many on the stack. */
+#define STORE_KEY_CHUNK 64u
+/* Victims taken by one eviction step. */
+#define STORE_EVICT_BATCH 16u
+
+/* The arena partition of `tenant`'s objects (0: the main one). */
+uint32_t store_part_of(const kvd_embedded_t *st, uint32_t tenant);
+
+/* The engine's store.h calls (store/ops.h: arguments already checked),
+ * filled into kvd_store_embedded_ops: save (store_save.c), load
+ * (store_load.c), management (store_manage.c). */
+kvd_status_t store_op_lookup(kvd_store_t *base, const kvd_namespace_t *ns,
+                             const kvd_block_hash_t *hashes, size_t num_hashes,
+                             const char *source_node,
+                             kvd_store_lease_t *leases_out,
+                             size_t *matched_out);
+kvd_status_t store_op_release(kvd_store_t *base,
+                              const kvd_store_lease_t *leases, size_t num);
+kvd_status_t store_op_get_submit(kvd_store_t *base, const kvd_store_get_t *gets,
+                                 size_t num, size_t *accepted_out);
+size_t store_op_poll(kvd_store_t *base, kvd_store_completion_t *out,
+                     size_t max);
+kvd_status_t store_op_wait(kvd_store_t *base, int timeout_ms);
+int store_op_fd(kvd_store_t *base);
+kvd_status_t store_op_delete(kvd_store_t *base, const kvd_store_key_t *keys,
+                             size_t num, size_t *num_deleted_out);
+kvd_status_t store_op_scan(kvd_store_t *base, uint64_t *cursor,
+                           kvd_store_object_t *out, size_t max, size_t *n_out);
+kvd_status_t store_op_tenant_set_quota(kvd_store_t *base, uint32_t tenant,
+                                       uint64_t max_bytes);
+kvd_status_t store_op_flush(kvd_store_t *base, int timeout_ms);
+kvd_status_t store_op_stats(kvd_store_t *base, kvd_store_stats_t *out);
+kvd_status_t store_op_reserve(kvd_store_t *base, const kvd_namespace_t *ns,
+                              const kvd_block_hash_t *hashes, size_t num_hashes,
+                              uint64_t object_bytes, uint32_t tenant,
+                              kvd_store_reservation_t *out);
+kvd_status_t store_op_commit(kvd_store_t *base, const kvd_store_key_t *keys,
+                             size_t num, kvd_status_t *statuses_out);
+kvd_status_t store_op_abort(kvd_store_t *base, const kvd_store_key_t *keys,
+                            size_t num, kvd_status_t *statuses_out);
+
 /* Admission filter: one more sighting of `key`, and whether it has been
  * seen at least twice. */
 void store_sight(kvd_embedded_t *st, const kvd_store_key_t *key);
