@@ -370,24 +370,31 @@ void store_forget_corrupt(kvd_embedded_t *st, const kvd_store_key_t *key)
     }
 }
 
-/* Prepares a read; returns KVD_OK (submit it), KVD_INPROGRESS (done
- * without I/O, or completed), or KVD_ERR_BUSY (wait and retry). */
-static kvd_status_t store_read_prepare(kvd_embedded_t *st, store_job_t *job)
+/* What store_read_prepare decided for a read job. */
+typedef enum store_read_prep {
+    STORE_READ_SUBMIT = 0, /* a slot is reserved: submit the NVMe read */
+    STORE_READ_FINISHED,   /* completed without I/O (or failed): done */
+    STORE_READ_WAIT        /* no slot can be had now: wait and retry */
+} store_read_prep_t;
+
+/* Prepares a read: reserves its arena slot, or completes it at once when
+ * no I/O is needed (already in the arena) or possible. */
+static store_read_prep_t store_read_prepare(kvd_embedded_t *st, store_job_t *job)
 {
     kvd_store_key_t lk;
     lk = job->key;
     uint32_t slot;
     if (job->get.lease.tier == KVD_STORE_TIER_HOST) {
         store_get_complete(st, job, KVD_OK, NULL);
-        return KVD_INPROGRESS;
+        return STORE_READ_FINISHED;
     }
     if (kvd_l1_acquire(st->l1, &lk, &slot) == KVD_OK) {
         store_get_complete_host(st, job, slot);
-        return KVD_INPROGRESS;
+        return STORE_READ_FINISHED;
     }
     kvd_l1_entry_info_t info;
     if (kvd_l1_peek(st->l1, &lk, &info) == KVD_OK) {
-        return KVD_ERR_BUSY; /* being written into the arena by someone */
+        return STORE_READ_WAIT; /* being written into the arena by someone */
     }
     kvd_store_key_t ik;
     kvd_index_entry_t rec;
@@ -401,7 +408,7 @@ static kvd_status_t store_read_prepare(kvd_embedded_t *st, store_job_t *job)
         store_get_complete(
             st, job, status == KVD_ERR_NOT_FOUND ? status : KVD_ERR_CORRUPT,
             NULL);
-        return KVD_INPROGRESS;
+        return STORE_READ_FINISHED;
     }
     job->size_bytes = rec.size_bytes;
     job->checksum = rec.checksum;
@@ -420,12 +427,12 @@ static kvd_status_t store_read_prepare(kvd_embedded_t *st, store_job_t *job)
                 kvd_time_deadline_ns((int64_t)st->cfg.reserve_timeout_ms);
         }
         if (kvd_time_now_ns() < job->deadline_ns) {
-            return KVD_ERR_BUSY;
+            return STORE_READ_WAIT;
         }
     }
     if (status != KVD_OK) {
         store_get_complete(st, job, status, NULL);
-        return KVD_INPROGRESS;
+        return STORE_READ_FINISHED;
     }
     kvd_l1_victim_t victims[16];
     size_t nv = 0;
@@ -440,12 +447,12 @@ static kvd_status_t store_read_prepare(kvd_embedded_t *st, store_job_t *job)
         (void)kvd_arena_slot_free(st->arena, job->slot);
         job->slot = KVD_ARENA_SLOT_INVALID;
         if (status == KVD_ERR_EXISTS || status == KVD_ERR_NOSPACE) {
-            return KVD_ERR_BUSY;
+            return STORE_READ_WAIT;
         }
         store_get_complete(st, job, status, NULL);
-        return KVD_INPROGRESS;
+        return STORE_READ_FINISHED;
     }
-    return KVD_OK;
+    return STORE_READ_SUBMIT;
 }
 
 static void store_read_unreserve(kvd_embedded_t *st, store_job_t *job)
@@ -474,11 +481,11 @@ static store_job_t *store_reads_start(kvd_embedded_t *st, store_job_t *list)
         while (list != NULL && n < room) {
             store_job_t *job = list;
             list = job->next;
-            kvd_status_t s = store_read_prepare(st, job);
-            if (s == KVD_OK) {
+            store_read_prep_t p = store_read_prepare(st, job);
+            if (p == STORE_READ_SUBMIT) {
                 store_io_fill(st, job, KVD_NVME_OP_READ, &ios[n]);
                 jobs[n++] = job;
-            } else if (s == KVD_ERR_BUSY) {
+            } else if (p == STORE_READ_WAIT) {
                 job->next = NULL;
                 *wait_tail = job;
                 wait_tail = &job->next;
