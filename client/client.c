@@ -6,7 +6,8 @@
  * daemon instance this process mapped → unpack the reply (validated: the
  * daemon is a peer, not trusted memory). The status comes back exactly
  * through the `kvdepot-status` trailer; without it (the daemon is down, the
- * transport failed) gRPC's code is translated here, in rpc_status().
+ * transport failed) gRPC's code is translated by kvd_status_from_grpc
+ * (common/status_int.h), the one translation the etcd client uses too.
  *
  * A reply saying the instance changed (KVD_ERR_STATE) means the daemon
  * restarted: `mu` is taken, the arena is mapped again, and calls that carry
@@ -39,6 +40,7 @@
 #include "common/config_int.h"
 #include "common/log_int.h"
 #include "common/ring_int.h"
+#include "common/status_int.h"
 #include "common/time_int.h"
 #include "proto/kvd_proto.h"
 #include "store/arena.h"
@@ -129,25 +131,6 @@ struct kvd_client {
     kvd_ring_t *cq;
     uint64_t outstanding; /* accepted, not yet polled (atomic) */
 };
-
-/* ---- status translation -------------------------------------------------- */
-
-/* The one translation from gRPC's codes, for replies without our trailer. */
-static kvd_status_t rpc_status(grpc_status_code code)
-{
-    switch (code) {
-    case GRPC_STATUS_OK: return KVD_OK;
-    case GRPC_STATUS_DEADLINE_EXCEEDED: return KVD_ERR_TIMEOUT;
-    case GRPC_STATUS_UNAVAILABLE: return KVD_ERR_UNREACHABLE;
-    case GRPC_STATUS_UNAUTHENTICATED:
-    case GRPC_STATUS_PERMISSION_DENIED: return KVD_ERR_AUTH;
-    case GRPC_STATUS_RESOURCE_EXHAUSTED: return KVD_ERR_BUSY;
-    case GRPC_STATUS_UNIMPLEMENTED: return KVD_ERR_UNSUPPORTED;
-    case GRPC_STATUS_INVALID_ARGUMENT: return KVD_ERR_PROTO;
-    case GRPC_STATUS_CANCELLED: return KVD_ERR_CANCELED;
-    default: return KVD_ERR_RPC;
-    }
-}
 
 static bool md_status(const grpc_metadata_array *md, kvd_status_t *out)
 {
@@ -269,7 +252,7 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
         if (md_status(&trailing, &ks)) {
             s = ks;
         } else {
-            s = rpc_status(code);
+            s = kvd_status_from_grpc((int)code, cl_paths[m]);
         }
         if (s != KVD_OK) {
             KVD_LOG_DEBUG("store client: %s: %s (%.*s)", cl_paths[m],
