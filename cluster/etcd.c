@@ -18,6 +18,7 @@
 
 #include "cluster/etcd_int.h"
 #include "common/log_int.h"
+#include "common/status_int.h"
 #include "rpc.pb-c.h"
 
 #define ETCD_MAX_REPLY (4 << 20)
@@ -42,19 +43,6 @@ struct kvd_etcd_watch {
     bool status_posted; /* the RECV_STATUS_ON_CLIENT batch (tag: &code) */
     bool ended;         /* the stream is over */
 };
-
-static kvd_status_t etcd_status(grpc_status_code code)
-{
-    switch (code) {
-    case GRPC_STATUS_OK: return KVD_OK;
-    case GRPC_STATUS_UNAVAILABLE: return KVD_ERR_UNREACHABLE;
-    case GRPC_STATUS_DEADLINE_EXCEEDED: return KVD_ERR_TIMEOUT;
-    case GRPC_STATUS_NOT_FOUND: return KVD_ERR_NOT_FOUND;
-    case GRPC_STATUS_INVALID_ARGUMENT: return KVD_ERR_INVALID;
-    case GRPC_STATUS_RESOURCE_EXHAUSTED: return KVD_ERR_NOMEM;
-    default: return KVD_ERR_PEER;
-    }
-}
 
 static gpr_timespec etcd_deadline(int ms)
 {
@@ -189,7 +177,7 @@ static kvd_status_t etcd_call(kvd_etcd_t *e, const char *path,
             cq, ops,
             gpr_time_add(deadline, gpr_time_from_millis(1000, GPR_TIMESPAN)),
             NULL);
-        s = etcd_status(code);
+        s = kvd_status_from_grpc((int)code, path);
         etcd_channel_failed(e, s);
         if (s == KVD_OK) {
             *rsp_out = etcd_unpack(rsp_desc, recv);

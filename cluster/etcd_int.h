@@ -10,8 +10,11 @@
  * KVD_ERR_UNREACHABLE (no etcd answers: refused, unavailable),
  * KVD_ERR_TIMEOUT (the deadline passed), KVD_ERR_NOT_FOUND (an unknown or
  * expired lease), KVD_ERR_PROTO (a reply that does not decode or lacks what
- * it must carry), KVD_ERR_INVALID (bad arguments), KVD_ERR_NOMEM, or
- * KVD_ERR_PEER (any other error etcd reports; logged with its text).
+ * it must carry), KVD_ERR_INVALID (bad arguments), KVD_ERR_NOMEM,
+ * KVD_ERR_PEER (gRPC would not start the call), or any other error etcd
+ * reports as kvd_status_from_grpc translates its code (common/status_int.h:
+ * KVD_ERR_BUSY, KVD_ERR_AUTH, ..., KVD_ERR_RPC for the rest; logged with
+ * its text).
  *
  * Threading: one kvd_etcd_t may be used from several threads at once (the
  * gRPC channel is); a watch belongs to one thread at a time.

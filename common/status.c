@@ -1,10 +1,16 @@
 /*
- * Status codes: names for humans and the translation from errno. Every
- * foreign error space gets exactly one translation function (this one for
- * errno); the others live beside the single file that touches that API.
+ * Status codes: names for humans and the translations from errno and from
+ * gRPC's status codes (common/status_int.h). Every foreign error space gets
+ * exactly one translation function, which is also where the original code
+ * is logged; errno and gRPC live here because several components meet
+ * them, the others (MDB_*, ucs_status_t, cudaError_t) beside the single
+ * file that touches that API.
  */
 #include <errno.h>
+#include <stddef.h>
 
+#include "common/log_int.h"
+#include "common/status_int.h"
 #include "kvdepot/common.h"
 
 KVD_API const char *kvd_version(void)
@@ -86,4 +92,50 @@ KVD_API kvd_status_t kvd_status_from_errno(int err)
     case ENXIO: return KVD_ERR_NO_DEVICE;
     default: return KVD_ERR_IO;
     }
+}
+
+/* gRPC's code names, by value (its wire codes). */
+static const char *const grpc_code_names[] = {
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+
+kvd_status_t kvd_status_from_grpc(int code, const char *what)
+{
+    kvd_status_t s;
+    switch (code) {
+    case 0: return KVD_OK;
+    case 1: s = KVD_ERR_CANCELED; break;
+    case 3: s = KVD_ERR_INVALID; break;
+    case 4: s = KVD_ERR_TIMEOUT; break;
+    case 5: s = KVD_ERR_NOT_FOUND; break;
+    case 7:
+    case 16: s = KVD_ERR_AUTH; break;
+    case 8: s = KVD_ERR_BUSY; break;
+    case 12: s = KVD_ERR_UNSUPPORTED; break;
+    case 14: s = KVD_ERR_UNREACHABLE; break;
+    default: s = KVD_ERR_RPC; break;
+    }
+    size_t n = sizeof grpc_code_names / sizeof grpc_code_names[0];
+    KVD_LOG_DEBUG("%s%sgRPC status %d (%s): %s", what != NULL ? what : "",
+                  what != NULL ? ": " : "", code,
+                  code > 0 && (size_t)code < n ? grpc_code_names[code]
+                                               : "not a gRPC code",
+                  kvd_status_str(s));
+    return s;
 }

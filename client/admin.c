@@ -1,0 +1,231 @@
+/*
+ * Stats and the Admin calls (the operator calls of client/client.h, for
+ * the kvdepot CLI). Each sends the deferred releases first, so that the
+ * daemon's answer counts them, and an Admin reply must answer the op that
+ * was asked.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/client_int.h"
+
+kvd_status_t kvd_client_stats(kvd_client_t *c, kvd_store_stats_t *out)
+{
+    kvd_cl_flush_releases(c);
+    kvd_pb_stats_request_t rq = KVDEPOT__V1__STATS_REQUEST__INIT;
+    kvd_pb_stats_response_t *rsp = NULL;
+    uint64_t used;
+    kvd_status_t s = kvd_cl_call(c, CL_STATS, KVD_PROTO_MSG_STATS_REQUEST,
+                                 &rq.base, KVD_PROTO_MSG_STATS_RESPONSE,
+                                 (ProtobufCMessage **)&rsp, &used, true);
+    if (s != KVD_OK) {
+        return s;
+    }
+    memset(out, 0, sizeof *out);
+    for (size_t i = 0; i < rsp->n_tiers; i++) {
+        const kvd_pb_tier_stats_t *t = rsp->tiers[i];
+        kvd_store_tier_stats_t *d =
+            t->tier == KVDEPOT__V1__TIER__TIER_HOST ? &out->host : &out->disk;
+        d->capacity_bytes = t->capacity_bytes;
+        d->bytes = t->used_bytes;
+        d->objects = t->num_objects;
+        d->hits = t->hits;
+        d->misses = t->misses;
+        d->evictions = t->evictions;
+        d->bytes_read = t->bytes_read;
+        d->bytes_written = t->bytes_written;
+        d->errors = t->checksum_errors;
+        out->checksum_errors += t->checksum_errors;
+    }
+    out->leases = rsp->active_leases;
+    kvd_proto_stats_response_free(rsp);
+    return KVD_OK;
+}
+
+static kvd_status_t cl_admin(kvd_client_t *c, kvd_pb_admin_request_t *rq,
+                             kvd_pb_admin_response_t **rsp)
+{
+    kvd_cl_flush_releases(c);
+    uint64_t used;
+    kvd_status_t s = kvd_cl_call(c, CL_ADMIN, KVD_PROTO_MSG_ADMIN_REQUEST,
+                                 &rq->base, KVD_PROTO_MSG_ADMIN_RESPONSE,
+                                 (ProtobufCMessage **)rsp, &used, true);
+    if (s == KVD_OK && (int)(*rsp)->result_case != (int)rq->op_case) {
+        kvd_proto_admin_response_free(*rsp);
+        *rsp = NULL;
+        return KVD_ERR_PROTO;
+    }
+    return s;
+}
+
+kvd_status_t kvd_client_flush(kvd_client_t *c, int timeout_ms)
+{
+    kvd_pb_flush_t f = KVDEPOT__V1__FLUSH__INIT;
+    f.timeout_ms = timeout_ms < 0 ? KVD_PROTO_MAX_TTL_MS : (uint32_t)timeout_ms;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_FLUSH;
+    rq.flush = &f;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    kvd_proto_admin_response_free(rsp);
+    return s;
+}
+
+kvd_status_t kvd_client_list(kvd_client_t *c, kvd_client_ns_usage_t **ns_out,
+                             size_t *num_ns_out,
+                             kvd_client_tenant_usage_t **tenants_out,
+                             size_t *num_tenants_out, bool *truncated_out)
+{
+    kvd_pb_list_namespaces_t op = KVDEPOT__V1__LIST_NAMESPACES__INIT;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_LIST_NAMESPACES;
+    rq.list_namespaces = &op;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s != KVD_OK) {
+        return s;
+    }
+    const kvd_pb_list_namespaces_reply_t *r = rsp->list_namespaces;
+    kvd_client_ns_usage_t *ns = calloc(r->n_namespaces + 1, sizeof *ns);
+    kvd_client_tenant_usage_t *tn = calloc(r->n_tenants + 1, sizeof *tn);
+    if (ns == NULL || tn == NULL) {
+        free(ns);
+        free(tn);
+        kvd_proto_admin_response_free(rsp);
+        return KVD_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < r->n_namespaces; i++) {
+        memcpy(ns[i].ns.bytes, r->namespaces[i]->namespace_id.data,
+               sizeof ns[i].ns.bytes);
+        ns[i].host_objects = r->namespaces[i]->host_objects;
+        ns[i].disk_objects = r->namespaces[i]->disk_objects;
+        ns[i].bytes = r->namespaces[i]->bytes;
+    }
+    for (size_t i = 0; i < r->n_tenants; i++) {
+        tn[i].tenant = r->tenants[i]->tenant_id;
+        tn[i].objects = r->tenants[i]->objects;
+        tn[i].bytes = r->tenants[i]->bytes;
+    }
+    *ns_out = ns;
+    *num_ns_out = r->n_namespaces;
+    *tenants_out = tn;
+    *num_tenants_out = r->n_tenants;
+    *truncated_out = r->truncated;
+    kvd_proto_admin_response_free(rsp);
+    return KVD_OK;
+}
+
+kvd_status_t kvd_client_drop_namespace(kvd_client_t *c,
+                                       const kvd_namespace_t *ns,
+                                       uint64_t *dropped_out)
+{
+    kvd_pb_drop_namespace_t op = KVDEPOT__V1__DROP_NAMESPACE__INIT;
+    op.namespace_id.data = (uint8_t *)ns->bytes;
+    op.namespace_id.len = sizeof ns->bytes;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_DROP_NAMESPACE;
+    rq.drop_namespace = &op;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s == KVD_OK) {
+        *dropped_out = rsp->drop_namespace->num_objects_dropped;
+    }
+    kvd_proto_admin_response_free(rsp);
+    return s;
+}
+
+kvd_status_t kvd_client_drain(kvd_client_t *c, bool enable,
+                              uint64_t *leases_out, uint64_t *reservations_out)
+{
+    kvd_pb_drain_t op = KVDEPOT__V1__DRAIN__INIT;
+    op.enable = enable;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN;
+    rq.drain = &op;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s == KVD_OK) {
+        *leases_out = rsp->drain->active_leases;
+        *reservations_out = rsp->drain->active_reservations;
+    }
+    kvd_proto_admin_response_free(rsp);
+    return s;
+}
+
+kvd_status_t kvd_client_drop_tenant(kvd_client_t *c, const char *tenant,
+                                    uint64_t *dropped_out)
+{
+    if (tenant == NULL || dropped_out == NULL ||
+        strlen(tenant) > KVD_PROTO_MAX_ID_BYTES) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_pb_drop_tenant_t op = KVDEPOT__V1__DROP_TENANT__INIT;
+    op.tenant = (char *)tenant;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_DROP_TENANT;
+    rq.drop_tenant = &op;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s == KVD_OK) {
+        *dropped_out = rsp->drop_tenant->num_objects_dropped;
+    }
+    kvd_proto_admin_response_free(rsp);
+    return s;
+}
+
+kvd_status_t kvd_client_config_dump(kvd_client_t *c, char **text_out)
+{
+    if (text_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    *text_out = NULL;
+    kvd_pb_config_dump_t d = KVDEPOT__V1__CONFIG_DUMP__INIT;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP;
+    rq.config_dump = &d;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s == KVD_OK) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        if (f == NULL) {
+            s = KVD_ERR_NOMEM;
+        }
+        for (size_t i = 0; f != NULL && i < rsp->config_dump->n_entries; i++) {
+            const kvd_pb_config_entry_t *e = rsp->config_dump->entries[i];
+            fprintf(f, "%s = %s  # from: %s\n", e->key, e->value, e->source);
+        }
+        if (f != NULL) {
+            bool failed = ferror(f) != 0;
+            if (fclose(f) != 0 || failed) {
+                s = KVD_ERR_NOMEM;
+            }
+        }
+        if (s == KVD_OK) {
+            *text_out = text;
+        } else {
+            free(text);
+        }
+    }
+    kvd_proto_admin_response_free(rsp);
+    return s;
+}
+
+kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,
+                             char *node_id, size_t node_len)
+{
+    kvd_pb_ping_t p = KVDEPOT__V1__PING__INIT;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_PING;
+    rq.ping = &p;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s == KVD_OK) {
+        snprintf(version, version_len, "%s", rsp->ping->version);
+        snprintf(node_id, node_len, "%s", rsp->ping->node_id);
+    }
+    kvd_proto_admin_response_free(rsp);
+    return s;
+}

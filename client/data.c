@@ -1,0 +1,367 @@
+/*
+ * The save path and deletes (client_int.h). Reserve asks the daemon for
+ * arena slots and records each reserved key with its reservation id and
+ * daemon instance; the caller writes the bytes through the mapped arena;
+ * Commit (with each object's checksum) or Abort ends them, one call per
+ * reservation id. A reservation from a daemon that has restarted since is
+ * gone with it: its commit reports KVD_ERR_NOT_FOUND. Delete sends one call
+ * per run of keys of one namespace.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/client_int.h"
+#include "common/log_int.h"
+
+/* ---- reserve / commit / abort -------------------------------------------- */
+
+static void cl_hash_refs(const kvd_block_hash_t *hashes, size_t n,
+                         ProtobufCBinaryData *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        out[i].data = (uint8_t *)hashes[i].bytes;
+        out[i].len = sizeof hashes[i].bytes;
+    }
+}
+
+static size_t resv_bucket(const kvd_store_key_t *k)
+{
+    return (size_t)kvd_xxh3_64(k, sizeof *k) % CL_BUCKETS;
+}
+
+/* Removes and returns the reservation of `k`, or NULL. `mu` held. */
+static cl_resv_t *resv_take(kvd_client_t *c, const kvd_store_key_t *k)
+{
+    for (cl_resv_t **pp = &c->resv[resv_bucket(k)]; *pp != NULL;
+         pp = &(*pp)->next) {
+        if (memcmp(&(*pp)->key, k, sizeof *k) == 0) {
+            cl_resv_t *r = *pp;
+            *pp = r->next;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
+                                const kvd_block_hash_t *hashes, size_t n,
+                                uint64_t object_bytes, uint32_t tenant,
+                                kvd_store_reservation_t *out)
+{
+    if (n == 0) {
+        return KVD_OK;
+    }
+    if (object_bytes == 0 || object_bytes > c->size_bytes) {
+        return KVD_ERR_INVALID;
+    }
+    ProtobufCBinaryData *hb = malloc(n * sizeof *hb);
+    if (hb == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    cl_hash_refs(hashes, n, hb);
+    char tenant_name[16] = "";
+    if (tenant != 0) {
+        snprintf(tenant_name, sizeof tenant_name, "%" PRIu32, tenant);
+    }
+    kvd_pb_reserve_request_t rq = KVDEPOT__V1__RESERVE_REQUEST__INIT;
+    rq.namespace_id.data = (uint8_t *)ns->bytes;
+    rq.namespace_id.len = sizeof ns->bytes;
+    rq.n_block_hashes = n;
+    rq.block_hashes = hb;
+    rq.object_size_bytes = object_bytes;
+    rq.tenant = tenant_name;
+    kvd_pb_reserve_response_t *rsp = NULL;
+    uint64_t used;
+    kvd_status_t s = kvd_cl_call(c, CL_RESERVE, KVD_PROTO_MSG_RESERVE_REQUEST,
+                                 &rq.base, KVD_PROTO_MSG_RESERVE_RESPONSE,
+                                 (ProtobufCMessage **)&rsp, &used, true);
+    free(hb);
+    if (s == KVD_ERR_INVALID || s == KVD_ERR_PROTO) {
+        return s; /* the call itself is wrong (e.g. larger than a chunk) */
+    }
+    if (s != KVD_OK) {
+        /* No daemon, or it failed the call: the saves are skipped, the
+         * engine goes on; each key says why (not "no space"). */
+        for (size_t i = 0; i < n; i++) {
+            out[i] = (kvd_store_reservation_t){.status = s};
+        }
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 5000,
+                            "store client: Reserve failed (%s): saves skipped",
+                            kvd_status_str(s));
+        return KVD_OK;
+    }
+    if (rsp->n_blocks != n) {
+        KVD_LOG_ERROR("store client: Reserve reply: %zu outcomes for %zu",
+                      rsp->n_blocks, n);
+        if (rsp->reservation_id != 0) {
+            /* Give everything back rather than guess. */
+            kvd_pb_abort_request_t ab = KVDEPOT__V1__ABORT_REQUEST__INIT;
+            ab.reservation_id = rsp->reservation_id;
+            ProtobufCMessage *ar = NULL;
+            (void)kvd_cl_call(c, CL_ABORT, KVD_PROTO_MSG_ABORT_REQUEST,
+                              &ab.base, KVD_PROTO_MSG_ABORT_RESPONSE, &ar,
+                              &used, false);
+            kvd_proto_free(ar);
+        }
+        kvd_proto_reserve_response_free(rsp);
+        return KVD_ERR_PROTO;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        const kvd_pb_block_reservation_t *b = rsp->blocks[i];
+        out[i] = (kvd_store_reservation_t){.status = KVD_ERR_NOSPACE};
+        if (b->outcome ==
+            KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_EXISTS) {
+            out[i].status = KVD_ERR_EXISTS;
+            continue;
+        }
+        /* Why a block was refused, from revision 3 on (before: 0, taken
+         * as no space). */
+        if (b->outcome ==
+                KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_REJECTED &&
+            b->status < 0) {
+            out[i].status = (kvd_status_t)b->status;
+        }
+        if (b->outcome !=
+            KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_RESERVED) {
+            continue;
+        }
+        cl_resv_t *r = NULL;
+        if (kvd_cl_arena_contains(c, b->arena_offset, object_bytes) &&
+            memcmp(b->block_hash.data, hashes[i].bytes, 32) == 0) {
+            r = calloc(1, sizeof *r);
+        }
+        if (r == NULL) {
+            /* Not recorded: the daemon aborts it at its TTL. */
+            continue;
+        }
+        r->key.ns = *ns;
+        r->key.hash = hashes[i];
+        r->reservation_id = rsp->reservation_id;
+        r->instance = used;
+        r->offset = b->arena_offset;
+        r->size = object_bytes;
+        cl_resv_t *old = resv_take(c, &r->key);
+        if (old != NULL) {
+            kvd_cl_map_held(c, old->instance, -1);
+            free(old);
+        }
+        kvd_cl_map_held(c, used, 1);
+        cl_map_t *m = kvd_cl_map_of_instance(c, used);
+        size_t bk = resv_bucket(&r->key);
+        r->next = c->resv[bk];
+        c->resv[bk] = r;
+        out[i].status = KVD_OK;
+        out[i].reserved = m != NULL ? m->gen : 0;
+        out[i].arena_offset = b->arena_offset;
+    }
+    pthread_mutex_unlock(&c->mu);
+    kvd_proto_reserve_response_free(rsp);
+    return KVD_OK;
+}
+
+/* Commits (or aborts) the keys of one reservation id in one call. */
+static kvd_status_t cl_finish_batch(kvd_client_t *c, bool commit,
+                                    cl_resv_t **rs, size_t n, kvd_status_t *st)
+{
+    uint64_t used;
+    kvd_status_t s;
+    if (commit) {
+        kvd_pb_commit_entry_t *e = calloc(n, sizeof *e);
+        kvd_pb_commit_entry_t **ep = calloc(n, sizeof *ep);
+        uint64_t *sums = calloc(n, sizeof *sums);
+        if (e == NULL || ep == NULL || sums == NULL) {
+            free(e);
+            free(ep);
+            free(sums);
+            return KVD_ERR_NOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+            kvdepot__v1__commit_entry__init(&e[i]);
+            e[i].block_hash.data = rs[i]->key.hash.bytes;
+            e[i].block_hash.len = 32;
+            const void *p = kvd_client_arena_ptr(c, rs[i]->offset, rs[i]->size);
+            sums[i] = p != NULL ? kvd_xxh3_64(p, rs[i]->size) : 0;
+            e[i].n_layer_checksums = 1;
+            e[i].layer_checksums = &sums[i];
+            ep[i] = &e[i];
+        }
+        kvd_pb_commit_request_t rq = KVDEPOT__V1__COMMIT_REQUEST__INIT;
+        rq.reservation_id = rs[0]->reservation_id;
+        rq.n_entries = n;
+        rq.entries = ep;
+        kvd_pb_commit_response_t *rsp = NULL;
+        s = kvd_cl_call(c, CL_COMMIT, KVD_PROTO_MSG_COMMIT_REQUEST, &rq.base,
+                        KVD_PROTO_MSG_COMMIT_RESPONSE,
+                        (ProtobufCMessage **)&rsp, &used, false);
+        if (s == KVD_OK) {
+            for (size_t i = 0; i < n; i++) {
+                st[i] = rsp->n_statuses == n ? (kvd_status_t)rsp->statuses[i]
+                                             : KVD_ERR_PROTO;
+            }
+        }
+        kvd_proto_free(rsp ? &rsp->base : NULL);
+        free(e);
+        free(ep);
+        free(sums);
+    } else {
+        ProtobufCBinaryData *hb = calloc(n, sizeof *hb);
+        if (hb == NULL) {
+            return KVD_ERR_NOMEM;
+        }
+        for (size_t i = 0; i < n; i++) {
+            hb[i].data = rs[i]->key.hash.bytes;
+            hb[i].len = 32;
+        }
+        kvd_pb_abort_request_t rq = KVDEPOT__V1__ABORT_REQUEST__INIT;
+        rq.reservation_id = rs[0]->reservation_id;
+        rq.n_block_hashes = n;
+        rq.block_hashes = hb;
+        ProtobufCMessage *rsp = NULL;
+        s = kvd_cl_call(c, CL_ABORT, KVD_PROTO_MSG_ABORT_REQUEST, &rq.base,
+                        KVD_PROTO_MSG_ABORT_RESPONSE, &rsp, &used, false);
+        for (size_t i = 0; s == KVD_OK && i < n; i++) {
+            st[i] = KVD_OK;
+        }
+        kvd_proto_free(rsp);
+        free(hb);
+    }
+    if (s != KVD_OK) {
+        for (size_t i = 0; i < n; i++) {
+            st[i] = s;
+        }
+    }
+    return KVD_OK;
+}
+
+static kvd_status_t cl_finish(kvd_client_t *c, bool commit,
+                              const kvd_store_key_t *keys, size_t n,
+                              kvd_status_t *statuses_out)
+{
+    cl_resv_t **rs = calloc(n ? n : 1, sizeof *rs);
+    kvd_status_t *st = calloc(n ? n : 1, sizeof *st);
+    size_t *idx = calloc(n ? n : 1, sizeof *idx);
+    cl_resv_t **batch = calloc(n ? n : 1, sizeof *batch);
+    kvd_status_t *bst = calloc(n ? n : 1, sizeof *bst);
+    kvd_status_t first = KVD_OK;
+    if (rs == NULL || st == NULL || idx == NULL || batch == NULL ||
+        bst == NULL) {
+        first = KVD_ERR_NOMEM;
+        goto out;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < n; i++) {
+        rs[i] = resv_take(c, &keys[i]);
+        st[i] = KVD_ERR_NOT_FOUND;
+        if (rs[i] != NULL && rs[i]->instance != c->instance) {
+            /* Reserved from a daemon that is gone. */
+            kvd_cl_map_held(c, rs[i]->instance, -1);
+            free(rs[i]);
+            rs[i] = NULL;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    /* One call per reservation id, keys in the caller's order. */
+    for (size_t i = 0; i < n; i++) {
+        if (rs[i] == NULL) {
+            continue;
+        }
+        size_t k = 0;
+        uint64_t id = rs[i]->reservation_id;
+        for (size_t j = i; j < n; j++) {
+            if (rs[j] != NULL && rs[j]->reservation_id == id) {
+                idx[k] = j;
+                batch[k++] = rs[j];
+            }
+        }
+        kvd_status_t s = cl_finish_batch(c, commit, batch, k, bst);
+        pthread_mutex_lock(&c->mu);
+        for (size_t b = 0; b < k; b++) {
+            st[idx[b]] = s == KVD_OK ? bst[b] : s;
+            kvd_cl_map_held(c, rs[idx[b]]->instance, -1);
+            free(rs[idx[b]]);
+            rs[idx[b]] = NULL;
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (statuses_out != NULL) {
+            statuses_out[i] = st[i];
+        }
+        if (st[i] != KVD_OK && first == KVD_OK) {
+            first = st[i];
+        }
+    }
+out:
+    free(bst);
+    free(batch);
+    free(idx);
+    free(st);
+    free(rs);
+    return first;
+}
+
+kvd_status_t kvd_client_commit(kvd_client_t *c, const kvd_store_key_t *keys,
+                               size_t n, kvd_status_t *statuses_out)
+{
+    return cl_finish(c, true, keys, n, statuses_out);
+}
+
+kvd_status_t kvd_client_abort(kvd_client_t *c, const kvd_store_key_t *keys,
+                              size_t n, kvd_status_t *statuses_out)
+{
+    return cl_finish(c, false, keys, n, statuses_out);
+}
+
+/* ---- delete -------------------------------------------------------------- */
+
+kvd_status_t kvd_client_delete(kvd_client_t *c, const kvd_store_key_t *keys,
+                               size_t n, size_t *num_deleted_out)
+{
+    kvd_cl_flush_releases(c);
+    size_t total = 0;
+    bool busy = false;
+    kvd_status_t s = KVD_OK;
+    /* One call per run of keys of one namespace (the request's unit). */
+    for (size_t i = 0; i < n && s == KVD_OK;) {
+        size_t j = i;
+        while (j < n && j - i < KVD_PROTO_MAX_HASHES &&
+               memcmp(&keys[j].ns, &keys[i].ns, sizeof keys[i].ns) == 0) {
+            j++;
+        }
+        ProtobufCBinaryData *hb = malloc((j - i) * sizeof *hb);
+        if (hb == NULL) {
+            return KVD_ERR_NOMEM;
+        }
+        for (size_t k = i; k < j; k++) {
+            hb[k - i].data = (uint8_t *)keys[k].hash.bytes;
+            hb[k - i].len = sizeof keys[k].hash.bytes;
+        }
+        kvd_pb_delete_request_t rq = KVDEPOT__V1__DELETE_REQUEST__INIT;
+        rq.namespace_id.data = (uint8_t *)keys[i].ns.bytes;
+        rq.namespace_id.len = sizeof keys[i].ns.bytes;
+        rq.n_block_hashes = j - i;
+        rq.block_hashes = hb;
+        kvd_pb_delete_response_t *rsp = NULL;
+        uint64_t used;
+        s = kvd_cl_call(c, CL_DELETE, KVD_PROTO_MSG_DELETE_REQUEST, &rq.base,
+                        KVD_PROTO_MSG_DELETE_RESPONSE,
+                        (ProtobufCMessage **)&rsp, &used, true);
+        free(hb);
+        if (s == KVD_OK) {
+            total += rsp->num_deleted;
+            busy |= rsp->busy;
+            kvd_proto_delete_response_free(rsp);
+        }
+        i = j;
+    }
+    if (num_deleted_out != NULL) {
+        *num_deleted_out = total;
+    }
+    if (s != KVD_OK) {
+        return s;
+    }
+    return busy ? KVD_ERR_BUSY : KVD_OK;
+}
