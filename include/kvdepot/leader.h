@@ -12,12 +12,13 @@
  *   request_finished
  *
  * The leader recognises blocks by their hash chain (docs/architecture.md
- * §5: from the
- * request's tokens, or the engine's own block hashes), asks the store which
- * prefix it holds, and writes each step's plan as a packed kvdepot.v1
- * StepPlan: per request, the engine blocks to load (with their object key
- * and tier) and the newly completed full blocks to save. It does no data
- * I/O and never blocks on the store.
+ * §5: from the request's tokens, or the engine's own block hashes), asks
+ * the store which prefix it holds, and writes each step's plan as a packed
+ * kvdepot.v1 StepPlan: per request, the engine blocks to load (with their
+ * object key and tier) and the newly completed full blocks to save. It
+ * does no data I/O and never waits for a load or a save; its one wait is
+ * the backend's lookup (a daemon-mode store: one call to the daemon,
+ * bounded by store.timeout).
  *
  * Leases: every block the leader promises the engine is leased in the store
  * by the lookup, so it cannot be evicted before the workers load it; the
