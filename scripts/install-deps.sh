@@ -13,7 +13,7 @@ pkgs=(
     clang libclang-rt-14-dev clang-format clang-tidy
     protobuf-c-compiler
 )
-# Libraries the C code links (DESIGN.md §2; every one found with pkg-config).
+# Libraries the C code links (docs/building.md; every one found with pkg-config).
 pkgs+=(
     libucx-dev liburing-dev liblmdb-dev libprotobuf-c-dev libgrpc-dev
     libssl-dev libxxhash-dev libyaml-dev libmicrohttpd-dev libcmocka-dev

@@ -224,9 +224,11 @@ KVD_API kvd_status_t kvd_config_parse_enum(const kvd_config_field_t *field,
 KVD_API kvd_status_t kvd_parse_size(const char *text, uint64_t *bytes_out);
 KVD_API kvd_status_t kvd_parse_duration_ms(const char *text, uint64_t *ms_out);
 
-/* Creates an empty configuration (no file, no call parameters). */
+/* Creates an empty configuration (no file, no call parameters), owned by
+ * the caller until kvd_config_destroy. Errors: KVD_ERR_INVALID (NULL
+ * config_out), KVD_ERR_NOMEM. */
 KVD_API kvd_status_t kvd_config_create(kvd_config_t **config_out);
-/* Frees it; NULL is accepted. */
+/* Frees it; NULL is accepted. No other call may be using it. */
 KVD_API void kvd_config_destroy(kvd_config_t *config);
 
 /*
@@ -243,7 +245,11 @@ KVD_API kvd_status_t kvd_config_load_yaml(kvd_config_t *config,
                                           const char *yaml, size_t len,
                                           char *err, size_t err_len);
 
-/* Sets a call parameter (highest precedence). Both strings are copied. */
+/* Sets a call parameter (highest precedence), replacing an earlier value
+ * of the same name. Both strings are copied; the value is parsed only when
+ * a component applies it. Errors: KVD_ERR_INVALID (NULL arguments, an
+ * empty or over-long name), KVD_ERR_NOMEM. Thread: any (the config is
+ * locked). */
 KVD_API kvd_status_t kvd_config_set(kvd_config_t *config, const char *name,
                                     const char *value);
 
@@ -261,7 +267,9 @@ KVD_API kvd_status_t kvd_config_apply(const kvd_config_t *config,
                                       char *err, size_t err_len);
 
 /* Writes every field of `table` as "name = value  # doc (default: d, from:
- * call|env|file|default)", resolved exactly as kvd_config_apply would. */
+ * call|env|file|default)", resolved exactly as kvd_config_apply would
+ * (values are not parsed). Errors: KVD_ERR_INVALID (NULL out, a malformed
+ * table), KVD_ERR_NOMEM, KVD_ERR_IO (writing to `out` failed). */
 KVD_API kvd_status_t kvd_config_print(const kvd_config_t *config,
                                       const kvd_config_field_t *table,
                                       size_t num_fields, FILE *out);
@@ -297,7 +305,7 @@ KVD_API kvd_status_t kvd_sha256(const void *data, size_t len,
 KVD_API uint64_t kvd_xxh3_64(const void *data, size_t len);
 
 /* ------------------------------------------------------------------------ */
-/* Block identity (DESIGN.md §3)                                            */
+/* Block identity (docs/architecture.md §5)                                 */
 /* ------------------------------------------------------------------------ */
 
 /* One link of the block-hash chain. */
@@ -305,16 +313,17 @@ typedef struct kvd_block_hash {
     uint8_t bytes[KVD_SHA256_BYTES];
 } kvd_block_hash_t;
 
-/* Namespace digest (DESIGN.md §3): 16 bytes naming everything that makes
- * stored bytes incompatible (model, dtype, codec, layers, heads held, head
- * size, block size, shard). Object key = (namespace, block hash). */
+/* Namespace digest (docs/architecture.md §5): 16 bytes naming everything
+ * that makes stored bytes incompatible (model, dtype, codec, layers, heads
+ * held, head size, block size, shard). Object key = (namespace, block
+ * hash). */
 #define KVD_NAMESPACE_BYTES 16
 typedef struct kvd_namespace {
     uint8_t bytes[KVD_NAMESPACE_BYTES];
 } kvd_namespace_t;
 
 /*
- * What makes stored bytes incompatible (DESIGN.md §3), the fields of
+ * What makes stored bytes incompatible (docs/protocol.md), the fields of
  * kvdepot.v1.NamespaceDescriptor: dtype and codecs are that schema's enum
  * numbers (Dtype, Codec), v_codec 0 when kv_combined.
  */

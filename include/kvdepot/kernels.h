@@ -6,11 +6,11 @@
  * backend runs) and CUDA (kvd_cuda_*, built when nvcc is found, declared in
  * kvdepot/kernels_cuda.h).
  *
- * Object layout (DESIGN.md §4, shared/reference/quant-kernels.md §8): one
- * object holds one engine block for every layer of the shard, layer-major.
- * Per layer: plane 0 (K, or the MLA latent), then plane 1 (V). Per plane:
- * the data region, then the codec metadata region, each starting on a
- * 16-byte boundary. Inside each region the order is head-major,
+ * Object layout (docs/codecs.md, "Object layout"): one object holds one
+ * engine block for every layer of the shard, layer-major. Per layer:
+ * plane 0 (K, or the MLA latent), then plane 1 (V). Per plane: the data
+ * region, then the codec metadata region, each starting on a 16-byte
+ * boundary. Inside each region the order is head-major,
  * [head][token][...]. Every offset follows arithmetically from
  * kvd_object_format_t, so kernels never look anything up.
  *
@@ -44,7 +44,8 @@ typedef enum kvd_dtype {
 /* Bytes per element of `dtype`, 0 for an unknown value. */
 KVD_API size_t kvd_dtype_size(kvd_dtype_t dtype);
 
-/* Codecs, chosen separately for K and V (quant-kernels.md §8.2). */
+/* Codecs, chosen separately for K and V (docs/codecs.md gives their
+ * bytes). */
 typedef enum kvd_codec {
     KVD_CODEC_RAW = 0,      /* bytes as in the cache */
     KVD_CODEC_FP8_E4M3 = 1, /* per token·head fp32 scale = amax/448 */
@@ -106,7 +107,9 @@ KVD_API kvd_status_t kvd_object_format_fallback(kvd_object_format_t *fmt,
                                                 unsigned *num_changed_out);
 
 /* Sizes in bytes, for a format that passed kvd_object_format_check.
- * Data and metadata regions are each rounded up to 16 bytes. */
+ * Data and metadata regions are each rounded up to 16 bytes. Each returns
+ * 0 for a NULL format, one that fails the check, a plane the format does
+ * not have, or (layer offset) a layer >= num_layers. Pure functions. */
 KVD_API size_t kvd_object_plane_data_bytes(const kvd_object_format_t *fmt,
                                            unsigned plane);
 KVD_API size_t kvd_object_plane_meta_bytes(const kvd_object_format_t *fmt,
@@ -173,8 +176,23 @@ KVD_API kvd_status_t kvd_kv_layout_check(const kvd_kv_layout_t *layout,
  * implementation uploads the same tables, so CPU and GPU agree.
  */
 typedef struct kvd_codec_tables kvd_codec_tables_t;
+
+/*
+ * Builds the tables of `fmt` (copied; the tables remember it). Only a
+ * format with a TurboQuant plane needs them: for others the tables are
+ * empty and cheap, and NULL tables serve as well. Solving the codebooks
+ * takes a few milliseconds. On success *tables_out is owned by the caller
+ * until kvd_codec_tables_destroy; it is immutable, so any number of
+ * threads may use it at once. Errors (*tables_out untouched, the reason
+ * logged): KVD_ERR_INVALID (NULL tables_out, or a format
+ * kvd_object_format_check refuses with it), KVD_ERR_UNSUPPORTED (a codec
+ * the format's head_dim cannot serve), KVD_ERR_NOMEM. Thread: any.
+ */
 KVD_API kvd_status_t kvd_codec_tables_create(const kvd_object_format_t *fmt,
                                              kvd_codec_tables_t **tables_out);
+/* Frees tables made by kvd_codec_tables_create; NULL is accepted. No call
+ * may still be using them (the CUDA copy, kvd_cuda_tables_t, is separate
+ * and outlives them). */
 KVD_API void kvd_codec_tables_destroy(kvd_codec_tables_t *tables);
 
 /* ------------------------------------------------------------------------ */

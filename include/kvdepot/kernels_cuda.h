@@ -11,6 +11,12 @@
  * device backend drives its stream with (stream.cu), and small synchronous
  * helpers for tests and the bench program (util.cu, bench.cu).
  *
+ * Errors, unless a function says more: KVD_ERR_INVALID for a NULL pointer
+ * or a zero size where one is needed (checked before any CUDA call), else
+ * the translation of the CUDA error by kvd_cuda_status (KVD_ERR_NO_DEVICE,
+ * KVD_ERR_NOMEM, KVD_ERR_DEVICE). Streams, events, tables and memory made
+ * here belong to the caller until the matching destroy / free call.
+ *
  * Threading: every function is reentrant. Functions taking a `stream`
  * enqueue work on it and return without waiting; the others block the
  * calling host thread until their device work is done. Device memory passed
@@ -95,8 +101,9 @@ void kvd_cuda_tables_destroy(kvd_cuda_tables_t *tables);
  * and this layer's bytes land at kvd_object_layer_offset(fmt, layer) inside
  * it. The bytes are those kvd_ref_gather_layer would write (bit-exact for
  * raw, fp8, int8 and KIVI; TurboQuant follows the same operation order and
- * is specified within quant-kernels.md §9's tolerance), padding and the
- * tokens >= num_valid_tokens_last of the last block included (zero).
+ * is held to the tolerance of docs/codecs.md's parity contract), padding
+ * and the tokens >= num_valid_tokens_last of the last block included
+ * (zero).
  * Caches holding Inf or NaN may differ in NaN payloads only: GPU
  * arithmetic that creates a NaN (Inf / Inf) returns the canonical NaN.
  *

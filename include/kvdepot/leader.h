@@ -1,5 +1,6 @@
 /*
- * kvdepot leader: the scheduler side of the KV connector (DESIGN.md §7).
+ * kvdepot leader: the scheduler side of the KV connector (leader/README.md,
+ * docs/architecture.md §6).
  *
  * Mirrors the engines' scheduler API (vLLM KVConnectorBase_V1 scheduler
  * role, TensorRT-LLM KvCacheConnectorScheduler) in C, for a thin Python
@@ -10,12 +11,14 @@
  *   (workers run the plan) -> update_connector_output ->
  *   request_finished
  *
- * The leader recognises blocks by their hash chain (DESIGN.md §3: from the
- * request's tokens, or the engine's own block hashes), asks the store which
- * prefix it holds, and writes each step's plan as a packed kvdepot.v1
- * StepPlan: per request, the engine blocks to load (with their object key
- * and tier) and the newly completed full blocks to save. It does no data
- * I/O and never blocks on the store.
+ * The leader recognises blocks by their hash chain (docs/architecture.md
+ * §5: from the request's tokens, or the engine's own block hashes), asks
+ * the store which prefix it holds, and writes each step's plan as a packed
+ * kvdepot.v1 StepPlan: per request, the engine blocks to load (with their
+ * object key and tier) and the newly completed full blocks to save. It
+ * does no data I/O and never waits for a load or a save; its one wait is
+ * the backend's lookup (a daemon-mode store: one call to the daemon,
+ * bounded by store.timeout).
  *
  * Leases: every block the leader promises the engine is leased in the store
  * by the lookup, so it cannot be evicted before the workers load it; the
@@ -48,11 +51,14 @@ extern "C" {
 typedef struct kvd_leader kvd_leader_t;
 
 /*
- * The store as the leader sees it: one interface for the embedded store
- * now and for the daemon or cluster client later. Both functions follow
- * kvd_store_lookup / kvd_store_release. lookup may answer KVD_INPROGRESS
- * ("ask again later", e.g. an RPC in flight); the leader then reports "not
- * yet" to the engine.
+ * The store as the leader sees it: two calls (three with lookup_from) that
+ * follow kvd_store_lookup / kvd_store_release. kvd_leader_backend_embedded
+ * fills them over any kvd_store_t, embedded or daemon mode; another
+ * implementation may be given for tests or other stores. lookup may answer
+ * KVD_INPROGRESS ("ask again later", e.g. an RPC in flight); the leader
+ * then reports "not yet" to the engine. Any other error is answered to the
+ * engine as a miss. The functions are called only from inside the
+ * leader's calls, on the leader's thread; `ctx` is the caller's.
  */
 typedef struct kvd_leader_backend {
     void *ctx;
@@ -71,8 +77,10 @@ typedef struct kvd_leader_backend {
                                 size_t *matched_out);
 } kvd_leader_backend_t;
 
-/* Fills `*out` with a backend over an embedded store (`store` is retained
- * until the leader using it is destroyed). */
+/* Fills `*out` with a backend over `store`, a store of either mode (the
+ * name predates daemon mode). `store` is retained, not owned: it must stay
+ * open until the leader using the backend is destroyed. NULL out:
+ * nothing. */
 KVD_API void kvd_leader_backend_embedded(kvd_store_t *store,
                                          kvd_leader_backend_t *out);
 
@@ -106,15 +114,18 @@ typedef struct kvd_leader_config {
 #define KVD_LEADER_NO_BLOCK UINT32_MAX
 
 /*
- * Creates a leader. `cfg` and `backend` are copied. Errors: KVD_ERR_INVALID
- * (NULL, block_size out of range, num_workers 0, backend functions NULL),
- * KVD_ERR_NOMEM.
+ * Creates a leader. `cfg` and `backend` are copied (cfg->node_id's string
+ * too); what backend->ctx points at is retained. On success *leader_out is
+ * the leader, valid until kvd_leader_destroy. Errors (nothing created):
+ * KVD_ERR_INVALID (NULL, block_size out of range, num_workers 0, lookup or
+ * release NULL), KVD_ERR_NOMEM.
  */
 KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
                                        const kvd_leader_backend_t *backend,
                                        kvd_leader_t **leader_out);
 
-/* Releases every lease still held and frees the leader; NULL accepted. */
+/* Releases every lease still held (through the backend) and frees the
+ * leader and everything it returned; NULL accepted. */
 KVD_API void kvd_leader_destroy(kvd_leader_t *leader);
 
 /* A request as the engine first shows it. Either tokens (the leader hashes
@@ -149,8 +160,12 @@ typedef struct kvd_leader_request {
  * a backend still not ready counts as a miss). A backend lookup that fails
  * (the daemon is unreachable, a deadline passed) is answered as a miss and
  * counted in stats.lookup_errors: the engine computes, never waits on or
- * fails for the cache. Errors: KVD_ERR_INVALID (NULL, bad id, neither
- * tokens nor hashes), KVD_ERR_NOMEM.
+ * fails for the cache. `req` and what it points at are borrowed for the
+ * call (the leader copies what it keeps at the first call). Errors:
+ * KVD_ERR_INVALID (NULL, bad id, neither tokens nor hashes),
+ * KVD_ERR_EXISTS (the id is a finished request still kept for its saves),
+ * KVD_ERR_STATE (asked again with another num_computed_tokens after
+ * update_state_after_alloc acted on the answer), KVD_ERR_NOMEM.
  */
 KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     kvd_leader_t *leader, const kvd_leader_request_t *req,
@@ -161,8 +176,12 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
  * request's whole block table so far) and decided to take
  * `num_external_tokens` of the matched tokens. Blocks the engine does not
  * take are released. Loads are planned in the next build_connector_meta.
- * KVD_ERR_NOT_FOUND for an unknown request, KVD_ERR_RANGE for more external
- * tokens than matched or fewer block ids than the load needs.
+ * `block_ids` is copied. Errors: KVD_ERR_INVALID (NULL leader or bad id,
+ * NULL block_ids with num_block_ids > 0), KVD_ERR_NOT_FOUND for an unknown
+ * request, KVD_ERR_STATE (a finished request kept for its saves, or
+ * external tokens without a standing answer), KVD_ERR_RANGE for more
+ * external tokens than matched or fewer block ids than the load needs,
+ * KVD_ERR_NOMEM.
  */
 KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
     kvd_leader_t *leader, const char *request_id, const uint32_t *block_ids,
@@ -174,8 +193,9 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
  * when none), and after this step `num_computed_tokens` tokens will be in
  * its KV cache. Full blocks that become computed are planned for saving
  * (unless the store already has them). `new_hashes` adds engine block
- * hashes for requests created with hashes (NULL otherwise). Errors:
- * KVD_ERR_NOT_FOUND, KVD_ERR_INVALID, KVD_ERR_NOMEM.
+ * hashes for requests created with hashes (NULL otherwise). The arrays are
+ * copied. Errors: KVD_ERR_NOT_FOUND, KVD_ERR_INVALID, KVD_ERR_STATE (a
+ * finished request kept for its saves), KVD_ERR_NOMEM.
  */
 KVD_API kvd_status_t kvd_leader_request_scheduled(
     kvd_leader_t *leader, const char *request_id, const uint32_t *new_block_ids,
@@ -196,23 +216,27 @@ KVD_API kvd_status_t kvd_leader_build_connector_meta(kvd_leader_t *leader,
 
 /*
  * vLLM update_connector_output: applies one worker's packed WorkerReport
- * (untrusted bytes). A request's saves (loads) finish when num_workers
- * reports named it; a failed load releases the request's leases and
- * queues its block id for kvd_leader_take_failed_blocks. Errors:
- * KVD_ERR_PROTO (malformed report; nothing applied), KVD_ERR_INVALID.
- * Unknown request ids are ignored (already finished or aborted).
+ * (untrusted bytes, borrowed for the call). A request's saves (loads)
+ * finish when num_workers reports named it; a failed load releases the
+ * request's leases and queues its block id for
+ * kvd_leader_take_failed_blocks. Errors (nothing applied): KVD_ERR_PROTO
+ * (malformed report), KVD_ERR_INVALID, KVD_ERR_NOMEM. Unknown request ids
+ * are ignored (already finished or aborted).
  */
 KVD_API kvd_status_t kvd_leader_update_connector_output(kvd_leader_t *leader,
                                                         const void *report,
                                                         size_t len);
 
 /* Moves up to `max` engine block ids whose load failed into `block_ids`
- * and returns how many (vLLM invalid_block_ids / kv_load_failure_policy). */
+ * and returns how many (vLLM invalid_block_ids / kv_load_failure_policy);
+ * 0 for NULL arguments. */
 KVD_API size_t kvd_leader_take_failed_blocks(kvd_leader_t *leader,
                                              uint32_t *block_ids, size_t max);
 
 /* Moves up to `max` ids of requests whose async loads finished into `out`
- * (pointers valid until the next leader call) and returns how many. */
+ * (pointers owned by the leader, valid until the next leader call) and
+ * returns how many; 0 for NULL arguments or when memory for the copies
+ * ran out (nothing is taken then). */
 KVD_API size_t kvd_leader_take_finished_loads(kvd_leader_t *leader,
                                               const char **out, size_t max);
 
@@ -220,7 +244,9 @@ KVD_API size_t kvd_leader_take_finished_loads(kvd_leader_t *leader,
  * The engine preempted the request: its leases are released, its pending
  * loads dropped, and it is listed in the next plan so workers finish its
  * in-flight saves before its blocks are reused. Its lookup is forgotten: a
- * resumed request asks get_num_new_matched_tokens again.
+ * resumed request asks get_num_new_matched_tokens again. Errors:
+ * KVD_ERR_INVALID (NULL leader or bad id), KVD_ERR_NOT_FOUND,
+ * KVD_ERR_STATE (a finished request).
  */
 KVD_API kvd_status_t kvd_leader_request_preempted(kvd_leader_t *leader,
                                                   const char *request_id);
@@ -229,7 +255,8 @@ KVD_API kvd_status_t kvd_leader_request_preempted(kvd_leader_t *leader,
  * vLLM request_finished (also for aborts): releases the request's leases
  * and writes into *delay_free_out whether the engine must keep its blocks
  * until the workers report its saves finished (they then stay tracked
- * until that report). KVD_ERR_NOT_FOUND for an unknown request. While a
+ * until that report). KVD_ERR_INVALID for NULL arguments or a bad id,
+ * KVD_ERR_NOT_FOUND for an unknown request. While a
  * finished request is kept, its id is taken: get_num_new_matched_tokens
  * with it answers KVD_ERR_EXISTS, and update_state_after_alloc,
  * request_scheduled and request_preempted KVD_ERR_STATE.
@@ -255,7 +282,7 @@ typedef struct kvd_leader_transfer {
  * leader) and keeps *delay_free_out true while the request's saves are in
  * flight, since the decode node can only load what is stored. The blocks
  * handed off are the full blocks computed so far. Errors: as
- * kvd_leader_request_finished.
+ * kvd_leader_request_finished, and KVD_ERR_NOMEM (nothing changed).
  */
 KVD_API kvd_status_t kvd_leader_request_finished_transfer(
     kvd_leader_t *leader, const char *request_id, bool *delay_free_out,
@@ -275,6 +302,8 @@ typedef struct kvd_leader_stats {
                                misses (the engine computes) */
 } kvd_leader_stats_t;
 
+/* Copies the leader's counters into *out. Errors: KVD_ERR_INVALID (NULL
+ * argument). Thread: the leader's, like every other call. */
 KVD_API kvd_status_t kvd_leader_stats(kvd_leader_t *leader,
                                       kvd_leader_stats_t *out);
 

@@ -1,12 +1,30 @@
 /*
- * kvdepot store, embedded mode (DESIGN.md §5).
+ * kvdepot store: the one interface to the store, in both of its modes
+ * (docs/architecture.md §4).
  *
  * A store keeps KV objects (one engine block x this worker's layers,
- * DESIGN.md §4) in two tiers: the host arena (L1, shared memory that workers
- * read and write directly) and, when `store.disk_path` is set, NVMe files
- * (L2) whose LMDB index survives restarts and crashes. The store treats an
- * object as opaque bytes of a fixed size per call; callers name objects by
- * (namespace digest, block hash).
+ * docs/codecs.md) in two tiers: the host arena (L1, shared memory that
+ * workers read and write directly) and, when `store.disk_path` is set, NVMe
+ * files (L2) whose LMDB index survives restarts and crashes. The store
+ * treats an object as opaque bytes of a fixed size per call; callers name
+ * objects by (namespace digest, block hash).
+ *
+ * Modes (`store.mode`, read by kvd_store_open):
+ *   embedded  (default) the arena, the NVMe tier and the index live in this
+ *             process.
+ *   daemon    the calls go to the kvdepotd at `store.address` on this node
+ *             (docs/daemon.md), which owns the tiers; this process maps the
+ *             daemon's arena, so object bytes never cross a socket.
+ * Every call below behaves the same in both modes except where its comment
+ * says otherwise. In daemon mode a call that asks the daemon has a deadline
+ * (`store.timeout`) and may also fail with the failed call's status:
+ * KVD_ERR_UNREACHABLE (no daemon answers), KVD_ERR_TIMEOUT (the deadline
+ * passed), KVD_ERR_RPC or KVD_ERR_AUTH (transport, credentials),
+ * KVD_ERR_PROTO (a reply that fails validation), KVD_ERR_NOMEM, or the
+ * daemon's own status for the call. A dead daemon is never a hang. After a
+ * daemon restart the client maps the new arena by itself; leases and
+ * reservations taken from the old daemon are gone with it and report
+ * KVD_ERR_NOT_FOUND.
  *
  * Save:   kvd_store_reserve() gives each new key an arena slot (evicting
  *         colder objects if needed); the caller writes the object's bytes at
@@ -33,11 +51,15 @@
  * `store.*` key, from the call's kvd_config_t, KVDEPOT_STORE_* environment
  * variables, a YAML file loaded into the config, then defaults.
  *
+ * Ownership: arguments are borrowed for the call; nothing passed in is
+ * retained. Pointers into the arena say how long they stay valid.
+ *
  * Threading: every call is thread-safe except that kvd_store_open and
  * kvd_store_close must not overlap any other call on the store, and
  * kvd_store_poll / kvd_store_wait are for one polling thread at a time.
- * Internal threads (NVMe completions, write-back) never call user code;
- * results come back through kvd_store_poll.
+ * Internal threads (NVMe completions, write-back; in daemon mode the
+ * client's get thread) never call user code; results come back through
+ * kvd_store_poll.
  */
 #ifndef KVDEPOT_STORE_H
 #define KVDEPOT_STORE_H
@@ -79,45 +101,89 @@ typedef struct kvd_store_lease {
 
 /*
  * Opens a store with the `store.*` settings resolved from `config` (may be
- * NULL: environment and defaults only). Creates the arena; when
+ * NULL: environment and defaults only; borrowed for the call). Every
+ * `store.*` key is checked, whichever mode it belongs to.
+ *
+ * Embedded mode: creates the arena and starts the I/O thread; when
  * store.disk_path is set, opens (or creates) the NVMe files and the index
  * beside them and rebuilds the disk tier's table from the index (objects
  * whose extent is unusable are dropped from the index and logged).
  *
- * Errors (nothing is left open; `*store_out` untouched; the reason is
- * written to `err`, at most `err_len` bytes, may be NULL when err_len is 0):
- *   KVD_ERR_INVALID / KVD_ERR_NOT_FOUND / KVD_ERR_RANGE  a setting is
- *                        malformed, unknown ("store.arena_sise") or out of
- *                        range;
- *   KVD_ERR_NOMEM, KVD_ERR_NOSPACE, KVD_ERR_IO, KVD_ERR_CORRUPT,
- *   KVD_ERR_UNSUPPORTED  from the arena, the NVMe files or the index.
+ * Daemon mode: connects to the kvdepotd at store.address ("unix:PATH"),
+ * receives its arena over the hand-off socket PATH.shm and maps it, checks
+ * that the daemon answers a ping over gRPC within store.timeout, and starts
+ * the client's get thread. A daemon that goes away later is not an open
+ * error: the calls then fail as the header's opening comment says.
+ *
+ * On success *store_out is the store, valid until kvd_store_close. Errors
+ * (nothing is left open; `*store_out` untouched; the reason is written to
+ * `err`, at most `err_len` bytes, may be NULL when err_len is 0):
+ *   KVD_ERR_INVALID      store_out NULL; a malformed setting; daemon mode:
+ *                        store.address is not unix:PATH (or the path is
+ *                        too long for a unix socket);
+ *   KVD_ERR_NOT_FOUND / KVD_ERR_RANGE  a setting is unknown
+ *                        ("store.arena_sise") or out of range;
+ *   KVD_ERR_NOMEM        no memory (either mode);
+ * embedded mode, from the arena, the NVMe files or the index:
+ *   KVD_ERR_NOSPACE, KVD_ERR_IO, KVD_ERR_CORRUPT, KVD_ERR_UNSUPPORTED, or
+ *   another translated errno;
+ * daemon mode:
+ *   KVD_ERR_UNREACHABLE  no daemon listens at PATH.shm, or gRPC cannot
+ *                        reach it;
+ *   KVD_ERR_TIMEOUT      the hand-off reply or the ping did not come
+ *                        within store.timeout;
+ *   KVD_ERR_PROTO        a malformed hand-off reply (or one without the
+ *                        arena's descriptor), or an invalid ping reply;
+ *   KVD_ERR_UNSUPPORTED  the daemon speaks another hand-off version;
+ *   KVD_ERR_PEER         the daemon closed the hand-off without a reply;
+ *   KVD_ERR_AUTH, KVD_ERR_RPC  the ping was refused or failed in gRPC;
+ *   the daemon's refusal status in the hand-off reply, or the arena's
+ *   mapping failing (a translated errno).
+ * Thread: any; the store is not shared before this returns.
  */
 KVD_API kvd_status_t kvd_store_open(const kvd_config_t *config,
                                     kvd_store_t **store_out, char *err,
                                     size_t err_len);
 
 /*
- * Clean stop: cancels gets not yet completed (they are not polled any
+ * Clean stop, then frees the store; every pointer it gave out (arena,
+ * lease and reservation pointers, kvd_store_fd) is invalid afterwards.
+ * Embedded mode: cancels gets not yet completed (they are not polled any
  * more), finishes the NVMe writes already queued and indexes them, syncs
- * the NVMe files and the index, and frees everything. Objects only in the
- * arena are lost (the arena is memory). Leases still held are dropped.
- * NULL is accepted.
+ * the NVMe files and the index. Objects only in the arena are lost (the
+ * arena is memory). Leases still held are dropped.
+ * Daemon mode: stops the get thread, gives the daemon back the leases
+ * still held (reservations are left to the daemon's reservation TTL) and
+ * unmaps the arena; the daemon's objects stay.
+ * NULL is accepted. Must not overlap any other call on the store.
  */
 KVD_API void kvd_store_close(kvd_store_t *store);
 
 /* Writes every `store.*` setting with its value, source and doc, resolved
- * from `config` (may be NULL) as kvd_store_open would. */
+ * from `config` (may be NULL) as kvd_store_open would, one line each; the
+ * values are not checked (kvd_store_check_config does that). Errors:
+ * KVD_ERR_INVALID (NULL out), KVD_ERR_NOMEM, KVD_ERR_IO (writing to `out`
+ * failed; part of the list may have been written). Thread: any. */
 KVD_API kvd_status_t kvd_store_print_config(const kvd_config_t *config,
                                             FILE *out);
 
-/* kvd_config_visit over every `store.*` setting (config may be NULL). */
+/* kvd_config_visit over every `store.*` setting (config may be NULL): `fn`
+ * gets each setting's winning value and its source; the strings are valid
+ * during that call of `fn` only. Errors: KVD_ERR_INVALID (NULL fn),
+ * KVD_ERR_NOMEM, or the first status other than KVD_OK that `fn` returned
+ * (the walk stops there). Thread: any; `fn` must not call back into
+ * `config`. */
 KVD_API kvd_status_t kvd_store_visit_config(const kvd_config_t *config,
                                             kvd_config_visit_fn fn, void *ctx);
 
 /* Resolves and checks every `store.*` setting as kvd_store_open would,
  * without opening anything: KVD_OK, or the error with the key and the
- * reason in `err` (for `--print-config` and config checkers). Writes the
- * mode into *daemon_mode_out (may be NULL): true for store.mode daemon. */
+ * reason in `err` (for `--print-config` and config checkers): as
+ * kvd_store_open's setting errors (KVD_ERR_INVALID, KVD_ERR_NOT_FOUND,
+ * KVD_ERR_RANGE) or KVD_ERR_NOMEM. What only a daemon can tell (is
+ * store.address unix:PATH, does a daemon answer) is checked by
+ * kvd_store_open. Writes the mode into *daemon_mode_out (may be NULL),
+ * on success only: true for store.mode daemon. Thread: any. */
 KVD_API kvd_status_t kvd_store_check_config(const kvd_config_t *config,
                                             bool *daemon_mode_out, char *err,
                                             size_t err_len);
@@ -125,7 +191,8 @@ KVD_API kvd_status_t kvd_store_check_config(const kvd_config_t *config,
 /* ---- the arena, for the bytes --------------------------------------- */
 
 /* Pointer to [arena_offset, +len) in this process's mapping of the arena,
- * or NULL when the range is outside it. Valid until kvd_store_close. In
+ * or NULL when the range is outside it, len is 0 or store is NULL. Valid
+ * until kvd_store_close. Thread: any. In
  * daemon mode this is the arena of the daemon as it is now: after a daemon
  * restart, an offset from an earlier lease or reservation names a slot of
  * the new arena that holds something else. Use kvd_store_lease_ptr and
@@ -147,9 +214,12 @@ KVD_API void *kvd_store_arena_ptr(kvd_store_t *store, uint64_t arena_offset,
 KVD_API kvd_status_t kvd_store_arena_hold(kvd_store_t *store, void **base_out,
                                           uint64_t *size_bytes_out,
                                           uint32_t *generation_out);
-/* Undoes one kvd_store_arena_hold of `generation`. Thread: any. */
+/* Undoes one kvd_store_arena_hold of `generation` (an unknown generation
+ * or a NULL store: nothing). After the last unhold of a generation that is
+ * no longer the current one, its base pointer is invalid. Thread: any. */
 KVD_API void kvd_store_arena_unhold(kvd_store_t *store, uint32_t generation);
-/* The generation of the arena mapped now (see kvd_store_arena_hold). */
+/* The generation of the arena mapped now (see kvd_store_arena_hold); 0 for
+ * an embedded store or a NULL one. Thread: any. */
 KVD_API uint32_t kvd_store_arena_generation(kvd_store_t *store);
 
 /*
@@ -164,11 +234,11 @@ KVD_API uint32_t kvd_store_arena_generation(kvd_store_t *store);
 KVD_API void *kvd_store_lease_ptr(kvd_store_t *store,
                                   const kvd_store_lease_t *lease);
 
-/* What another process needs to map the arena (daemon mode, workers in
- * other processes): a new O_CLOEXEC descriptor of the sealed memfd, owned
- * by the caller, and the lengths. The memfd may be one partition of the
- * daemon's arena (a tenant with an arena of its own): the mapped bytes
- * are then arena offsets [offset, offset + size_bytes). */
+/* What another process needs to map the arena: a new O_CLOEXEC descriptor
+ * of the sealed memfd, owned by the caller, and the lengths. The memfd may
+ * be one partition of the daemon's arena (a tenant with an arena of its
+ * own): the mapped bytes are then arena offsets [offset, offset +
+ * size_bytes). */
 typedef struct kvd_store_arena_export {
     int fd;
     uint64_t map_bytes;  /* length to mmap (MAP_SHARED) */
@@ -176,6 +246,18 @@ typedef struct kvd_store_arena_export {
     uint64_t offset;     /* arena offset of the mapping's first byte */
 } kvd_store_arena_export_t;
 
+/*
+ * Fills *out with a new descriptor of the arena's memfd and its layout.
+ * Embedded mode: the main arena (the partition of tenant 0; the daemon
+ * hands other tenants their own through its hand-off). Daemon mode: the
+ * memfd this process was handed, i.e. the daemon's arena as it is now, or
+ * this caller's tenant's partition of it. The caller owns out->fd and must
+ * close it; the descriptor keeps the memory alive after kvd_store_close
+ * (and, in daemon mode, after a daemon restart, when it no longer names
+ * the daemon's arena). *out is written on success only. Errors:
+ * KVD_ERR_INVALID (NULL argument), or the translated errno of the dup
+ * (e.g. EMFILE: KVD_ERR_IO). Thread: any.
+ */
 KVD_API kvd_status_t kvd_store_arena_export(kvd_store_t *store,
                                             kvd_store_arena_export_t *out);
 
@@ -198,11 +280,17 @@ typedef struct kvd_store_reservation {
 /*
  * Reserves arena slots of `object_bytes` for the keys (ns, hashes[i]),
  * i < num_hashes, on behalf of `tenant` (the cache_salt quota domain; 0 is
- * the default tenant). Writes one outcome per key into out[i]. Keys reserved
- * here are invisible to lookups until committed. The call itself fails only
+ * the default tenant). Writes one outcome per key into out[i] (on KVD_OK).
+ * Keys reserved here are invisible to lookups until committed. An embedded
+ * store may wait up to store.reserve_timeout for write-back to free slots;
+ * a daemon-mode store makes one call to the daemon. The call itself fails
  * for bad arguments (KVD_ERR_INVALID: NULL pointers with num_hashes > 0,
- * object_bytes 0 or larger than an arena chunk); per-key outcomes are in
- * `out`. Thread: any.
+ * object_bytes 0 or larger than an arena chunk; daemon mode: larger than
+ * the mapped arena, or a request the daemon finds invalid) and, in daemon
+ * mode, for KVD_ERR_PROTO (the daemon refused the request as malformed,
+ * or its reply is) and KVD_ERR_NOMEM; nothing is reserved then. A daemon
+ * that cannot be reached or fails the call is not a call error: every key
+ * gets that status in `out` and the saves are skipped. Thread: any.
  */
 KVD_API kvd_status_t kvd_store_reserve(kvd_store_t *store,
                                        const kvd_namespace_t *ns,
@@ -213,8 +301,9 @@ KVD_API kvd_status_t kvd_store_reserve(kvd_store_t *store,
 
 /*
  * Where to write the `len` bytes of a reservation whose status is KVD_OK,
- * in the arena it was made in (as kvd_store_lease_ptr), or NULL (status not
- * OK, range outside the arena, or that arena is no longer mapped). A
+ * in the arena it was made in (as kvd_store_lease_ptr), or NULL (NULL
+ * arguments, status not OK, len 0, range outside the arena,
+ * or that arena is no longer mapped). A
  * reservation made before a daemon restart can no longer be committed, and
  * writing through this pointer cannot touch the restarted daemon's
  * objects. Valid until the key is committed or aborted. Thread: any.
@@ -225,17 +314,27 @@ KVD_API void *kvd_store_reservation_ptr(kvd_store_t *store,
 
 /*
  * Publishes reserved keys: each becomes visible to lookups (and, with
- * write-through, is queued for NVMe). statuses_out[i] (may be NULL) gets
- * KVD_OK or KVD_ERR_NOT_FOUND (not reserved) / KVD_ERR_STATE (already
- * committed). Returns KVD_OK when every key committed, else the first
- * error. Thread: any.
+ * write-through, is queued for NVMe); its reservation pointer must not be
+ * written after this. statuses_out[i] (may be NULL) gets KVD_OK or
+ * KVD_ERR_NOT_FOUND (not reserved; daemon mode also: reserved from a
+ * daemon that has restarted since, or committed already) / KVD_ERR_STATE
+ * (embedded: already committed). Daemon mode: one call per reservation
+ * id; the client sends the XXH3-64 of each object's bytes and the daemon
+ * checks it (server.verify_commits), so a key may also get
+ * KVD_ERR_CHECKSUM (the slot's bytes changed under the writer) or the
+ * status of a call that failed (KVD_ERR_UNREACHABLE, KVD_ERR_TIMEOUT, ...:
+ * the key is not committed and the daemon aborts it at its reservation
+ * TTL). Returns KVD_OK when every key committed, else the first error
+ * (KVD_ERR_INVALID: NULL keys with num > 0; KVD_ERR_NOMEM in daemon mode:
+ * nothing sent). Thread: any.
  */
 KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,
                                       const kvd_store_key_t *keys, size_t num,
                                       kvd_status_t *statuses_out);
 
 /* Gives reserved keys' slots back (the write failed). Same reporting as
- * kvd_store_commit. */
+ * kvd_store_commit; an embedded store answers KVD_ERR_STATE for a key that
+ * is committed already (delete it instead). Thread: any. */
 KVD_API kvd_status_t kvd_store_abort(kvd_store_t *store,
                                      const kvd_store_key_t *keys, size_t num,
                                      kvd_status_t *statuses_out);
@@ -247,10 +346,17 @@ KVD_API kvd_status_t kvd_store_abort(kvd_store_t *store,
  * leases each of its objects (so none is evicted, deleted or reused until
  * released) and writes them into leases_out[0..m) and m into *matched_out.
  * Matching stops at the first key stored nowhere (or only half written).
- * `leases_out` holds num_hashes entries. Never blocks on I/O: it consults
- * in-memory tables only. Counts a hit per matched key and a miss when the
- * prefix stops early, per tier. Errors: KVD_ERR_INVALID (NULL arguments).
- * Thread: any.
+ * `leases_out` holds num_hashes entries; each lease stays valid (and its
+ * object in place) until it is given to kvd_store_release or the store is
+ * closed (daemon mode: or the daemon reclaims it at store.lease_ttl).
+ * Embedded: never blocks on I/O, it consults in-memory tables only. Daemon
+ * mode: one call to the daemon (in a cluster the daemon may first fill a
+ * local miss from other nodes, within cluster.timeout); it also carries
+ * the releases not yet sent. Counts a hit per matched key and a miss when
+ * the prefix stops early, per tier. Errors (nothing leased, *matched_out
+ * not written): KVD_ERR_INVALID (NULL arguments); daemon mode: the failed
+ * call's status (KVD_ERR_UNREACHABLE, KVD_ERR_TIMEOUT, ...), KVD_ERR_PROTO
+ * (an inconsistent reply), KVD_ERR_NOMEM. Thread: any.
  */
 KVD_API kvd_status_t kvd_store_lookup(kvd_store_t *store,
                                       const kvd_namespace_t *ns,
@@ -266,15 +372,21 @@ KVD_API kvd_status_t kvd_store_lookup(kvd_store_t *store,
  * a cluster, asks that node first for what it does not hold, before the
  * blocks' home nodes, and pulls what it finds into its arena before it
  * answers; an embedded store has no other node and ignores it.
+ * `source_node` is borrowed for the call. Errors and leases: as
+ * kvd_store_lookup. Thread: any.
  */
 KVD_API kvd_status_t kvd_store_lookup_from(
     kvd_store_t *store, const kvd_namespace_t *ns,
     const kvd_block_hash_t *hashes, size_t num_hashes, const char *source_node,
     kvd_store_lease_t *leases_out, size_t *matched_out);
 
-/* Gives leases back (either tier). Returns KVD_OK, or the first error
- * (KVD_ERR_NOT_FOUND / KVD_ERR_STATE: not a lease held; nothing else is
- * affected by one bad element). Thread: any. */
+/* Gives leases back (either tier); the lease pointers of those objects are
+ * invalid afterwards. Never waits on the daemon: a daemon-mode client
+ * releases a lease id once all its blocks are back, with the next lookup
+ * or from its get thread a few milliseconds later. Returns KVD_OK, or the
+ * first error (KVD_ERR_INVALID: NULL leases with num > 0, a tier the store
+ * does not have; KVD_ERR_NOT_FOUND / KVD_ERR_STATE: not a lease held);
+ * nothing else is affected by one bad element. Thread: any. */
 KVD_API kvd_status_t kvd_store_release(kvd_store_t *store,
                                        const kvd_store_lease_t *leases,
                                        size_t num);
@@ -292,7 +404,10 @@ typedef struct kvd_store_completion {
      * Otherwise the object could not be read and the DISK lease is already
      * given back: KVD_ERR_CHECKSUM (bad bytes; the object was dropped),
      * KVD_ERR_IO, KVD_ERR_NOSPACE (no arena slot could be freed),
-     * KVD_ERR_CANCELED (store closing). */
+     * KVD_ERR_CANCELED (store closing). Daemon mode also: the daemon's
+     * status for the block (e.g. KVD_ERR_QUOTA: its tenant holds too much
+     * leased), KVD_ERR_PROTO (a reply outside the mapped arena), or the
+     * failed call's status (KVD_ERR_UNREACHABLE, KVD_ERR_TIMEOUT, ...). */
     kvd_status_t status;
     uint32_t reserved;
     kvd_store_lease_t lease;
@@ -302,25 +417,36 @@ typedef struct kvd_store_completion {
  * Starts bringing leased objects into the arena; writes how many were
  * accepted (a prefix) into *accepted_out. Each accepted get completes
  * exactly once through kvd_store_poll (a HOST lease completes at once with
- * KVD_OK). Fewer accepted than asked means the queue is full (back-pressure;
- * poll, then submit the rest). Errors (nothing accepted): KVD_ERR_INVALID
- * (NULL arguments, a lease that is not one), KVD_ERR_BUSY. Thread: any.
+ * KVD_OK). The get takes the lease over: do not release it while the get
+ * is in flight; its completion hands back a HOST lease (KVD_OK) or has
+ * given the lease back (an error). Fewer accepted than asked means the
+ * queue (store.get_queue completions not yet polled) is full:
+ * back-pressure, poll, then submit the rest; in daemon mode it may also
+ * mean the first one not accepted is not a lease this client holds, or
+ * memory ran out: submitting it again reports that.
+ * Errors (nothing accepted, *accepted_out not written): KVD_ERR_INVALID
+ * (NULL arguments, a lease that is not one: a tier other than HOST or
+ * DISK, a DISK lease on a store without a disk tier, in daemon mode a
+ * lease not held), KVD_ERR_BUSY, KVD_ERR_NOMEM. Thread: any.
  */
 KVD_API kvd_status_t kvd_store_get_submit(kvd_store_t *store,
                                           const kvd_store_get_t *gets,
                                           size_t num, size_t *accepted_out);
 
-/* Drains up to `max` completions without blocking; returns how many. One
- * polling thread at a time. */
+/* Drains up to `max` completions into `out` without blocking; returns how
+ * many (0 for a NULL store or out). One polling thread at a time. */
 KVD_API size_t kvd_store_poll(kvd_store_t *store, kvd_store_completion_t *out,
                               size_t max);
 
-/* Blocks until a completion is ready or `timeout_ms` passes (-1: forever).
- * KVD_OK (something to poll) or KVD_ERR_TIMEOUT. */
+/* Blocks until a completion is ready or `timeout_ms` passes (-1: forever,
+ * 0: only checks). KVD_OK (something to poll), KVD_ERR_TIMEOUT,
+ * KVD_ERR_INVALID (NULL store), or a translated poll(2) failure. The
+ * polling thread only. */
 KVD_API kvd_status_t kvd_store_wait(kvd_store_t *store, int timeout_ms);
 
 /* An eventfd that is readable when completions may be ready (for epoll);
- * owned by the store. */
+ * owned by the store (do not close it), valid until kvd_store_close; -1 for
+ * a NULL store. Thread: any. */
 KVD_API int kvd_store_fd(kvd_store_t *store);
 
 /* ---- management ------------------------------------------------------ */
@@ -333,7 +459,11 @@ KVD_API int kvd_store_fd(kvd_store_t *store);
  * absent keys are not an error. KVD_ERR_IO (before BUSY): an NVMe object's
  * index record could not be removed: it is gone from the tables now but a
  * restart finds it again (its extent is kept, its bytes intact), so the
- * deletion is not durable. Thread: any.
+ * deletion is not durable. KVD_ERR_INVALID: NULL keys with num > 0.
+ * Daemon mode: one call to the daemon per run of keys of one namespace;
+ * a failed call stops there and its status is returned (with
+ * KVD_ERR_NOMEM), *num_deleted_out then counting the keys deleted before
+ * it. Thread: any.
  */
 KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
                                       const kvd_store_key_t *keys, size_t num,
@@ -353,15 +483,19 @@ typedef struct kvd_store_object {
  * a namespace). *cursor starts at 0 and is advanced; the listing is done
  * when a call writes fewer than `max`. Objects saved or removed meanwhile
  * may or may not appear; none appears twice in one tier. Does not block on
- * I/O. KVD_ERR_UNSUPPORTED in daemon mode (operators ask the daemon).
- * Thread: any.
+ * I/O. *n_out is the number written to out[0..). Errors: KVD_ERR_INVALID
+ * (NULL cursor or n_out, NULL out with max > 0), KVD_ERR_UNSUPPORTED in
+ * daemon mode (operators ask the daemon: `kvdepot ls`). Thread: any.
  */
 KVD_API kvd_status_t kvd_store_scan(kvd_store_t *store, uint64_t *cursor,
                                     kvd_store_object_t *out, size_t max,
                                     size_t *n_out);
 
 /* Sets the arena byte quota of `tenant` (0 = unlimited), enforced at
- * reserve. Thread: any. */
+ * reserve; lowering it evicts nothing at once (the tenant's next reserve
+ * does). Errors: KVD_ERR_INVALID (NULL store), KVD_ERR_NOMEM (first sight
+ * of the tenant), KVD_ERR_UNSUPPORTED in daemon mode (the daemon's quotas
+ * are its server.tenant_quotas). Thread: any. */
 KVD_API kvd_status_t kvd_store_tenant_set_quota(kvd_store_t *store,
                                                 uint32_t tenant,
                                                 uint64_t max_bytes);
@@ -373,7 +507,11 @@ KVD_API kvd_status_t kvd_store_tenant_set_quota(kvd_store_t *store,
  * from the sync, or the cause of the latest NVMe write dropped since the
  * previous flush (KVD_ERR_IO, KVD_ERR_NOSPACE, ...: those objects stay in
  * the arena only; each drop is reported by one flush, whichever caller's
- * it is). Thread: any.
+ * it is). Without a disk tier there is nothing to wait for: KVD_OK.
+ * KVD_ERR_INVALID for a NULL store. Daemon mode: the daemon flushes its
+ * store the same way (timeout_ms -1: one hour at most), but the call
+ * itself ends at store.timeout with KVD_ERR_TIMEOUT if that comes first;
+ * or the failed call's status. Thread: any.
  */
 KVD_API kvd_status_t kvd_store_flush(kvd_store_t *store, int timeout_ms);
 
@@ -386,7 +524,7 @@ typedef struct kvd_store_tier_stats {
     uint64_t evictions;
     uint64_t bytes_written;
     uint64_t bytes_read;
-    uint64_t errors; /* I/O and checksum errors */
+    uint64_t errors; /* I/O and checksum errors (daemon mode: checksum) */
 } kvd_store_tier_stats_t;
 
 typedef struct kvd_store_stats {
@@ -399,6 +537,19 @@ typedef struct kvd_store_stats {
     uint64_t dropped_writes; /* write-backs lost to errors or space */
 } kvd_store_stats_t;
 
+/*
+ * Fills *out (on success only) with the store's counters and gauges: each
+ * value is read atomically, the set is not one instant's snapshot.
+ * Embedded: every field, for this process's store. Daemon mode: the
+ * daemon's figures for its whole store (all its clients): per tier the
+ * capacity, bytes, objects, hits, misses, evictions, bytes read and
+ * written and `errors` (its checksum errors), `leases` held at the daemon
+ * and `checksum_errors`; writes_pending, admission_rejects and
+ * dropped_writes read 0 (the daemon's /metrics reports its dropped
+ * writes). Errors:
+ * KVD_ERR_INVALID (NULL argument); daemon mode: the failed call's status.
+ * Thread: any.
+ */
 KVD_API kvd_status_t kvd_store_stats(kvd_store_t *store,
                                      kvd_store_stats_t *out);
 

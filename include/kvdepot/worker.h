@@ -1,5 +1,6 @@
 /*
- * kvdepot worker: the engine-process side of the connector (DESIGN.md §8).
+ * kvdepot worker: the engine-process side of the connector
+ * (worker/README.md, docs/architecture.md §6).
  *
  * A worker executes the leader's step plans (packed kvdepot.v1.StepPlan)
  * against the engine's paged KV cache, layer by layer, without blocking the
@@ -77,20 +78,24 @@
  * after it. Worker threads make the caches' device current for
  * themselves; the engine thread's current device is never changed.
  *
- * The store. An embedded store (store.h) serves the workers of one process:
- * several workers on one store (one per KV-cache group of a hybrid model,
- * each with its own layers and namespace) take turns draining its
- * completions and hand each to the worker it belongs to. Engines with
- * several worker processes use the daemon.
+ * The store. Any kvd_store_t (store.h), embedded or daemon mode; the
+ * worker uses only the store.h calls. Several workers on one store (one
+ * per KV-cache group of a hybrid model, each with its own layers and
+ * namespace) take turns draining its completions and hand each to the
+ * worker it belongs to. An embedded store serves one process; engines with
+ * several worker processes use the daemon (each process opens its own
+ * daemon-mode store).
  *
- * Completion model (STYLE.md): submitting says "accepted"; what finished is
+ * Completion model (docs/architecture.md §9): submitting says "accepted";
+ * what finished is
  * drained with kvd_worker_get_finished (non-blocking); kvd_worker_fd is
  * readable when something may be ready. Every accepted load and save
  * finishes exactly once: done, failed, or canceled by kvd_worker_destroy.
  *
  * Threading: one engine thread calls a worker at a time (the engine's
- * forward thread); the worker's own threads never call user code. Distinct
- * workers are independent.
+ * forward thread); kvd_worker_fd and kvd_worker_stats may also be called
+ * from any other thread. The worker's own threads never call user code.
+ * Distinct workers are independent.
  */
 #ifndef KVDEPOT_WORKER_H
 #define KVDEPOT_WORKER_H
@@ -118,7 +123,7 @@ typedef enum kvd_worker_device {
 #define KVD_WORKER_MAX_THREADS 64u
 
 typedef struct kvd_worker_config {
-    kvd_store_t *store; /* embedded store, borrowed: open until destroy */
+    kvd_store_t *store; /* either mode, borrowed: open until destroy */
     kvd_namespace_t ns; /* where this worker's objects are stored */
     /* How this worker's share of one block is stored: dtype, layers,
      * planes, heads, head_dim, block_size, codecs (kernels.h). */
@@ -139,27 +144,37 @@ typedef struct kvd_worker_config {
 } kvd_worker_config_t;
 
 /*
- * Creates a worker and starts its threads. The format is checked
- * (kvd_object_format_check) and its codec tables built. Errors, with a
- * reason in `err` (at most err_len bytes; may be NULL when err_len is 0):
- * KVD_ERR_INVALID (NULL store or out, bad format, num_threads or
- * cuda_staging_blocks too large),
- * KVD_ERR_UNSUPPORTED (not a device backend, or KVD_WORKER_DEVICE_CUDA in
- * a build without CUDA), KVD_ERR_NO_DEVICE (KVD_WORKER_DEVICE_CUDA on a
- * machine without a usable GPU or driver), KVD_ERR_STATE (another worker
- * uses the store), KVD_ERR_NOMEM. Device memory is allocated later, by
- * kvd_worker_register_kv_caches, on the caches' device.
+ * Creates a worker and starts its threads (the copy pool and the store
+ * poller). `cfg` is copied; cfg->store is borrowed and must stay open
+ * until kvd_worker_destroy. The format is checked (kvd_object_format_check)
+ * and its codec tables built. On success *worker_out is the worker, valid
+ * until kvd_worker_destroy. Errors (nothing is left running; *worker_out
+ * untouched), with a reason in `err` (at most err_len bytes; may be NULL
+ * when err_len is 0): KVD_ERR_INVALID (NULL cfg, store or out, bad format,
+ * num_threads > KVD_WORKER_MAX_THREADS or cuda_staging_blocks > 65536),
+ * KVD_ERR_UNSUPPORTED (not a device backend, a format a codec cannot
+ * serve, or KVD_WORKER_DEVICE_CUDA in a build without CUDA),
+ * KVD_ERR_NO_DEVICE (KVD_WORKER_DEVICE_CUDA on a machine without a usable
+ * GPU or driver), KVD_ERR_DEVICE (the CUDA runtime failed to count them),
+ * KVD_ERR_STATE (workers of this process already use 64 other stores: the
+ * table of stores whose completions workers share is full),
+ * KVD_ERR_NOMEM (memory, or a thread that could not be started), or the
+ * translated errno of the worker's eventfd. Device memory is allocated
+ * later, by kvd_worker_register_kv_caches, on the caches' device.
  */
 KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
                                        kvd_worker_t **worker_out, char *err,
                                        size_t err_len);
 
 /*
- * Shuts the worker down: loads not started yet are canceled (their blocks
- * are not written), running copies finish, promotions in flight are
+ * Shuts the worker down: a plan still bound is finished first (as
+ * kvd_worker_clear_metadata), loads not started yet are canceled (their
+ * blocks are not written), running copies finish, promotions in flight are
  * drained, reservations not committed are aborted and every lease is given
- * back; then the threads stop and everything is freed. The engine's cache
- * is not touched after it returns. NULL is accepted.
+ * back; then the threads stop and everything is freed, including what
+ * kvd_worker_get_finished returned and kvd_worker_fd. The engine's cache
+ * is not touched after it returns; the store stays open (the caller's).
+ * NULL is accepted. The engine thread, no other call running.
  */
 KVD_API void kvd_worker_destroy(kvd_worker_t *worker);
 
@@ -169,7 +184,11 @@ KVD_API void kvd_worker_destroy(kvd_worker_t *worker);
  * format with kvd_kv_layout_check: overlapping or out-of-range strides are
  * refused with the reason in `err`. May be called again to replace the
  * layout when no plan is bound and no asynchronous load is in flight
- * (else KVD_ERR_STATE). Errors: KVD_ERR_INVALID.
+ * (else KVD_ERR_STATE). Errors: KVD_ERR_INVALID (NULL worker, layout or
+ * layer_base; a layout kvd_kv_layout_check refuses), or the format's own
+ * error from that check; nothing changes on error. The memory the bases
+ * point at is borrowed until the layout is replaced or the worker is
+ * destroyed.
  *
  * CUDA backend: every base must be device memory of one device, else
  * KVD_ERR_INVALID saying which layer; the first call (and a call with
@@ -187,10 +206,15 @@ KVD_API kvd_status_t kvd_worker_register_kv_caches(
  * namespace, the block size the format's, every block id inside the
  * registered cache). A plan still bound is finished first as
  * kvd_worker_clear_metadata does. Reserves the arena slots of the plan's
- * saves. Errors (nothing of the plan is done; the reason in `err`):
- * KVD_ERR_INVALID (NULL), KVD_ERR_STATE (no cache registered),
- * KVD_ERR_PROTO (malformed plan or a key of another namespace),
- * KVD_ERR_RANGE (a block id outside the cache), KVD_ERR_NOMEM.
+ * saves; a save the store refuses per key (stored already: skipped; no
+ * slot, quota, or in daemon mode a daemon that cannot be reached: dropped
+ * and counted) is not an error. `plan` is borrowed for the call. Errors
+ * (nothing of the plan is done; the reason in `err`):
+ * KVD_ERR_INVALID (NULL, or the store refused the reservation call: an
+ * object larger than an arena chunk), KVD_ERR_STATE (no cache
+ * registered), KVD_ERR_PROTO (malformed plan, another block size, a key
+ * of another namespace; daemon mode: the daemon found the reserve
+ * malformed), KVD_ERR_RANGE (a block id outside the cache), KVD_ERR_NOMEM.
  */
 KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
                                               const void *plan, size_t len,
@@ -200,7 +224,9 @@ KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
  * Starts every load of the bound plan. Returns at once when every request
  * with synchronous loads is `layerwise`; otherwise when the synchronous
  * loads are in place (CUDA: enqueued, with `stream` made to wait for
- * them). No plan bound: nothing to do, KVD_OK. CUDA: KVD_ERR_DEVICE when
+ * them). No plan bound: nothing to do, KVD_OK. A load that fails is not
+ * an error here: it is reported per block by kvd_worker_get_finished.
+ * Errors: KVD_ERR_INVALID (NULL worker); CUDA: KVD_ERR_DEVICE when
  * `stream` could not be made to wait.
  */
 KVD_API kvd_status_t kvd_worker_start_load_kv(kvd_worker_t *worker,
@@ -210,8 +236,9 @@ KVD_API kvd_status_t kvd_worker_start_load_kv(kvd_worker_t *worker,
  * Returns once layer `layer` of every synchronous load of the step is in
  * the cache (or failed); CUDA: once it is enqueued, with `stream` made to
  * wait for it (work enqueued on `stream` afterwards sees it). Starts the
- * loads if start_load_kv was not called. Errors: KVD_ERR_RANGE (layer >=
- * num_layers); CUDA: KVD_ERR_DEVICE (`stream` could not be made to wait).
+ * loads if start_load_kv was not called. No plan bound: KVD_OK. Errors:
+ * KVD_ERR_INVALID (NULL worker), KVD_ERR_RANGE (layer >= num_layers);
+ * CUDA: KVD_ERR_DEVICE (`stream` could not be made to wait).
  */
 KVD_API kvd_status_t kvd_worker_wait_for_layer_load(kvd_worker_t *worker,
                                                     uint32_t layer,
@@ -221,8 +248,10 @@ KVD_API kvd_status_t kvd_worker_wait_for_layer_load(kvd_worker_t *worker,
  * Starts copying layer `layer` of every block the step saves out of the
  * cache (the engine has computed that layer; CUDA: the copy runs after the
  * work enqueued on `stream` so far). Returns at once. Calling it twice for
- * a layer copies once. Errors: KVD_ERR_RANGE; CUDA: KVD_ERR_DEVICE (the
- * side stream could not be ordered after `stream`: the step's saves are
+ * a layer copies once. No plan bound, or the step's saves finished
+ * already: KVD_OK, nothing copied. Errors: KVD_ERR_INVALID (NULL worker),
+ * KVD_ERR_RANGE (layer >= num_layers); CUDA: KVD_ERR_DEVICE (the side
+ * stream could not be ordered after `stream`: the step's saves are
  * dropped, not committed).
  */
 KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
@@ -235,13 +264,17 @@ KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
  * again (CUDA: the host waits for the side stream here; the layers not
  * saved yet are ordered after `stream`). KVD_OK also when some saves failed
  * (they are counted in stats and logged; the request is still reported as
- * finished saving, since nothing of it is in flight).
+ * finished saving, since nothing of it is in flight), and when no plan is
+ * bound or its saves finished already. Errors: KVD_ERR_INVALID (NULL
+ * worker).
  */
 KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
                                               void *stream);
 
-/* Finishes the bound step (as wait_for_save does) and unbinds the plan.
- * Asynchronous loads go on. No plan bound: KVD_OK. */
+/* Finishes the bound step (as wait_for_save does, after the work on the
+ * legacy default stream for CUDA) and unbinds the plan. Asynchronous
+ * loads go on. No plan bound: KVD_OK. Errors: KVD_ERR_INVALID (NULL
+ * worker). */
 KVD_API kvd_status_t kvd_worker_clear_metadata(kvd_worker_t *worker);
 
 /* One block whose load failed. */
@@ -288,7 +321,8 @@ KVD_API kvd_status_t kvd_worker_get_finished(
     size_t num_finished_req_ids, kvd_worker_finished_t *out);
 
 /* An eventfd readable when kvd_worker_get_finished may have something new;
- * get_finished clears it. Owned by the worker. */
+ * get_finished clears it. Owned by the worker (do not close or read it),
+ * valid until kvd_worker_destroy; -1 for a NULL worker. Thread: any. */
 KVD_API int kvd_worker_fd(kvd_worker_t *worker);
 
 typedef struct kvd_worker_stats {
@@ -303,6 +337,9 @@ typedef struct kvd_worker_stats {
     uint64_t async_loads_active; /* requests loading in the background */
 } kvd_worker_stats_t;
 
+/* Copies the worker's counters into *out: one consistent snapshot, taken
+ * under the worker's lock. Errors: KVD_ERR_INVALID (NULL argument). Thread:
+ * any, also while the engine thread is in another call. */
 KVD_API kvd_status_t kvd_worker_stats(kvd_worker_t *worker,
                                       kvd_worker_stats_t *out);
 
