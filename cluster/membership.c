@@ -1,5 +1,5 @@
 /*
- * Cluster membership through etcd (membership_int.h): one thread
+ * Cluster membership through etcd (cluster/membership.h): one thread
  * registers, keeps the lease alive, watches the nodes' prefix and keeps
  * the view; every etcd failure turns into a stale view and a retry.
  */

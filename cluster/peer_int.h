@@ -1,158 +1,53 @@
 /*
- * The data plane between kvdepotd nodes (DESIGN.md §10, docs/cluster.md):
- * one UCX worker per daemon, driven by one progress thread, speaking active
- * messages. Three requests, each a batch over one namespace:
+ * The UCX data plane's insides (cluster/peer.h is its interface), shared
+ * by its files and by no one outside cluster/: the wire format
+ * (peer_wire.c; fuzzed by tests/fuzz/fuzz_peer_msg.c), the state of a
+ * data plane and the calls its files make of each other.
  *
- *   LOOKUP  which of these keys does the node hold in its arena? The answer
- *           is one size per key (0: not there).
- *   FETCH   send me these objects (to this worker address). The node
- *           answers one DATA message per key; a DATA message carries the object
- * with UCX rendezvous, received straight into an arena slot reserved here
- * beforehand, and its XXH3-64 checksum, verified on arrival. A verified object
- * is committed to the local store; a corrupt one is aborted (not cached) and
- * reported as KVD_ERR_CHECKSUM. OFFER   I saved these keys and you are their
- * home: fetch them from me. No answer; the receiver hands the offer to
- * `on_offer`.
+ *   peer.c        start, stop and the progress thread
+ *   peer_ep.c     the endpoint cache (one UCX endpoint per peer address)
+ *   peer_send.c   messages on their way out: requests queued by callers,
+ *                 replies, and what UCX holds until it is done with them
+ *   peer_serve.c  answering other nodes: LOOKUP, FETCH (one object per
+ *                 progress-loop turn, from the arena or after a read from
+ *                 NVMe), OFFER
+ *   peer_call.c   this node's calls (lookup, fetch, offer): operations,
+ *                 their table, deadlines, and how a fetched key ends
+ *   peer_recv.c   messages arriving: the active-message handler and the
+ *                 answers to this node's requests (DATA, DATA_PART)
+ *   peer_wire.c   encoding and checking the messages
  *
- * Endpoints are cached per peer address with UCX's PEER error handling: a
- * dead peer fails its transfers (KVD_ERR_UNREACHABLE / KVD_ERR_PEER), and
- * every call has a deadline after which it returns KVD_ERR_TIMEOUT and
- * never touches the caller's memory again. An arena slot still being
- * written by UCX when a call gives up stays reserved until the transfer
- * completes or fails, then is committed or aborted by the progress thread.
+ * Ownership: the progress thread alone touches the UCX worker and the
+ * endpoint cache. Callers hand it operations through `queue` and wake it
+ * with ucp_worker_signal(); they wait on their call's condition variable
+ * with the deadline. `mu` guards the queue, the table of operations
+ * waiting for answers and every operation's state.
  *
- * Every message carries SHA-256 of the cluster token (cluster.token_file);
- * a message whose digest differs is dropped and counted. Without a token
- * the digest is all zeros and any node that can reach the worker is a
- * peer: fine on a private network, documented in docs/cluster.md.
- *
- * Objects on the NVMe tier only are read into the arena first (a store
- * get, see disk_gets) and then sent; without disk_gets they are answered
- * as absent.
- *
- * Threading: every call from any thread; `on_offer` runs on the progress
- * thread and must not block.
+ * An operation (one request to one node) holds a reference for its
+ * caller, one while it is in the table (answers find it there) and one per
+ * UCX request in flight (the send of the request, each rendezvous receive).
+ * It is freed when the last goes. A caller that reaches its deadline gives
+ * its keys that have not started arriving back to the store at once; keys
+ * whose bytes are arriving are finished by the progress thread.
  */
 #ifndef KVD_CLUSTER_PEER_INT_H
 #define KVD_CLUSTER_PEER_INT_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <ucp/api/ucp.h>
 
+#include "cluster/peer.h"
+#include "common/hash_int.h"
 #include "kvdepot/store.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Keys in one request at most (callers split larger batches). */
-#define KVD_PEER_MAX_KEYS 4096u
-/* Node ids on the wire at most (as NodeInfo.node_id). */
-#define KVD_PEER_MAX_NODE_ID 128u
 #define KVD_PEER_AUTH_BYTES 32u
-/* A UCX worker address on the wire at most (as NodeInfo.ucx_address). */
-#define KVD_PEER_MAX_ADDRESS 1024u
-
-typedef struct kvd_peer kvd_peer_t;
-
-/* `tenant`: the store tenant the offering node saved the keys for. */
-typedef void (*kvd_peer_offer_fn)(void *ctx, const char *node_id,
-                                  const kvd_namespace_t *ns, uint32_t tenant,
-                                  const kvd_block_hash_t *hashes,
-                                  const uint64_t *sizes, size_t n);
-
-typedef struct kvd_peer_config {
-    kvd_store_t *store;  /* served from and fetched into */
-    const char *node_id; /* named in the offers this node sends */
-    const char *token;   /* cluster token ("" or NULL: none) */
-    kvd_peer_offer_fn on_offer;
-    void *offer_ctx;
-    /* Serve objects that are on the NVMe tier only: the data plane submits
-     * store gets for them (user_data tagged with bit 0) and the owner of
-     * the store's completion poller hands their completions to
-     * kvd_peer_store_completion (after kvd_peer_stop: to
-     * kvd_peer_forget_completion). Without it such objects are answered
-     * as absent. */
-    bool disk_gets;
-    /* This node's FETCHes ask for objects in parts of this many bytes
-     * (clamped to KVD_PEER_PART_MIN..MAX by the server; 0: whole objects
-     * by rendezvous). See the wire format below. */
-    uint32_t part_bytes;
-} kvd_peer_config_t;
-
-/* One node's part of a batch call. */
-typedef struct kvd_peer_batch {
-    const uint8_t *address; /* the node's UCX worker address */
-    size_t address_len;
-    const kvd_block_hash_t *hashes;
-    size_t n; /* 1..KVD_PEER_MAX_KEYS */
-    /* LOOKUP: out, bytes per key (0: absent). FETCH: in, each key's size
-     * as the node's LOOKUP reported it. */
-    uint64_t *sizes;
-    /* FETCH: out, per key: KVD_OK (now committed locally), KVD_ERR_EXISTS
-     * (was already here), KVD_ERR_NOT_FOUND (gone from the node),
-     * KVD_ERR_CHECKSUM, KVD_ERR_NOSPACE / KVD_ERR_QUOTA (no local slot),
-     * KVD_ERR_PEER / KVD_ERR_UNREACHABLE / KVD_ERR_TIMEOUT. */
-    kvd_status_t *status;
-    kvd_status_t result; /* out: the batch as a whole */
-} kvd_peer_batch_t;
-
-typedef struct kvd_peer_stats {
-    uint64_t requests_sent, requests_served;
-    uint64_t objects_fetched, bytes_fetched; /* committed here */
-    uint64_t objects_served, bytes_served;
-    uint64_t checksum_errors; /* objects that arrived corrupt */
-    uint64_t peer_errors;     /* endpoints failed by UCX */
-    uint64_t timeouts;        /* calls that reached their deadline */
-    uint64_t auth_rejected;   /* messages with the wrong token digest */
-    uint64_t malformed;       /* messages that did not decode */
-    uint64_t offers_sent, offers_received;
-} kvd_peer_stats_t;
-
-/* Creates the UCX context and worker and starts the progress thread.
- * Errors (reason in `err`): KVD_ERR_INVALID, KVD_ERR_NOMEM, KVD_ERR_PEER
- * (UCX refused). */
-kvd_status_t kvd_peer_start(const kvd_peer_config_t *cfg, kvd_peer_t **out,
-                            char *err, size_t err_len);
-
-/* Stops the thread, fails calls in progress, closes every endpoint.
- * NULL is accepted. */
-void kvd_peer_stop(kvd_peer_t *p);
-
-/* This worker's address (network transports only) for NodeInfo. */
-const uint8_t *kvd_peer_address(const kvd_peer_t *p, size_t *len_out);
-
-/* Asks every node of `batches` at once; returns when all answered or at
- * `deadline_ns` (CLOCK_MONOTONIC). Returns KVD_OK when every batch
- * succeeded, else the first batch error (each batch has its own). */
-kvd_status_t kvd_peer_lookup(kvd_peer_t *p, const kvd_namespace_t *ns,
-                             kvd_peer_batch_t *batches, size_t nb,
-                             uint64_t deadline_ns);
-
-/* Reserves arena slots here (for `tenant`), fetches the keys from each
- * node into them and commits what arrives intact. Same return rules. */
-kvd_status_t kvd_peer_fetch(kvd_peer_t *p, const kvd_namespace_t *ns,
-                            uint32_t tenant, kvd_peer_batch_t *batches,
-                            size_t nb, uint64_t deadline_ns);
-
-/* Sends an OFFER of keys this node holds (sizes given), saved for store
- * tenant `tenant` (the home pulls them into that tenant's share: its
- * quota, its arena partition), and does not wait. KVD_ERR_BUSY when the
- * send queue is full. */
-kvd_status_t kvd_peer_offer(kvd_peer_t *p, const uint8_t *address,
-                            size_t address_len, const kvd_namespace_t *ns,
-                            uint32_t tenant, const kvd_block_hash_t *hashes,
-                            const uint64_t *sizes, size_t n);
-
-void kvd_peer_stats(kvd_peer_t *p, kvd_peer_stats_t *out);
-
-/* A store get of this data plane completed (see disk_gets); any thread. */
-void kvd_peer_store_completion(kvd_peer_t *p, const kvd_store_completion_t *c);
-
-/* The same, once the data plane is gone: gives the lease back, frees. */
-void kvd_peer_forget_completion(kvd_store_t *store,
-                                const kvd_store_completion_t *c);
 
 /* ---- wire format (peer_wire.c; fuzzed by fuzz_peer_msg) ------------------ */
 
@@ -237,6 +132,226 @@ kvd_status_t kvd_peer_fetch_decode(const uint8_t *body, size_t len,
 kvd_status_t kvd_peer_offer_decode(const uint8_t *body, size_t len,
                                    uint32_t count, char *node_id,
                                    const uint8_t **entries);
+
+/* ---- the data plane's state --------------------------------------------- */
+
+#define PEER_AM_ID 17u
+#define PEER_BUCKETS 256u
+
+/* A FETCH entry: waiting, a rendezvous receive in flight (UCX writes the
+ * slot), parts arriving (written under mu by the progress thread), done. */
+enum { ENTRY_WAIT = 0, ENTRY_RECV = 1, ENTRY_DONE = 2, ENTRY_PARTS = 3 };
+
+/* A caller waiting for its operations (peer_call.c). */
+typedef struct peer_call peer_call_t;
+/* A FETCH being served (peer_serve.c). */
+typedef struct peer_serve peer_serve_t;
+/* An object of a FETCH being read from NVMe (peer_serve.c). */
+typedef struct peer_diskget peer_diskget_t;
+
+/* An object arriving in parts: the hash of the bytes in order so far. */
+typedef struct peer_rx {
+    kvd_xxh3_stream_t *hash;
+    uint64_t next;     /* the hash covers [0, next) */
+    uint64_t received; /* bytes of parts copied in */
+    bool ordered;      /* every part came at `next` (else hash it at the end) */
+} peer_rx_t;
+
+typedef struct peer_op {
+    struct peer_op *next;  /* table chain */
+    struct peer_op *qnext; /* queue */
+    peer_call_t *call;     /* NULL: an offer, nobody waits */
+    uint64_t id;
+    uint16_t kind;
+    int refs;
+    bool in_table, finished, abandoned;
+    kvd_status_t result;
+    uint8_t *addr;
+    size_t addr_len;
+    ucp_ep_h ep; /* the endpoint the request went out on */
+    uint8_t hdr[KVD_PEER_HDR_MAX_BYTES]; /* KVD_PEER_HDR_BYTES used */
+    uint8_t *body;
+    size_t body_len;
+    kvd_namespace_t ns;
+    size_t n, remaining, receiving;
+    kvd_block_hash_t *hashes;
+    uint64_t *sizes;      /* LOOKUP: answers; FETCH: expected sizes */
+    uint64_t *offsets;    /* FETCH: reserved arena slots */
+    uint64_t *checksums;  /* FETCH: from each DATA */
+    kvd_status_t *status; /* FETCH */
+    size_t *batch_index;  /* FETCH: entry -> key of the caller's batch */
+    uint32_t tenant;      /* OFFER: the keys' store tenant */
+    uint8_t *state;       /* FETCH */
+    peer_rx_t **rx;       /* FETCH: entries in ENTRY_PARTS */
+} peer_op_t;
+
+typedef struct peer_ep {
+    uint8_t *addr;
+    size_t addr_len;
+    ucp_ep_h ep;
+    bool dead;
+    struct peer_ep *next;
+    kvd_peer_t *p;
+} peer_ep_t;
+
+/* An object going out in parts: its lease goes back when UCX is done with
+ * the last part. Progress thread only. */
+typedef struct peer_xfer {
+    kvd_store_lease_t lease;
+    uint32_t parts; /* not completed yet */
+} peer_xfer_t;
+
+/* One reply or request on its way out, alive until UCX is done with it. */
+typedef struct peer_send {
+    kvd_peer_t *p;
+    peer_op_t *op; /* a request's operation, or NULL for replies */
+    uint8_t hdr[KVD_PEER_HDR_MAX_BYTES];
+    size_t hdr_len;
+    void *owned; /* freed with it */
+    kvd_store_lease_t lease;
+    bool has_lease;
+    peer_xfer_t *xfer; /* a part of this object */
+} peer_send_t;
+
+struct kvd_peer {
+    kvd_peer_config_t cfg;
+    char node_id[KVD_PEER_MAX_NODE_ID + 1];
+    uint8_t auth[KVD_PEER_AUTH_BYTES];
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    int efd;
+    uint8_t *address;
+    size_t address_len;
+    pthread_t thread;
+    bool started;
+    bool stop; /* atomic */
+
+    pthread_mutex_t mu;
+    peer_op_t *queue, *queue_tail;
+    size_t queued;
+    peer_op_t *table[PEER_BUCKETS];
+    uint64_t next_id;
+    peer_ep_t *eps;                        /* progress thread only */
+    peer_serve_t *serve_head, *serve_tail; /* progress thread only */
+    size_t serve_count;
+    size_t disk_inflight;      /* progress thread only */
+    size_t xfers;              /* objects going out in parts (ditto) */
+    bool closing;              /* kvd_peer_stop is draining (on its thread) */
+    peer_diskget_t *disk_done; /* under mu */
+    uint32_t active;           /* UCX requests in flight (atomic) */
+    kvd_peer_stats_t stats;
+};
+
+static inline void kvd_peer_stat_add(kvd_peer_t *p, uint64_t *field, uint64_t v)
+{
+    (void)p;
+    __atomic_fetch_add(field, v, __ATOMIC_RELAXED);
+}
+
+/* ---- operations (peer_call.c) ------------------------------------------- */
+
+/* Drops a reference; the last frees the operation. Under mu. */
+void kvd_peer_op_unref(peer_op_t *op);
+
+/* Takes the operation out of the table (dropping the table's reference)
+ * when it is there. Under mu. */
+void kvd_peer_table_remove(kvd_peer_t *p, peer_op_t *op);
+
+/* The operation waiting for the answer `id`, or NULL. Under mu; the
+ * pointer is valid while mu is held. */
+peer_op_t *kvd_peer_table_find(kvd_peer_t *p, uint64_t id);
+
+/* The operation is over for its caller (under mu). It stays in the table
+ * while bytes are still arriving into its slots. */
+void kvd_peer_op_finish(kvd_peer_t *p, peer_op_t *op);
+
+/* A fetched key reached its end (under mu): committed when `s` is KVD_OK,
+ * else its slot goes back. */
+void kvd_peer_entry_done(kvd_peer_t *p, peer_op_t *op, size_t i,
+                         kvd_status_t s);
+
+/* The whole operation failed with `s` (under mu): keys not yet arriving
+ * and keys arriving in parts fail now (no part is written after this);
+ * keys arriving by rendezvous finish when UCX says so. */
+void kvd_peer_op_fail(kvd_peer_t *p, peer_op_t *op, kvd_status_t s);
+
+/* ---- endpoints (peer_ep.c; progress thread) ----------------------------- */
+
+/* The cached endpoint to `addr`, created (with PEER error handling) when
+ * there is none; NULL when UCX refuses or without memory. Valid until
+ * kvd_peer_eps_close_dead closes it. */
+ucp_ep_h kvd_peer_ep_get(kvd_peer_t *p, const uint8_t *addr, size_t len);
+
+/* Closes the endpoints that failed (every endpoint when `all`). */
+void kvd_peer_eps_close_dead(kvd_peer_t *p, bool all);
+
+/* ---- sending (peer_send.c; progress thread) ----------------------------- */
+
+/* A header with op, req_id, ns and this node's token digest; the rest 0. */
+void kvd_peer_hdr_init(const kvd_peer_t *p, kvd_peer_hdr_t *h, uint16_t op,
+                       uint64_t req_id, const kvd_namespace_t *ns);
+
+/* Sends header + body; `s` is consumed (finished now or at completion):
+ * its lease and part are given back and `owned` freed when UCX is done
+ * with the bytes. */
+void kvd_peer_send_msg(kvd_peer_t *p, ucp_ep_h ep, peer_send_t *s,
+                       const void *body, size_t len, uint32_t flags);
+
+/* Sends a reply with header `h` and `body`; `owned` (freed with the send)
+ * and `lease` (NULL: none; given back with the send) are consumed, even
+ * when the send cannot start. */
+void kvd_peer_reply(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *h,
+                    void *owned, const void *body, size_t len,
+                    const kvd_store_lease_t *lease, uint32_t flags);
+
+/* `done` parts of `x` are over (sent, failed or never started); the last
+ * gives the object's lease back and frees `x`. */
+void kvd_peer_xfer_put(kvd_peer_t *p, peer_xfer_t *x, uint32_t done);
+
+/* Takes the requests callers queued and sends them. */
+void kvd_peer_queue_drain(kvd_peer_t *p);
+
+/* ---- serving (peer_serve.c; progress thread) ---------------------------- */
+
+/* Answers a LOOKUP (count hashes in `body`) on `ep`. */
+void kvd_peer_serve_lookup(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *rq,
+                           const uint8_t *body);
+
+/* Queues a FETCH; the progress loop serves it one object at a time
+ * (kvd_peer_serve_step). A full queue answers every key "busy" at once. */
+void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
+                          const kvd_peer_hdr_t *rq, const uint8_t *body,
+                          size_t len);
+
+/* Hands an OFFER to cfg.on_offer (on this thread). */
+void kvd_peer_serve_offer(kvd_peer_t *p, const kvd_peer_hdr_t *rq,
+                          const uint8_t *body, size_t len);
+
+/* Serves the next object of the oldest queued FETCH; false when none or
+ * when PEER_XFER_WINDOW objects are going out in parts. */
+bool kvd_peer_serve_step(kvd_peer_t *p);
+
+/* Drops every queued FETCH (stopping). */
+void kvd_peer_serve_clear(kvd_peer_t *p);
+
+/* The endpoint to `addr` failed: the FETCHes still queued for it are
+ * dropped (their requester is gone or will time out). */
+void kvd_peer_serve_drop_addr(kvd_peer_t *p, const uint8_t *addr, size_t len);
+
+/* Sends what the reads from NVMe that completed have brought in. */
+void kvd_peer_disk_drain(kvd_peer_t *p);
+
+/* Stopping (the progress thread is gone): the reads that completed but
+ * were never sent give their leases back. */
+void kvd_peer_disk_forget(kvd_peer_t *p);
+
+/* ---- arriving (peer_recv.c; progress thread) ---------------------------- */
+
+/* The active-message handler (ucp_am_recv_callback_t, `arg` the data
+ * plane): checks, then serves requests and applies answers. */
+ucs_status_t kvd_peer_am_recv(void *arg, const void *header,
+                              size_t header_length, void *data, size_t length,
+                              const ucp_am_recv_param_t *param);
 
 #ifdef __cplusplus
 }

@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #include "cluster/membership.h"
-#include "cluster/peer_int.h"
+#include "cluster/peer.h"
 #include "kvdepot/store.h"
 
 #ifdef __cplusplus
