@@ -89,123 +89,121 @@ static void tier(mbuf_t *b, const char *name, const kvd_store_tier_stats_t *t)
        (unsigned long long)t->errors);
 }
 
-char *kvd_metrics_render(kvd_server_t *server)
+/* The cluster's view and data plane (nothing when the daemon is alone). */
+static void metrics_cluster(mbuf_t *b, kvd_server_t *server)
 {
-    kvd_store_stats_t st;
-    kvd_service_stats_t sv;
-    kvd_server_collect(server, &st, &sv);
-    mbuf_t b = {0};
-    mb(&b,
-       "# HELP kvdepot_up 1 while the daemon takes calls.\n"
-       "# TYPE kvdepot_up gauge\nkvdepot_up %d\n",
-       kvd_server_ready(server) ? 1 : 0);
     kvd_membership_stats_t cs;
     kvd_remote_stats_t rs;
-    if (kvd_server_cluster(server, &cs, &rs)) {
-        mb(&b,
-           "# HELP kvdepot_cluster_stale 1 while etcd is unreachable and the "
-           "view of the other nodes may be out of date.\n"
-           "# TYPE kvdepot_cluster_stale gauge\nkvdepot_cluster_stale %d\n"
-           "# TYPE kvdepot_cluster_registered gauge\n"
-           "kvdepot_cluster_registered %d\n"
-           "# TYPE kvdepot_cluster_nodes gauge\nkvdepot_cluster_nodes %zu\n"
-           "# TYPE kvdepot_cluster_registrations_total counter\n"
-           "kvdepot_cluster_registrations_total %llu\n"
-           "# TYPE kvdepot_cluster_ignored_total counter\n"
-           "kvdepot_cluster_ignored_total %llu\n",
-           cs.stale ? 1 : 0, cs.registered ? 1 : 0, cs.num_nodes,
-           (unsigned long long)cs.reconnects, (unsigned long long)cs.ignored);
-        const struct {
-            const char *name, *help;
-            uint64_t v;
-        } c[] = {
-            {"remote_lookups", "Lookups that asked other nodes.", rs.lookups},
-            {"remote_hits", "Keys found on other nodes and fetched here.",
-             rs.remote_hits},
-            {"remote_lookup_errors",
-             "Batches to other nodes that failed (then asked elsewhere).",
-             rs.lookup_errors},
-            {"pushes", "Saved keys offered to their home nodes.", rs.pushes},
-            {"push_errors",
-             "Keys whose offer to a home failed (each retry counts).",
-             rs.push_errors},
-            {"pulls", "Offered keys fetched here.", rs.pulls},
-            {"pull_errors",
-             "Offered keys that could not be fetched (each retry counts).",
-             rs.pull_errors},
-            {"retries",
-             "Failed pushes and pulls queued again (at most 3 times, after "
-             "0.5, 1 and 2 s).",
-             rs.retries},
-            {"queue_dropped",
-             "Pushes or pulls given up: the queue (or the retry list) was "
-             "full, or every retry failed.",
-             rs.dropped},
-            {"repairs",
-             "Repair scans started (a node joined, the view fresh again).",
-             rs.repairs},
-            {"repair_offers", "Objects offered to their homes by repairs.",
-             rs.repair_offers},
-            {"suspect_skips",
-             "Keys not asked of a node whose last call failed.",
-             rs.suspect_skips},
-            {"fetched_bytes", "Bytes fetched from other nodes.",
-             rs.peer.bytes_fetched},
-            {"served_bytes", "Bytes sent to other nodes.",
-             rs.peer.bytes_served},
-            {"checksum_errors", "Objects that arrived corrupt (not cached).",
-             rs.peer.checksum_errors},
-            {"peer_errors", "Peer endpoints failed by the transport.",
-             rs.peer.peer_errors},
-            {"timeouts", "Peer calls that reached their deadline.",
-             rs.peer.timeouts},
-            {"auth_rejected", "Peer messages with the wrong cluster token.",
-             rs.peer.auth_rejected},
-            {"malformed", "Peer messages that did not decode.",
-             rs.peer.malformed},
-        };
-        for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
-            mb(&b,
-               "# HELP kvdepot_cluster_%s_total %s\n"
-               "# TYPE kvdepot_cluster_%s_total counter\n"
-               "kvdepot_cluster_%s_total %llu\n",
-               c[i].name, c[i].help, c[i].name, c[i].name,
-               (unsigned long long)c[i].v);
-        }
+    if (!kvd_server_cluster(server, &cs, &rs)) {
+        return;
     }
-    mb(&b,
+    mb(b,
+       "# HELP kvdepot_cluster_stale 1 while etcd is unreachable and the "
+       "view of the other nodes may be out of date.\n"
+       "# TYPE kvdepot_cluster_stale gauge\nkvdepot_cluster_stale %d\n"
+       "# TYPE kvdepot_cluster_registered gauge\n"
+       "kvdepot_cluster_registered %d\n"
+       "# TYPE kvdepot_cluster_nodes gauge\nkvdepot_cluster_nodes %zu\n"
+       "# TYPE kvdepot_cluster_registrations_total counter\n"
+       "kvdepot_cluster_registrations_total %llu\n"
+       "# TYPE kvdepot_cluster_ignored_total counter\n"
+       "kvdepot_cluster_ignored_total %llu\n",
+       cs.stale ? 1 : 0, cs.registered ? 1 : 0, cs.num_nodes,
+       (unsigned long long)cs.reconnects, (unsigned long long)cs.ignored);
+    const struct {
+        const char *name, *help;
+        uint64_t v;
+    } c[] = {
+        {"remote_lookups", "Lookups that asked other nodes.", rs.lookups},
+        {"remote_hits", "Keys found on other nodes and fetched here.",
+         rs.remote_hits},
+        {"remote_lookup_errors",
+         "Batches to other nodes that failed (then asked elsewhere).",
+         rs.lookup_errors},
+        {"pushes", "Saved keys offered to their home nodes.", rs.pushes},
+        {"push_errors",
+         "Keys whose offer to a home failed (each retry counts).",
+         rs.push_errors},
+        {"pulls", "Offered keys fetched here.", rs.pulls},
+        {"pull_errors",
+         "Offered keys that could not be fetched (each retry counts).",
+         rs.pull_errors},
+        {"retries",
+         "Failed pushes and pulls queued again (at most 3 times, after "
+         "0.5, 1 and 2 s).",
+         rs.retries},
+        {"queue_dropped",
+         "Pushes or pulls given up: the queue (or the retry list) was "
+         "full, or every retry failed.",
+         rs.dropped},
+        {"repairs",
+         "Repair scans started (a node joined, the view fresh again).",
+         rs.repairs},
+        {"repair_offers", "Objects offered to their homes by repairs.",
+         rs.repair_offers},
+        {"suspect_skips", "Keys not asked of a node whose last call failed.",
+         rs.suspect_skips},
+        {"fetched_bytes", "Bytes fetched from other nodes.",
+         rs.peer.bytes_fetched},
+        {"served_bytes", "Bytes sent to other nodes.", rs.peer.bytes_served},
+        {"checksum_errors", "Objects that arrived corrupt (not cached).",
+         rs.peer.checksum_errors},
+        {"peer_errors", "Peer endpoints failed by the transport.",
+         rs.peer.peer_errors},
+        {"timeouts", "Peer calls that reached their deadline.",
+         rs.peer.timeouts},
+        {"auth_rejected", "Peer messages with the wrong cluster token.",
+         rs.peer.auth_rejected},
+        {"malformed", "Peer messages that did not decode.", rs.peer.malformed},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        mb(b,
+           "# HELP kvdepot_cluster_%s_total %s\n"
+           "# TYPE kvdepot_cluster_%s_total counter\n"
+           "kvdepot_cluster_%s_total %llu\n",
+           c[i].name, c[i].help, c[i].name, c[i].name,
+           (unsigned long long)c[i].v);
+    }
+}
+
+/* Uptime, the store's tiers and arenas, its leases and error counters. */
+static void metrics_store(mbuf_t *b, kvd_server_t *server,
+                          const kvd_store_stats_t *st,
+                          const kvd_service_stats_t *sv)
+{
+    mb(b,
        "# HELP kvdepot_uptime_seconds Time since the daemon started.\n"
        "# TYPE kvdepot_uptime_seconds gauge\n"
        "kvdepot_uptime_seconds %.3f\n",
-       (double)sv.uptime_ms / 1000.0);
-    mb(&b, "# HELP kvdepot_tier_capacity_bytes Configured size per tier.\n"
-           "# TYPE kvdepot_tier_capacity_bytes gauge\n"
-           "# TYPE kvdepot_tier_bytes gauge\n"
-           "# TYPE kvdepot_tier_objects gauge\n"
-           "# TYPE kvdepot_tier_hits_total counter\n"
-           "# TYPE kvdepot_tier_misses_total counter\n"
-           "# TYPE kvdepot_tier_evictions_total counter\n"
-           "# TYPE kvdepot_tier_read_bytes_total counter\n"
-           "# TYPE kvdepot_tier_written_bytes_total counter\n"
-           "# TYPE kvdepot_tier_errors_total counter\n");
-    tier(&b, "host", &st.host);
-    tier(&b, "disk", &st.disk);
+       (double)sv->uptime_ms / 1000.0);
+    mb(b, "# HELP kvdepot_tier_capacity_bytes Configured size per tier.\n"
+          "# TYPE kvdepot_tier_capacity_bytes gauge\n"
+          "# TYPE kvdepot_tier_bytes gauge\n"
+          "# TYPE kvdepot_tier_objects gauge\n"
+          "# TYPE kvdepot_tier_hits_total counter\n"
+          "# TYPE kvdepot_tier_misses_total counter\n"
+          "# TYPE kvdepot_tier_evictions_total counter\n"
+          "# TYPE kvdepot_tier_read_bytes_total counter\n"
+          "# TYPE kvdepot_tier_written_bytes_total counter\n"
+          "# TYPE kvdepot_tier_errors_total counter\n");
+    tier(b, "host", &st->host);
+    tier(b, "disk", &st->disk);
     kvd_server_arena_t arenas[KVD_ARENA_PARTS_MAX + 1];
     size_t na = kvd_server_arenas(server, arenas, KVD_ARENA_PARTS_MAX + 1);
-    mb(&b, "# HELP kvdepot_arena_bytes Size of each host arena: the main one "
-           "and each tenant's (server.tenant_arenas).\n"
-           "# TYPE kvdepot_arena_bytes gauge\n"
-           "# HELP kvdepot_arena_free_bytes Bytes of an arena in chunks no "
-           "object size holds (0: its saves evict).\n"
-           "# TYPE kvdepot_arena_free_bytes gauge\n");
+    mb(b, "# HELP kvdepot_arena_bytes Size of each host arena: the main one "
+          "and each tenant's (server.tenant_arenas).\n"
+          "# TYPE kvdepot_arena_bytes gauge\n"
+          "# HELP kvdepot_arena_free_bytes Bytes of an arena in chunks no "
+          "object size holds (0: its saves evict).\n"
+          "# TYPE kvdepot_arena_free_bytes gauge\n");
     for (size_t i = 0; i < na; i++) {
-        mb(&b, "kvdepot_arena_bytes{arena=\"%s\"} %llu\n", arenas[i].name,
+        mb(b, "kvdepot_arena_bytes{arena=\"%s\"} %llu\n", arenas[i].name,
            (unsigned long long)arenas[i].bytes);
-        mb(&b, "kvdepot_arena_free_bytes{arena=\"%s\"} %llu\n", arenas[i].name,
+        mb(b, "kvdepot_arena_free_bytes{arena=\"%s\"} %llu\n", arenas[i].name,
            (unsigned long long)arenas[i].free_bytes);
     }
     kvd_arena_backing_t pages = kvd_server_arena_backing(server);
-    mb(&b,
+    mb(b,
        "# HELP kvdepot_arena_pages What backs the arena's memory, 1 for the "
        "one in use: 4 KiB pages (plain), shared memory on 2 MiB transparent "
        "huge pages (thp), a hugetlb pool (hugetlb).\n"
@@ -215,17 +213,22 @@ char *kvd_metrics_render(kvd_server_t *server)
        "kvdepot_arena_pages{backing=\"hugetlb\"} %d\n",
        pages == KVD_ARENA_BACKING_PLAIN, pages == KVD_ARENA_BACKING_THP,
        pages == KVD_ARENA_BACKING_HUGETLB);
-    mb(&b, "# TYPE kvdepot_store_leases gauge\nkvdepot_store_leases %llu\n",
-       (unsigned long long)st.leases);
-    mb(&b,
+    mb(b, "# TYPE kvdepot_store_leases gauge\nkvdepot_store_leases %llu\n",
+       (unsigned long long)st->leases);
+    mb(b,
        "# TYPE kvdepot_checksum_errors_total counter\n"
        "kvdepot_checksum_errors_total %llu\n",
-       (unsigned long long)st.checksum_errors);
-    mb(&b,
+       (unsigned long long)st->checksum_errors);
+    mb(b,
        "# TYPE kvdepot_dropped_writes_total counter\n"
        "kvdepot_dropped_writes_total %llu\n",
-       (unsigned long long)st.dropped_writes);
-    mb(&b,
+       (unsigned long long)st->dropped_writes);
+}
+
+/* The service's leases, reservations and errors by status. */
+static void metrics_service(mbuf_t *b, const kvd_service_stats_t *sv)
+{
+    mb(b,
        "# HELP kvdepot_leases Lease ids held by clients now.\n"
        "# TYPE kvdepot_leases gauge\nkvdepot_leases %llu\n"
        "# TYPE kvdepot_leased_blocks gauge\nkvdepot_leased_blocks %llu\n"
@@ -240,54 +243,75 @@ char *kvd_metrics_render(kvd_server_t *server)
        "kvdepot_reservations_expired_total %llu\n"
        "# TYPE kvdepot_commit_checksum_errors_total counter\n"
        "kvdepot_commit_checksum_errors_total %llu\n",
-       (unsigned long long)sv.leases, (unsigned long long)sv.leased_blocks,
-       (unsigned long long)sv.reservations,
-       (unsigned long long)sv.leases_expired,
-       (unsigned long long)sv.leases_refused,
-       (unsigned long long)sv.reservations_expired,
-       (unsigned long long)sv.commit_checksum_errors);
-    mb(&b, "# HELP kvdepot_errors_total Failed or refused calls by status.\n"
-           "# TYPE kvdepot_errors_total counter\n");
+       (unsigned long long)sv->leases, (unsigned long long)sv->leased_blocks,
+       (unsigned long long)sv->reservations,
+       (unsigned long long)sv->leases_expired,
+       (unsigned long long)sv->leases_refused,
+       (unsigned long long)sv->reservations_expired,
+       (unsigned long long)sv->commit_checksum_errors);
+    mb(b, "# HELP kvdepot_errors_total Failed or refused calls by status.\n"
+          "# TYPE kvdepot_errors_total counter\n");
     for (int k = 1; k < KVD_SERVICE_ERROR_KINDS; k++) {
-        if (sv.errors_by_status[k] == 0) {
+        if (sv->errors_by_status[k] == 0) {
             continue;
         }
         const char *name = kvd_status_str((kvd_status_t)-k);
         size_t nl = strcspn(name, ":");
-        mb(&b, "kvdepot_errors_total{status=\"%.*s\"} %llu\n", (int)nl, name,
-           (unsigned long long)sv.errors_by_status[k]);
+        mb(b, "kvdepot_errors_total{status=\"%.*s\"} %llu\n", (int)nl, name,
+           (unsigned long long)sv->errors_by_status[k]);
     }
-    mb(&b, "# HELP kvdepot_rpc_latency_seconds Service time per method.\n"
-           "# TYPE kvdepot_rpc_latency_seconds histogram\n");
+}
+
+/* Latency histograms and errors per method. */
+static void metrics_methods(mbuf_t *b, const kvd_service_stats_t *sv)
+{
+    mb(b, "# HELP kvdepot_rpc_latency_seconds Service time per method.\n"
+          "# TYPE kvdepot_rpc_latency_seconds histogram\n");
     for (int m = 0; m < KVD_RPC_COUNT; m++) {
-        const kvd_service_method_stats_t *ms = &sv.methods[m];
+        const kvd_service_method_stats_t *ms = &sv->methods[m];
         const char *name = kvd_rpc_method_name((kvd_rpc_method_t)m);
         for (int i = 0; i < KVD_SERVICE_LATENCY_BUCKETS; i++) {
             uint64_t le = kvd_service_latency_bounds_us[i];
             if (le == UINT64_MAX) {
-                mb(&b,
+                mb(b,
                    "kvdepot_rpc_latency_seconds_bucket{method=\"%s\",le=\"+"
                    "Inf\"} %llu\n",
                    name, (unsigned long long)ms->latency_buckets[i]);
             } else {
-                mb(&b,
+                mb(b,
                    "kvdepot_rpc_latency_seconds_bucket{method=\"%s\",le=\""
                    "%g\"} %llu\n",
                    name, (double)le / 1e6,
                    (unsigned long long)ms->latency_buckets[i]);
             }
         }
-        mb(&b, "kvdepot_rpc_latency_seconds_sum{method=\"%s\"} %.6f\n", name,
+        mb(b, "kvdepot_rpc_latency_seconds_sum{method=\"%s\"} %.6f\n", name,
            (double)ms->latency_sum_us / 1e6);
-        mb(&b, "kvdepot_rpc_latency_seconds_count{method=\"%s\"} %llu\n", name,
+        mb(b, "kvdepot_rpc_latency_seconds_count{method=\"%s\"} %llu\n", name,
            (unsigned long long)ms->calls);
     }
-    mb(&b, "# TYPE kvdepot_rpc_errors_total counter\n");
+    mb(b, "# TYPE kvdepot_rpc_errors_total counter\n");
     for (int m = 0; m < KVD_RPC_COUNT; m++) {
-        mb(&b, "kvdepot_rpc_errors_total{method=\"%s\"} %llu\n",
+        mb(b, "kvdepot_rpc_errors_total{method=\"%s\"} %llu\n",
            kvd_rpc_method_name((kvd_rpc_method_t)m),
-           (unsigned long long)sv.methods[m].errors);
+           (unsigned long long)sv->methods[m].errors);
     }
+}
+
+char *kvd_metrics_render(kvd_server_t *server)
+{
+    kvd_store_stats_t st;
+    kvd_service_stats_t sv;
+    kvd_server_collect(server, &st, &sv);
+    mbuf_t b = {0};
+    mb(&b,
+       "# HELP kvdepot_up 1 while the daemon takes calls.\n"
+       "# TYPE kvdepot_up gauge\nkvdepot_up %d\n",
+       kvd_server_ready(server) ? 1 : 0);
+    metrics_cluster(&b, server);
+    metrics_store(&b, server, &st, &sv);
+    metrics_service(&b, &sv);
+    metrics_methods(&b, &sv);
     if (b.failed) {
         free(b.p);
         return NULL;

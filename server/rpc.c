@@ -529,14 +529,10 @@ static kvd_status_t rpc_bind(kvd_rpc_server_t *srv, int *tcp_port, char *err,
     return s;
 }
 
-kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
-                                  kvd_rpc_server_t **server_out,
-                                  int *tcp_port_out, char *err, size_t err_len)
+/* Checks what kvd_rpc_server_start is given before anything starts. */
+static kvd_status_t rpc_config_check(const kvd_rpc_config_t *cfg, char *err,
+                                     size_t err_len)
 {
-    if (cfg == NULL || server_out == NULL || tcp_port_out == NULL ||
-        cfg->svc == NULL || cfg->threads < 1 || cfg->max_message_bytes < 1) {
-        return KVD_ERR_INVALID;
-    }
     bool has_unix = cfg->unix_path != NULL && cfg->unix_path[0] != '\0';
     bool has_tcp = cfg->tcp_address != NULL && cfg->tcp_address[0] != '\0';
     size_t token_len = cfg->token != NULL ? strlen(cfg->token) : 0;
@@ -571,12 +567,21 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
                                                  : "server.unix_socket");
         return KVD_ERR_INVALID;
     }
+    return KVD_OK;
+}
+
+/* The server's record, nothing started yet; NULL on OOM. */
+static kvd_rpc_server_t *rpc_server_new(const kvd_rpc_config_t *cfg)
+{
+    bool has_unix = cfg->unix_path != NULL && cfg->unix_path[0] != '\0';
+    size_t token_len = cfg->token != NULL ? strlen(cfg->token) : 0;
     kvd_rpc_server_t *srv = calloc(1, sizeof *srv);
     if (srv == NULL) {
-        return KVD_ERR_NOMEM;
+        return NULL;
     }
     srv->cfg = *cfg;
-    srv->tls = tls_parts == 3;
+    srv->tls = cfg->tls_cert_pem != NULL && cfg->tls_key_pem != NULL &&
+               cfg->tls_ca_pem != NULL;
     if (has_unix) {
         snprintf(srv->unix_path, sizeof srv->unix_path, "%s", cfg->unix_path);
     }
@@ -594,17 +599,24 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
         pthread_cond_destroy(&srv->cv);
         pthread_mutex_destroy(&srv->mu);
         free(srv);
-        return KVD_ERR_NOMEM;
+        return NULL;
     }
+    return srv;
+}
 
+/* Creates the gRPC server, one completion queue per thread, and registers
+ * the methods. */
+static kvd_status_t rpc_grpc_create(kvd_rpc_server_t *srv, char *err,
+                                    size_t err_len)
+{
     grpc_init();
     grpc_arg args[2] = {
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
-         .value.integer = cfg->max_message_bytes},
+         .value.integer = srv->cfg.max_message_bytes},
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
-         .value.integer = cfg->max_message_bytes},
+         .value.integer = srv->cfg.max_message_bytes},
     };
     grpc_channel_args cargs = {.num_args = 2, .args = args};
     srv->server = grpc_server_create(&cargs, NULL);
@@ -621,12 +633,58 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
         if (srv->registered[m] == NULL) {
             kvd_config_err(err, err_len, "gRPC refused to register %s",
                            kvd_rpc_method_path((kvd_rpc_method_t)m));
-            kvd_rpc_server_stop(srv, 0);
             return KVD_ERR_INVALID;
         }
     }
+    return KVD_OK;
+}
+
+/* Asks for the first calls on every queue and starts its thread. */
+static kvd_status_t rpc_threads_start(kvd_rpc_server_t *srv, char *err,
+                                      size_t err_len)
+{
+    for (int i = 0; i < srv->nthreads; i++) {
+        for (int k = 0; k < RPC_PENDING; k++) {
+            for (int m = -1; m < KVD_RPC_COUNT; m++) {
+                rpc_request_one(&srv->threads[i], m);
+            }
+        }
+        int rc = pthread_create(&srv->threads[i].thread, NULL, rpc_thread_main,
+                                &srv->threads[i]);
+        if (rc != 0) {
+            kvd_config_err(err, err_len, "completion-queue thread: %s",
+                           strerror(rc));
+            return kvd_status_from_errno(rc);
+        }
+        srv->threads[i].started = true;
+    }
+    return KVD_OK;
+}
+
+kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
+                                  kvd_rpc_server_t **server_out,
+                                  int *tcp_port_out, char *err, size_t err_len)
+{
+    if (cfg == NULL || server_out == NULL || tcp_port_out == NULL ||
+        cfg->svc == NULL || cfg->threads < 1 || cfg->max_message_bytes < 1) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t s = rpc_config_check(cfg, err, err_len);
+    if (s != KVD_OK) {
+        return s;
+    }
+    bool has_unix = cfg->unix_path != NULL && cfg->unix_path[0] != '\0';
+    bool has_tcp = cfg->tcp_address != NULL && cfg->tcp_address[0] != '\0';
+    kvd_rpc_server_t *srv = rpc_server_new(cfg);
+    if (srv == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    s = rpc_grpc_create(srv, err, err_len);
+    if (s != KVD_OK) {
+        goto err_server;
+    }
     int port = 0;
-    kvd_status_t s = rpc_bind(srv, &port, err, err_len);
+    s = rpc_bind(srv, &port, err, err_len);
     if (s != KVD_OK) {
         goto err_server;
     }
@@ -638,21 +696,9 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
                        srv->unix_path, strerror(errno));
         goto err_started;
     }
-    for (int i = 0; i < srv->nthreads; i++) {
-        for (int k = 0; k < RPC_PENDING; k++) {
-            for (int m = -1; m < KVD_RPC_COUNT; m++) {
-                rpc_request_one(&srv->threads[i], m);
-            }
-        }
-        int rc = pthread_create(&srv->threads[i].thread, NULL, rpc_thread_main,
-                                &srv->threads[i]);
-        if (rc != 0) {
-            s = kvd_status_from_errno(rc);
-            kvd_config_err(err, err_len, "completion-queue thread: %s",
-                           strerror(rc));
-            goto err_started;
-        }
-        srv->threads[i].started = true;
+    s = rpc_threads_start(srv, err, err_len);
+    if (s != KVD_OK) {
+        goto err_started;
     }
     KVD_LOG_INFO("kvdepotd: gRPC on %s%s%s%s, %d threads",
                  has_unix ? "unix:" : "", has_unix ? srv->unix_path : "",

@@ -1,9 +1,10 @@
 /*
  * kvdepotd as a library: the settings (`server.*`), and one call that opens
  * the embedded store and starts everything that serves it — the gRPC
- * service (rpc.c), the shared-memory hand-off socket (here), the metrics
- * endpoint (metrics.c) — and one that stops it gracefully. main.c is the
- * command line around it; tests start it in-process or as a process.
+ * service (rpc.c), the shared-memory hand-off socket (server_handoff.c),
+ * the metrics endpoint (metrics.c) — and one that stops it gracefully.
+ * main.c is the command line around it; tests start it in-process or as a
+ * process.
  *
  * Threading: open and stop from one thread; everything else is internal.
  */

@@ -1,0 +1,350 @@
+/*
+ * Reservations: Reserve takes arena slots for a batch of new blocks under
+ * one reservation id; the client writes the bytes through its mapping and
+ * Commit publishes each block (after checking its checksum when
+ * server.verify_commits is on) or Abort gives its slot back. Whatever is
+ * still reserved at the deadline is aborted by the housekeeping thread.
+ * While the service drains (Admin drain) Reserve refuses every block.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/config_int.h"
+#include "common/time_int.h"
+#include "server/svc_int.h"
+
+static svc_resv_t *resv_find(kvd_service_t *svc, uint64_t id)
+{
+    for (svc_resv_t *r = svc->resvs[svc_bucket(id)]; r != NULL; r = r->next) {
+        if (r->id == id) {
+            return r;
+        }
+    }
+    return NULL;
+}
+
+void svc_resv_unlink(kvd_service_t *svc, svc_resv_t *r)
+{
+    svc_resv_t **pp = &svc->resvs[svc_bucket(r->id)];
+    while (*pp != r) {
+        pp = &(*pp)->next;
+    }
+    *pp = r->next;
+    svc->n_resvs--;
+}
+
+void svc_resv_free(svc_resv_t *r)
+{
+    if (r != NULL) {
+        free(r->keys);
+        free(r);
+    }
+}
+
+/* Aborts every key still reserved. `mu` held. */
+void svc_resv_abort_open(kvd_service_t *svc, svc_resv_t *r)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        if (r->keys[i].state == SVC_RESERVED) {
+            kvd_store_key_t k = {.ns = r->ns, .hash = r->keys[i].hash};
+            (void)kvd_store_abort(svc->store, &k, 1, NULL);
+            r->keys[i].state = SVC_DONE;
+        }
+    }
+    r->open = 0;
+}
+
+/* ---- Reserve / Commit / Abort ------------------------------------------- */
+
+static Kvdepot__V1__ReserveOutcome svc_outcome(kvd_status_t s)
+{
+    if (s == KVD_OK) {
+        return KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_RESERVED;
+    }
+    if (s == KVD_ERR_EXISTS) {
+        return KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_EXISTS;
+    }
+    return KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_REJECTED;
+}
+
+kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req, size_t len,
+                         uint8_t **out, size_t *out_len, char *reason,
+                         size_t reason_len)
+{
+    kvd_pb_reserve_request_t *rq = NULL;
+    kvd_status_t s =
+        kvd_proto_reserve_request_unpack(req, len, &rq, reason, reason_len);
+    if (s != KVD_OK) {
+        return s;
+    }
+    size_t n = rq->n_block_hashes;
+    kvd_namespace_t ns;
+    s = svc_ns(&rq->namespace_id, &ns, reason, reason_len);
+    if (s != KVD_OK) {
+        kvd_proto_reserve_request_free(rq);
+        return s;
+    }
+    kvd_block_hash_t *hashes = svc_hashes(rq->block_hashes, n);
+    kvd_store_reservation_t *res = calloc(n, sizeof *res);
+    kvd_pb_block_reservation_t *blocks = calloc(n, sizeof *blocks);
+    kvd_pb_block_reservation_t **bp = calloc(n, sizeof *bp);
+    svc_resv_t *rec = calloc(1, sizeof *rec);
+    if (rec != NULL) {
+        rec->keys = calloc(n, sizeof *rec->keys);
+    }
+    bool reserved_any = false;
+    if (hashes == NULL || res == NULL || blocks == NULL || bp == NULL ||
+        rec == NULL || rec->keys == NULL) {
+        s = KVD_ERR_NOMEM;
+        goto out;
+    }
+    if (__atomic_load_n(&svc->draining, __ATOMIC_ACQUIRE)) {
+        /* Draining for a restart: no new saves (REJECTED = skip). */
+        for (size_t i = 0; i < n; i++) {
+            res[i].status = KVD_ERR_BUSY;
+        }
+    } else {
+        const char *tenant =
+            svc_caller_tenant != NULL ? svc_caller_tenant : rq->tenant;
+        rec->store_tenant = svc_tenant_id(tenant);
+        s = kvd_store_reserve(svc->store, &ns, hashes, n, rq->object_size_bytes,
+                              rec->store_tenant, res);
+    }
+    if (s != KVD_OK) {
+        kvd_config_err(reason, reason_len, "object_size_bytes %llu: %s",
+                       (unsigned long long)rq->object_size_bytes,
+                       kvd_status_str(s));
+        goto out;
+    }
+    uint32_t ttl = svc_ttl(rq->ttl_ms, svc->cfg.reservation_ttl_ms);
+    rec->ns = ns;
+    rec->object_bytes = rq->object_size_bytes;
+    rec->deadline_ns = kvd_time_now_ns() + (uint64_t)ttl * 1000000u;
+    kvd_pb_reserve_response_t rsp = KVDEPOT__V1__RESERVE_RESPONSE__INIT;
+    for (size_t i = 0; i < n; i++) {
+        kvdepot__v1__block_reservation__init(&blocks[i]);
+        blocks[i].block_hash = rq->block_hashes[i];
+        blocks[i].outcome = svc_outcome(res[i].status);
+        if (blocks[i].outcome ==
+            KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_REJECTED) {
+            blocks[i].status = (int32_t)res[i].status;
+        }
+        if (res[i].status == KVD_OK) {
+            blocks[i].arena_offset = res[i].arena_offset;
+            svc_resv_key_t *k = &rec->keys[rec->n++];
+            k->hash = hashes[i];
+            k->offset = res[i].arena_offset;
+            k->state = SVC_RESERVED;
+            reserved_any = true;
+        }
+        bp[i] = &blocks[i];
+    }
+    rec->open = rec->n;
+    rsp.n_blocks = n;
+    rsp.blocks = bp;
+    if (reserved_any) {
+        rsp.ttl_ms = ttl;
+        pthread_mutex_lock(&svc->mu);
+        rec->id = svc_id_new(svc);
+        rec->tenant = svc_caller_id;
+        size_t b = svc_bucket(rec->id);
+        rec->next = svc->resvs[b];
+        svc->resvs[b] = rec;
+        svc->n_resvs++;
+        rsp.reservation_id = rec->id;
+        s = svc_pack(KVD_PROTO_MSG_RESERVE_RESPONSE, &rsp.base, out, out_len,
+                     reason, reason_len);
+        if (s != KVD_OK) {
+            svc_resv_unlink(svc, rec);
+            svc_resv_abort_open(svc, rec);
+            svc_resv_free(rec);
+        }
+        pthread_mutex_unlock(&svc->mu);
+        rec = NULL;
+    } else {
+        s = svc_pack(KVD_PROTO_MSG_RESERVE_RESPONSE, &rsp.base, out, out_len,
+                     reason, reason_len);
+    }
+out:
+    if (rec != NULL && rec->n > 0) {
+        pthread_mutex_lock(&svc->mu);
+        svc_resv_abort_open(svc, rec);
+        pthread_mutex_unlock(&svc->mu);
+    }
+    svc_resv_free(rec);
+    free(bp);
+    free(blocks);
+    free(res);
+    free(hashes);
+    kvd_proto_reserve_request_free(rq);
+    return s;
+}
+
+/* Takes `mu` and returns reservation `id`; or, when there is none, writes
+ * why into `reason` and returns NULL with `mu` released. */
+static svc_resv_t *resv_lock(kvd_service_t *svc, uint64_t id, char *reason,
+                             size_t reason_len)
+{
+    pthread_mutex_lock(&svc->mu);
+    svc_resv_t *r = resv_find(svc, id);
+    if (r != NULL && !svc_owns(r->tenant)) {
+        r = NULL;
+    }
+    if (r == NULL) {
+        pthread_mutex_unlock(&svc->mu);
+        kvd_config_err(reason, reason_len,
+                       "reservation_id %llu: unknown, expired or done",
+                       (unsigned long long)id);
+    }
+    return r;
+}
+
+/* The reservation's key for `hash`, or NULL. `mu` held. */
+static svc_resv_key_t *resv_key(svc_resv_t *r, const uint8_t *hash)
+{
+    for (size_t k = 0; k < r->n; k++) {
+        size_t i = (r->cursor + k) % r->n;
+        if (memcmp(r->keys[i].hash.bytes, hash, KVD_SHA256_BYTES) == 0) {
+            r->cursor = i + 1;
+            return &r->keys[i];
+        }
+    }
+    return NULL;
+}
+
+/* Removes a reservation with nothing left open. `mu` held. */
+static void resv_maybe_done(kvd_service_t *svc, svc_resv_t *r)
+{
+    if (r->open == 0) {
+        svc_resv_unlink(svc, r);
+        svc_resv_free(r);
+    }
+}
+
+kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req, size_t len,
+                        uint8_t **out, size_t *out_len, char *reason,
+                        size_t reason_len)
+{
+    kvd_pb_commit_request_t *rq = NULL;
+    kvd_status_t s =
+        kvd_proto_commit_request_unpack(req, len, &rq, reason, reason_len);
+    if (s != KVD_OK) {
+        return s;
+    }
+    size_t n = rq->n_entries;
+    int32_t *statuses = calloc(n, sizeof *statuses);
+    if (statuses == NULL) {
+        kvd_proto_commit_request_free(rq);
+        return KVD_ERR_NOMEM;
+    }
+    uint32_t committed = 0;
+    kvd_block_hash_t *saved =
+        svc->cfg.saved != NULL ? malloc(n * sizeof *saved) : NULL;
+    svc_resv_t *r = resv_lock(svc, rq->reservation_id, reason, reason_len);
+    if (r == NULL) {
+        free(saved);
+        free(statuses);
+        kvd_proto_commit_request_free(rq);
+        return KVD_ERR_NOT_FOUND;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const kvd_pb_commit_entry_t *e = rq->entries[i];
+        svc_resv_key_t *k = resv_key(r, e->block_hash.data);
+        if (k == NULL || k->state != SVC_RESERVED) {
+            statuses[i] = KVD_ERR_NOT_FOUND;
+            continue;
+        }
+        kvd_store_key_t key = {.ns = r->ns, .hash = k->hash};
+        kvd_status_t ks = KVD_OK;
+        bool verified = false;
+        if (svc->cfg.verify_commits && e->n_layer_checksums == 1) {
+            const void *p =
+                kvd_store_arena_ptr(svc->store, k->offset, r->object_bytes);
+            if (p == NULL ||
+                kvd_xxh3_64(p, r->object_bytes) != e->layer_checksums[0]) {
+                ks = KVD_ERR_CHECKSUM;
+                svc_count(&svc->checksum_errors, 1);
+                (void)kvd_store_abort(svc->store, &key, 1, NULL);
+            } else {
+                verified = true;
+            }
+        }
+        /* A verified checksum is kept with the object (the cluster data
+         * plane sends it with the bytes instead of hashing them again). */
+        if (ks == KVD_OK) {
+            ks = verified ? kvd_store_commit_checksum(svc->store, &key,
+                                                      e->layer_checksums[0])
+                          : kvd_store_commit(svc->store, &key, 1, NULL);
+        }
+        k->state = SVC_DONE;
+        r->open--;
+        statuses[i] = (int32_t)ks;
+        if (ks == KVD_OK && saved != NULL) {
+            saved[committed] = k->hash;
+        }
+        committed += ks == KVD_OK;
+    }
+    kvd_namespace_t ns = r->ns;
+    uint64_t object_bytes = r->object_bytes;
+    uint32_t store_tenant = r->store_tenant;
+    resv_maybe_done(svc, r);
+    pthread_mutex_unlock(&svc->mu);
+    if (saved != NULL && committed > 0) {
+        svc->cfg.saved(svc->cfg.cluster_ctx, &ns, saved, committed,
+                       object_bytes, store_tenant);
+    }
+    free(saved);
+
+    kvd_pb_commit_response_t rsp = KVDEPOT__V1__COMMIT_RESPONSE__INIT;
+    rsp.num_committed = committed;
+    rsp.n_statuses = n;
+    rsp.statuses = statuses;
+    s = svc_pack(KVD_PROTO_MSG_COMMIT_RESPONSE, &rsp.base, out, out_len, reason,
+                 reason_len);
+    free(statuses);
+    kvd_proto_commit_request_free(rq);
+    return s;
+}
+
+kvd_status_t svc_abort(kvd_service_t *svc, const uint8_t *req, size_t len,
+                       uint8_t **out, size_t *out_len, char *reason,
+                       size_t reason_len)
+{
+    kvd_pb_abort_request_t *rq = NULL;
+    kvd_status_t s =
+        kvd_proto_abort_request_unpack(req, len, &rq, reason, reason_len);
+    if (s != KVD_OK) {
+        return s;
+    }
+    uint32_t aborted = 0;
+    svc_resv_t *r = resv_lock(svc, rq->reservation_id, reason, reason_len);
+    if (r == NULL) {
+        kvd_proto_abort_request_free(rq);
+        return KVD_ERR_NOT_FOUND;
+    }
+    if (rq->n_block_hashes == 0) {
+        aborted = (uint32_t)r->open;
+        svc_resv_abort_open(svc, r);
+    } else {
+        for (size_t i = 0; i < rq->n_block_hashes; i++) {
+            svc_resv_key_t *k = resv_key(r, rq->block_hashes[i].data);
+            if (k == NULL || k->state != SVC_RESERVED) {
+                continue;
+            }
+            kvd_store_key_t key = {.ns = r->ns, .hash = k->hash};
+            (void)kvd_store_abort(svc->store, &key, 1, NULL);
+            k->state = SVC_DONE;
+            r->open--;
+            aborted++;
+        }
+    }
+    resv_maybe_done(svc, r);
+    pthread_mutex_unlock(&svc->mu);
+    kvd_pb_abort_response_t rsp = KVDEPOT__V1__ABORT_RESPONSE__INIT;
+    rsp.num_aborted = aborted;
+    s = svc_pack(KVD_PROTO_MSG_ABORT_RESPONSE, &rsp.base, out, out_len, reason,
+                 reason_len);
+    kvd_proto_abort_request_free(rq);
+    return s;
+}

@@ -1,0 +1,121 @@
+/*
+ * Tenants in the service: the caller's tenant (what its credentials say,
+ * set by kvd_service_call for the handler on this thread), the tenant's
+ * own copy of every namespace, who may use a lease or reservation, and the
+ * object bytes each tenant holds leased, which server.tenant_max_leased
+ * caps (the cap is checked by Lookup and Get against svc_held_room).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/config_int.h"
+#include "server/svc_int.h"
+
+/* Set by kvd_service_call around each handler (svc_int.h). */
+_Thread_local const char *svc_caller_tenant;
+_Thread_local uint32_t svc_caller_id;
+
+uint32_t svc_tenant_id(const char *tenant)
+{
+    if (tenant == NULL || tenant[0] == '\0') {
+        return 0;
+    }
+    uint32_t t = (uint32_t)kvd_xxh3_64(tenant, strlen(tenant));
+    return t == 0 ? 1 : t;
+}
+
+uint32_t kvd_service_tenant_id(const char *tenant)
+{
+    return svc_tenant_id(tenant);
+}
+
+/* Whether this thread's caller may use a lease or reservation its creator
+ * (bound to `owner`, 0: none) made: callers bound to a tenant use their
+ * tenant's only (ids are sequential, so they could be guessed); an
+ * unbound caller is an operator. */
+bool svc_owns(uint32_t owner)
+{
+    return svc_caller_tenant == NULL || owner == svc_caller_id;
+}
+
+/* What `tenant` holds leased (`mu` held). */
+static svc_held_t *held_of(kvd_service_t *svc, uint32_t tenant, bool create)
+{
+    for (size_t i = 0; i < svc->n_held; i++) {
+        if (svc->held[i].tenant == tenant) {
+            return &svc->held[i];
+        }
+    }
+    if (!create) {
+        return NULL;
+    }
+    if (svc->n_held == svc->cap_held) {
+        size_t cap = svc->cap_held ? 2 * svc->cap_held : 16;
+        svc_held_t *h = realloc(svc->held, cap * sizeof *h);
+        if (h == NULL) {
+            return NULL; /* not counted: the cap is best effort */
+        }
+        svc->held = h;
+        svc->cap_held = cap;
+    }
+    svc->held[svc->n_held] = (svc_held_t){.tenant = tenant, .bytes = 0};
+    return &svc->held[svc->n_held++];
+}
+
+void svc_held_add(kvd_service_t *svc, uint32_t tenant, uint64_t bytes, bool add)
+{
+    svc_held_t *h = held_of(svc, tenant, add);
+    if (h != NULL) {
+        h->bytes = add                ? h->bytes + bytes
+                   : h->bytes > bytes ? h->bytes - bytes
+                                      : 0;
+    }
+}
+
+/* Bytes `tenant` may still lease under server.tenant_max_leased
+ * (UINT64_MAX: no limit). `mu` held. */
+uint64_t svc_held_room(kvd_service_t *svc, uint32_t tenant)
+{
+    uint64_t cap = svc->cfg.tenant_max_leased_bytes;
+    if (cap == 0) {
+        return UINT64_MAX;
+    }
+    svc_held_t *h = held_of(svc, tenant, false);
+    uint64_t used = h != NULL ? h->bytes : 0;
+    return used < cap ? cap - used : 0;
+}
+
+/* The request's namespace as the store knows it. A caller bound to a
+ * tenant gets its own copy of every namespace: the first 16 bytes of
+ * SHA-256("kvdepot tenant namespace", tenant, namespace), so knowing
+ * another tenant's namespace and hashes finds none of its objects (no
+ * lookup hit, no "exists" on reserve) and never collides with them. */
+kvd_status_t svc_ns(const ProtobufCBinaryData *src, kvd_namespace_t *ns,
+                    char *reason, size_t reason_len)
+{
+    memcpy(ns->bytes, src->data, sizeof ns->bytes);
+    const char *tenant = svc_caller_tenant;
+    if (tenant == NULL) {
+        return KVD_OK;
+    }
+    static const char tag[] = "kvdepot tenant namespace";
+    size_t tlen = strnlen(tenant, KVD_PROTO_MAX_ID_BYTES);
+    uint8_t buf[sizeof tag + KVD_PROTO_MAX_ID_BYTES + 1 + sizeof ns->bytes];
+    uint8_t digest[KVD_SHA256_BYTES];
+    size_t n = 0;
+    memcpy(buf, tag, sizeof tag); /* with its NUL: a separator */
+    n += sizeof tag;
+    memcpy(buf + n, tenant, tlen); /* names are bounded by the config */
+    n += tlen;
+    buf[n++] = 0;
+    memcpy(buf + n, ns->bytes, sizeof ns->bytes);
+    n += sizeof ns->bytes;
+    kvd_status_t s = kvd_sha256(buf, n, digest);
+    if (s != KVD_OK) {
+        kvd_config_err(reason, reason_len, "tenant %s's namespace: %s", tenant,
+                       kvd_status_str(s));
+        return s;
+    }
+    memcpy(ns->bytes, digest, sizeof ns->bytes);
+    return KVD_OK;
+}
