@@ -145,7 +145,7 @@ kvd_status_t kvd_handoff_send(int sock, const uint8_t *data, size_t len, int fd)
     if (n < 0) {
         return kvd_status_from_errno(errno);
     }
-    /* A unix stream socket takes a 56-byte message whole or not at all
+    /* A unix stream socket takes a 64-byte message whole or not at all
      * unless its buffer is nearly full, which a fresh connection's is not. */
     return (size_t)n == len ? KVD_OK : KVD_ERR_IO;
 }

@@ -1,5 +1,5 @@
 /*
- * The shared-memory hand-off (DESIGN.md §6): how a client on the daemon's
+ * The shared-memory hand-off (docs/daemon.md): how a client on the daemon's
  * node gets the arena. gRPC cannot carry a file descriptor, so the daemon
  * listens on a second unix socket, `<server.unix_socket>.shm`; a client
  * connects, sends one HELLO, and receives one REPLY with the arena's memfd

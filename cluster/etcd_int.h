@@ -1,6 +1,6 @@
 /*
  * A small etcd v3 client over the gRPC C core (issue "Cluster and
- * disaggregation", DESIGN.md §10): what the daemon's membership needs and
+ * disaggregation", docs/cluster.md): what the daemon's membership needs and
  * nothing more. The messages are etcd's own rpc.proto, kv.proto and
  * auth.proto, taken at build time from Debian's golang-etcd-server-dev and
  * compiled with protoc-c (scripts/etcd_protos.py; docs/cluster.md says why

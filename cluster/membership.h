@@ -1,5 +1,5 @@
 /*
- * Cluster membership through etcd (DESIGN.md §10, docs/cluster.md).
+ * Cluster membership through etcd (docs/cluster.md).
  *
  * A node registers its NodeInfo (proto/kvdepot/v1/cluster.proto) at
  * /kvdepot/<cluster>/nodes/<node_id> under an etcd lease it keeps alive

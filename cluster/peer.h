@@ -1,5 +1,5 @@
 /*
- * The data plane between kvdepotd nodes (DESIGN.md §10, docs/cluster.md):
+ * The data plane between kvdepotd nodes (docs/cluster.md):
  * one UCX worker per daemon, driven by one progress thread, speaking active
  * messages. Three requests, each a batch over one namespace:
  *

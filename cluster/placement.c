@@ -1,4 +1,4 @@
-/* Weighted rendezvous hashing (placement_int.h). */
+/* Weighted rendezvous hashing (placement.h). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /*
- * Where objects live in a cluster (DESIGN.md §10): weighted rendezvous
+ * Where objects live in a cluster (docs/cluster.md): weighted rendezvous
  * (highest random weight) hashing of object keys over the live members.
  * Every node computes the same homes from the same view, a node joining
  * takes only the keys it now wins and a node leaving hands over only its

@@ -1,5 +1,5 @@
 /*
- * One cache over several nodes (DESIGN.md §10, docs/cluster.md): what a
+ * One cache over several nodes (docs/cluster.md): what a
  * clustered kvdepotd does besides serving its own store.
  *
  *   - It joins the cluster (membership through etcd, cluster/membership)

@@ -1,5 +1,5 @@
 /*
- * Block identity (DESIGN.md §3): the prefix-cache hash chain
+ * Block identity (docs/architecture.md §5): the prefix-cache hash chain
  *   h_i = SHA-256(canonical_cbor([h_{i-1}, [tokens...], extras | null]))
  * built to be byte-identical to vLLM's hash_block_tokens with the
  * "sha256_cbor" algorithm, so a key computed here equals the BlockHash the

@@ -4,7 +4,7 @@
  * negative integers, byte strings, text strings, definite-length arrays,
  * null and booleans. Every head uses the shortest form, so two encoders fed
  * the same values produce the same bytes; that is what makes block hashes
- * agree with Python's cbor2.dumps(..., canonical=True) (DESIGN.md §3).
+ * agree with Python's cbor2.dumps(..., canonical=True) (architecture.md §5).
  *
  * The encoder writes into storage the caller provides (usually a stack
  * buffer) and, when created with KVD_CBOR_ENC_GROW, moves to a heap buffer

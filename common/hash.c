@@ -1,9 +1,9 @@
 /*
  * Hash primitives: SHA-256 through OpenSSL's EVP one-shot digest (block
- * identity, DESIGN.md §3) and XXH3-64 through libxxhash (checksums of
- * stored objects). This is the only file that includes OpenSSL or xxHash
- * headers, and kvd_openssl_status() is the one place libcrypto errors become
- * a kvdepot status.
+ * identity, docs/architecture.md §5) and XXH3-64 through libxxhash
+ * (checksums of stored objects). This is the only file that includes
+ * OpenSSL or xxHash headers, and kvd_openssl_status() is the one place
+ * libcrypto errors become a kvdepot status.
  *
  * The SHA-256 implementation is fetched from the default provider once per
  * process. Handing EVP_sha256() to EVP_Digest instead would repeat that

@@ -1,5 +1,5 @@
 /*
- * Namespace digest (DESIGN.md §3): 16 bytes that name everything making
+ * Namespace digest (docs/protocol.md): 16 bytes that name everything making
  * stored KV bytes incompatible, so a cache written for one model, dtype,
  * codec or shard can never be read by another. Canonical CBOR (the same
  * encoder as the block hashes) under a version tag, then SHA-256, keeps the

@@ -3,7 +3,7 @@
  * an eventfd for consumers that sleep.
  *
  * It carries completion records from I/O and copy threads to the one thread
- * that polls (shared/STYLE.md, "Async"): any thread pushes a record with
+ * that polls (docs/architecture.md §9): any thread pushes a record with
  * kvd_ring_push(), which never blocks and answers KVD_ERR_BUSY when the ring
  * is full; the owning thread drains records with the non-blocking
  * kvd_ring_pop(), and sleeps either in kvd_ring_wait() or in its own

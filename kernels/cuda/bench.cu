@@ -1,12 +1,12 @@
 // GPU bandwidth benchmark of the gather/scatter kernels, called by the
-// bench program (cuda_int.h: kvd_cuda_bench_gather). It builds a vLLM
-// FlashAttention NHD cache ([plane][block][token][head][channel] per layer,
-// the layout that needs SMs even for raw), visits it through a strided
-// permutation of block ids so the access pattern is paged rather than
-// sequential, and compares with the device's own device-to-device memcpy of
-// the same cache bytes, measured in the same run: the ratio is what the
-// bench program reports (shared/STYLE.md: benchmarks print a ratio against a
-// peer).
+// bench program (kvdepot/kernels_cuda.h: kvd_cuda_bench_gather). It builds
+// a vLLM FlashAttention NHD cache ([plane][block][token][head][channel] per
+// layer, the layout that needs SMs even for raw), visits it through a
+// strided permutation of block ids so the access pattern is paged rather
+// than sequential, and compares with the device's own device-to-device
+// memcpy of the same cache bytes, measured in the same run: the ratio is
+// what the bench program reports (bench/README.md: benchmarks print a ratio
+// against a peer).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 

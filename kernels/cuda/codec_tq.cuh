@@ -4,7 +4,7 @@
 //
 // One warp per (head, token) vector; lane l holds coordinates e*32 + l for
 // e < head_dim/32, which is the layout the reference's parity rules are
-// written for (quant-kernels.md §9):
+// written for (docs/codecs.md, "CPU/GPU parity contract"):
 //   - norm: per-lane sum over e in increasing order, then a xor butterfly
 //     with offsets 16, 8, 4, 2, 1 (kvd_ref_tq_norm_sq emulates exactly this);
 //   - FWHT stages h = 1, 2, ..., 16 across lanes with shuffles (the lane

@@ -1,6 +1,6 @@
 // Paged gather/scatter of one layer on the GPU, with the KV codecs applied
-// on the way (cuda_int.h is the contract, kernels/ref/gather.c the
-// reference whose bytes we reproduce).
+// on the way (kvdepot/kernels_cuda.h is the contract, kernels/ref/gather.c
+// the reference whose bytes we reproduce).
 //
 // Host side: every argument is validated with the reference's own pure
 // checks (kvd_kv_layout_check, the object format) plus the CUDA-specific

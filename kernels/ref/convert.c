@@ -4,11 +4,12 @@
  *
  * Every conversion is written on the bits or with exact power-of-two
  * scaling, never with the C library's current rounding mode, because the
- * CUDA kernels must produce the same bytes (quant-kernels.md §9): fp16 and
- * bf16 round to nearest even, and E4M3 follows cvt.rn.satfinite for every
- * number: round to nearest even, overflow (including +-Inf) saturates to
- * +-448. NaN keeps its sign (0x7F / 0xFF), where the CUDA intrinsic always
- * gives 0x7F; the CUDA kernels special-case NaN to match this.
+ * CUDA kernels must produce the same bytes (docs/codecs.md, "CPU/GPU
+ * parity contract"): fp16 and bf16 round to nearest even, and E4M3 follows
+ * cvt.rn.satfinite for every number: round to nearest even, overflow
+ * (including +-Inf) saturates to +-448. NaN keeps its sign (0x7F / 0xFF),
+ * where the CUDA intrinsic always gives 0x7F; the CUDA kernels special-case
+ * NaN to match this.
  */
 #include <math.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * CUDA kernels: dtype sizes, codec names, kvd_object_format_check, the
  * per-plane region sizes and layer offsets, and kvd_kv_layout_check.
  *
- * Sizes are a pure function of the format (DESIGN.md §4), so a stored
+ * Sizes are a pure function of the format (docs/codecs.md), so a stored
  * object's layout never depends on anything but its header. Every region
  * (a plane's data, a plane's metadata) is rounded up to 16 bytes so that
  * GPU kernels can use 16-byte vector accesses on every region start.

@@ -1,6 +1,6 @@
 /*
  * FP8 E4M3 codec with one fp32 scale per (head, token) vector
- * (quant-kernels.md §3.4 and §8.3, the "fp8_e4m3_tokhead" scheme).
+ * (docs/codecs.md, "fp8_e4m3"; the "fp8_e4m3_tokhead" scheme).
  *
  * scale = amax / 448, so the vector's largest magnitude lands on the
  * largest finite code and the whole 3-bit mantissa is used. Vectors whose

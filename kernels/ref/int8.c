@@ -1,5 +1,5 @@
 /*
- * Symmetric int8 codec (quant-kernels.md §8.2): the V plane keeps one fp16
+ * Symmetric int8 codec (docs/codecs.md, "int8"): the V plane keeps one fp16
  * scale per (head, token) vector ("int8_tokhead"); the K plane (and the MLA
  * latent) keeps one fp16 scale per (head, channel) over the block's valid
  * tokens ("int8_chan"). Keys have outlier channels: a per-vector step

@@ -1,5 +1,5 @@
 /*
- * KIVI codec (arXiv 2402.02750; quant-kernels.md §2, §8.3): asymmetric
+ * KIVI codec (arXiv 2402.02750; docs/codecs.md, "kivi4, kivi2"): asymmetric
  * min/max quantization to 4 or 2 bits. K is quantized per channel over the
  * block's valid tokens (keys have outlier channels, and a channel's range
  * is narrow across tokens); V per token over groups of 32 channels.

@@ -1,7 +1,7 @@
 /*
  * One plane of one block through a codec: the [head][token][channel] block
  * in the cache dtype on one side, the object's data and metadata regions on
- * the other (kvdepot/kernels.h, ref_int.h).
+ * the other (kvdepot/kernels.h, ref.h).
  *
  * raw copies bytes, which keeps it exact for every dtype (fp8 caches
  * included) and makes it the memcpy the CUDA path hands to the copy

@@ -9,10 +9,11 @@
  * metadata regions are in docs/codecs.md; the CUDA kernels implement the
  * same bytes.
  *
- * Rounding conventions shared with CUDA (bit-exactness, quant-kernels.md
- * §9): float->fp16/bf16 round to nearest even; quantizers divide by the
- * scale (never multiply by a reciprocal) and round with rintf (RNE);
- * scales are rounded to fp16 before use where they are stored as fp16.
+ * Rounding conventions shared with CUDA (bit-exactness, docs/codecs.md,
+ * "CPU/GPU parity contract"): float->fp16/bf16 round to nearest even;
+ * quantizers divide by the scale (never multiply by a reciprocal) and
+ * round with rintf (RNE); scales are rounded to fp16 before use where they
+ * are stored as fp16.
  */
 #ifndef KVD_KERNELS_REF_H
 #define KVD_KERNELS_REF_H

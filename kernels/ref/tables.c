@@ -5,7 +5,7 @@
  * Signs: s_i is the top bit of the i-th splitmix64 output from tq_seed
  * (1 -> -1.0f). A top bit, not the low bit of a multiplicative hash: the
  * latter alternates with i and turns the randomized Hadamard transform into
- * a plain permutation (quant-kernels.md §1.6).
+ * a plain permutation (docs/codecs.md, "Tables").
  *
  * Codebooks: after a random rotation one coordinate of a unit vector in R^d
  * has the density f(x) ~ (1 - x^2)^((d - 3) / 2) on [-1, 1]. The optimal
@@ -18,7 +18,7 @@
  * symmetric. The solve is a pure function of (d, bits), so every process
  * (and the CUDA upload of these tables) sees the same floats; the unit
  * test checks the result against an independent Simpson integration and
- * against quant-kernels.md §1.2.
+ * against the design study's codebook (docs/codecs.md, "Expected quality").
  */
 #include <math.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /*
  * TurboQuant-MSE codec (arXiv 2504.19874 Algorithm 1 with a randomized
- * Hadamard rotation; quant-kernels.md §1, §8.3). Per (head, token) vector
- * x of d = head_dim coordinates:
+ * Hadamard rotation; docs/codecs.md). Per (head, token) vector x of
+ * d = head_dim coordinates:
  *   g = sqrt(fixed-tree sum of x_j^2)
  *   u_j = x_j * s_j * (1/g);  FWHT(u);  y_j = u_j * (1/sqrt d)
  *   code_j = #{k : y_j > bound_k}          (Lloyd-Max bounds, tables.c)
@@ -10,7 +10,8 @@
  * * norm. The randomized rotation makes every coordinate follow the same
  * known distribution whatever the data (outlier channels included), which
  * is what lets one fixed codebook serve all vectors. No QJL stage: the
- * engine consumes dequantized vectors, where QJL only adds error (§1.4).
+ * engine consumes dequantized vectors, where QJL only adds error
+ * (docs/codecs.md, "tq4, tq3, tq2").
  *
  * Everything a GPU must reproduce bit for bit is pinned down here and in
  * docs/codecs.md: the norm's reduction tree (tq_int.h), the FWHT stage

@@ -45,7 +45,7 @@ float kvd_ref_tq_inv_sqrt_dim(unsigned dim);
  * multiplies by dim. dim is a power of two. */
 void kvd_ref_fwht(float *v, unsigned dim);
 
-/* BP32 bit planes (quant-kernels.md §8.1): dim codes of `bits` bits <->
+/* BP32 bit planes (docs/codecs.md): dim codes of `bits` bits <->
  * dim*bits/8 bytes, word W[g*bits + k] (little-endian u32) having bit l =
  * bit k of code[g*32 + l]. dim is a multiple of 32; pack ignores code bits
  * above `bits`. */

@@ -1,8 +1,8 @@
 /*
- * A CPU model of kernels/cuda's C entry points (cuda_int.h), so the
+ * A CPU model of kernels/cuda's C entry points (kvdepot/kernels_cuda.h), so the
  * worker's CUDA backend (worker/device_cuda.c) and its GPU test suite
  * (tests/gpu/test_cuda_worker.c) run in CI, where there is no GPU
- * (DESIGN.md §11: the host must exercise the CUDA backend's code paths).
+ * (tests/README.md: every build runs the CUDA backend's code paths).
  *
  * What it models is the part that is the worker's to get right: stream
  * order and the host's view of it. "Device memory" is host memory this

@@ -12,7 +12,7 @@
  *     bytes kvd_ref_gather_layer produces, padding included: bit-exact for
  *     raw, fp8, int8 and KIVI; for TurboQuant at most 0.1% of the codes may
  *     differ, by +-1, and the relative MSE of the decoded result must be
- *     within 1% of the reference's (quant-kernels.md §9);
+ *     within 1% of the reference's (docs/codecs.md's parity contract);
  *   - scatter of the reference's objects into a poisoned device cache must
  *     change exactly the listed blocks' valid tokens of that layer, to the
  *     bytes kvd_ref_scatter_layer writes.
@@ -558,7 +558,8 @@ static void test_run_format(test_layout_t kind, const kvd_object_format_t *fmt,
         }
         test_run_layer_scatter(&r, layer);
     }
-    /* quant-kernels.md §9: at most 0.1% of TurboQuant codes may differ. */
+    /* docs/codecs.md's parity contract: at most 0.1% of TurboQuant codes
+     * may differ. */
     assert_true(r.tq_diff * 1000 <= r.tq_total);
 
     kvd_cuda_mem_destroy(r.staging);

@@ -12,9 +12,9 @@
  *   - the loaded device cache equals the host backend's cache byte for
  *     byte, poison outside the listed blocks included (raw: the source
  *     blocks themselves); tq4, whose GPU encoder may round a few codes the
- *     other way (quant-kernels.md §9), must be as close to the source as
- *     the host's result (relative MSE within 2%) and leave every other
- *     byte as it was;
+ *     other way (docs/codecs.md's parity contract), must be as close to
+ *     the source as the host's result (relative MSE within 2%) and leave
+ *     every other byte as it was;
  *   - ordering on the engine's stream: the device source cache starts
  *     poisoned and each layer's real bytes are copied into it on the
  *     engine's stream just before save_kv_layer(l, stream), so a save not

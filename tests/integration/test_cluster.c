@@ -1,5 +1,5 @@
 /*
- * Three kvdepotd and one etcd on 127.0.0.1 (DESIGN.md §10): a chain saved
+ * Three kvdepotd and one etcd on 127.0.0.1 (docs/cluster.md): a chain saved
  * through node A is loaded, byte for byte, through node C; with R=2 the
  * chain stays loadable after A is SIGKILLed (its keys' other homes have
  * them); lookups while A is dead but still in the view route around it

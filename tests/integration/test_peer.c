@@ -22,6 +22,7 @@
 
 #include <cmocka.h>
 
+/* peer_int.h, not only peer.h: the wire codec is tested here too. */
 #include "cluster/peer_int.h"
 #include "common/failpoint_int.h"
 #include "common/time_int.h"
@@ -792,7 +793,7 @@ int main(int argc, char **argv)
         return serve_main();
     }
     if (getenv("UCX_NET_DEVICES") == NULL) {
-        /* Loopback only (DESIGN.md §11), also when run by hand. */
+        /* Loopback only (tests/README.md), also when run by hand. */
         setenv("UCX_NET_DEVICES", "lo", 1);
         setenv("UCX_TLS", "tcp", 1);
     }

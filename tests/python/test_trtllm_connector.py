@@ -1,6 +1,7 @@
-"""kvdepot.trtllm driven in TensorRT-LLM's call order (connector-apis.md
-§2.3) with a real torch block-major pool [blocks, layers, 2,
-tokens*heads*dim] on the host backend.
+"""kvdepot.trtllm driven in TensorRT-LLM's call order (its
+kv_cache_connector.py: KvCacheConnectorScheduler/Worker,
+KvCacheConnectorManager) with a real torch block-major pool [blocks,
+layers, 2, tokens*heads*dim] on the host backend.
 
 A first leader/worker pair saves a context request's blocks; a new pair on
 the same store directory (an engine restart) matches the same prompt,
@@ -174,7 +175,8 @@ def test_missing_shape_is_refused(monkeypatch):
         kt.KvdepotScheduler(NS(model="/nonexistent", kv_cache_config=None))
 
 
-# TensorRT-LLM's classic connector API (connector-apis.md §2.1-2.2).
+# TensorRT-LLM's classic connector API (kv_cache_connector.py:
+# KvCacheConnectorScheduler and KvCacheConnectorWorker).
 SCHEDULER = {"build_connector_meta": ["scheduler_output"],
              "get_num_new_matched_tokens": ["request", "num_computed_tokens"],
              "request_finished": ["request", "cache_block_ids"],

@@ -1,5 +1,6 @@
-"""kvdepot.vllm driven in vLLM 0.19's call order (connector-apis.md §1.3)
-with real torch CPU tensors, on the host backend and the embedded store.
+"""kvdepot.vllm driven in vLLM 0.19's call order (KVConnectorBase_V1 in
+vllm/distributed/kv_transfer/kv_connector/v1/base.py) with real torch CPU
+tensors, on the host backend and the embedded store.
 
 An engine computes a prompt (its KV: random tensors), the connector saves
 it; the connector pair is shut down and a new pair created on the same
@@ -651,7 +652,8 @@ def test_bad_settings_are_refused():
             kv.KvdepotConnector(cfg, kv.KVConnectorRole.WORKER)
 
 
-# vLLM 0.19 KVConnectorBase_V1 (connector-apis.md §1.4): method -> the
+# vLLM 0.19 KVConnectorBase_V1 (in
+# vllm/distributed/kv_transfer/kv_connector/v1/base.py): method -> the
 # parameter names after self.
 VLLM_019 = {
     "start_load_kv": ["forward_context", "kwargs"],

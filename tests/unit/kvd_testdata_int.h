@@ -1,9 +1,9 @@
 /*
  * Test data shared by the kernel tests: a seeded splitmix64 generator,
  * uniform and Gaussian draws, and the per-channel model of key-like KV data
- * (quant-kernels.md §6.3 B). One definition, so every quality gate runs on
- * the same distribution. Header-only (static inline): each test is one
- * executable built from one source file.
+ * (docs/codecs.md, "Expected quality": key-like). One definition, so every
+ * quality gate runs on the same distribution. Header-only (static inline):
+ * each test is one executable built from one source file.
  */
 #ifndef KVD_TESTS_TESTDATA_INT_H
 #define KVD_TESTS_TESTDATA_INT_H

@@ -1,12 +1,13 @@
 /*
- * Attention-output error of every codec (quant-kernels.md §6.1 metric 2):
+ * Attention-output error of every codec (docs/codecs.md, "Attention-output
+ * error"):
  * what an engine computes from decoded K/V, softmax(q K^T / sqrt d) V,
  * against the same with the exact fp16 cache. Relative MSE per vector
  * (test_kernels_quant.c) does not show how K errors are amplified by a
  * peaky softmax; this does.
  *
- * Setup (§6.3): one KV head, d = 128, 1024 tokens in 64 blocks of 16, K
- * and V through the same codec via kvd_ref_plane_encode/decode (fp16
+ * Setup: one KV head, d = 128, 1024 tokens in 64 blocks of 16, K and V
+ * through the same codec via kvd_ref_plane_encode/decode (fp16
  * cache), 16 random queries scaled so the exact logits have a standard
  * deviation of 2 over the tokens, V ~ N(0, 1). K is i.i.d. N(0, 1) or
  * key-like (channel std e^{0.5 N}, 4 outlier channels x8..15, offsets

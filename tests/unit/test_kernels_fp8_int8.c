@@ -5,10 +5,11 @@
  * knows nothing about its algorithm: it decodes all 254 finite codes with
  * ldexp and picks the nearest (ties to the even mantissa, the input's sign
  * for zero, saturation to +-448, NaN to 0x7F/0xFF), over every fp16 and
- * bf16 pattern and 10^6 random floats (quant-kernels.md §9). fp16/bf16
- * rounding is checked against a binary search over the monotonic positive
- * bit patterns. The quality gates run on fresh random data every time; the
- * seed is printed so a failure can be replayed with KVDEPOT_TEST_SEED.
+ * bf16 pattern and 10^6 random floats (docs/codecs.md, "fp8_e4m3").
+ * fp16/bf16 rounding is checked against a binary search over the
+ * monotonic positive bit patterns. The quality gates run on fresh random
+ * data every time; the seed is printed so a failure can be replayed with
+ * KVDEPOT_TEST_SEED.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -47,7 +48,7 @@ static uint32_t float_bits(float f)
 
 /* ---- independent oracles ----------------------------------------------- */
 
-/* E4M3 value of a code, straight from the format definition (§3.1). */
+/* E4M3 value of a code, straight from the format definition (OCP E4M3). */
 static double e4m3_value(unsigned code)
 {
     unsigned e = (code >> 3) & 15u, m = code & 7u;
@@ -328,10 +329,10 @@ static void test_half_bf16_rounding(void **state)
 #define QDIM 128
 #define QVECS 4096
 
-/* Generates QVECS vectors: i.i.d. N(0,1), or key-like (quant-kernels.md
- * §6.3 B): channel std e^{0.5 N}, 4 outlier channels x8..15, per-channel
- * offsets N(0, 2^2). Rounded to fp16, the cache dtype, so the reference
- * is exactly what the codec sees. */
+/* Generates QVECS vectors: i.i.d. N(0,1), or key-like (docs/codecs.md,
+ * "Expected quality": key-like): channel std e^{0.5 N}, 4 outlier
+ * channels x8..15, per-channel offsets N(0, 2^2). Rounded to fp16, the
+ * cache dtype, so the reference is exactly what the codec sees. */
 static float *make_vectors(int key_like, uint64_t seed)
 {
     float *x = malloc(sizeof(float) * QDIM * QVECS);
@@ -438,9 +439,9 @@ static double int8_predicted_rel_mse(const float *x)
  * its own step. Keys are what has outlier channels; int8 on V is per
  * token, where a per-vector step amax/127 costs (amax/rms)^2, which the
  * outlier channels raise by 5x to 15x depending on the draw (1.3e-4 ..
- * 6e-4 over 40 seeds; §8.2 quotes 2e-4). Should V ever look like this,
- * the test holds int8 V to within 10% of its own noise model on the same
- * data, which still catches a wrong scale, rounding or clamp.
+ * 6e-4 over 40 seeds; the design study quoted 2e-4). Should V ever look
+ * like this, the test holds int8 V to within 10% of its own noise model on
+ * the same data, which still catches a wrong scale, rounding or clamp.
  */
 static void test_quality_key_like(void **state)
 {
@@ -534,8 +535,8 @@ static void test_zero_vector_and_partial_block(void **state)
     }
 }
 
-/* Codes are bit-exact functions of the spec in ref_int.h: checks one vector
- * by hand-written arithmetic (divide by the scale, round, clamp). */
+/* Codes are bit-exact functions of the spec in docs/codecs.md: checks one
+ * vector by hand-written arithmetic (divide by the scale, round, clamp). */
 static void test_codec_arithmetic(void **state)
 {
     (void)state;

@@ -7,10 +7,10 @@
  * memory and described only by base pointers and byte strides. The
  * expected object bytes and the set of cache bytes scatter may write are
  * computed independently, from each layout's flat index formula
- * (quant-kernels.md §5.1) and the object rules (DESIGN.md §4), never from
- * the strides under test. Scatter goes into a poisoned copy of the cache:
- * the listed blocks' valid tokens must come back and every other byte must
- * still be poison.
+ * (kernels/README.md, "Describing an engine's cache") and the object rules
+ * (docs/codecs.md, "Object layout"), never from the strides under test.
+ * Scatter goes into a poisoned copy of the cache: the listed blocks' valid
+ * tokens must come back and every other byte must still be poison.
  */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -5,14 +5,14 @@
  * The pieces TurboQuant's CPU/GPU parity rests on are checked one by one
  * against formulations written from the spec, not from the code: the sign
  * vector against splitmix64 itself, the Lloyd-Max codebooks against an
- * independent Simpson integration of the coordinate density (and
- * quant-kernels.md §1.2), the FWHT against the Hadamard matrix, BP32
- * against its bit-level definition, the norm against a recursive model of
- * the warp butterfly. Then whole planes go through the public
- * kvd_ref_plane_encode/decode with an fp16 cache, and the relative MSE
- * must stay under the gates of quant-kernels.md §9 on fresh random data
- * (i.i.d. N(0,1) and key-like vectors with outlier channels) at head_dim
- * 64, 128 and 256. The seed is printed; KVDEPOT_TEST_SEED replays a run.
+ * independent Simpson integration of the coordinate density (and the
+ * design study's codebook, docs/codecs.md), the FWHT against the Hadamard
+ * matrix, BP32 against its bit-level definition, the norm against a
+ * recursive model of the warp butterfly. Then whole planes go through the
+ * public kvd_ref_plane_encode/decode with an fp16 cache, and the relative
+ * MSE must stay under docs/codecs.md's gates on fresh random data (i.i.d.
+ * N(0,1) and key-like vectors with outlier channels) at head_dim 64, 128
+ * and 256. The seed is printed; KVDEPOT_TEST_SEED replays a run.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -48,9 +48,9 @@ static float fp16_round(double v)
 
 /* QHEADS heads of QTOKENS tokens of dim channels, [head][token][channel],
  * rounded to fp16 (the cache dtype) so the reference is exactly what the
- * codec sees. key_like (quant-kernels.md §6.3 B), drawn per head like the
- * KV heads of one layer: channel std e^{0.5 N}, 4 outlier channels
- * x8..15, per-channel offsets N(0, 2^2). */
+ * codec sees. key_like (docs/codecs.md, "Expected quality": key-like),
+ * drawn per head like the KV heads of one layer: channel std e^{0.5 N},
+ * 4 outlier channels x8..15, per-channel offsets N(0, 2^2). */
 static float *make_vectors(int key_like, unsigned dim, uint64_t seed)
 {
     float *x = malloc(sizeof(float) * dim * QVECS);
@@ -193,8 +193,8 @@ static kvd_codec_tables_t *tq_tables(unsigned dim, uint64_t seed)
 
 /*
  * Signs are the top bits of splitmix64 from the seed, and must not have
- * the alternating/periodic structure of quant-kernels.md §1.6 (there H *
- * diag(s) degenerates to a permutation and a constant offset becomes one
+ * the alternating/periodic structure (docs/codecs.md, "Tables": a low-bit
+ * hash makes H*diag(s) a permutation, and a constant offset becomes one
  * outlier coordinate): no period p <= d/2, and the rotated all-ones vector
  * is spread out instead of one spike of height d.
  */
@@ -284,10 +284,11 @@ static double codebook_dmse(unsigned dim, const float *c, const float *bnd,
  * Codebooks: ascending, exactly symmetric, bounds at midpoints; every
  * centroid is the conditional mean of its cell (Lloyd's fixed point, by
  * independent integration); d*MSE and the d=128 centroids agree with
- * quant-kernels.md §1.2. The §1.2 centroids are matched to 2e-3 relative:
- * they sit systematically 0.02%..0.12% outward at 4 bits (0.011316 vs
- * 0.011302 here), while the Simpson fixed-point check below holds to 3e-7
- * of sigma, so the difference is in the quoted table, not the solver.
+ * the design study's codebook (docs/codecs.md). Its centroids are matched
+ * to 2e-3 relative: they sit systematically 0.02%..0.12% outward at 4 bits
+ * (0.011316 vs 0.011302 here), while the Simpson fixed-point check below
+ * holds to 3e-7 of sigma, so the difference is in the quoted table, not the
+ * solver.
  */
 static void test_tables_codebooks(void **state)
 {
@@ -850,8 +851,8 @@ typedef struct gate {
 /*
  * relMSE gates (docs/codecs.md, "Expected quality"; worst over D = 64,
  * 128, 256 in parentheses, 300 seeds, 1200 for TurboQuant key-like).
- * N(0,1): quant-kernels.md §9 for TQ and KIVI V; KIVI K, which §9 does not
- * list, 10% above its worst (4.26e-3 / 0.108).
+ * N(0,1): the design study's verification gates for TQ and KIVI V; KIVI K,
+ * which those do not list, 10% above its worst (4.26e-3 / 0.108).
  * Key-like:
  *  - tq4 / tq3 keep 0.0102 / 0.037 (9.7e-3 / 0.0343).
  *  - tq2 keeps 0.125 at D >= 128 (worst 0.116) and gets 0.14 at D = 64
@@ -864,8 +865,8 @@ typedef struct gate {
  *    offsets and outlier channels.
  *  - KIVI V is per token, so an outlier channel widens its whole group of
  *    32: gates 0.016 / 0.38 (0.0133 / 0.351).
- *  - int8 K (per channel over the block) keeps §9's 6e-5 on both; int8 V
- *    (per token) is gated in test_kernels_fp8_int8.c.
+ *  - int8 K (per channel over the block) keeps the 6e-5 gate on both;
+ *    int8 V (per token) is gated in test_kernels_fp8_int8.c.
  */
 static const gate_t k_gates[] = {
     {"tq4", KVD_CODEC_TQ4, KVD_PLANE_K, 0.0102, 0.0102, 0},

@@ -4,7 +4,7 @@
  * trips; duplicates, aborts and half-written keys; eviction that never
  * touches leased objects; slab pressure with mixed sizes; tenant quotas;
  * gets of host leases; delete; export; argument errors. The NVMe tier is
- * exercised by tests/integration/test_store_disk.c.
+ * exercised by tests/integration/test_store_tiers.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
