@@ -379,7 +379,8 @@ typedef enum store_read_prep {
 
 /* Prepares a read: reserves its arena slot, or completes it at once when
  * no I/O is needed (already in the arena) or possible. */
-static store_read_prep_t store_read_prepare(kvd_embedded_t *st, store_job_t *job)
+static store_read_prep_t store_read_prepare(kvd_embedded_t *st,
+                                            store_job_t *job)
 {
     kvd_store_key_t lk;
     lk = job->key;
