@@ -6,7 +6,7 @@
  * name that session, which binds them to the tenant (srv_session_tenant).
  *
  * The listener is one thread: each exchange is one 16-byte HELLO and one
- * 56-byte REPLY with the memfd, bounded by a 1 s receive timeout, so a
+ * 64-byte REPLY with the memfd, bounded by a 1 s receive timeout, so a
  * stuck client delays the next one by at most that.
  */
 #include <errno.h>
