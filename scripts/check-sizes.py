@@ -202,7 +202,8 @@ def main():
     listed = os.path.abspath(args.exceptions)
     if listed.startswith(root + os.sep):
         listed = os.path.relpath(listed, root)
-    for key in sorted(k for k in allowed if k not in used and k[0] in checked):
+    stale = [k for k in allowed if k not in used and k[0] in checked]
+    for key in sorted(stale, key=lambda k: (k[0], k[1] or '')):
         what = key[0] if key[1] is None else f'{key[0]} {key[1]}'
         print(f'check-sizes: note: exception "{what}" is no longer needed; '
               f'remove it from {listed}',
