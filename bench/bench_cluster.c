@@ -501,18 +501,30 @@ static int rm_cb(const char *p, const struct stat *sb, int flag,
     return remove(p);
 }
 
-int main(void)
+/* Pins the two ends of a transfer (node A and node B of the fetch, the
+ * ucx_perftest server and client) to a CPU of their own each, as on two
+ * hosts: left to the scheduler, a thread woken by a message from the other
+ * end tends to be placed on the CPU of the thread that woke it, and then
+ * both polling progress threads share one CPU. ucx_perftest's processes
+ * never sleep, so they stay apart anyway. */
+static void pick_side_cpus(bench_t *b)
 {
-    bench_prog = "bench_cluster";
-    static bench_t b;
-    setenv("UCX_NET_DEVICES", env_or("UCX_NET_DEVICES", "lo"), 1);
-    setenv("UCX_TLS", env_or("UCX_TLS", "tcp"), 1);
-    snprintf(b.dir, sizeof b.dir, "/tmp/kvd_bench_cluster_XXXXXX");
-    if (mkdtemp(b.dir) == NULL) {
-        perror("bench_cluster: mkdtemp");
-        return 1;
+    b->side_cpu[0] = b->side_cpu[1] = -1;
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) == 0 &&
+        CPU_COUNT(&mine) >= 2) {
+        for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; c++) {
+            if (CPU_ISSET(c, &mine)) {
+                b->side_cpu[k++] = c;
+            }
+        }
     }
-    memset(b.ns.bytes, 0x42, sizeof b.ns.bytes);
+}
+
+/* etcd and the five daemons, each ready and seeing its cluster, then a
+ * client on each. */
+static int cluster_start(bench_t *b)
+{
     static const struct {
         const char *id, *cluster, *replicas;
     } spec[NODES] = {{"node-a", "fetch", "1"},
@@ -520,73 +532,57 @@ int main(void)
                      {"node-a", "reroute", "2"},
                      {"node-b", "reroute", "2"},
                      {"node-c", "reroute", "2"}};
-    int rc = 1;
     const char *bin = env_or("KVDEPOTD", KVD_BENCH_KVDEPOTD);
-    /* The two ends of a transfer (node A and node B of the fetch, the
-     * ucx_perftest server and client) run on a CPU of their own each, as
-     * on two hosts: left to the scheduler, a thread woken by a message
-     * from the other end tends to be placed on the CPU of the thread that
-     * woke it, and then both polling progress threads share one CPU.
-     * ucx_perftest's processes never sleep, so they stay apart anyway. */
-    b.side_cpu[0] = b.side_cpu[1] = -1;
-    cpu_set_t mine;
-    if (sched_getaffinity(0, sizeof mine, &mine) == 0 &&
-        CPU_COUNT(&mine) >= 2) {
-        for (int c = 0, k = 0; c < CPU_SETSIZE && k < 2; c++) {
-            if (CPU_ISSET(c, &mine)) {
-                b.side_cpu[k++] = c;
-            }
-        }
-    }
     /* Every child starts before this process opens a client: gRPC does not
      * survive fork() (ucx_perftest, started later, only execs). */
-    if (etcd_start(&b) != 0) {
-        goto out;
+    if (etcd_start(b) != 0) {
+        return -1;
     }
     for (int i = 0; i < NODES; i++) {
-        b.n[i].id = spec[i].id;
-        b.n[i].cluster = spec[i].cluster;
-        b.n[i].replicas = spec[i].replicas;
-        b.n[i].cpu = i == A1 ? b.side_cpu[0] : i == B1 ? b.side_cpu[1] : -1;
-        if (node_start(&b, &b.n[i], bin) != 0) {
-            goto out;
+        b->n[i].id = spec[i].id;
+        b->n[i].cluster = spec[i].cluster;
+        b->n[i].replicas = spec[i].replicas;
+        b->n[i].cpu = i == A1 ? b->side_cpu[0] : i == B1 ? b->side_cpu[1] : -1;
+        if (node_start(b, &b->n[i], bin) != 0) {
+            return -1;
         }
     }
     for (int i = 0; i < NODES; i++) {
-        if (daemon_wait_ready(b.n[i].pid, b.n[i].ready, START_TIMEOUT_S) != 0) {
-            b.n[i].pid = -1;
-            goto out;
+        if (daemon_wait_ready(b->n[i].pid, b->n[i].ready, START_TIMEOUT_S) !=
+            0) {
+            b->n[i].pid = -1;
+            return -1;
         }
     }
-    if (wait_view(&b.n[A1], 2) != 0 || wait_view(&b.n[B1], 2) != 0 ||
-        wait_view(&b.n[A2], 3) != 0 || wait_view(&b.n[C2], 3) != 0) {
-        goto out;
+    if (wait_view(&b->n[A1], 2) != 0 || wait_view(&b->n[B1], 2) != 0 ||
+        wait_view(&b->n[A2], 3) != 0 || wait_view(&b->n[C2], 3) != 0) {
+        return -1;
     }
     for (int i = 0; i < NODES; i++) {
-        if (node_client(&b.n[i]) != 0) {
-            goto out;
+        if (node_client(&b->n[i]) != 0) {
+            return -1;
         }
     }
+    return 0;
+}
 
-    printf("bench_cluster: %u objects of %u KiB, chains of %u, %d passes; "
-           "UCX_TLS=%s UCX_NET_DEVICES=%s; arenas on %s pages; the two "
-           "ends on CPUs %d and %d\n",
-           OBJECTS, OBJ >> 10, CHAIN_LEN, PASSES, getenv("UCX_TLS"),
-           getenv("UCX_NET_DEVICES"), arena_pages(&b.n[A1]), b.side_cpu[0],
-           b.side_cpu[1]);
+/* PASSES fetch passes, each against ucx_perftest and memcpy measured in
+ * the same pass; prints them and their medians, and adds the headlines. */
+static int fetch_passes(bench_t *b)
+{
     double warm[PASSES];
-    (void)fetch_pass(&b, &warm[0]); /* endpoints, arena pages */
+    (void)fetch_pass(b, &warm[0]); /* endpoints, arena pages */
     double kvd[PASSES], am[PASSES], am_e[PASSES], put[PASSES], mc[PASSES];
     double ratio[PASSES], ratio_e[PASSES];
     for (int p = 0; p < PASSES; p++) {
-        am[p] = perftest(&b, "ucp_am_bw", false);
-        kvd[p] = fetch_pass(&b, &warm[p]);
-        am_e[p] = perftest(&b, "ucp_am_bw", true);
-        put[p] = perftest(&b, "ucp_put_bw", false);
+        am[p] = perftest(b, "ucp_am_bw", false);
+        kvd[p] = fetch_pass(b, &warm[p]);
+        am_e[p] = perftest(b, "ucp_am_bw", true);
+        put[p] = perftest(b, "ucp_put_bw", false);
         mc[p] = memcpy_pass();
         if (am[p] <= 0 || kvd[p] <= 0 || am_e[p] <= 0 || put[p] <= 0 ||
             mc[p] <= 0) {
-            goto out;
+            return -1;
         }
         ratio[p] = kvd[p] / am[p];
         ratio_e[p] = kvd[p] / am_e[p];
@@ -610,6 +606,36 @@ int main(void)
              "BENCH cluster: fetch_vs_ucx_am_bw_err_handling = %.3g (target "
              ">= 0.8)",
              median(ratio_e, PASSES));
+    return 0;
+}
+
+int main(void)
+{
+    bench_prog = "bench_cluster";
+    static bench_t b;
+    setenv("UCX_NET_DEVICES", env_or("UCX_NET_DEVICES", "lo"), 1);
+    setenv("UCX_TLS", env_or("UCX_TLS", "tcp"), 1);
+    snprintf(b.dir, sizeof b.dir, "/tmp/kvd_bench_cluster_XXXXXX");
+    if (mkdtemp(b.dir) == NULL) {
+        perror("bench_cluster: mkdtemp");
+        return 1;
+    }
+    memset(b.ns.bytes, 0x42, sizeof b.ns.bytes);
+    int rc = 1;
+    pick_side_cpus(&b);
+    if (cluster_start(&b) != 0) {
+        goto out;
+    }
+
+    printf("bench_cluster: %u objects of %u KiB, chains of %u, %d passes; "
+           "UCX_TLS=%s UCX_NET_DEVICES=%s; arenas on %s pages; the two "
+           "ends on CPUs %d and %d\n",
+           OBJECTS, OBJ >> 10, CHAIN_LEN, PASSES, getenv("UCX_TLS"),
+           getenv("UCX_NET_DEVICES"), arena_pages(&b.n[A1]), b.side_cpu[0],
+           b.side_cpu[1]);
+    if (fetch_passes(&b) != 0) {
+        goto out;
+    }
     double reroute_ms = -1, leave_ms = -1;
     if (reroute(&b, &reroute_ms, &leave_ms) != 0) {
         goto out;

@@ -417,6 +417,132 @@ static int cuda_rows(void)
 }
 #endif
 
+/* Medians of the per-pass ratios of the host backend's steps to memcpy
+ * (on one thread, and _n: on the worker's threads). */
+typedef struct host_ratios {
+    double save, load, save_n, load_n;
+} host_ratios_t;
+
+/* The save and load passes against memcpy of the same io_bytes from a to
+ * c; prints the best of each, fills out. -1 when a pass fails. */
+static int host_passes(bench_t *b, unsigned char *a, unsigned char *c,
+                       size_t io_bytes, uint32_t threads, host_ratios_t *out)
+{
+    /* Each pass times memcpy, a save step and a load step back to back;
+     * the headlines are the medians of the per-pass ratios, so a noisy
+     * moment of the machine weighs on both sides of one ratio. */
+    double best_copy = 1e9, best_copy_n = 1e9, best_save = 1e9, best_load = 1e9;
+    double save_ratio[PASSES], load_ratio[PASSES];
+    double save_ratio_n[PASSES], load_ratio_n[PASSES];
+    for (int p = 0; p < PASSES; p++) {
+        double t0 = now_s();
+        memcpy(c, a, io_bytes);
+        double t = now_s() - t0;
+        best_copy = t < best_copy ? t : best_copy;
+        double tn = copy_threads(c, a, io_bytes, threads);
+        if (tn < 0) {
+            fprintf(stderr, "pass %d: no copy threads\n", p);
+            return -1;
+        }
+        best_copy_n = tn < best_copy_n ? tn : best_copy_n;
+        double s = save_pass(b, (uint32_t)p, NULL);
+        double l = load_pass(b, (uint32_t)p, 0, NULL);
+        if (s < 0 || l < 0) {
+            fprintf(stderr, "pass %d failed\n", p);
+            return -1;
+        }
+        best_save = s < best_save ? s : best_save;
+        best_load = l < best_load ? l : best_load;
+        save_ratio[p] = t / s;
+        load_ratio[p] = t / l;
+        save_ratio_n[p] = tn / s;
+        load_ratio_n[p] = tn / l;
+    }
+    qsort(save_ratio, PASSES, sizeof *save_ratio, cmp_double);
+    qsort(load_ratio, PASSES, sizeof *load_ratio, cmp_double);
+    qsort(save_ratio_n, PASSES, sizeof *save_ratio_n, cmp_double);
+    qsort(load_ratio_n, PASSES, sizeof *load_ratio_n, cmp_double);
+    double gb = (double)io_bytes / 1e9;
+    printf("worker host backend: %u layers, %u blocks of %zu bytes per step, "
+           "%u threads\n",
+           LAYERS, N_IO, io_bytes / N_IO, threads);
+    printf("memcpy   %.2f GB/s (1 thread), %.2f GB/s (%u threads)\n",
+           gb / best_copy, gb / best_copy_n, threads);
+    printf("save     %.2f GB/s (%.1f ms per step)\n", gb / best_save,
+           best_save * 1e3);
+    printf("load     %.2f GB/s (%.1f ms per step)\n", gb / best_load,
+           best_load * 1e3);
+    out->save = save_ratio[PASSES / 2];
+    out->load = load_ratio[PASSES / 2];
+    out->save_n = save_ratio_n[PASSES / 2];
+    out->load_n = load_ratio_n[PASSES / 2];
+    return 0;
+}
+
+/* Loads layer by layer against a simulated per-layer compute, on a new
+ * worker (wc, lo: the first one's settings; th: KVDEPOT_BENCH_THREADS).
+ * The median of the passes' time over max(load, compute) in *ratio_out;
+ * -1 on failure. */
+static int overlap_passes(bench_t *b, kvd_worker_config_t *wc,
+                          const kvd_kv_layout_t *lo, const char *th,
+                          double *ratio_out)
+{
+    char err[256] = "";
+    /* The simulated compute alone, timed the same way (a sleep lasts a
+     * little longer than asked; the bound must use what it really takes).
+     * Timer slack 1 ns keeps that overshoot small, so compute stays close
+     * to the load: the case where overlap matters most. */
+    (void)prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+    /* The engine's forward thread needs a core of its own (on a GPU
+     * machine it has one): the overlap worker gets one thread fewer than
+     * the machine has cores, and its load alone is measured again. */
+    kvd_worker_stats_t ws;
+    (void)kvd_worker_stats(b->w, &ws);
+    printf("stats    %llu blocks saved, %llu loaded, %llu errors\n",
+           (unsigned long long)ws.blocks_saved,
+           (unsigned long long)ws.blocks_loaded,
+           (unsigned long long)ws.load_errors);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    kvd_worker_destroy(b->w);
+    wc->num_threads = ncpu > 2 ? (uint32_t)(ncpu - 1) : 1;
+    if (th != NULL) {
+        wc->num_threads = (uint32_t)atoi(th);
+    }
+    if (kvd_worker_create(wc, &b->w, err, sizeof err) != KVD_OK ||
+        kvd_worker_register_kv_caches(b->w, lo, err, sizeof err) != KVD_OK) {
+        fprintf(stderr, "overlap worker: %s\n", err);
+        return -1;
+    }
+    double ov_load = 1e9;
+    for (int p = 0; p < PASSES; p++) {
+        double l = load_pass(b, (uint32_t)(PASSES - 1), 0, NULL);
+        ov_load = l > 0 && l < ov_load ? l : ov_load;
+    }
+    printf("overlap  worker with %u threads, load alone %.1f ms\n",
+           wc->num_threads, ov_load * 1e3);
+    double compute = ov_load / LAYERS, ratios[PASSES];
+    for (int p = 0; p < PASSES; p++) {
+        double t0 = now_s();
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            sleep_s(compute);
+        }
+        double alone = now_s() - t0;
+        double t = load_pass(b, (uint32_t)(PASSES - 1), compute, NULL);
+        if (t < 0) {
+            fprintf(stderr, "overlap pass %d failed\n", p);
+            return -1;
+        }
+        double bound = ov_load > alone ? ov_load : alone;
+        ratios[p] = t / bound;
+        printf("overlap  pass %d: %.1f ms for %.1f ms load and %.1f ms "
+               "compute\n",
+               p, t * 1e3, ov_load * 1e3, alone * 1e3);
+    }
+    qsort(ratios, PASSES, sizeof *ratios, cmp_double);
+    *ratio_out = ratios[PASSES / 2];
+    return 0;
+}
+
 int main(void)
 {
     size_t layer_bytes = (size_t)2 * NB * BS * HEADS * DIM * 2;
@@ -472,120 +598,30 @@ int main(void)
         return 1;
     }
 
-    /* Each pass times memcpy, a save step and a load step back to back;
-     * the headlines are the medians of the per-pass ratios, so a noisy
-     * moment of the machine weighs on both sides of one ratio. */
     uint32_t threads = wc.num_threads ? wc.num_threads : 2;
-    double best_copy = 1e9, best_copy_n = 1e9, best_save = 1e9, best_load = 1e9;
-    double save_ratio[PASSES], load_ratio[PASSES];
-    double save_ratio_n[PASSES], load_ratio_n[PASSES];
-    for (int p = 0; p < PASSES; p++) {
-        double t0 = now_s();
-        memcpy(c, a, io_bytes);
-        double t = now_s() - t0;
-        best_copy = t < best_copy ? t : best_copy;
-        double tn = copy_threads(c, a, io_bytes, threads);
-        if (tn < 0) {
-            fprintf(stderr, "pass %d: no copy threads\n", p);
-            return 1;
-        }
-        best_copy_n = tn < best_copy_n ? tn : best_copy_n;
-        double s = save_pass(&b, (uint32_t)p, NULL);
-        double l = load_pass(&b, (uint32_t)p, 0, NULL);
-        if (s < 0 || l < 0) {
-            fprintf(stderr, "pass %d failed\n", p);
-            return 1;
-        }
-        best_save = s < best_save ? s : best_save;
-        best_load = l < best_load ? l : best_load;
-        save_ratio[p] = t / s;
-        load_ratio[p] = t / l;
-        save_ratio_n[p] = tn / s;
-        load_ratio_n[p] = tn / l;
-    }
-    qsort(save_ratio, PASSES, sizeof *save_ratio, cmp_double);
-    qsort(load_ratio, PASSES, sizeof *load_ratio, cmp_double);
-    qsort(save_ratio_n, PASSES, sizeof *save_ratio_n, cmp_double);
-    qsort(load_ratio_n, PASSES, sizeof *load_ratio_n, cmp_double);
-    double gb = (double)io_bytes / 1e9;
-    printf("worker host backend: %u layers, %u blocks of %zu bytes per step, "
-           "%u threads\n",
-           LAYERS, N_IO, io_bytes / N_IO, threads);
-    printf("memcpy   %.2f GB/s (1 thread), %.2f GB/s (%u threads)\n",
-           gb / best_copy, gb / best_copy_n, threads);
-    printf("save     %.2f GB/s (%.1f ms per step)\n", gb / best_save,
-           best_save * 1e3);
-    printf("load     %.2f GB/s (%.1f ms per step)\n", gb / best_load,
-           best_load * 1e3);
-
-    /* The simulated compute alone, timed the same way (a sleep lasts a
-     * little longer than asked; the bound must use what it really takes).
-     * Timer slack 1 ns keeps that overshoot small, so compute stays close
-     * to the load: the case where overlap matters most. */
-    (void)prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
-    /* The engine's forward thread needs a core of its own (on a GPU
-     * machine it has one): the overlap worker gets one thread fewer than
-     * the machine has cores, and its load alone is measured again. */
-    kvd_worker_stats_t ws;
-    (void)kvd_worker_stats(b.w, &ws);
-    printf("stats    %llu blocks saved, %llu loaded, %llu errors\n",
-           (unsigned long long)ws.blocks_saved,
-           (unsigned long long)ws.blocks_loaded,
-           (unsigned long long)ws.load_errors);
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    kvd_worker_destroy(b.w);
-    wc.num_threads = ncpu > 2 ? (uint32_t)(ncpu - 1) : 1;
-    if (th != NULL) {
-        wc.num_threads = (uint32_t)atoi(th);
-    }
-    if (kvd_worker_create(&wc, &b.w, err, sizeof err) != KVD_OK ||
-        kvd_worker_register_kv_caches(b.w, &lo, err, sizeof err) != KVD_OK) {
-        fprintf(stderr, "overlap worker: %s\n", err);
+    host_ratios_t hr;
+    double overlap = 0;
+    if (host_passes(&b, a, c, io_bytes, threads, &hr) != 0 ||
+        overlap_passes(&b, &wc, &lo, th, &overlap) != 0) {
         return 1;
     }
-    double ov_load = 1e9;
-    for (int p = 0; p < PASSES; p++) {
-        double l = load_pass(&b, (uint32_t)(PASSES - 1), 0, NULL);
-        ov_load = l > 0 && l < ov_load ? l : ov_load;
-    }
-    printf("overlap  worker with %u threads, load alone %.1f ms\n",
-           wc.num_threads, ov_load * 1e3);
-    double compute = ov_load / LAYERS, ratios[PASSES];
-    for (int p = 0; p < PASSES; p++) {
-        double t0 = now_s();
-        for (uint32_t l = 0; l < LAYERS; l++) {
-            sleep_s(compute);
-        }
-        double alone = now_s() - t0;
-        double t = load_pass(&b, (uint32_t)(PASSES - 1), compute, NULL);
-        if (t < 0) {
-            fprintf(stderr, "overlap pass %d failed\n", p);
-            return 1;
-        }
-        double bound = ov_load > alone ? ov_load : alone;
-        ratios[p] = t / bound;
-        printf("overlap  pass %d: %.1f ms for %.1f ms load and %.1f ms "
-               "compute\n",
-               p, t * 1e3, ov_load * 1e3, alone * 1e3);
-    }
-    qsort(ratios, PASSES, sizeof *ratios, cmp_double);
     kvd_worker_destroy(b.w);
     kvd_store_close(b.store);
     free(cache);
     free(a);
     free(c);
     printf("BENCH worker: host save vs memcpy = %.3g (target >= 0.8)\n",
-           save_ratio[PASSES / 2]);
+           hr.save);
     printf("BENCH worker: host load vs memcpy = %.3g (target >= 0.8)\n",
-           load_ratio[PASSES / 2]);
+           hr.load);
     printf("BENCH worker: host save vs memcpy on %u threads = %.3g (target "
            ">= 0.8)\n",
-           threads, save_ratio_n[PASSES / 2]);
+           threads, hr.save_n);
     printf("BENCH worker: host load vs memcpy on %u threads = %.3g (target "
            ">= 0.8)\n",
-           threads, load_ratio_n[PASSES / 2]);
+           threads, hr.load_n);
     printf("BENCH worker: load+compute over max(load, compute) = %.3g "
            "(target <= 1.15)\n",
-           ratios[PASSES / 2]);
+           overlap);
     return cuda_rows() == 0 ? 0 : 1;
 }

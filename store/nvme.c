@@ -1,17 +1,8 @@
 /*
- * NVMe tier (store/nvme_int.h): preallocated O_DIRECT files, the extent
- * allocator and asynchronous reads and writes through io_uring or, where
- * io_uring is unavailable, a pread/pwrite thread pool.
- *
- * Allocator. Each file keeps its free space as runs [start, start + len) of
- * 4 KiB blocks in a treap ordered by start, every node also carrying the
- * longest run in its subtree. First fit descends to the leftmost run long
- * enough (O(log n) expected, n = free runs of the file); free finds the
- * neighbours by splitting the treap at the freed range and merges with them
- * (so equal-sized objects never fragment); a range overlapping free space
- * is a double free and changes nothing. Allocation starts at the file after
- * the one that served the previous allocation, which spreads consecutive
- * writes over the files (and their disks, when they sit on several).
+ * NVMe tier (store/nvme_int.h): asynchronous reads and writes through
+ * io_uring or, where io_uring is unavailable, a pread/pwrite thread pool,
+ * and the tier's open / close. The settings, the data files and the extent
+ * allocator are nvme_files.c's; this is the one file that uses liburing.
  *
  * Descriptors. An accepted operation holds one of queue_depth descriptors
  * allocated at open, so submission never allocates and at most queue_depth
@@ -40,10 +31,8 @@
  */
 #include <assert.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <liburing.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -51,11 +40,10 @@
 
 #include "common/failpoint_int.h"
 #include "common/log_int.h"
+#include "store/nvme_files_int.h"
 #include "store/nvme_int.h"
 
 #define NVME_BUFFERS_MAX 16384u
-#define NVME_QUEUE_DEPTH_MAX 4096
-#define NVME_THREADS_MAX 64
 /* Longest transfer one SQE carries (its length field is 32 bits); longer
  * operations continue like short transfers. */
 #define NVME_SQE_BYTES_MAX (1u << 30)
@@ -64,61 +52,7 @@
 /* io_uring_submit attempts while the kernel answers EAGAIN / EBUSY. */
 #define NVME_SUBMIT_TRIES 1000
 
-/* ---- settings ----------------------------------------------------------- */
-
-static const char *const nvme_engine_choices[] = {"auto", "uring", "threads",
-                                                  NULL};
-
-static const kvd_config_field_t nvme_config_fields[] = {
-    {"store.disk_path", "",
-     "directory of the NVMe tier's files and index (empty: no NVMe tier)",
-     kvd_config_parse_string, offsetof(kvd_nvme_config_t, path), 0, 0, NULL},
-    {"store.disk_size", "16g", "NVMe tier capacity, split over the files",
-     kvd_config_parse_size, offsetof(kvd_nvme_config_t, size_bytes),
-     KVD_NVME_BLOCK_BYTES, 0, NULL},
-    {"store.disk_files", "1", "number of preallocated data files",
-     kvd_config_parse_int, offsetof(kvd_nvme_config_t, num_files), 1,
-     KVD_NVME_FILES_MAX, NULL},
-    {"store.disk_queue_depth", "64", "NVMe operations in flight at most",
-     kvd_config_parse_int, offsetof(kvd_nvme_config_t, queue_depth), 1,
-     NVME_QUEUE_DEPTH_MAX, NULL},
-    {"store.disk_engine", "auto",
-     "NVMe I/O engine: auto (io_uring, else threads), uring, threads",
-     kvd_config_parse_enum, offsetof(kvd_nvme_config_t, engine), 0, 0,
-     nvme_engine_choices},
-    {"store.disk_threads", "4", "pread/pwrite threads of the threads engine",
-     kvd_config_parse_int, offsetof(kvd_nvme_config_t, threads), 1,
-     NVME_THREADS_MAX, NULL},
-};
-
-const kvd_config_field_t *kvd_nvme_config_table(size_t *num_fields_out)
-{
-    *num_fields_out = sizeof nvme_config_fields / sizeof nvme_config_fields[0];
-    return nvme_config_fields;
-}
-
-kvd_nvme_config_t kvd_nvme_config_default(void)
-{
-    /* Must match the default strings above (checked by the unit test). */
-    kvd_nvme_config_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.size_bytes = 16ull << 30;
-    cfg.num_files = 1;
-    cfg.queue_depth = KVD_NVME_QUEUE_DEPTH_DEFAULT;
-    cfg.engine = KVD_NVME_ENGINE_AUTO;
-    cfg.threads = KVD_NVME_THREADS_DEFAULT;
-    return cfg;
-}
-
 /* ---- structures --------------------------------------------------------- */
-
-typedef struct nvme_run nvme_run_t;
-struct nvme_run {
-    uint32_t start, len; /* blocks, file-relative */
-    uint32_t max;        /* longest len in this subtree */
-    uint32_t prio;
-    nvme_run_t *left, *right;
-};
 
 /* An operation's descriptor: on the free list, or held by an accepted
  * operation until just before its callback runs. */
@@ -147,11 +81,7 @@ struct kvd_nvme {
     uint32_t blocks_per_file;
     int fds[KVD_NVME_FILES_MAX];
 
-    pthread_mutex_t alloc_mu;
-    nvme_run_t *runs[KVD_NVME_FILES_MAX]; /* free runs per file */
-    uint64_t free_blocks;
-    uint32_t next_file;
-    uint64_t rng;
+    kvd_nvme_space_t space; /* the extent allocator, its own lock */
 
     /* `mu` guards the fields below down to q_tail. It is never held
      * together with `sq_mu`. */
@@ -185,346 +115,42 @@ struct kvd_nvme {
 /* Sentinel user_data that stops the completion thread. */
 static char nvme_stop_token;
 
-/* ---- allocator: a treap of free runs ------------------------------------ */
-
-static uint32_t run_max(const nvme_run_t *r)
-{
-    return r != NULL ? r->max : 0;
-}
-
-static void run_fix(nvme_run_t *r)
-{
-    uint32_t m = r->len;
-    if (run_max(r->left) > m) {
-        m = run_max(r->left);
-    }
-    if (run_max(r->right) > m) {
-        m = run_max(r->right);
-    }
-    r->max = m;
-}
-
-/* Splits `t` into runs starting before `key` and the rest. */
-static void run_split(nvme_run_t *t, uint32_t key, nvme_run_t **lo,
-                      nvme_run_t **hi)
-{
-    if (t == NULL) {
-        *lo = *hi = NULL;
-    } else if (t->start < key) {
-        run_split(t->right, key, &t->right, hi);
-        run_fix(t);
-        *lo = t;
-    } else {
-        run_split(t->left, key, lo, &t->left);
-        run_fix(t);
-        *hi = t;
-    }
-}
-
-/* Joins two treaps, every start of `a` below every start of `b`. */
-static nvme_run_t *run_merge(nvme_run_t *a, nvme_run_t *b)
-{
-    if (a == NULL) {
-        return b;
-    }
-    if (b == NULL) {
-        return a;
-    }
-    if (a->prio > b->prio) {
-        a->right = run_merge(a->right, b);
-        run_fix(a);
-        return a;
-    }
-    b->left = run_merge(a, b->left);
-    run_fix(b);
-    return b;
-}
-
-/* Detaches the last (highest start) run of `*t` when `last`, else the
- * first (lowest start) one; NULL when `*t` is empty. */
-static nvme_run_t *run_pop_end(nvme_run_t **t, bool last)
-{
-    if (*t == NULL) {
-        return NULL;
-    }
-    nvme_run_t **outer = last ? &(*t)->right : &(*t)->left;
-    nvme_run_t *r;
-    if (*outer == NULL) {
-        r = *t;
-        *t = last ? r->left : r->right;
-        r->left = r->right = NULL;
-    } else {
-        r = run_pop_end(outer, last);
-    }
-    run_fix(r);
-    if (*t != NULL) {
-        run_fix(*t);
-    }
-    return r;
-}
-
-static nvme_run_t *run_new(kvd_nvme_t *nvme, uint32_t start, uint32_t len)
-{
-    nvme_run_t *r = calloc(1, sizeof *r);
-    if (r == NULL) {
-        return NULL;
-    }
-    /* xorshift: priorities only need to look random to the treap. */
-    nvme->rng ^= nvme->rng << 13;
-    nvme->rng ^= nvme->rng >> 7;
-    nvme->rng ^= nvme->rng << 17;
-    r->start = start;
-    r->len = len;
-    r->max = len;
-    r->prio = (uint32_t)(nvme->rng >> 16);
-    return r;
-}
-
-static void run_free_all(nvme_run_t *t)
-{
-    if (t != NULL) {
-        run_free_all(t->left);
-        run_free_all(t->right);
-        free(t);
-    }
-}
-
-/* First fit: carves `len` blocks from the leftmost run long enough. Returns
- * the start, or UINT32_MAX when no run is long enough. The run keeps its
- * place in the order (its start only moves within its own gap). */
-static uint32_t run_take(nvme_run_t **t, uint32_t len)
-{
-    nvme_run_t *r = *t;
-    if (r == NULL || r->max < len) {
-        return UINT32_MAX;
-    }
-    uint32_t start;
-    if (run_max(r->left) >= len) {
-        start = run_take(&r->left, len);
-    } else if (r->len >= len) {
-        start = r->start;
-        r->start += len;
-        r->len -= len;
-        if (r->len == 0) {
-            *t = run_merge(r->left, r->right);
-            free(r);
-            return start;
-        }
-    } else {
-        start = run_take(&r->right, len);
-    }
-    run_fix(r);
-    return start;
-}
-
-/* Returns [start, start + len) to the free runs of `file`, merging with its
- * neighbours. KVD_ERR_INVALID when any of it is free already. */
-static kvd_status_t run_give(kvd_nvme_t *nvme, uint32_t file, uint32_t start,
-                             uint32_t len)
-{
-    nvme_run_t *lo, *hi;
-    run_split(nvme->runs[file], start, &lo, &hi);
-    nvme_run_t *pred = run_pop_end(&lo, true);
-    nvme_run_t *succ = run_pop_end(&hi, false);
-    kvd_status_t status = KVD_OK;
-    nvme_run_t *node = NULL;
-    if ((pred != NULL && pred->start + pred->len > start) ||
-        (succ != NULL && succ->start < start + len)) {
-        status = KVD_ERR_INVALID;
-    } else {
-        if (pred != NULL && pred->start + pred->len == start) {
-            node = pred;
-            node->len += len;
-            pred = NULL;
-        }
-        if (succ != NULL && succ->start == start + len) {
-            if (node != NULL) {
-                node->len += succ->len;
-                free(succ);
-            } else {
-                node = succ;
-                node->start = start;
-                node->len += len;
-            }
-            succ = NULL;
-        }
-        if (node == NULL) {
-            node = run_new(nvme, start, len);
-            status = node == NULL ? KVD_ERR_NOMEM : KVD_OK;
-        }
-    }
-    /* Every start in lo < pred < node < succ < every start in hi. */
-    if (pred != NULL) {
-        lo = run_merge(lo, pred);
-    }
-    if (node != NULL) {
-        run_fix(node);
-        lo = run_merge(lo, node);
-    }
-    if (succ != NULL) {
-        hi = run_merge(succ, hi);
-    }
-    nvme->runs[file] = run_merge(lo, hi);
-    return status;
-}
-
-/* Removes [start, start + len) from the free runs of `file`; it must lie
- * inside one run (KVD_ERR_EXISTS otherwise, nothing changed). */
-static kvd_status_t run_claim(kvd_nvme_t *nvme, uint32_t file, uint32_t start,
-                              uint32_t len)
-{
-    nvme_run_t *lo, *hi;
-    run_split(nvme->runs[file], start + 1, &lo, &hi);
-    nvme_run_t *r = run_pop_end(&lo, true);
-    kvd_status_t status = KVD_OK;
-    if (r == NULL || r->start + r->len < start + len) {
-        status = KVD_ERR_EXISTS;
-        if (r != NULL) {
-            lo = run_merge(lo, r);
-        }
-        nvme->runs[file] = run_merge(lo, hi);
-        return status;
-    }
-    uint32_t end = r->start + r->len;
-    nvme_run_t *tail = NULL;
-    if (end > start + len) {
-        tail = run_new(nvme, start + len, end - start - len);
-        if (tail == NULL) {
-            lo = run_merge(lo, r);
-            nvme->runs[file] = run_merge(lo, hi);
-            return KVD_ERR_NOMEM;
-        }
-    }
-    if (r->start < start) {
-        r->len = start - r->start;
-        run_fix(r);
-        lo = run_merge(lo, r);
-    } else {
-        free(r);
-    }
-    if (tail != NULL) {
-        hi = run_merge(tail, hi);
-    }
-    nvme->runs[file] = run_merge(lo, hi);
-    return KVD_OK;
-}
-
-static kvd_status_t nvme_range(const kvd_nvme_t *nvme, uint32_t extent,
-                               uint64_t size_bytes, uint32_t *file_out,
-                               uint32_t *start_out, uint32_t *blocks_out)
-{
-    /* The size bound comes first: it keeps the rounding below from
-     * wrapping around for sizes near 2^64. */
-    if (size_bytes == 0 || size_bytes > nvme->file_bytes ||
-        extent == KVD_NVME_EXTENT_INVALID) {
-        return KVD_ERR_INVALID;
-    }
-    uint64_t blocks =
-        (size_bytes + KVD_NVME_BLOCK_BYTES - 1) / KVD_NVME_BLOCK_BYTES;
-    uint32_t file = extent / nvme->blocks_per_file;
-    uint32_t start = extent % nvme->blocks_per_file;
-    if (file >= nvme->num_files ||
-        blocks > (uint64_t)nvme->blocks_per_file - start) {
-        return KVD_ERR_INVALID;
-    }
-    *file_out = file;
-    *start_out = start;
-    *blocks_out = (uint32_t)blocks;
-    return KVD_OK;
-}
+/* ---- extents (the allocator is nvme_files.c's) ------------------------ */
 
 kvd_status_t kvd_nvme_extent_alloc(kvd_nvme_t *nvme, uint64_t size_bytes,
                                    uint32_t *extent_out)
 {
-    if (nvme == NULL || extent_out == NULL || size_bytes == 0 ||
-        size_bytes > nvme->file_bytes) {
-        return KVD_ERR_INVALID;
-    }
-    uint32_t blocks = (uint32_t)((size_bytes + KVD_NVME_BLOCK_BYTES - 1) /
-                                 KVD_NVME_BLOCK_BYTES);
-    kvd_status_t status = KVD_ERR_NOSPACE;
-    pthread_mutex_lock(&nvme->alloc_mu);
-    for (uint32_t k = 0; k < nvme->num_files; k++) {
-        uint32_t f = (nvme->next_file + k) % nvme->num_files;
-        uint32_t start = run_take(&nvme->runs[f], blocks);
-        if (start != UINT32_MAX) {
-            *extent_out = f * nvme->blocks_per_file + start;
-            nvme->free_blocks -= blocks;
-            nvme->next_file = (f + 1) % nvme->num_files;
-            status = KVD_OK;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&nvme->alloc_mu);
-    return status;
-}
-
-/* Frees (`claim` false) or claims (`claim` true) an extent's blocks. */
-static kvd_status_t nvme_extent_change(kvd_nvme_t *nvme, uint32_t extent,
-                                       uint64_t size_bytes, bool claim)
-{
-    uint32_t file, start, blocks;
-    if (nvme == NULL) {
-        return KVD_ERR_INVALID;
-    }
-    kvd_status_t status =
-        nvme_range(nvme, extent, size_bytes, &file, &start, &blocks);
-    if (status != KVD_OK) {
-        return status;
-    }
-    pthread_mutex_lock(&nvme->alloc_mu);
-    status = claim ? run_claim(nvme, file, start, blocks)
-                   : run_give(nvme, file, start, blocks);
-    if (status == KVD_OK) {
-        nvme->free_blocks =
-            claim ? nvme->free_blocks - blocks : nvme->free_blocks + blocks;
-    }
-    pthread_mutex_unlock(&nvme->alloc_mu);
-    if (!claim && status == KVD_ERR_INVALID) {
-        KVD_LOG_ERROR("nvme: free of extent %u (%u blocks) that is not "
-                      "allocated",
-                      extent, blocks);
-    }
-    return status;
+    return kvd_nvme_space_alloc(nvme != NULL ? &nvme->space : NULL, size_bytes,
+                                extent_out);
 }
 
 kvd_status_t kvd_nvme_extent_free(kvd_nvme_t *nvme, uint32_t extent,
                                   uint64_t size_bytes)
 {
-    return nvme_extent_change(nvme, extent, size_bytes, false);
+    return kvd_nvme_space_free(nvme != NULL ? &nvme->space : NULL, extent,
+                               size_bytes);
 }
 
 kvd_status_t kvd_nvme_extent_mark(kvd_nvme_t *nvme, uint32_t extent,
                                   uint64_t size_bytes)
 {
-    return nvme_extent_change(nvme, extent, size_bytes, true);
+    return kvd_nvme_space_mark(nvme != NULL ? &nvme->space : NULL, extent,
+                               size_bytes);
 }
 
 kvd_status_t kvd_nvme_extent_locate(const kvd_nvme_t *nvme, uint32_t extent,
                                     uint32_t *file_id_out, uint64_t *offset_out)
 {
-    if (nvme == NULL || file_id_out == NULL || offset_out == NULL ||
-        extent == KVD_NVME_EXTENT_INVALID ||
-        extent / nvme->blocks_per_file >= nvme->num_files) {
-        return KVD_ERR_INVALID;
-    }
-    *file_id_out = extent / nvme->blocks_per_file;
-    *offset_out =
-        (uint64_t)(extent % nvme->blocks_per_file) * KVD_NVME_BLOCK_BYTES;
-    return KVD_OK;
+    return kvd_nvme_space_locate(nvme != NULL ? &nvme->space : NULL, extent,
+                                 file_id_out, offset_out);
 }
 
 kvd_status_t kvd_nvme_extent_from_location(const kvd_nvme_t *nvme,
                                            uint32_t file_id, uint64_t offset,
                                            uint32_t *extent_out)
 {
-    if (nvme == NULL || extent_out == NULL || file_id >= nvme->num_files ||
-        offset % KVD_NVME_BLOCK_BYTES != 0 || offset >= nvme->file_bytes) {
-        return KVD_ERR_INVALID;
-    }
-    *extent_out = file_id * nvme->blocks_per_file +
-                  (uint32_t)(offset / KVD_NVME_BLOCK_BYTES);
-    return KVD_OK;
+    return kvd_nvme_space_from_location(nvme != NULL ? &nvme->space : NULL,
+                                        file_id, offset, extent_out);
 }
 
 /* ---- operations --------------------------------------------------------- */
@@ -772,8 +398,8 @@ static kvd_status_t nvme_io_check(const kvd_nvme_t *nvme,
         io->len == 0 || io->len % KVD_NVME_BLOCK_BYTES != 0 ||
         io->buf == NULL || (uintptr_t)io->buf % KVD_NVME_BLOCK_BYTES != 0 ||
         io->done == NULL ||
-        nvme_range(nvme, io->extent, io->len, &file, &start, &blocks) !=
-            KVD_OK) {
+        kvd_nvme_space_range(&nvme->space, io->extent, io->len, &file, &start,
+                             &blocks) != KVD_OK) {
         return KVD_ERR_INVALID;
     }
     return KVD_OK;
@@ -966,16 +592,7 @@ kvd_status_t kvd_nvme_query(kvd_nvme_t *nvme, kvd_nvme_info_t *info_out)
     pthread_mutex_lock(&nvme->mu);
     info.buffers = nvme->num_bufs;
     pthread_mutex_unlock(&nvme->mu);
-    pthread_mutex_lock(&nvme->alloc_mu);
-    info.free_bytes = nvme->free_blocks * KVD_NVME_BLOCK_BYTES;
-    uint32_t largest = 0;
-    for (uint32_t f = 0; f < nvme->num_files; f++) {
-        if (run_max(nvme->runs[f]) > largest) {
-            largest = run_max(nvme->runs[f]);
-        }
-    }
-    pthread_mutex_unlock(&nvme->alloc_mu);
-    info.largest_free = (uint64_t)largest * KVD_NVME_BLOCK_BYTES;
+    kvd_nvme_space_query(&nvme->space, &info.free_bytes, &info.largest_free);
     *info_out = info;
     return KVD_OK;
 }
@@ -1001,48 +618,6 @@ kvd_status_t kvd_nvme_stats(kvd_nvme_t *nvme, kvd_nvme_stats_t *stats_out)
 }
 
 /* ---- open / close ------------------------------------------------------- */
-
-static kvd_status_t nvme_file_open(kvd_nvme_t *nvme, uint32_t i)
-{
-    char name[KVD_CONFIG_STRING_MAX + 32];
-    snprintf(name, sizeof name, "%s/kvd-data-%03u.dat", nvme->cfg.path, i);
-    int inject = KVD_FAILPOINT("nvme.open");
-    int fd = inject != 0
-                 ? -1
-                 : open(name, O_RDWR | O_CREAT | O_DIRECT | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        int e = inject != 0 ? inject : errno;
-        KVD_LOG_ERROR("nvme: open %s: %s", name, strerror(e));
-        return e == EINVAL ? KVD_ERR_UNSUPPORTED : kvd_status_from_errno(e);
-    }
-    struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return kvd_status_from_errno(e);
-    }
-    if ((uint64_t)sb.st_size < nvme->file_bytes) {
-        inject = KVD_FAILPOINT("nvme.fallocate");
-        int rc =
-            inject != 0 ? -1 : fallocate(fd, 0, 0, (off_t)nvme->file_bytes);
-        int e = inject != 0 ? inject : errno;
-        if (rc != 0 && (e == EOPNOTSUPP || e == ENOSYS) &&
-            ftruncate(fd, (off_t)nvme->file_bytes) == 0) {
-            KVD_LOG_WARN("nvme: %s: no fallocate on this file system; the "
-                         "file is sparse",
-                         name);
-            rc = 0;
-        }
-        if (rc != 0) {
-            KVD_LOG_ERROR("nvme: fallocate %s to %llu bytes: %s", name,
-                          (unsigned long long)nvme->file_bytes, strerror(e));
-            close(fd);
-            return kvd_status_from_errno(e);
-        }
-    }
-    nvme->fds[i] = fd;
-    return KVD_OK;
-}
 
 /* Sets up the ring and its completion thread; -errno when io_uring cannot
  * be had (nothing to undo), else 0 or a positive errno of pthread_create. */
@@ -1105,28 +680,6 @@ static kvd_status_t nvme_engine_start(kvd_nvme_t *nvme)
     return KVD_OK;
 }
 
-static kvd_status_t nvme_config_check(const kvd_nvme_config_t *cfg,
-                                      uint64_t *file_bytes_out)
-{
-    if (cfg->path[0] == '\0' || cfg->num_files < 1 ||
-        cfg->num_files > KVD_NVME_FILES_MAX || cfg->queue_depth < 1 ||
-        cfg->queue_depth > NVME_QUEUE_DEPTH_MAX || cfg->threads < 1 ||
-        cfg->threads > NVME_THREADS_MAX || cfg->engine < KVD_NVME_ENGINE_AUTO ||
-        cfg->engine > KVD_NVME_ENGINE_THREADS) {
-        return KVD_ERR_INVALID;
-    }
-    uint64_t file_bytes = cfg->size_bytes / cfg->num_files /
-                          KVD_NVME_BLOCK_BYTES * KVD_NVME_BLOCK_BYTES;
-    /* Ids are uint32 and UINT32_MAX is KVD_NVME_EXTENT_INVALID, so at most
-     * 2^32 - 1 blocks (ids 0 .. 2^32 - 2). */
-    if (file_bytes < KVD_NVME_BLOCK_BYTES ||
-        file_bytes / KVD_NVME_BLOCK_BYTES * cfg->num_files > UINT32_MAX) {
-        return KVD_ERR_RANGE;
-    }
-    *file_bytes_out = file_bytes;
-    return KVD_OK;
-}
-
 /* The parts of the tier that cannot fail, and its descriptors. */
 static kvd_nvme_t *nvme_new(const kvd_nvme_config_t *cfg, uint64_t file_bytes)
 {
@@ -1147,11 +700,10 @@ static kvd_nvme_t *nvme_new(const kvd_nvme_config_t *cfg, uint64_t file_bytes)
     nvme->num_files = (uint32_t)cfg->num_files;
     nvme->file_bytes = file_bytes;
     nvme->blocks_per_file = (uint32_t)(file_bytes / KVD_NVME_BLOCK_BYTES);
-    nvme->rng = 0x9e3779b97f4a7c15ull;
     for (uint32_t i = 0; i < KVD_NVME_FILES_MAX; i++) {
         nvme->fds[i] = -1;
     }
-    pthread_mutex_init(&nvme->alloc_mu, NULL);
+    kvd_nvme_space_init(&nvme->space, nvme->num_files, file_bytes);
     pthread_mutex_init(&nvme->mu, NULL);
     pthread_mutex_init(&nvme->sq_mu, NULL);
     pthread_cond_init(&nvme->idle_cv, NULL);
@@ -1165,7 +717,7 @@ kvd_status_t kvd_nvme_open(const kvd_nvme_config_t *cfg, kvd_nvme_t **nvme_out)
     if (cfg == NULL || nvme_out == NULL) {
         return KVD_ERR_INVALID;
     }
-    kvd_status_t status = nvme_config_check(cfg, &file_bytes);
+    kvd_status_t status = kvd_nvme_config_check(cfg, &file_bytes);
     if (status != KVD_OK) {
         return status;
     }
@@ -1181,17 +733,14 @@ kvd_status_t kvd_nvme_open(const kvd_nvme_config_t *cfg, kvd_nvme_t **nvme_out)
         goto err_close;
     }
     for (uint32_t i = 0; i < nvme->num_files; i++) {
-        status = nvme_file_open(nvme, i);
+        status = kvd_nvme_file_open(cfg->path, i, file_bytes, &nvme->fds[i]);
+        if (status == KVD_OK) {
+            status = kvd_nvme_space_add_file(&nvme->space, i);
+        }
         if (status != KVD_OK) {
             goto err_close;
         }
-        nvme->runs[i] = run_new(nvme, 0, nvme->blocks_per_file);
-        if (nvme->runs[i] == NULL) {
-            status = KVD_ERR_NOMEM;
-            goto err_close;
-        }
     }
-    nvme->free_blocks = (uint64_t)nvme->blocks_per_file * nvme->num_files;
     status = nvme_engine_start(nvme);
     if (status != KVD_OK) {
         goto err_close;
@@ -1260,7 +809,6 @@ void kvd_nvme_close(kvd_nvme_t *nvme)
         if (nvme->fds[i] >= 0) {
             close(nvme->fds[i]);
         }
-        run_free_all(nvme->runs[i]);
     }
     free(nvme->bufs);
     free(nvme->op_pool);
@@ -1268,6 +816,6 @@ void kvd_nvme_close(kvd_nvme_t *nvme)
     pthread_cond_destroy(&nvme->idle_cv);
     pthread_mutex_destroy(&nvme->sq_mu);
     pthread_mutex_destroy(&nvme->mu);
-    pthread_mutex_destroy(&nvme->alloc_mu);
+    kvd_nvme_space_cleanup(&nvme->space);
     free(nvme);
 }

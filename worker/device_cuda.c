@@ -1,10 +1,12 @@
 /*
  * The worker's CUDA device backend (KVD_WORKER_DEVICE_CUDA): the copy step
  * of the shared pipeline (exec.c) done on a side stream with the kernels of
- * kernels/cuda, and the engine-stream ordering around it. Planning,
- * resolution, promotions, leases, reports and commits stay in worker.c and
- * exec.c; only the bodies of the copy tasks, the per-layer waits and the
- * end of a step's copies come here. Built only with KVD_HAVE_CUDA.
+ * kernels/cuda, and the engine-stream ordering around it, behind the
+ * worker's device ops table (kvd_worker_device_cuda, worker_int.h).
+ * Planning, resolution, promotions, leases, reports and commits stay in
+ * worker.c and exec.c; only the bodies of the copy tasks, the per-layer
+ * waits and the end of a step's copies come here. Built only with
+ * KVD_HAVE_CUDA.
  *
  * Resources, allocated once by register_kv_caches on the caches' device
  * and never in the per-step path: one non-blocking side stream; one event
@@ -316,7 +318,7 @@ err_res:
 
 /* ---- life cycle --------------------------------------------------------- */
 
-kvd_status_t kvd_worker_cuda_create(kvd_worker_t *w, char *err, size_t err_len)
+static kvd_status_t cuda_create(kvd_worker_t *w, char *err, size_t err_len)
 {
     int count = 0;
     kvd_status_t st = kvd_cuda_device_count(&count);
@@ -364,7 +366,7 @@ kvd_status_t kvd_worker_cuda_create(kvd_worker_t *w, char *err, size_t err_len)
     return KVD_OK;
 }
 
-void kvd_worker_cuda_destroy(kvd_worker_t *w)
+static void cuda_destroy(kvd_worker_t *w)
 {
     wcuda_t *c = w->cuda;
     if (c == NULL) {
@@ -391,9 +393,9 @@ void kvd_worker_cuda_destroy(kvd_worker_t *w)
     w->cuda = NULL;
 }
 
-kvd_status_t kvd_worker_cuda_register(kvd_worker_t *w,
-                                      const kvd_kv_layout_t *layout, char *err,
-                                      size_t err_len)
+static kvd_status_t cuda_register_caches(kvd_worker_t *w,
+                                         const kvd_kv_layout_t *layout,
+                                         char *err, size_t err_len)
 {
     wcuda_t *c = w->cuda;
     int device = -1;
@@ -530,8 +532,8 @@ static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
     return st;
 }
 
-kvd_status_t kvd_worker_cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
-                                  size_t first, size_t count)
+static kvd_status_t cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
+                              size_t first, size_t count)
 {
     wcuda_t *c = w->cuda;
     kvd_status_t st = kvd_cuda_device_set(c->res->device);
@@ -560,8 +562,8 @@ kvd_status_t kvd_worker_cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
     return st != KVD_OK ? st : rec;
 }
 
-kvd_status_t kvd_worker_cuda_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
-                                  size_t first, size_t count)
+static kvd_status_t cuda_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
+                              size_t first, size_t count)
 {
     wcuda_t *c = w->cuda;
     kvd_status_t st = kvd_cuda_device_set(c->res->device);
@@ -586,8 +588,8 @@ kvd_status_t kvd_worker_cuda_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
     return st;
 }
 
-kvd_status_t kvd_worker_cuda_load_async(kvd_worker_t *w, const int32_t *ids,
-                                        void *const *objs, size_t n)
+static kvd_status_t cuda_load_async(kvd_worker_t *w, const int32_t *ids,
+                                    void *const *objs, size_t n)
 {
     wcuda_t *c = w->cuda;
     kvd_status_t st = kvd_cuda_device_set(c->res->device);
@@ -640,8 +642,8 @@ kvd_status_t kvd_worker_cuda_load_async(kvd_worker_t *w, const int32_t *ids,
 
 /* ---- the engine's stream (engine thread) -------------------------------- */
 
-kvd_status_t kvd_worker_cuda_stream_wait(kvd_worker_t *w, uint32_t layer,
-                                         void *stream)
+static kvd_status_t cuda_stream_wait(kvd_worker_t *w, uint32_t layer,
+                                     void *stream)
 {
     wcuda_t *c = w->cuda;
     uint32_t from = layer, to = layer + 1;
@@ -656,7 +658,7 @@ kvd_status_t kvd_worker_cuda_stream_wait(kvd_worker_t *w, uint32_t layer,
     return st;
 }
 
-kvd_status_t kvd_worker_cuda_save_order(kvd_worker_t *w, void *stream)
+static kvd_status_t cuda_save_order(kvd_worker_t *w, void *stream)
 {
     wcuda_t *c = w->cuda;
     /* Under mu: the wait lands between two staging sequences, and the
@@ -670,7 +672,31 @@ kvd_status_t kvd_worker_cuda_save_order(kvd_worker_t *w, void *stream)
     return st;
 }
 
-kvd_status_t kvd_worker_cuda_drain(kvd_worker_t *w)
+static kvd_status_t cuda_drain(kvd_worker_t *w)
 {
     return kvd_cuda_stream_wait(w->cuda->res->stream);
 }
+
+/* ---- the ops table ------------------------------------------------------ */
+
+/* One chunk per layer: a layer's copies share the stream and the staging
+ * buffer, so splitting it over threads gains nothing. */
+static size_t cuda_chunks(const kvd_worker_t *w, size_t n)
+{
+    (void)w;
+    return n > 0 ? 1 : 0;
+}
+
+const wdevice_ops_t kvd_worker_device_cuda = {
+    .create = cuda_create,
+    .destroy = cuda_destroy,
+    .register_caches = cuda_register_caches,
+    .chunks = cuda_chunks,
+    .tasks_complete = false,
+    .load = cuda_load,
+    .save = cuda_save,
+    .load_async = cuda_load_async,
+    .stream_wait = cuda_stream_wait,
+    .save_order = cuda_save_order,
+    .drain = cuda_drain,
+};

@@ -1,8 +1,9 @@
 /*
- * The worker's execution: a pool of threads running copy tasks (CPU
- * reference kernels, or with the CUDA backend the enqueueing of device
- * copies, device_cuda.c), and one poller thread owning the store's
- * completion queue (promotions of DISK-tier objects into the arena).
+ * The worker's execution: a pool of threads running copy tasks (through
+ * the device backend, w->dev: the CPU reference kernels of device_host.c,
+ * or the enqueueing of device copies of device_cuda.c), and one poller
+ * thread owning the store's completion queue (promotions of DISK-tier
+ * objects into the arena).
  *
  * A step's synchronous loads run in two phases. Resolving (engine thread):
  * every block is looked up in the store and leased; a DISK-tier lease is
@@ -56,10 +57,7 @@ static void task_push(kvd_worker_t *w, wtask_t *t)
 
 size_t kvd_worker_chunks(const kvd_worker_t *w, size_t n)
 {
-    if (w->cuda != NULL) {
-        return n > 0 ? 1 : 0;
-    }
-    return n < w->num_threads ? n : w->num_threads;
+    return w->dev->chunks(w, n);
 }
 
 /* Queues one task per chunk of `n` blocks for `layer`; returns how many. */
@@ -441,13 +439,13 @@ bool kvd_worker_loads_enqueued(const wstep_t *s)
 
 void kvd_worker_copies_finish(kvd_worker_t *w, wstep_t *s)
 {
-    if (w->cuda == NULL || (s->loads_done && s->n_saves == 0)) {
+    if (w->dev->tasks_complete || (s->loads_done && s->n_saves == 0)) {
         return; /* host: the tasks did the copies themselves */
     }
     /* Every task of the step ran, so nothing else touches the step while
      * mu is dropped; promotions of the step are done (loads issued). */
     pthread_mutex_unlock(&w->mu);
-    kvd_status_t st = kvd_worker_cuda_drain(w);
+    kvd_status_t st = w->dev->drain(w);
     pthread_mutex_lock(&w->mu);
     if (st != KVD_OK) {
         /* A device fault: no copy of the step can be trusted. */
@@ -469,13 +467,7 @@ void kvd_worker_copies_finish(kvd_worker_t *w, wstep_t *s)
 
 static void run_load(kvd_worker_t *w, wstep_t *s, const wtask_t *t)
 {
-    kvd_status_t st =
-        w->cuda != NULL
-            ? kvd_worker_cuda_load(w, s, t->layer, t->first, t->count)
-            : kvd_ref_scatter_layer(
-                  &w->layout, &w->cfg.format, w->tables, t->layer,
-                  s->load_ids + t->first, t->count, w->cfg.format.block_size,
-                  (const void *const *)(s->load_objs + t->first));
+    kvd_status_t st = w->dev->load(w, s, t->layer, t->first, t->count);
     pthread_mutex_lock(&w->mu);
     if (st != KVD_OK) {
         KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
@@ -487,7 +479,7 @@ static void run_load(kvd_worker_t *w, wstep_t *s, const wtask_t *t)
         }
     }
     s->layer_left[t->layer]--;
-    if (--s->load_tasks_left == 0 && w->cuda == NULL) {
+    if (--s->load_tasks_left == 0 && w->dev->tasks_complete) {
         step_loads_finish(w, s);
     } else if (s->layer_left[t->layer] == 0) {
         /* CUDA: enqueued only; finished at wait_for_save. */
@@ -498,13 +490,7 @@ static void run_load(kvd_worker_t *w, wstep_t *s, const wtask_t *t)
 
 static void run_save(kvd_worker_t *w, wstep_t *s, const wtask_t *t)
 {
-    kvd_status_t st =
-        w->cuda != NULL
-            ? kvd_worker_cuda_save(w, s, t->layer, t->first, t->count)
-            : kvd_ref_gather_layer(&w->layout, &w->cfg.format, w->tables,
-                                   t->layer, s->save_ids + t->first, t->count,
-                                   w->cfg.format.block_size,
-                                   s->save_objs + t->first);
+    kvd_status_t st = w->dev->save(w, s, t->layer, t->first, t->count);
     pthread_mutex_lock(&w->mu);
     if (st != KVD_OK) {
         KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
@@ -538,16 +524,9 @@ static void run_async(kvd_worker_t *w, wreq_t *r)
         }
     }
     kvd_status_t st = KVD_OK;
-    if (w->cuda != NULL && n > 0) {
+    if (n > 0) {
         /* Returns once the copies ran: the leases may go. */
-        st = kvd_worker_cuda_load_async(w, r->ids, r->objs, n);
-    }
-    for (uint32_t l = 0; w->cuda == NULL && l < w->cfg.format.num_layers &&
-                         n > 0 && st == KVD_OK;
-         l++) {
-        st = kvd_ref_scatter_layer(&w->layout, &w->cfg.format, w->tables, l,
-                                   r->ids, n, w->cfg.format.block_size,
-                                   (const void *const *)r->objs);
+        st = w->dev->load_async(w, r->ids, r->objs, n);
     }
     pthread_mutex_lock(&w->mu);
     for (size_t i = 0; i < r->n_loads; i++) {

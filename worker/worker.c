@@ -15,12 +15,14 @@
  * wait_for_save, after the last copy, so an object becomes visible to
  * lookups only once all its layers are written.
  *
- * With the CUDA backend (device_cuda.c) a finished task means its copies
- * are enqueued on the side stream; the engine's calls add the stream
- * ordering: wait_for_layer_load(l) makes the engine's stream wait for
- * layer l's event, save_kv_layer orders the side stream after the
+ * The copies, and the stream ordering around them, go through the device
+ * backend (w->dev). With the CUDA backend (device_cuda.c) a finished task
+ * means its copies are enqueued on the side stream; the engine's calls add
+ * the stream ordering: wait_for_layer_load(l) makes the engine's stream
+ * wait for layer l's event, save_kv_layer orders the side stream after the
  * engine's, and wait_for_save synchronizes the side stream before the
- * commits (kvd_worker_copies_finish).
+ * commits (kvd_worker_copies_finish). The host backend's stream calls do
+ * nothing.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -191,8 +193,10 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
                        (int)cfg->device);
         return KVD_ERR_UNSUPPORTED;
     }
-#ifndef KVD_HAVE_CUDA
-    if (cfg->device == KVD_WORKER_DEVICE_CUDA) {
+    const wdevice_ops_t *dev = cfg->device == KVD_WORKER_DEVICE_CUDA
+                                   ? KVD_WORKER_DEVICE_CUDA_OPS
+                                   : &kvd_worker_device_host;
+    if (dev == NULL) {
         kvd_config_err(
             err, err_len,
             "worker: device cuda: this build of kvdepot has no CUDA "
@@ -200,7 +204,6 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
             "KVD_WITH_CUDA=AUTO or ON)");
         return KVD_ERR_UNSUPPORTED;
     }
-#endif
     if (cfg->num_threads > KVD_WORKER_MAX_THREADS) {
         kvd_config_err(err, err_len, "worker: num_threads %u > %u",
                        cfg->num_threads, KVD_WORKER_MAX_THREADS);
@@ -217,6 +220,7 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
         return KVD_ERR_NOMEM;
     }
     w->cfg = *cfg;
+    w->dev = dev;
     w->store = cfg->store;
     static const kvd_namespace_t zero_ns;
     w->plan_ns = memcmp(&cfg->plan_ns, &zero_ns, sizeof zero_ns) == 0
@@ -242,14 +246,10 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
             goto err_free;
         }
     }
-#ifdef KVD_HAVE_CUDA
-    if (cfg->device == KVD_WORKER_DEVICE_CUDA) {
-        s = kvd_worker_cuda_create(w, err, err_len);
-        if (s != KVD_OK) {
-            goto err_free;
-        }
+    s = w->dev->create(w, err, err_len);
+    if (s != KVD_OK) {
+        goto err_free;
     }
-#endif
     w->bases = calloc(cfg->format.num_layers, sizeof *w->bases);
     w->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (w->bases == NULL || w->efd < 0) {
@@ -275,7 +275,7 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     return KVD_OK;
 
 err_free:
-    kvd_worker_cuda_destroy(w);
+    w->dev->destroy(w);
     if (w->efd >= 0) {
         close(w->efd);
     }
@@ -300,7 +300,7 @@ KVD_API void kvd_worker_destroy(kvd_worker_t *worker)
     kvd_worker_exec_stop(w);
     /* After the threads: an asynchronous copy may still be on the stream
      * until then. */
-    kvd_worker_cuda_destroy(w);
+    w->dev->destroy(w);
     store_unclaim(w->store);
     close(w->efd);
     free(w->threads);
@@ -349,11 +349,9 @@ KVD_API kvd_status_t kvd_worker_register_kv_caches(
                        "worker: a plan is bound or loads are in flight");
         return KVD_ERR_STATE;
     }
-    if (w->cuda != NULL) {
-        s = kvd_worker_cuda_register(w, layout, err, err_len);
-        if (s != KVD_OK) {
-            return s;
-        }
+    s = w->dev->register_caches(w, layout, err, err_len);
+    if (s != KVD_OK) {
+        return s;
     }
     memcpy(w->bases, layout->layer_base,
            w->cfg.format.num_layers * sizeof *w->bases);
@@ -776,9 +774,8 @@ KVD_API kvd_status_t kvd_worker_start_load_kv(kvd_worker_t *worker,
         }
         bool copied = s->n_load_ok > 0;
         pthread_mutex_unlock(&w->mu);
-        if (w->cuda != NULL && copied) {
-            return kvd_worker_cuda_stream_wait(w, KVD_WORKER_ALL_LAYERS,
-                                               stream);
+        if (copied) {
+            return w->dev->stream_wait(w, KVD_WORKER_ALL_LAYERS, stream);
         }
     }
     return KVD_OK;
@@ -808,9 +805,10 @@ KVD_API kvd_status_t kvd_worker_wait_for_layer_load(kvd_worker_t *worker,
     }
     bool copied = s->n_load_ok > 0;
     pthread_mutex_unlock(&w->mu);
-    if (w->cuda != NULL && copied) {
-        /* Enqueued, not done: the engine's stream waits, not the host. */
-        return kvd_worker_cuda_stream_wait(w, layer, stream);
+    if (copied) {
+        /* CUDA: enqueued, not done: the engine's stream waits, not the
+         * host. */
+        return w->dev->stream_wait(w, layer, stream);
     }
     return KVD_OK;
 }
@@ -830,9 +828,9 @@ KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
         return KVD_OK;
     }
     kvd_status_t st = KVD_OK;
-    if (w->cuda != NULL && s->n_saves > 0 && !s->save_issued[layer]) {
+    if (s->n_saves > 0 && !s->save_issued[layer]) {
         /* The gather must see what the engine's stream wrote so far. */
-        st = kvd_worker_cuda_save_order(w, stream);
+        st = w->dev->save_order(w, stream);
         if (st != KVD_OK) {
             saves_fail(w, s, st);
         }
@@ -857,12 +855,12 @@ KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
     if (!s->loads_started) {
         kvd_worker_loads_start(w, s);
     }
-    if (w->cuda != NULL && s->n_saves > 0) {
+    if (s->n_saves > 0) {
         for (uint32_t l = 0; l < w->cfg.format.num_layers; l++) {
             if (!s->save_issued[l]) {
                 /* Layers save_kv_layer was not called for: after the work
                  * on this stream. */
-                kvd_status_t st = kvd_worker_cuda_save_order(w, stream);
+                kvd_status_t st = w->dev->save_order(w, stream);
                 if (st != KVD_OK) {
                     saves_fail(w, s, st);
                 }

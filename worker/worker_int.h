@@ -1,7 +1,8 @@
 /*
  * The worker's state, shared by worker.c (API, plans, reports), exec.c
- * (threads, promotions, the copies) and device_cuda.c (the copy step of
- * the CUDA backend).
+ * (threads, promotions, the copy tasks) and the device backends behind
+ * wdevice_ops_t: device_host.c (CPU reference kernels) and device_cuda.c
+ * (a side stream with the kernels of kernels/cuda).
  *
  * One mutex, `mu`, guards everything below that more than one thread
  * touches: the task queue, the promotion backlog, the step's counters, the
@@ -129,6 +130,7 @@ typedef struct wqueue {
 } wqueue_t;
 
 typedef struct wcuda wcuda_t;
+typedef struct wdevice_ops wdevice_ops_t;
 
 struct kvd_worker {
     kvd_worker_config_t cfg;
@@ -184,8 +186,11 @@ struct kvd_worker {
     pthread_t poller;
     bool poller_started;
 
-    /* The CUDA backend's state (device_cuda.c); NULL: the host backend.
-     * The few places the backends differ test it. */
+    /* The device backend (cfg.device): every place the backends differ
+     * calls through it. Set by kvd_worker_create before anything can
+     * fail, never changed. */
+    const wdevice_ops_t *dev;
+    /* The CUDA backend's state, device_cuda.c's alone; NULL otherwise. */
     wcuda_t *cuda;
 };
 
@@ -215,102 +220,72 @@ size_t kvd_worker_chunks(const kvd_worker_t *w, size_t n);
 /* Every synchronous load copy of the step is enqueued (host backend: and
  * done), or none was needed (mu held). */
 bool kvd_worker_loads_enqueued(const wstep_t *s);
-/* Once every copy task of the step ran (mu held, may drop it): the CUDA
- * backend waits for its stream, fails the step's blocks on a device
- * error, and then gives the loads' leases back and reports them. The host
- * backend has nothing left to do. */
+/* Once every copy task of the step ran (mu held, may drop it): a backend
+ * whose tasks only enqueue (CUDA) drains its copies, fails the step's
+ * blocks on a device error, and then gives the loads' leases back and
+ * reports them. The host backend has nothing left to do. */
 void kvd_worker_copies_finish(kvd_worker_t *w, wstep_t *s);
 
-/* ---- device_cuda.c (built with KVD_HAVE_CUDA) ---------------------------
+/* ---- device backends ----------------------------------------------------
  *
- * The CUDA backend's copy step; the calls are made only when w->cuda is
- * set. create/destroy/register and the stream calls run on the engine
- * thread; load, save and load_async on pool threads, where they only
- * enqueue (load_async also waits for its own copies). */
+ * The copy step of the shared pipeline and the ordering around it. exec.c
+ * and worker.c plan, resolve, promote, lease, report and commit the same
+ * way for every backend; they call these at the few points where the
+ * backends differ. create / destroy / register_caches and the engine-stream
+ * calls (stream_wait, save_order, drain) run on the engine thread; load,
+ * save and load_async on pool threads, without mu. Every call returns
+ * KVD_OK or the error that fails the blocks concerned. */
 
-/* kvd_worker_cuda_stream_wait's layer for "every layer". */
+/* stream_wait's layer for "every layer". */
 #define KVD_WORKER_ALL_LAYERS UINT32_MAX
 
+struct wdevice_ops {
+    /* After the codec tables, before the threads start: the backend's
+     * state (err gets the reason on failure). */
+    kvd_status_t (*create)(kvd_worker_t *w, char *err, size_t err_len);
+    /* After the threads stopped; also after a failed or skipped create. */
+    void (*destroy)(kvd_worker_t *w);
+    /* The layout passed its checks and no plan is bound: the backend's
+     * own checks and resources (err gets the reason on failure). */
+    kvd_status_t (*register_caches)(kvd_worker_t *w,
+                                    const kvd_kv_layout_t *layout, char *err,
+                                    size_t err_len);
+    /* How many copy tasks share `n` blocks of one layer. */
+    size_t (*chunks)(const kvd_worker_t *w, size_t n);
+    /* A finished copy task has done its copies (host). False: it only
+     * enqueued them, and drain at wait_for_save finishes the step's loads
+     * (kvd_worker_copies_finish). */
+    bool tasks_complete;
+    /* Layer `layer` of the step's loads [first, first + count). */
+    kvd_status_t (*load)(kvd_worker_t *w, wstep_t *s, uint32_t layer,
+                         size_t first, size_t count);
+    /* Layer `layer` of the step's saves [first, first + count). */
+    kvd_status_t (*save)(kvd_worker_t *w, wstep_t *s, uint32_t layer,
+                         size_t first, size_t count);
+    /* Every layer of one asynchronous request's `n` blocks (n > 0);
+     * returns once the copies are done, so the leases may go. */
+    kvd_status_t (*load_async)(kvd_worker_t *w, const int32_t *ids,
+                               void *const *objs, size_t n);
+    /* Makes the engine's `stream` wait for layer `layer`'s loads (or
+     * every layer's) once they are enqueued. */
+    kvd_status_t (*stream_wait)(kvd_worker_t *w, uint32_t layer, void *stream);
+    /* Orders the next saves after the work on the engine's `stream`. */
+    kvd_status_t (*save_order)(kvd_worker_t *w, void *stream);
+    /* Blocks until every copy enqueued so far has run. */
+    kvd_status_t (*drain)(kvd_worker_t *w);
+};
+
+/* The host backend (device_host.c): the cache in host memory, the CPU
+ * reference kernels on the pool threads; the stream calls do nothing. */
+extern const wdevice_ops_t kvd_worker_device_host;
+
+/* The CUDA backend (device_cuda.c, built with KVD_HAVE_CUDA); NULL in a
+ * build without it. */
 #ifdef KVD_HAVE_CUDA
-/* Checks that a device exists; sets w->cuda (host state only). */
-kvd_status_t kvd_worker_cuda_create(kvd_worker_t *w, char *err, size_t err_len);
-/* Waits for the side stream, frees everything; NULL w->cuda accepted. */
-void kvd_worker_cuda_destroy(kvd_worker_t *w);
-/* The layout's bases must be device memory of one device; allocates the
- * stream, events, staging and id arrays there (once per device). */
-kvd_status_t kvd_worker_cuda_register(kvd_worker_t *w,
-                                      const kvd_kv_layout_t *layout, char *err,
-                                      size_t err_len);
-/* Enqueues layer `layer` of the step's loads [first, first + count), then
- * records the layer's event. */
-kvd_status_t kvd_worker_cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
-                                  size_t first, size_t count);
-/* Enqueues layer `layer` of the step's saves [first, first + count). */
-kvd_status_t kvd_worker_cuda_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
-                                  size_t first, size_t count);
-/* Enqueues every layer of one asynchronous request and waits until the
- * side stream has run it. */
-kvd_status_t kvd_worker_cuda_load_async(kvd_worker_t *w, const int32_t *ids,
-                                        void *const *objs, size_t n);
-/* Makes `stream` wait for layer `layer`'s loads (or every layer's). */
-kvd_status_t kvd_worker_cuda_stream_wait(kvd_worker_t *w, uint32_t layer,
-                                         void *stream);
-/* Makes the side stream's next saves wait for the work on `stream`. */
-kvd_status_t kvd_worker_cuda_save_order(kvd_worker_t *w, void *stream);
-/* Blocks until the side stream ran everything enqueued so far. */
-kvd_status_t kvd_worker_cuda_drain(kvd_worker_t *w);
+extern const wdevice_ops_t kvd_worker_device_cuda;
+#define KVD_WORKER_DEVICE_CUDA_OPS (&kvd_worker_device_cuda)
 #else
-/* Without CUDA no worker has w->cuda set: these are never called. */
-static inline void kvd_worker_cuda_destroy(kvd_worker_t *w)
-{
-    (void)w;
-}
-static inline kvd_status_t
-kvd_worker_cuda_register(kvd_worker_t *w, const kvd_kv_layout_t *layout,
-                         char *err, size_t err_len)
-{
-    (void)w, (void)layout, (void)err, (void)err_len;
-    return KVD_ERR_UNSUPPORTED;
-}
-static inline kvd_status_t kvd_worker_cuda_load(kvd_worker_t *w, wstep_t *s,
-                                                uint32_t layer, size_t first,
-                                                size_t count)
-{
-    (void)w, (void)s, (void)layer, (void)first, (void)count;
-    return KVD_ERR_UNSUPPORTED;
-}
-static inline kvd_status_t kvd_worker_cuda_save(kvd_worker_t *w, wstep_t *s,
-                                                uint32_t layer, size_t first,
-                                                size_t count)
-{
-    (void)w, (void)s, (void)layer, (void)first, (void)count;
-    return KVD_ERR_UNSUPPORTED;
-}
-static inline kvd_status_t kvd_worker_cuda_load_async(kvd_worker_t *w,
-                                                      const int32_t *ids,
-                                                      void *const *objs,
-                                                      size_t n)
-{
-    (void)w, (void)ids, (void)objs, (void)n;
-    return KVD_ERR_UNSUPPORTED;
-}
-static inline kvd_status_t
-kvd_worker_cuda_stream_wait(kvd_worker_t *w, uint32_t layer, void *stream)
-{
-    (void)w, (void)layer, (void)stream;
-    return KVD_ERR_UNSUPPORTED;
-}
-static inline kvd_status_t kvd_worker_cuda_save_order(kvd_worker_t *w,
-                                                      void *stream)
-{
-    (void)w, (void)stream;
-    return KVD_ERR_UNSUPPORTED;
-}
-static inline kvd_status_t kvd_worker_cuda_drain(kvd_worker_t *w)
-{
-    (void)w;
-    return KVD_ERR_UNSUPPORTED;
-}
+#define KVD_WORKER_DEVICE_CUDA_OPS ((const wdevice_ops_t *)NULL)
 #endif
 
 #endif /* KVD_WORKER_INT_H */

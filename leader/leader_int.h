@@ -1,0 +1,148 @@
+/*
+ * The leader's state, shared by its files (leader.c: the request table,
+ * leases and the end of a request; match.c: lookups and the engine's
+ * scheduling calls; plan.c: the step plan; report.c: worker reports).
+ * Nothing outside leader/ includes it.
+ *
+ * Threading: the leader is single-threaded (include/kvdepot/leader.h);
+ * none of these calls locks. Lifetimes: an lreq_t lives in the leader's
+ * table from kvd_lreq_create until kvd_lreq_maybe_drop (or
+ * kvd_leader_destroy) frees it; pointers to it are valid until then.
+ */
+#ifndef KVD_LEADER_LEADER_INT_H
+#define KVD_LEADER_LEADER_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvdepot/leader.h"
+
+#define LEADER_BUCKETS 1024u
+#define LEADER_HASH_BUCKETS 4096u
+#define LEADER_ID_MAX 255u
+#define LEADER_BLOCK_SIZE_MAX 4096u
+
+typedef struct lreq lreq_t;
+struct lreq {
+    lreq_t *next;         /* table chain */
+    lreq_t *next_touched; /* plan list */
+    bool touched;
+    char id[LEADER_ID_MAX + 1];
+    uint64_t not_yet_since_ns; /* first "not yet" answer, 0: none */
+
+    /* Identity. */
+    bool hashes_mode;
+    uint32_t *tokens;
+    size_t num_tokens, cap_tokens;
+    kvd_block_hash_t *hashes;
+    size_t num_hashes, cap_hashes;
+    char *lora, *salt;
+    char *source; /* the node that computed the blocks, or NULL */
+    size_t prompt_tokens;
+
+    /* Lookup: blocks [first_block, first_block + num_leases) are leased.
+     * The answer holds for answered_computed tokens held by the engine. */
+    bool looked_up;
+    bool allocated; /* update_state_after_alloc took the answer */
+    uint64_t answered_computed;
+    size_t first_block;
+    kvd_store_lease_t *leases;
+    size_t num_leases;
+    bool async;
+    uint64_t matched_tokens;
+
+    /* Engine block table. */
+    uint32_t *block_ids;
+    size_t num_block_ids, cap_block_ids;
+
+    /* Loads: `load_blocks` blocks from first_block, planned when
+     * plan_loads is set; in flight until the reports finish them. */
+    size_t load_blocks;
+    size_t load_copies;   /* of those, blocks the engine holds (planned) */
+    uint64_t load_tokens; /* num_external_tokens the engine took */
+    bool plan_loads;
+    bool loads_inflight;
+    bool loading_marked; /* its async blocks are in `loading` */
+    uint64_t load_step;
+    uint32_t load_reports;
+
+    /* Saves: blocks [0, saved_upto) are stored or planned; the next plan
+     * carries [save_from, saved_upto). */
+    size_t saved_upto, save_from;
+    size_t save_copies; /* saves in the last plan (engine-held blocks) */
+    bool saves_inflight;
+    uint64_t save_step;
+    uint32_t save_reports;
+
+    bool preempted; /* list in the next plan */
+    bool finished;  /* engine is done; kept until its saves finish */
+};
+
+typedef struct lhash lhash_t;
+struct lhash {
+    lhash_t *next;
+    kvd_block_hash_t hash;
+    uint32_t count;
+};
+
+struct kvd_leader {
+    kvd_leader_config_t cfg;
+    kvd_leader_backend_t be;
+    lreq_t *table[LEADER_BUCKETS];
+    lreq_t *touched;
+    lhash_t *loading[LEADER_HASH_BUCKETS];
+    uint64_t step;
+    uint32_t *failed;
+    size_t num_failed, cap_failed;
+    /* Ids of requests whose async loads ended, and those handed out by the
+     * last kvd_leader_take_finished_loads (valid until the next take). */
+    char (*done_ids)[LEADER_ID_MAX + 1];
+    size_t num_done, cap_done;
+    char (*taken)[LEADER_ID_MAX + 1];
+    size_t cap_taken;
+    char node_id[LEADER_ID_MAX + 1];
+    kvd_block_hash_t *handoff; /* last hand-off's hashes */
+    size_t cap_handoff;
+    kvd_leader_stats_t st;
+};
+
+/* ---- the request table (leader.c) --------------------------------------- */
+
+/* The request with this id, or NULL. */
+lreq_t *kvd_lreq_find(kvd_leader_t *ld, const char *id);
+/* True for an id the leader accepts: non-empty, at most LEADER_ID_MAX. */
+bool kvd_leader_id_ok(const char *id);
+/* Puts the request on the list the next plan walks (once). */
+void kvd_lreq_touch(kvd_leader_t *ld, lreq_t *r);
+/* A new request from the engine's description, in the table; its hash
+ * chain covers every full block. KVD_ERR_NOMEM, or kvd_block_hash's error;
+ * nothing is left behind on error. */
+kvd_status_t kvd_lreq_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
+                             lreq_t **out);
+/* Hashes every full block of the token sequence not hashed yet (token
+ * mode; a no-op with the engine's hashes). KVD_ERR_NOMEM or
+ * kvd_block_hash's error; blocks hashed before it stay. */
+kvd_status_t kvd_lreq_extend_hashes(kvd_leader_t *ld, lreq_t *r);
+
+/* ---- blocks being loaded (leader.c) ------------------------------------- */
+
+/* True while some request's asynchronous load of this block is planned and
+ * not finished. */
+bool kvd_leader_loading_has(kvd_leader_t *ld, const kvd_block_hash_t *h);
+/* Counts one more load of the block; false when out of memory. */
+bool kvd_leader_loading_add(kvd_leader_t *ld, const kvd_block_hash_t *h);
+
+/* ---- leases, loads and the end of a request (leader.c) ------------------ */
+
+/* Gives the request's leases back to the backend. */
+void kvd_lreq_release_leases(kvd_leader_t *ld, lreq_t *r);
+/* Ends the request's loads (finished, failed or dropped). */
+void kvd_lreq_end_loads(kvd_leader_t *ld, lreq_t *r);
+/* Ends the request's loads and forgets its answer. */
+void kvd_lreq_forget_answer(kvd_leader_t *ld, lreq_t *r);
+/* Frees a finished request once nothing of it is in flight; r is invalid
+ * after it when it was dropped. */
+void kvd_lreq_maybe_drop(kvd_leader_t *ld, lreq_t *r);
+
+#endif /* KVD_LEADER_LEADER_INT_H */
