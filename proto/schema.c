@@ -5,9 +5,9 @@
  *
  * The table names fields by their .proto names and is resolved against the
  * generated descriptors, so a renamed or retyped field fails loudly (every
- * call returns KVD_ERR_INTERNAL and test_proto_roundtrip fails) instead of silently
- * losing its rule. The resolver also insists that every bytes field and
- * every repeated field has a rule: those are the fields that cost memory,
+ * call returns KVD_ERR_INTERNAL and test_proto_roundtrip fails) instead of
+ * silently losing its rule. The resolver also insists that every bytes field
+ * and every repeated field has a rule: those are the fields that cost memory,
  * and a new one must not arrive without a limit.
  *
  * The limits themselves are the KVD_PROTO_MAX_* constants of kvd_proto.h;

@@ -1,5 +1,5 @@
 /*
- * Host arena: the L1 tier's memory (DESIGN.md §5).
+ * Host arena: the L1 tier's memory (store/README.md).
  *
  * One shared-memory region (a memfd, mapped MAP_SHARED once) holds every
  * object cached in host memory. It is one contiguous mapping because three

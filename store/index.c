@@ -1,6 +1,6 @@
 /*
  * The persistent index on LMDB (contract, record layout and durability rules
- * in index_int.h). One MDB_env with its unnamed database; keys are the raw
+ * in index.h). One MDB_env with its unnamed database; keys are the raw
  * 48-byte kvd_store_key_t, values the 64-byte versioned record.
  *
  * Concurrency: LMDB lets readers run beside one writer without locks. Two
@@ -480,7 +480,7 @@ kvd_status_t kvd_index_open(const char *dir, const kvd_index_config_t *cfg,
         return KVD_ERR_INVALID;
     }
     /* Without MDB_WRITEMAP, NOSYNC keeps the file consistent across a
-     * kernel crash (index_int.h, durability contract). */
+     * kernel crash (index.h, durability contract). */
     if (!c.sync_commits) {
         flags |= MDB_NOSYNC;
     }

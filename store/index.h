@@ -1,6 +1,6 @@
 /*
- * Persistent object index (DESIGN.md §5): key -> where an object lives (tier,
- * arena slot or NVMe extent), its size, checksum, codecs, tenant and
+ * Persistent object index (store/README.md): key -> where an object lives
+ * (tier, arena slot or NVMe extent), its size, checksum, codecs, tenant and
  * timestamps, kept in LMDB. It is the store's persistent truth: at startup
  * the store rebuilds its in-memory tables from kvd_index_scan(), and an NVMe
  * object exists only if its record does.
@@ -36,9 +36,9 @@
  * rejects every other version.
  *
  * Durability contract. The environment is opened with MDB_NOSYNC (no fsync
- * per commit, about 3x the put rate of a durable commit; feasibility §5) but
- * without MDB_WRITEMAP, so every commit is written with pwrite() before the
- * put/delete call returns:
+ * per commit, about 3x the put rate of a durable commit, measured on the
+ * development VM) but without MDB_WRITEMAP, so every commit is written with
+ * pwrite() before the put/delete call returns:
  *   - After kvd_index_put_batch / kvd_index_delete_batch /
  *     kvd_index_drop_namespace returns KVD_OK, the whole batch is visible to
  *     every later reader and survives a crash of this process (kill -9,

@@ -1,6 +1,6 @@
 /*
  * L1 object table: the in-memory truth of which objects live in the host
- * arena (DESIGN.md §5), with leases, pinning, eviction and tenant quotas.
+ * arena (store/README.md), with leases, pinning, eviction and tenant quotas.
  *
  * An object is named by (namespace digest, block hash) and maps to an opaque
  * arena slot id, a size, a tenant (the `cache_salt` quota domain) and a
@@ -94,7 +94,8 @@ extern "C" {
 /* Frequency cap of S3-FIFO's per-object counter (2 bits). */
 #define KVD_L1_FREQ_MAX 3
 
-/* Object key: namespace digest (DESIGN.md §3) and block hash. */
+/* Objects are named by kvd_store_key_t (include/kvdepot/store.h). */
+
 typedef enum kvd_l1_policy {
     KVD_L1_S3FIFO = 0,
     KVD_L1_LRU = 1

@@ -1,6 +1,6 @@
 /*
  * NVMe tier (L2): preallocated O_DIRECT files, an extent allocator and
- * asynchronous reads and writes (DESIGN.md §5).
+ * asynchronous reads and writes (store/README.md).
  *
  * Files: `num_files` files named "kvd-data-NNN.dat" (NNN = 000, 001, ...)
  * in directory cfg.path, each fallocate()d to file_bytes and opened

@@ -57,7 +57,7 @@ enum store_admission {
 
 enum store_mode {
     STORE_MODE_EMBEDDED = 0, /* this process owns the store */
-    STORE_MODE_DAEMON = 1    /* calls go to kvdepotd (store/client) */
+    STORE_MODE_DAEMON = 1    /* calls go to kvdepotd (client/) */
 };
 
 /* The `store.*` settings, one struct so one table can be applied. */
