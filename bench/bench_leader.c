@@ -171,10 +171,8 @@ int main(void)
     uint32_t *tok = malloc(sizeof(uint32_t) * (TOKENS + 1));
     warm_store(st, &lc, tok);
 
-    kvd_leader_backend_t be;
-    kvd_leader_backend_embedded(st, &be);
     kvd_leader_t *ld = NULL;
-    if (kvd_leader_create(&lc, &be, &ld) != KVD_OK) {
+    if (kvd_leader_create(&lc, st, &ld) != KVD_OK) {
         return 1;
     }
     uint32_t *blocks = malloc(sizeof(uint32_t) * (BLOCKS + 1));

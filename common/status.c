@@ -28,6 +28,7 @@ KVD_API const char *kvd_status_str(kvd_status_t status)
     switch (status) {
     case KVD_OK: return "KVD_OK: success";
     case KVD_INPROGRESS: return "KVD_INPROGRESS: accepted, completes later";
+    case KVD_AGAIN: return "KVD_AGAIN: not ready, ask again later";
     case KVD_ERR_INVALID: return "KVD_ERR_INVALID: invalid argument";
     case KVD_ERR_NOT_FOUND: return "KVD_ERR_NOT_FOUND: not found";
     case KVD_ERR_EXISTS: return "KVD_ERR_EXISTS: already exists";

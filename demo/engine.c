@@ -223,10 +223,8 @@ static kvd_status_t open_connector(engine_t *e)
     lc.num_workers = 1;
     lc.layerwise = true;
     st = kvd_block_hash_seed(KVD_BLOCK_HASH_DEFAULT_SEED, &lc.root);
-    kvd_leader_backend_t be;
-    kvd_leader_backend_embedded(e->store, &be);
     if (st == KVD_OK) {
-        st = kvd_leader_create(&lc, &be, &e->leader);
+        st = kvd_leader_create(&lc, e->store, &e->leader);
     }
     if (st != KVD_OK) {
         snprintf(e->err, e->err_len, "leader: %s", kvd_status_str(st));
@@ -363,8 +361,8 @@ static kvd_status_t admit(engine_t *e, const uint32_t *prompt, uint32_t n,
         .request_id = REQ_ID, .tokens = prompt, .num_tokens = n};
     uint64_t m = 0;
     bool async = false;
-    kvd_status_t st = KVD_INPROGRESS;
-    for (int i = 0; i < MAX_STEPS && st == KVD_INPROGRESS; i++) {
+    kvd_status_t st = KVD_AGAIN;
+    for (int i = 0; i < MAX_STEPS && st == KVD_AGAIN; i++) {
         st =
             kvd_leader_get_num_new_matched_tokens(e->leader, &q, 0, &m, &async);
     }

@@ -109,7 +109,7 @@ static void loading_remove(kvd_leader_t *ld, const kvd_block_hash_t *h)
 void kvd_lreq_release_leases(kvd_leader_t *ld, lreq_t *r)
 {
     if (r->num_leases > 0) {
-        (void)ld->be.release(ld->be.ctx, r->leases, r->num_leases);
+        (void)kvd_store_release(ld->store, r->leases, r->num_leases);
         ld->st.leases -= r->num_leases;
     }
     free(r->leases);
@@ -264,56 +264,15 @@ kvd_status_t kvd_lreq_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
     return KVD_OK;
 }
 
-/* ---- the embedded backend ----------------------------------------------- */
-
-static kvd_status_t embedded_lookup(void *ctx, const kvd_namespace_t *ns,
-                                    const kvd_block_hash_t *hashes,
-                                    size_t num_hashes,
-                                    kvd_store_lease_t *leases_out,
-                                    size_t *matched_out)
-{
-    return kvd_store_lookup(ctx, ns, hashes, num_hashes, leases_out,
-                            matched_out);
-}
-
-static kvd_status_t embedded_lookup_from(void *ctx, const char *source_node,
-                                         const kvd_namespace_t *ns,
-                                         const kvd_block_hash_t *hashes,
-                                         size_t num_hashes,
-                                         kvd_store_lease_t *leases_out,
-                                         size_t *matched_out)
-{
-    return kvd_store_lookup_from(ctx, ns, hashes, num_hashes, source_node,
-                                 leases_out, matched_out);
-}
-
-static kvd_status_t embedded_release(void *ctx, const kvd_store_lease_t *l,
-                                     size_t num)
-{
-    return kvd_store_release(ctx, l, num);
-}
-
-KVD_API void kvd_leader_backend_embedded(kvd_store_t *store,
-                                         kvd_leader_backend_t *out)
-{
-    if (out != NULL) {
-        out->ctx = store;
-        out->lookup = embedded_lookup;
-        out->release = embedded_release;
-        out->lookup_from = embedded_lookup_from;
-    }
-}
-
 /* ---- create / destroy --------------------------------------------------- */
 
 KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
-                                       const kvd_leader_backend_t *backend,
+                                       kvd_store_t *store,
                                        kvd_leader_t **leader_out)
 {
-    if (cfg == NULL || backend == NULL || leader_out == NULL ||
+    if (cfg == NULL || store == NULL || leader_out == NULL ||
         cfg->block_size == 0 || cfg->block_size > LEADER_BLOCK_SIZE_MAX ||
-        cfg->num_workers == 0 || backend->lookup == NULL ||
-        backend->release == NULL) {
+        cfg->num_workers == 0) {
         return KVD_ERR_INVALID;
     }
     kvd_leader_t *ld = calloc(1, sizeof *ld);
@@ -321,7 +280,7 @@ KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
         return KVD_ERR_NOMEM;
     }
     ld->cfg = *cfg;
-    ld->be = *backend;
+    ld->store = store;
     snprintf(ld->node_id, sizeof ld->node_id, "%s",
              cfg->node_id != NULL ? cfg->node_id : "");
     ld->cfg.node_id = ld->node_id;

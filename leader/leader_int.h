@@ -88,7 +88,7 @@ struct lhash {
 
 struct kvd_leader {
     kvd_leader_config_t cfg;
-    kvd_leader_backend_t be;
+    kvd_store_t *store; /* borrowed: outlives the leader */
     lreq_t *table[LEADER_BUCKETS];
     lreq_t *touched;
     lhash_t *loading[LEADER_HASH_BUCKETS];
@@ -135,7 +135,7 @@ bool kvd_leader_loading_add(kvd_leader_t *ld, const kvd_block_hash_t *h);
 
 /* ---- leases, loads and the end of a request (leader.c) ------------------ */
 
-/* Gives the request's leases back to the backend. */
+/* Gives the request's leases back to the store. */
 void kvd_lreq_release_leases(kvd_leader_t *ld, lreq_t *r);
 /* Ends the request's loads (finished, failed or dropped). */
 void kvd_lreq_end_loads(kvd_leader_t *ld, lreq_t *r);

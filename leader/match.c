@@ -62,7 +62,7 @@ static void req_answer_leases(kvd_leader_t *ld, lreq_t *r, size_t first,
     /* Blocks the engine has already are not loaded: give them back. */
     size_t keep_from = first < m ? first : m;
     if (keep_from > 0) {
-        (void)ld->be.release(ld->be.ctx, leases, keep_from);
+        (void)kvd_store_release(ld->store, leases, keep_from);
     }
     r->looked_up = true;
     r->first_block = first;
@@ -157,7 +157,7 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
                     r->not_yet_since_ns = now;
                 }
                 ld->st.not_yet++;
-                return KVD_INPROGRESS;
+                return KVD_AGAIN;
             }
             cap = i; /* load only what nobody is loading */
             break;
@@ -172,18 +172,15 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     }
     size_t m = 0;
     ld->st.lookups++;
-    s = r->source != NULL && ld->be.lookup_from != NULL
-            ? ld->be.lookup_from(ld->be.ctx, r->source, &ld->cfg.ns, r->hashes,
-                                 cap, leases, &m)
-            : ld->be.lookup(ld->be.ctx, &ld->cfg.ns, r->hashes, cap, leases,
-                            &m);
-    if (s == KVD_INPROGRESS && !may_wait) {
+    s = kvd_store_lookup_from(ld->store, &ld->cfg.ns, r->hashes, cap, r->source,
+                              leases, &m);
+    if (s == KVD_AGAIN && !may_wait) {
         /* Not ready and the engine cannot wait: a miss, asked again only
          * if the request comes back (preemption). */
         free(leases);
         return req_answer_miss(r, first, matched_out, async_out);
     }
-    if (s != KVD_OK && s != KVD_INPROGRESS) {
+    if (s != KVD_OK && s != KVD_AGAIN) {
         /* The cache failed (a dead daemon, a deadline): the engine
          * computes the prefix; it never waits on or fails for the cache. */
         free(leases);
@@ -251,8 +248,8 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
     r->allocated = true;
     /* Leases beyond what the engine takes go back now. */
     if (blocks < r->num_leases) {
-        (void)ld->be.release(ld->be.ctx, r->leases + blocks,
-                             r->num_leases - blocks);
+        (void)kvd_store_release(ld->store, r->leases + blocks,
+                                r->num_leases - blocks);
         ld->st.leases -= r->num_leases - blocks;
         r->num_leases = blocks;
     }

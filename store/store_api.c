@@ -4,6 +4,10 @@
  * hands the call to the store's implementation (the embedded engine or the
  * kvdepotd client). kvd_store_open is in client/open.c, the one place that
  * knows both implementations.
+ *
+ * An op left NULL (a store that implements only some calls, such as a
+ * test double of the leader's store) answers KVD_ERR_UNSUPPORTED, or NULL,
+ * 0 or -1 for the calls that return those.
  */
 #include <stddef.h>
 
@@ -11,7 +15,7 @@
 
 KVD_API void kvd_store_close(kvd_store_t *store)
 {
-    if (store != NULL) {
+    if (store != NULL && store->ops->close != NULL) {
         store->ops->close(store);
     }
 }
@@ -31,26 +35,32 @@ KVD_API kvd_status_t kvd_store_arena_hold(kvd_store_t *store, void **base_out,
         generation_out == NULL) {
         return KVD_ERR_INVALID;
     }
+    if (store->ops->arena_hold == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
     return store->ops->arena_hold(store, base_out, size_bytes_out,
                                   generation_out);
 }
 
 KVD_API void kvd_store_arena_unhold(kvd_store_t *store, uint32_t generation)
 {
-    if (store != NULL) {
+    if (store != NULL && store->ops->arena_unhold != NULL) {
         store->ops->arena_unhold(store, generation);
     }
 }
 
 KVD_API uint32_t kvd_store_arena_generation(kvd_store_t *store)
 {
-    return store == NULL ? 0 : store->ops->arena_generation(store);
+    if (store == NULL || store->ops->arena_generation == NULL) {
+        return 0;
+    }
+    return store->ops->arena_generation(store);
 }
 
 KVD_API void *kvd_store_lease_ptr(kvd_store_t *store,
                                   const kvd_store_lease_t *lease)
 {
-    if (store == NULL || lease == NULL) {
+    if (store == NULL || lease == NULL || store->ops->lease_ptr == NULL) {
         return NULL;
     }
     return store->ops->lease_ptr(store, lease);
@@ -60,7 +70,8 @@ KVD_API void *kvd_store_reservation_ptr(kvd_store_t *store,
                                         const kvd_store_reservation_t *r,
                                         uint64_t len)
 {
-    if (store == NULL || r == NULL || r->status != KVD_OK) {
+    if (store == NULL || r == NULL || r->status != KVD_OK ||
+        store->ops->reservation_ptr == NULL) {
         return NULL;
     }
     return store->ops->reservation_ptr(store, r, len);
@@ -71,6 +82,9 @@ KVD_API kvd_status_t kvd_store_arena_export(kvd_store_t *store,
 {
     if (store == NULL || out == NULL) {
         return KVD_ERR_INVALID;
+    }
+    if (store->ops->arena_export == NULL) {
+        return KVD_ERR_UNSUPPORTED;
     }
     return store->ops->arena_export(store, out);
 }
@@ -87,6 +101,9 @@ KVD_API kvd_status_t kvd_store_reserve(kvd_store_t *store,
         object_bytes == 0) {
         return KVD_ERR_INVALID;
     }
+    if (store->ops->reserve == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
     return store->ops->reserve(store, ns, hashes, num_hashes, object_bytes,
                                tenant, out);
 }
@@ -98,6 +115,9 @@ KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,
     if (store == NULL || (num > 0 && keys == NULL)) {
         return KVD_ERR_INVALID;
     }
+    if (store->ops->commit == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
     return store->ops->commit(store, keys, num, statuses_out);
 }
 
@@ -107,6 +127,9 @@ KVD_API kvd_status_t kvd_store_abort(kvd_store_t *store,
 {
     if (store == NULL || (num > 0 && keys == NULL)) {
         return KVD_ERR_INVALID;
+    }
+    if (store->ops->abort == NULL) {
+        return KVD_ERR_UNSUPPORTED;
     }
     return store->ops->abort(store, keys, num, statuses_out);
 }
@@ -131,6 +154,9 @@ KVD_API kvd_status_t kvd_store_lookup_from(
         (num_hashes > 0 && (hashes == NULL || leases_out == NULL))) {
         return KVD_ERR_INVALID;
     }
+    if (store->ops->lookup == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
     return store->ops->lookup(store, ns, hashes, num_hashes, source_node,
                               leases_out, matched_out);
 }
@@ -142,6 +168,9 @@ KVD_API kvd_status_t kvd_store_release(kvd_store_t *store,
     if (store == NULL || (num > 0 && leases == NULL)) {
         return KVD_ERR_INVALID;
     }
+    if (store->ops->release == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
     return store->ops->release(store, leases, num);
 }
 
@@ -152,13 +181,16 @@ KVD_API kvd_status_t kvd_store_get_submit(kvd_store_t *store,
     if (store == NULL || accepted_out == NULL || (num > 0 && gets == NULL)) {
         return KVD_ERR_INVALID;
     }
+    if (store->ops->get_submit == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
     return store->ops->get_submit(store, gets, num, accepted_out);
 }
 
 KVD_API size_t kvd_store_poll(kvd_store_t *store, kvd_store_completion_t *out,
                               size_t max)
 {
-    if (store == NULL || out == NULL) {
+    if (store == NULL || out == NULL || store->ops->poll == NULL) {
         return 0;
     }
     return store->ops->poll(store, out, max);
@@ -169,12 +201,18 @@ KVD_API kvd_status_t kvd_store_wait(kvd_store_t *store, int timeout_ms)
     if (store == NULL) {
         return KVD_ERR_INVALID;
     }
+    if (store->ops->wait == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
     return store->ops->wait(store, timeout_ms);
 }
 
 KVD_API int kvd_store_fd(kvd_store_t *store)
 {
-    return store == NULL ? -1 : store->ops->fd(store);
+    if (store == NULL || store->ops->fd == NULL) {
+        return -1;
+    }
+    return store->ops->fd(store);
 }
 
 KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
@@ -183,6 +221,9 @@ KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
 {
     if (store == NULL || (num > 0 && keys == NULL)) {
         return KVD_ERR_INVALID;
+    }
+    if (store->ops->delete_keys == NULL) {
+        return KVD_ERR_UNSUPPORTED;
     }
     return store->ops->delete_keys(store, keys, num, num_deleted_out);
 }
@@ -219,6 +260,9 @@ KVD_API kvd_status_t kvd_store_flush(kvd_store_t *store, int timeout_ms)
     if (store == NULL) {
         return KVD_ERR_INVALID;
     }
+    if (store->ops->flush == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
     return store->ops->flush(store, timeout_ms);
 }
 
@@ -226,6 +270,9 @@ KVD_API kvd_status_t kvd_store_stats(kvd_store_t *store, kvd_store_stats_t *out)
 {
     if (store == NULL || out == NULL) {
         return KVD_ERR_INVALID;
+    }
+    if (store->ops->stats == NULL) {
+        return KVD_ERR_UNSUPPORTED;
     }
     return store->ops->stats(store, out);
 }

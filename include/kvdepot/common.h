@@ -33,13 +33,16 @@ KVD_API const char *kvd_version(void);
 /* ------------------------------------------------------------------------ */
 
 /*
- * One status type for the whole library. KVD_OK is 0, KVD_INPROGRESS is the
- * only positive value (an asynchronous operation was accepted), errors are
- * negative and grouped by who must react to them.
+ * One status type for the whole library. KVD_OK is 0; the two positive
+ * values are answers, not errors: KVD_INPROGRESS (an asynchronous operation
+ * was accepted and completes later) and KVD_AGAIN (not ready: nothing was
+ * started, ask again later). Errors are negative and grouped by who must
+ * react to them.
  */
 typedef enum kvd_status {
     KVD_OK = 0,
     KVD_INPROGRESS = 1,
+    KVD_AGAIN = 2,
 
     /* The caller passed something wrong: fix the call. */
     KVD_ERR_INVALID = -1,     /* bad argument or malformed value */

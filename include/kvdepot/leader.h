@@ -17,8 +17,8 @@
  * kvdepot.v1 StepPlan: per request, the engine blocks to load (with their
  * object key and tier) and the newly completed full blocks to save. It
  * does no data I/O and never waits for a load or a save; its one wait is
- * the backend's lookup (a daemon-mode store: one call to the daemon,
- * bounded by store.timeout).
+ * the store's lookup (kvd_store_lookup_from; a daemon-mode store: one call
+ * to the daemon, bounded by store.timeout).
  *
  * Leases: every block the leader promises the engine is leased in the store
  * by the lookup, so it cannot be evicted before the workers load it; the
@@ -31,8 +31,8 @@
  *
  * Threading: a leader is used from one thread (the engine's scheduler);
  * no call is thread-safe against another on the same leader. Distinct
- * leaders are independent. The backend's functions are called only from
- * inside the leader's calls.
+ * leaders are independent. The leader calls its store (lookup and
+ * release) only from inside its own calls, on the caller's thread.
  */
 #ifndef KVDEPOT_LEADER_H
 #define KVDEPOT_LEADER_H
@@ -50,40 +50,6 @@ extern "C" {
 
 typedef struct kvd_leader kvd_leader_t;
 
-/*
- * The store as the leader sees it: two calls (three with lookup_from) that
- * follow kvd_store_lookup / kvd_store_release. kvd_leader_backend_embedded
- * fills them over any kvd_store_t, embedded or daemon mode; another
- * implementation may be given for tests or other stores. lookup may answer
- * KVD_INPROGRESS ("ask again later", e.g. an RPC in flight); the leader
- * then reports "not yet" to the engine. Any other error is answered to the
- * engine as a miss. The functions are called only from inside the
- * leader's calls, on the leader's thread; `ctx` is the caller's.
- */
-typedef struct kvd_leader_backend {
-    void *ctx;
-    kvd_status_t (*lookup)(void *ctx, const kvd_namespace_t *ns,
-                           const kvd_block_hash_t *hashes, size_t num_hashes,
-                           kvd_store_lease_t *leases_out, size_t *matched_out);
-    kvd_status_t (*release)(void *ctx, const kvd_store_lease_t *leases,
-                            size_t num);
-    /* Optional (NULL: lookup): kvd_store_lookup_from, for requests that
-     * name the node that computed their blocks (prefill -> decode). */
-    kvd_status_t (*lookup_from)(void *ctx, const char *source_node,
-                                const kvd_namespace_t *ns,
-                                const kvd_block_hash_t *hashes,
-                                size_t num_hashes,
-                                kvd_store_lease_t *leases_out,
-                                size_t *matched_out);
-} kvd_leader_backend_t;
-
-/* Fills `*out` with a backend over `store`, a store of either mode (the
- * name predates daemon mode). `store` is retained, not owned: it must stay
- * open until the leader using the backend is destroyed. NULL out:
- * nothing. */
-KVD_API void kvd_leader_backend_embedded(kvd_store_t *store,
-                                         kvd_leader_backend_t *out);
-
 typedef struct kvd_leader_config {
     uint32_t block_size;   /* tokens per engine block, 1..4096 */
     kvd_namespace_t ns;    /* namespace of this engine's objects */
@@ -93,11 +59,11 @@ typedef struct kvd_leader_config {
     bool async_host_loads; /* report HOST-tier loads as async too */
     /* The engine has no "retry later" (TensorRT-LLM): instead of "not
      * yet", the match stops before a block another request is loading,
-     * and a backend that is not ready counts as a miss. */
+     * and a store lookup that answers KVD_AGAIN counts as a miss. */
     bool no_retry;
     const char *node_id; /* this node, for hand-offs (copied; NULL: "") */
-    /* How long one request may be answered "not yet" (a lookup in flight
-     * in a remote backend, or blocks another request is loading) before
+    /* How long one request may be answered "not yet" (a store lookup that
+     * answered KVD_AGAIN, or blocks another request is loading) before
      * it is matched against what is ready, as with no_retry. 0: the
      * default, KVD_LEADER_DEFAULT_LOOKUP_TIMEOUT_MS. */
     uint32_t lookup_timeout_ms;
@@ -114,17 +80,21 @@ typedef struct kvd_leader_config {
 #define KVD_LEADER_NO_BLOCK UINT32_MAX
 
 /*
- * Creates a leader. `cfg` and `backend` are copied (cfg->node_id's string
- * too); what backend->ctx points at is retained. On success *leader_out is
- * the leader, valid until kvd_leader_destroy. Errors (nothing created):
- * KVD_ERR_INVALID (NULL, block_size out of range, num_workers 0, lookup or
- * release NULL), KVD_ERR_NOMEM.
+ * Creates a leader over `store`, a store of either mode (kvd_store_open):
+ * the leader looks prefixes up with kvd_store_lookup_from and gives leases
+ * back with kvd_store_release. `cfg` is copied (cfg->node_id's string
+ * too); `store` is borrowed and must stay open until the leader is
+ * destroyed. A store lookup may answer KVD_AGAIN (not ready, ask again);
+ * the leader then answers "not yet" to the engine; any other lookup error
+ * is answered as a miss. On success *leader_out is the leader, valid until
+ * kvd_leader_destroy. Errors (nothing created): KVD_ERR_INVALID (NULL,
+ * block_size out of range, num_workers 0), KVD_ERR_NOMEM.
  */
 KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
-                                       const kvd_leader_backend_t *backend,
+                                       kvd_store_t *store,
                                        kvd_leader_t **leader_out);
 
-/* Releases every lease still held (through the backend) and frees the
+/* Releases every lease still held (through the store) and frees the
  * leader and everything it returned; NULL accepted. */
 KVD_API void kvd_leader_destroy(kvd_leader_t *leader);
 
@@ -152,12 +122,12 @@ typedef struct kvd_leader_request {
  * the tokens the store can provide beyond `num_computed_tokens` (whole
  * blocks only, never the block holding the last prompt token) into
  * *matched_out and whether the load is asynchronous into *async_out.
- * Returns KVD_OK, or KVD_INPROGRESS for "not yet" (vLLM's None): a block of
- * the prefix is being loaded for another request right now, or the backend
- * asked to be called again. A request is answered "not yet" for at most
+ * Returns KVD_OK, or KVD_AGAIN for "not yet" (vLLM's None): a block of the
+ * prefix is being loaded for another request right now, or the store's
+ * lookup answered KVD_AGAIN. A request is answered "not yet" for at most
  * lookup_timeout_ms from the first such answer; after that it is matched
  * against what is ready (up to the first block another request is loading;
- * a backend still not ready counts as a miss). A backend lookup that fails
+ * a store still not ready counts as a miss). A store lookup that fails
  * (the daemon is unreachable, a deadline passed) is answered as a miss and
  * counted in stats.lookup_errors: the engine computes, never waits on or
  * fails for the cache. `req` and what it points at are borrowed for the
@@ -291,14 +261,14 @@ KVD_API kvd_status_t kvd_leader_request_finished_transfer(
 typedef struct kvd_leader_stats {
     uint64_t requests;       /* tracked now */
     uint64_t leases;         /* held now */
-    uint64_t lookups;        /* backend lookups made */
+    uint64_t lookups;        /* store lookups made */
     uint64_t matched_blocks; /* blocks promised to the engine */
     uint64_t planned_loads;
     uint64_t planned_saves;
     uint64_t failed_loads;
     uint64_t not_yet;  /* answers "not yet" */
     uint64_t timeouts; /* requests that stopped waiting (lookup_timeout_ms) */
-    uint64_t lookup_errors; /* backend lookups that failed: answered as
+    uint64_t lookup_errors; /* store lookups that failed: answered as
                                misses (the engine computes) */
 } kvd_leader_stats_t;
 

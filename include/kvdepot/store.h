@@ -356,7 +356,10 @@ KVD_API kvd_status_t kvd_store_abort(kvd_store_t *store,
  * the prefix stops early, per tier. Errors (nothing leased, *matched_out
  * not written): KVD_ERR_INVALID (NULL arguments); daemon mode: the failed
  * call's status (KVD_ERR_UNREACHABLE, KVD_ERR_TIMEOUT, ...), KVD_ERR_PROTO
- * (an inconsistent reply), KVD_ERR_NOMEM. Thread: any.
+ * (an inconsistent reply), KVD_ERR_NOMEM. A store implementation that
+ * cannot answer yet (store/ops.h) may return KVD_AGAIN: nothing leased,
+ * ask again later; neither built-in implementation does today. Thread:
+ * any.
  */
 KVD_API kvd_status_t kvd_store_lookup(kvd_store_t *store,
                                       const kvd_namespace_t *ns,

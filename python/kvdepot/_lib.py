@@ -16,6 +16,7 @@ from pathlib import Path
 
 KVD_OK = 0
 KVD_INPROGRESS = 1
+KVD_AGAIN = 2
 KVD_ERR_NOT_FOUND = -2
 
 _lib = None
@@ -102,11 +103,6 @@ class NamespaceDesc(ctypes.Structure):
 
 # leader.h KVD_LEADER_NO_BLOCK: "the engine holds no block here".
 NO_BLOCK = 0xFFFFFFFF
-
-
-class LeaderBackend(ctypes.Structure):
-    _fields_ = [("ctx", ctypes.c_void_p), ("lookup", ctypes.c_void_p),
-                ("release", ctypes.c_void_p), ("lookup_from", ctypes.c_void_p)]
 
 
 class LeaderConfig(ctypes.Structure):
@@ -200,9 +196,7 @@ def _declare(h):
         "kvd_codec_parse": (st, [cp, P(ctypes.c_int)]),
         "kvd_namespace_digest": (st, [P(NamespaceDesc), P(Namespace)]),
         "kvd_block_hash_seed": (st, [cp, P(BlockHash)]),
-        "kvd_leader_backend_embedded": (None, [vp, P(LeaderBackend)]),
-        "kvd_leader_create": (st, [P(LeaderConfig), P(LeaderBackend),
-                                   P(vp)]),
+        "kvd_leader_create": (st, [P(LeaderConfig), vp, P(vp)]),
         "kvd_leader_destroy": (None, [vp]),
         "kvd_leader_get_num_new_matched_tokens": (
             st, [vp, P(LeaderRequest), u64, P(u64), P(ctypes.c_bool)]),
@@ -315,11 +309,10 @@ class Leader:
                            lookup_timeout_ms=lookup_timeout_ms)
         _check("block hash seed", L.kvd_block_hash_seed(seed,
                                                         ctypes.byref(cfg.root)))
-        self._backend = LeaderBackend()
-        L.kvd_leader_backend_embedded(store.handle, ctypes.byref(self._backend))
+        self._store = store  # the leader borrows it: keep it open
         self.handle = ctypes.c_void_p()
         _check("leader create", L.kvd_leader_create(
-            ctypes.byref(cfg), ctypes.byref(self._backend),
+            ctypes.byref(cfg), store.handle,
             ctypes.byref(self.handle)))
 
     def match(self, request_id, tokens, num_computed, lora_name=None,
@@ -338,7 +331,7 @@ class Leader:
         s = lib().kvd_leader_get_num_new_matched_tokens(
             self.handle, ctypes.byref(q), num_computed, ctypes.byref(m),
             ctypes.byref(a))
-        if s == KVD_INPROGRESS:
+        if s == KVD_AGAIN:
             return None
         _check("get_num_new_matched_tokens", s)
         return m.value, a.value

@@ -15,16 +15,19 @@
 #include <string.h>
 
 #include "kvdepot/leader.h"
+#include "store/ops.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static long fuzz_leases;
 
-static kvd_status_t fuzz_lookup(void *ctx, const kvd_namespace_t *ns,
+static kvd_status_t fuzz_lookup(kvd_store_t *ctx, const kvd_namespace_t *ns,
                                 const kvd_block_hash_t *hashes, size_t n,
-                                kvd_store_lease_t *out, size_t *matched)
+                                const char *source, kvd_store_lease_t *out,
+                                size_t *matched)
 {
     (void)ctx;
+    (void)source;
     for (size_t i = 0; i < n; i++) {
         memset(&out[i], 0, sizeof out[i]);
         out[i].key.ns = *ns;
@@ -36,7 +39,7 @@ static kvd_status_t fuzz_lookup(void *ctx, const kvd_namespace_t *ns,
     return KVD_OK;
 }
 
-static kvd_status_t fuzz_release(void *ctx, const kvd_store_lease_t *l,
+static kvd_status_t fuzz_release(kvd_store_t *ctx, const kvd_store_lease_t *l,
                                  size_t n)
 {
     (void)ctx;
@@ -51,9 +54,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&cfg, 0, sizeof cfg);
     cfg.block_size = 4;
     cfg.num_workers = 1;
-    kvd_leader_backend_t be = {NULL, fuzz_lookup, fuzz_release, NULL};
+    static const kvd_store_ops_t ops = {
+        .name = "fuzz", .lookup = fuzz_lookup, .release = fuzz_release};
+    static kvd_store_t store = {.ops = &ops};
     kvd_leader_t *ld = NULL;
-    if (kvd_leader_create(&cfg, &be, &ld) != KVD_OK) {
+    if (kvd_leader_create(&cfg, &store, &ld) != KVD_OK) {
         abort();
     }
     uint32_t tok[20], blocks[5] = {0, 1, 2, 3, 4};

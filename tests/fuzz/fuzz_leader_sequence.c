@@ -21,6 +21,7 @@
 
 #include "kvdepot/leader.h"
 #include "proto/kvd_proto.h"
+#include "store/ops.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -32,21 +33,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 /* ---- the scripted store ------------------------------------------------- */
 
 typedef struct fstore {
+    kvd_store_t self;     /* first: a store with lookup and release */
     uint32_t stored_mask; /* bit i: block i of the base prompt is stored */
     uint32_t disk_mask;   /* bit i: ... on DISK */
-    bool busy;            /* lookups answer KVD_INPROGRESS */
+    bool busy;            /* lookups answer KVD_AGAIN */
     long leases;
     kvd_block_hash_t base[MAX_BLOCKS];
     size_t num_base;
 } fstore_t;
 
-static kvd_status_t fs_lookup(void *ctx, const kvd_namespace_t *ns,
+static kvd_status_t fs_lookup(kvd_store_t *ctx, const kvd_namespace_t *ns,
                               const kvd_block_hash_t *hashes, size_t n,
-                              kvd_store_lease_t *out, size_t *matched)
+                              const char *source, kvd_store_lease_t *out,
+                              size_t *matched)
 {
-    fstore_t *f = ctx;
+    (void)source;
+    fstore_t *f = (fstore_t *)ctx;
     if (f->busy) {
-        return KVD_INPROGRESS;
+        return KVD_AGAIN;
     }
     size_t m = 0;
     for (; m < n && m < f->num_base; m++) {
@@ -66,10 +70,11 @@ static kvd_status_t fs_lookup(void *ctx, const kvd_namespace_t *ns,
     return KVD_OK;
 }
 
-static kvd_status_t fs_release(void *ctx, const kvd_store_lease_t *l, size_t n)
+static kvd_status_t fs_release(kvd_store_t *ctx, const kvd_store_lease_t *l,
+                               size_t n)
 {
     (void)l;
-    fstore_t *f = ctx;
+    fstore_t *f = (fstore_t *)ctx;
     f->leases -= (long)n;
     if (f->leases < 0) {
         abort(); /* given back twice */
@@ -347,8 +352,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
 
-    kvd_leader_backend_t be = {&w.store, fs_lookup, fs_release, NULL};
-    if (kvd_leader_create(&cfg, &be, &w.ld) != KVD_OK) {
+    static const kvd_store_ops_t fs_ops = {
+        .name = "scripted", .lookup = fs_lookup, .release = fs_release};
+    w.store.self.ops = &fs_ops;
+    if (kvd_leader_create(&cfg, &w.store.self, &w.ld) != KVD_OK) {
         abort();
     }
     for (int steps = 0; g.left > 0 && steps < 4096; steps++) {

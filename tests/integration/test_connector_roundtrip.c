@@ -70,9 +70,7 @@ static void engine_start(engine_t *e, const kvd_test_dir_t *d, uint64_t seed)
                      KVD_OK);
     lc.num_workers = 1;
     lc.layerwise = true;
-    kvd_leader_backend_t be;
-    kvd_leader_backend_embedded(e->store, &be);
-    assert_int_equal(kvd_leader_create(&lc, &be, &e->leader), KVD_OK);
+    assert_int_equal(kvd_leader_create(&lc, e->store, &e->leader), KVD_OK);
 
     cache_init(&e->cache, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
     uint16_t *v = (uint16_t *)(void *)e->cache.mem;

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "kvdepot/leader.h"
+#include "store/ops.h"
 #include "proto/kvd_proto.h"
 
 #define BS 16u
@@ -23,22 +24,27 @@
 /* ---- a scripted store ---------------------------------------------------- */
 
 typedef struct fake {
+    kvd_store_t base; /* first: the fake is a store (store/ops.h) */
     kvd_block_hash_t stored[256];
     uint32_t tier[256];
     size_t num_stored;
     int64_t leases;
-    int busy;             /* lookups answer KVD_INPROGRESS while set */
-    char last_source[64]; /* lookup_from's source node, last seen */
+    int busy;             /* lookups answer KVD_AGAIN while set */
+    char last_source[64]; /* the source node last named to a lookup */
     kvd_status_t fail;    /* lookups answer this error while non-zero */
 } fake_t;
 
-static kvd_status_t fake_lookup(void *ctx, const kvd_namespace_t *ns,
+static kvd_status_t fake_lookup(kvd_store_t *ctx, const kvd_namespace_t *ns,
                                 const kvd_block_hash_t *hashes, size_t n,
-                                kvd_store_lease_t *out, size_t *matched)
+                                const char *source, kvd_store_lease_t *out,
+                                size_t *matched)
 {
-    fake_t *f = ctx;
+    fake_t *f = (fake_t *)ctx;
+    if (source != NULL) {
+        snprintf(f->last_source, sizeof f->last_source, "%s", source);
+    }
     if (f->busy) {
-        return KVD_INPROGRESS;
+        return KVD_AGAIN;
     }
     if (f->fail != KVD_OK) {
         return f->fail;
@@ -63,22 +69,23 @@ static kvd_status_t fake_lookup(void *ctx, const kvd_namespace_t *ns,
     return KVD_OK;
 }
 
-static kvd_status_t fake_lookup_from(void *ctx, const char *source,
-                                     const kvd_namespace_t *ns,
-                                     const kvd_block_hash_t *hashes, size_t n,
-                                     kvd_store_lease_t *out, size_t *matched)
-{
-    fake_t *f = ctx;
-    snprintf(f->last_source, sizeof f->last_source, "%s", source);
-    return fake_lookup(ctx, ns, hashes, n, out, matched);
-}
-
-static kvd_status_t fake_release(void *ctx, const kvd_store_lease_t *l,
+static kvd_status_t fake_release(kvd_store_t *ctx, const kvd_store_lease_t *l,
                                  size_t n)
 {
     (void)l;
     ((fake_t *)ctx)->leases -= (int64_t)n;
     return KVD_OK;
+}
+
+/* A store with the two calls the leader makes; the others stay NULL
+ * (store/store_api.c answers them KVD_ERR_UNSUPPORTED). */
+static const kvd_store_ops_t fake_ops = {
+    .name = "fake", .lookup = fake_lookup, .release = fake_release};
+
+static kvd_store_t *fake_as_store(fake_t *f)
+{
+    f->base.ops = &fake_ops;
+    return &f->base;
 }
 
 static void fake_store(fake_t *f, const kvd_block_hash_t *h, size_t n,
@@ -107,9 +114,8 @@ static kvd_leader_config_t config(uint32_t workers)
 static kvd_leader_t *leader_on(fake_t *f, uint32_t workers)
 {
     kvd_leader_config_t c = config(workers);
-    kvd_leader_backend_t be = {f, fake_lookup, fake_release, fake_lookup_from};
     kvd_leader_t *ld = NULL;
-    assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
+    assert_int_equal(kvd_leader_create(&c, fake_as_store(f), &ld), KVD_OK);
     return ld;
 }
 
@@ -636,13 +642,11 @@ static void test_shared_prefix_loaded_once(void **state)
         kvd_leader_update_state_after_alloc(ld, "g1", blocks, 5, 64), KVD_OK);
     /* g2 shares the prefix in the same scheduling pass, before any plan
      * exists (vLLM matches every waiting request, then plans): not yet. */
-    assert_int_equal(match(ld, "g2", tok, 80, NULL, 0, &m, &async),
-                     KVD_INPROGRESS);
+    assert_int_equal(match(ld, "g2", tok, 80, NULL, 0, &m, &async), KVD_AGAIN);
     kvd_pb_step_plan_t *p = plan_of(ld);
     kvd_proto_step_plan_free(p);
     /* And while g1 is loading it: not yet. */
-    assert_int_equal(match(ld, "g2", tok, 80, NULL, 0, &m, &async),
-                     KVD_INPROGRESS);
+    assert_int_equal(match(ld, "g2", tok, 80, NULL, 0, &m, &async), KVD_AGAIN);
     report(ld, 1, NULL, "g1", NULL, 0);
     const char *done[2];
     assert_int_equal(kvd_leader_take_finished_loads(ld, done, 2), 1);
@@ -654,10 +658,9 @@ static void test_shared_prefix_loaded_once(void **state)
     assert_int_equal(kvd_leader_stats(ld, &st), KVD_OK);
     assert_int_equal(st.not_yet, 2);
     assert_int_equal(st.planned_loads, 4);
-    /* A backend that is not ready yet also means not yet. */
+    /* A store that is not ready yet also means not yet. */
     f.busy = 1;
-    assert_int_equal(match(ld, "g3", tok, 80, NULL, 0, &m, &async),
-                     KVD_INPROGRESS);
+    assert_int_equal(match(ld, "g3", tok, 80, NULL, 0, &m, &async), KVD_AGAIN);
     f.busy = 0;
     kvd_leader_destroy(ld);
     assert_int_equal(f.leases, 0);
@@ -713,9 +716,8 @@ static void test_not_yet_is_bounded(void **state)
     fake_store(&f, h, 5, KVD_STORE_TIER_DISK);
     kvd_leader_config_t c = config(1);
     c.lookup_timeout_ms = 20;
-    kvd_leader_backend_t be = {&f, fake_lookup, fake_release, fake_lookup_from};
     kvd_leader_t *ld = NULL;
-    assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
+    assert_int_equal(kvd_leader_create(&c, fake_as_store(&f), &ld), KVD_OK);
     uint64_t m = 0;
     bool async = false;
     assert_int_equal(match(ld, "t1", tok, 80, NULL, 0, &m, &async), KVD_OK);
@@ -724,20 +726,18 @@ static void test_not_yet_is_bounded(void **state)
         kvd_leader_update_state_after_alloc(ld, "t1", blocks, 5, 64), KVD_OK);
     kvd_proto_step_plan_free(plan_of(ld));
     /* t2 waits for t1's loads, but not forever. */
-    assert_int_equal(match(ld, "t2", tok, 80, NULL, 0, &m, &async),
-                     KVD_INPROGRESS);
-    assert_int_equal(match(ld, "t2", tok, 80, NULL, 0, &m, &async),
-                     KVD_INPROGRESS);
+    assert_int_equal(match(ld, "t2", tok, 80, NULL, 0, &m, &async), KVD_AGAIN);
+    assert_int_equal(match(ld, "t2", tok, 80, NULL, 0, &m, &async), KVD_AGAIN);
     struct timespec nap = {0, 30 * 1000000L};
     nanosleep(&nap, NULL);
     assert_int_equal(match(ld, "t2", tok, 80, NULL, 0, &m, &async), KVD_OK);
     assert_int_equal(m, 0); /* every block it could load is t1's */
-    /* A backend that never gets ready: a miss after the timeout. */
+    /* A store that never gets ready: a miss after the timeout. */
     uint32_t other[80];
     prompt(other, 80, 9);
     f.busy = 1;
     assert_int_equal(match(ld, "t3", other, 80, NULL, 0, &m, &async),
-                     KVD_INPROGRESS);
+                     KVD_AGAIN);
     nanosleep(&nap, NULL);
     assert_int_equal(match(ld, "t3", other, 80, NULL, 0, &m, &async), KVD_OK);
     assert_int_equal(m, 0);
@@ -862,10 +862,8 @@ static void test_embedded_store(void **state)
     assert_int_equal(kvd_store_open(cfg, &st, NULL, 0), KVD_OK);
     kvd_config_destroy(cfg);
     kvd_leader_config_t c = config(1);
-    kvd_leader_backend_t be;
-    kvd_leader_backend_embedded(st, &be);
     kvd_leader_t *ld = NULL;
-    assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
+    assert_int_equal(kvd_leader_create(&c, st, &ld), KVD_OK);
 
     uint32_t tok[80];
     kvd_block_hash_t h[8];
@@ -907,9 +905,8 @@ static void test_prefill_handoff(void **state)
     chain(tok, 100, NULL, h);
     kvd_leader_config_t c = config(1);
     c.node_id = "prefill-node-a";
-    kvd_leader_backend_t be = {&f, fake_lookup, fake_release, fake_lookup_from};
     kvd_leader_t *ld = NULL;
-    assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
+    assert_int_equal(kvd_leader_create(&c, fake_as_store(&f), &ld), KVD_OK);
     uint64_t m = 0;
     bool async = false;
     assert_int_equal(match(ld, "p", tok, 100, NULL, 0, &m, &async), KVD_OK);
@@ -944,7 +941,7 @@ static void test_prefill_handoff(void **state)
      * through lookup_from with that node (the daemon asks it first). */
     fake_store(&f, h, 6, KVD_STORE_TIER_HOST);
     c.node_id = "decode-node-b";
-    assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
+    assert_int_equal(kvd_leader_create(&c, fake_as_store(&f), &ld), KVD_OK);
     kvd_leader_request_t q;
     memset(&q, 0, sizeof q);
     q.request_id = "d";
@@ -982,9 +979,8 @@ static void test_trtllm_sequence(void **state)
     fake_store(&f, h + 2, 3, KVD_STORE_TIER_HOST);
     kvd_leader_config_t c = config(2); /* every rank must report */
     c.no_retry = true;
-    kvd_leader_backend_t be = {&f, fake_lookup, fake_release, fake_lookup_from};
     kvd_leader_t *ld = NULL;
-    assert_int_equal(kvd_leader_create(&c, &be, &ld), KVD_OK);
+    assert_int_equal(kvd_leader_create(&c, fake_as_store(&f), &ld), KVD_OK);
 
     /* Request 17: async load of 4 blocks (2 on NVMe). */
     uint64_t m = 0;
@@ -1034,7 +1030,7 @@ static void test_trtllm_sequence(void **state)
     assert_int_equal(kvd_leader_stats(ld, &st), KVD_OK);
     assert_int_equal(st.requests, 0);
     assert_int_equal(st.not_yet, 0);
-    /* A backend that is not ready is a miss, not a wait. */
+    /* A store that is not ready is a miss, not a wait. */
     f.busy = 1;
     assert_int_equal(match(ld, "19", tok, 80, NULL, 0, &m, &async), KVD_OK);
     assert_int_equal(m, 0);
@@ -1049,15 +1045,15 @@ static void test_bad_input(void **state)
     fake_t f = {0};
     kvd_leader_t *ld = leader_on(&f, 1);
     kvd_leader_config_t c = config(1);
-    kvd_leader_backend_t be = {&f, fake_lookup, fake_release, fake_lookup_from};
     kvd_leader_t *x = NULL;
     c.block_size = 0;
-    assert_int_equal(kvd_leader_create(&c, &be, &x), KVD_ERR_INVALID);
+    assert_int_equal(kvd_leader_create(&c, fake_as_store(&f), &x),
+                     KVD_ERR_INVALID);
     c = config(0);
-    assert_int_equal(kvd_leader_create(&c, &be, &x), KVD_ERR_INVALID);
-    be.lookup = NULL;
+    assert_int_equal(kvd_leader_create(&c, fake_as_store(&f), &x),
+                     KVD_ERR_INVALID);
     c = config(1);
-    assert_int_equal(kvd_leader_create(&c, &be, &x), KVD_ERR_INVALID);
+    assert_int_equal(kvd_leader_create(&c, NULL, &x), KVD_ERR_INVALID);
     uint64_t m;
     bool a;
     kvd_leader_request_t q = {.request_id = "", .num_tokens = 0};
@@ -1085,9 +1081,9 @@ static void test_bad_input(void **state)
     kvd_leader_destroy(NULL);
 }
 
-/* A failing backend (a dead daemon, a deadline) is a miss: the engine
+/* A failing store (a dead daemon, a deadline) is a miss: the engine
  * computes; the request goes on normally and later lookups work again. */
-static void test_backend_failure_is_a_miss(void **state)
+static void test_store_failure_is_a_miss(void **state)
 {
     (void)state;
     fake_t f = {0};
@@ -1136,7 +1132,7 @@ int main(void)
         cmocka_unit_test(test_prefill_handoff),
         cmocka_unit_test(test_trtllm_sequence),
         cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_backend_failure_is_a_miss),
+        cmocka_unit_test(test_store_failure_is_a_miss),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
