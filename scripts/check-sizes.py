@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Checks the size rule of the code base (docs: Makefile header, STYLE.md):
-every product C file (git ls-files '*.c' outside tests/) has at most 1,200
+"""Checks the size rule of the code base (the Makefile header and
+docs/architecture.md §9): every product C file (git ls-files '*.c' outside tests/) has at most 1,200
 lines and every function in it at most 120.
 
 A function's size is counted from the line of its name (where its parameter
