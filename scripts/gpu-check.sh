@@ -68,9 +68,10 @@ configure() {
 
 build() {
     cmake --build build/gpu -j "$jobs" --target test_cuda_kernels \
-        test_cuda_worker test_cuda_worker_fake test_worker test_demo_model \
-        test_demo_roundtrip test_demo_cuda_fake bench_kernels bench_worker \
-        kvdepot-demo
+        test_cuda_worker test_cuda_worker_fake test_worker_roundtrip \
+        test_worker_async test_worker_plans test_worker_errors \
+        test_demo_model test_demo_roundtrip test_demo_cuda_fake bench_kernels \
+        bench_worker kvdepot-demo
 }
 
 setup() {
