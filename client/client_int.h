@@ -119,6 +119,7 @@ struct kvd_client {
     bool get_thread_started;
     kvd_ring_t *cq;
     uint64_t outstanding; /* accepted, not yet polled (atomic) */
+    bool fd_wanted;       /* kvd_client_fd was called: polls arm the ring */
 };
 
 /* ---- transport.c --------------------------------------------------------- */

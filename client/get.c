@@ -247,7 +247,11 @@ kvd_status_t kvd_client_get_submit(kvd_client_t *c, const kvd_store_get_t *g,
 
 size_t kvd_client_poll(kvd_client_t *c, kvd_store_completion_t *out, size_t max)
 {
-    size_t n = kvd_ring_pop(c->cq, out, max);
+    /* A caller that asked for the fd may sleep on it after this poll: arm
+     * the ring when it is drained (store.h, kvd_store_fd). */
+    size_t n = __atomic_load_n(&c->fd_wanted, __ATOMIC_RELAXED)
+                   ? kvd_ring_pop_arm(c->cq, out, max)
+                   : kvd_ring_pop(c->cq, out, max);
     if (n > 0) {
         __atomic_fetch_sub(&c->outstanding, n, __ATOMIC_RELAXED);
     }
@@ -261,5 +265,6 @@ kvd_status_t kvd_client_wait(kvd_client_t *c, int timeout_ms)
 
 int kvd_client_fd(kvd_client_t *c)
 {
+    __atomic_store_n(&c->fd_wanted, true, __ATOMIC_RELAXED);
     return kvd_ring_fd(c->cq);
 }

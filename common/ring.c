@@ -344,6 +344,18 @@ bool kvd_ring_arm(kvd_ring_t *ring)
     return true;
 }
 
+size_t kvd_ring_pop_arm(kvd_ring_t *ring, void *elems_out, size_t max_elems)
+{
+    size_t n = kvd_ring_pop(ring, elems_out, max_elems);
+    /* kvd_ring_arm() refuses while an element is poppable: take it too. */
+    while (ring != NULL && n < max_elems && !kvd_ring_arm(ring)) {
+        n +=
+            kvd_ring_pop(ring, (unsigned char *)elems_out + n * ring->elem_size,
+                         max_elems - n);
+    }
+    return n;
+}
+
 kvd_status_t kvd_ring_wait(kvd_ring_t *ring, int timeout_ms)
 {
     if (ring == NULL) {

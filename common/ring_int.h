@@ -142,6 +142,16 @@ int kvd_ring_fd(const kvd_ring_t *ring);
 bool kvd_ring_arm(kvd_ring_t *ring);
 
 /*
+ * kvd_ring_pop() for a consumer that sleeps on kvd_ring_fd() between pops:
+ * when it returns fewer than `max_elems`, the ring has been armed while
+ * empty, so the next element published makes the fd readable. (When it
+ * returns max_elems the ring may hold more: pop again before sleeping.)
+ * Costs one eventfd read per call that drains the ring. Consumer thread
+ * only.
+ */
+size_t kvd_ring_pop_arm(kvd_ring_t *ring, void *elems_out, size_t max_elems);
+
+/*
  * Sleeps until at least one element can be popped. Consumer thread only.
  * `timeout_ms` < 0 waits forever, 0 only checks. Signals (EINTR) do not
  * shorten or extend the wait: the deadline is fixed on entry.

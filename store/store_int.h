@@ -136,6 +136,7 @@ struct kvd_embedded {
     /* Completions of gets, pushed by the I/O thread, popped by the poller. */
     kvd_ring_t *cq;
     uint64_t gets_outstanding; /* accepted, not yet polled (atomic) */
+    bool fd_wanted;            /* kvd_store_fd was called: polls arm the ring */
 
     uint8_t *sight; /* admission filter counters (atomic bytes) */
 

@@ -208,7 +208,11 @@ kvd_status_t store_op_get_submit(kvd_store_t *base, const kvd_store_get_t *gets,
 size_t store_op_poll(kvd_store_t *base, kvd_store_completion_t *out, size_t max)
 {
     kvd_embedded_t *store = store_embedded(base);
-    size_t n = kvd_ring_pop(store->cq, out, max);
+    /* A caller that asked for the fd may sleep on it after this poll: arm
+     * the ring when it is drained (store.h, kvd_store_fd). */
+    size_t n = __atomic_load_n(&store->fd_wanted, __ATOMIC_RELAXED)
+                   ? kvd_ring_pop_arm(store->cq, out, max)
+                   : kvd_ring_pop(store->cq, out, max);
     if (n > 0) {
         __atomic_fetch_sub(&store->gets_outstanding, n, __ATOMIC_RELAXED);
     }
@@ -222,5 +226,7 @@ kvd_status_t store_op_wait(kvd_store_t *base, int timeout_ms)
 
 int store_op_fd(kvd_store_t *base)
 {
-    return kvd_ring_fd(store_embedded(base)->cq);
+    kvd_embedded_t *store = (kvd_embedded_t *)base; /* the engine's op */
+    __atomic_store_n(&store->fd_wanted, true, __ATOMIC_RELAXED);
+    return kvd_ring_fd(store->cq);
 }

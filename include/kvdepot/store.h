@@ -449,7 +449,11 @@ KVD_API kvd_status_t kvd_store_wait(kvd_store_t *store, int timeout_ms);
 
 /* An eventfd that is readable when completions may be ready (for epoll);
  * owned by the store (do not close it), valid until kvd_store_close; -1 for
- * a NULL store. Thread: any. */
+ * a NULL store. Sleep on it only after a kvd_store_poll that returned
+ * fewer than its `max`: from the first call of kvd_store_fd on, such a
+ * poll arms the fd, so the next completion makes it readable; a poll that
+ * returned `max` may have left more to poll. It may be readable
+ * spuriously (poll again). Thread: the polling thread. */
 KVD_API int kvd_store_fd(kvd_store_t *store);
 
 /* ---- management ------------------------------------------------------ */

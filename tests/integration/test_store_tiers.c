@@ -14,6 +14,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -344,6 +345,46 @@ static void test_write_back_keeps_commit_checksum(void **state)
     assert_int_equal(get_one(st, 0, NULL, &tier), KVD_ERR_CHECKSUM);
     assert_int_equal(stats_of(st).checksum_errors, 1);
     assert_int_equal(get_one(st, 0, NULL, NULL), KVD_ERR_NOT_FOUND);
+    kvd_store_close(st);
+    kvd_test_dir_remove(&d);
+}
+
+/* ---- sleeping on the completion fd --------------------------------------- */
+
+/* A caller that sleeps on kvd_store_fd instead of kvd_store_wait is woken
+ * by the completion of a disk-tier get: a drained poll arms the fd. */
+static void test_fd_wakes_a_sleeper(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "tiers");
+    kvd_store_t *st = NULL;
+    assert_int_equal(
+        store_open_kv(&d, &st, "store.disk_write", "through", NULL), KVD_OK);
+    assert_int_equal(put_one(st, 7), KVD_OK);
+    assert_int_equal(kvd_store_flush(st, 10000), KVD_OK);
+    kvd_store_close(st);
+    assert_int_equal(store_open_kv(&d, &st, NULL), KVD_OK);
+    kvd_namespace_t ns = test_ns();
+    kvd_block_hash_t h = hash_of(7);
+    kvd_store_lease_t l;
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, &ns, &h, 1, &l, &m), KVD_OK);
+    assert_int_equal(m, 1);
+    assert_int_equal(l.tier, KVD_STORE_TIER_DISK);
+    int fd = kvd_store_fd(st);
+    assert_true(fd >= 0);
+    kvd_store_completion_t c;
+    assert_int_equal(kvd_store_poll(st, &c, 1), 0); /* drained: armed */
+    kvd_store_get_t g = {.lease = l, .user_data = 7};
+    size_t acc = 0;
+    assert_int_equal(kvd_store_get_submit(st, &g, 1, &acc), KVD_OK);
+    assert_int_equal(acc, 1);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 5000), 1);
+    assert_int_equal(kvd_store_poll(st, &c, 1), 1);
+    assert_int_equal(c.status, KVD_OK);
+    assert_int_equal(kvd_store_release(st, &c.lease, 1), KVD_OK);
     kvd_store_close(st);
     kvd_test_dir_remove(&d);
 }
@@ -761,6 +802,7 @@ int main(void)
         cmocka_unit_test(test_fill_beyond_arena_threads),
         cmocka_unit_test(test_write_through_reopen),
         cmocka_unit_test(test_write_back_keeps_commit_checksum),
+        cmocka_unit_test(test_fd_wakes_a_sleeper),
         cmocka_unit_test(test_crash_keeps_whole_objects),
         cmocka_unit_test(test_checksum_mismatch_drops_object),
         cmocka_unit_test(test_corrupt_object_held_by_another_reader),

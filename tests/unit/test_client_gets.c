@@ -11,6 +11,7 @@
  *   - a get of a lease not held is refused; a get the daemon fails
  *     completes with its status and gives the block back.
  */
+#include <poll.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -223,6 +224,28 @@ static void test_get_errors(void **state)
     kvd_store_close(st);
 }
 
+/* A caller that sleeps on kvd_store_fd instead of kvd_store_wait is woken
+ * by a completion: a drained poll arms the fd (store.h). */
+static void test_fd_wakes_a_sleeper(void **state)
+{
+    fixture_t *f = *state;
+    kvd_store_lease_t l[1];
+    lookup(f, f->st, l, 1, KVD_STORE_TIER_DISK);
+    int fd = kvd_store_fd(f->st);
+    assert_true(fd >= 0);
+    kvd_store_completion_t c;
+    assert_int_equal(kvd_store_poll(f->st, &c, 1), 0); /* drained: armed */
+    kvd_store_get_t g = {.lease = l[0], .user_data = 1};
+    size_t acc = 0;
+    assert_int_equal(kvd_store_get_submit(f->st, &g, 1, &acc), KVD_OK);
+    assert_int_equal(acc, 1);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    assert_int_equal(poll(&pfd, 1, 5000), 1);
+    assert_int_equal(kvd_store_poll(f->st, &c, 1), 1);
+    assert_int_equal(c.status, KVD_OK);
+    assert_int_equal(kvd_store_release(f->st, &c.lease, 1), KVD_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -231,6 +254,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_host_gets_and_get_queue, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_get_errors, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fd_wakes_a_sleeper, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
