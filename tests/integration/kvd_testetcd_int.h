@@ -9,6 +9,8 @@
 #define KVD_TESTS_TESTETCD_INT_H
 
 #include <arpa/inet.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cluster/etcd_int.h"
 #include "tests/unit/kvd_testdir_int.h"
 
 typedef struct etcd_proc {
@@ -91,6 +94,34 @@ static inline const char *etcd_bin(void)
 {
     const char *bin = getenv("KVDEPOT_ETCD");
     return bin != NULL && bin[0] != '\0' && access(bin, X_OK) == 0 ? bin : NULL;
+}
+
+/* Starts an etcd of its own for a test program (a temp dir named after
+ * `tag`, two free ports on 127.0.0.1) and waits up to 20 s until it grants
+ * a lease. Returns whether it answered; etcd_kill and kvd_test_dir_remove
+ * undo it either way. */
+static inline bool etcd_start_ready(etcd_proc_t *p, const char *tag,
+                                    uint32_t timeout_ms)
+{
+    kvd_test_dir_make(&p->dir, tag);
+    p->client_port = free_port();
+    p->peer_port = free_port();
+    snprintf(p->endpoint, sizeof p->endpoint, "127.0.0.1:%d", p->client_port);
+    etcd_start(p);
+    kvd_etcd_t *e = NULL;
+    if (kvd_etcd_open(p->endpoint, timeout_ms, &e) != KVD_OK) {
+        return false;
+    }
+    int64_t id = 0;
+    bool up = false;
+    for (double end = now_s() + 20; !up && now_s() < end; usleep(50000)) {
+        up = kvd_etcd_lease_grant(e, 5, &id, NULL) == KVD_OK;
+    }
+    if (up) {
+        up = kvd_etcd_lease_revoke(e, id) == KVD_OK;
+    }
+    kvd_etcd_close(e);
+    return up;
 }
 
 #endif /* KVD_TESTS_TESTETCD_INT_H */

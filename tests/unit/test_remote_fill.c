@@ -56,22 +56,7 @@ typedef struct node {
 static int group_setup(void **state)
 {
     (void)state;
-    kvd_test_dir_make(&g_etcd.dir, "remote_fill");
-    g_etcd.client_port = free_port();
-    g_etcd.peer_port = free_port();
-    snprintf(g_etcd.endpoint, sizeof g_etcd.endpoint, "127.0.0.1:%d",
-             g_etcd.client_port);
-    etcd_start(&g_etcd);
-    kvd_etcd_t *e = NULL;
-    assert_int_equal(kvd_etcd_open(g_etcd.endpoint, TIMEOUT_MS, &e), KVD_OK);
-    int64_t id = 0;
-    bool up = false;
-    for (double end = now_s() + 20; !up && now_s() < end; usleep(50000)) {
-        up = kvd_etcd_lease_grant(e, 5, &id, NULL) == KVD_OK;
-    }
-    assert_true(up);
-    assert_int_equal(kvd_etcd_lease_revoke(e, id), KVD_OK);
-    kvd_etcd_close(e);
+    assert_true(etcd_start_ready(&g_etcd, "remote_fill", TIMEOUT_MS));
     return 0;
 }
 
