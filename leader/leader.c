@@ -7,7 +7,9 @@
  * reports.
  *
  * A request carries its block hash chain (from tokens, extended as decode
- * tokens arrive, or from the engine's hashes), the result of its one
+ * tokens arrive, keyed per block as vLLM keys it: LoRA name, the
+ * multimodal inputs overlapping the block, cache salt on block 0; or from
+ * the engine's hashes), the result of its one
  * lookup (how many leading blocks the store holds, and a lease on each
  * block it will load), its engine block table, and two markers: how many
  * leading blocks are stored or planned for saving (`saved_upto`) and which
@@ -152,6 +154,9 @@ static void req_free(lreq_t *r)
     free(r->lora);
     free(r->salt);
     free(r->source);
+    free(r->mm);
+    free(r->mm_text);
+    free(r->mm_keys);
     free(r->leases);
     free(r->block_ids);
     free(r);
@@ -186,6 +191,57 @@ void kvd_lreq_maybe_drop(kvd_leader_t *ld, lreq_t *r)
 
 /* ---- hashing ------------------------------------------------------------ */
 
+bool kvd_leader_mm_ok(const kvd_leader_request_t *q)
+{
+    if (q->num_mm_inputs > 0 && q->mm_inputs == NULL) {
+        return false;
+    }
+    for (size_t i = 0; i < q->num_mm_inputs; i++) {
+        const kvd_leader_mm_input_t *in = &q->mm_inputs[i];
+        if (in->identifier == NULL || in->offset > INT64_MAX ||
+            in->length > INT64_MAX - in->offset ||
+            (i > 0 && in->offset < q->mm_inputs[i - 1].offset)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/*
+ * The keys of the multimodal inputs overlapping tokens [start, end) into
+ * r->mm_keys, and their count: (identifier, offset - start) for each, as
+ * vLLM's _gen_mm_extra_hash_keys writes them. *idx is the first input to
+ * consider, moved past the inputs that end inside the block (the next
+ * block starts there); an input that runs on past the block ends the scan.
+ */
+static size_t mm_block_keys(lreq_t *r, uint64_t start, uint64_t end,
+                            size_t *idx)
+{
+    if (r->num_mm == 0) {
+        return 0;
+    }
+    const kvd_leader_mm_input_t *last = &r->mm[r->num_mm - 1];
+    if (last->offset + last->length <= start) {
+        return 0; /* past every input (late prefill, decode) */
+    }
+    size_t n = 0, i = *idx;
+    while (i < r->num_mm && end > r->mm[i].offset) {
+        const kvd_leader_mm_input_t *in = &r->mm[i];
+        if (start >= in->offset + in->length) {
+            i++; /* the block is past this input */
+            continue;
+        }
+        r->mm_keys[n].identifier = in->identifier;
+        r->mm_keys[n++].offset = (int64_t)in->offset - (int64_t)start;
+        if (end < in->offset + in->length) {
+            break; /* it goes on into the next block */
+        }
+        i++;
+    }
+    *idx = i;
+    return n;
+}
+
 /* Hashes every full block of the token sequence not hashed yet. */
 kvd_status_t kvd_lreq_extend_hashes(kvd_leader_t *ld, lreq_t *r)
 {
@@ -197,19 +253,55 @@ kvd_status_t kvd_lreq_extend_hashes(kvd_leader_t *ld, lreq_t *r)
                   sizeof *r->hashes)) {
         return KVD_ERR_NOMEM;
     }
-    kvd_block_extras_t first = {.lora_name = r->lora, .cache_salt = r->salt};
-    kvd_block_extras_t rest = {.lora_name = r->lora};
+    /* vLLM's request_block_hasher scans the inputs from the first when it
+     * hashes from token 0, and only the last input when it extends a chain
+     * (blocks completed by generated tokens): the same here, so the keys
+     * stay vLLM's even where that shortcut skips an input. */
+    size_t idx = r->num_hashes == 0 || r->num_mm == 0 ? 0 : r->num_mm - 1;
     for (size_t b = r->num_hashes; b < full; b++) {
         const kvd_block_hash_t *parent =
             b == 0 ? &ld->cfg.root : &r->hashes[b - 1];
-        kvd_status_t s = kvd_block_hash(parent, r->tokens + b * bs, bs,
-                                        b == 0 ? &first : &rest, &r->hashes[b]);
+        uint64_t start = (uint64_t)b * bs;
+        kvd_block_extras_t ex = {.lora_name = r->lora, .mm = r->mm_keys};
+        ex.num_mm = mm_block_keys(r, start, start + bs, &idx);
+        ex.cache_salt = b == 0 ? r->salt : NULL;
+        kvd_status_t s =
+            kvd_block_hash(parent, r->tokens + b * bs, bs, &ex, &r->hashes[b]);
         if (s != KVD_OK) {
             return s;
         }
         r->num_hashes = b + 1;
     }
     return KVD_OK;
+}
+
+/* Copies the request's multimodal inputs (token mode): one array, one
+ * buffer for the identifiers, and room for one block's keys. */
+static bool mm_copy(lreq_t *r, const kvd_leader_request_t *q)
+{
+    size_t n = q->num_mm_inputs, text = 0;
+    if (n == 0) {
+        return true;
+    }
+    for (size_t i = 0; i < n; i++) {
+        text += strlen(q->mm_inputs[i].identifier) + 1;
+    }
+    r->mm = malloc(n * sizeof *r->mm);
+    r->mm_text = malloc(text);
+    r->mm_keys = malloc(n * sizeof *r->mm_keys);
+    if (r->mm == NULL || r->mm_text == NULL || r->mm_keys == NULL) {
+        return false; /* req_free frees what was taken */
+    }
+    char *p = r->mm_text;
+    for (size_t i = 0; i < n; i++) {
+        size_t len = strlen(q->mm_inputs[i].identifier) + 1;
+        memcpy(p, q->mm_inputs[i].identifier, len);
+        r->mm[i] = q->mm_inputs[i];
+        r->mm[i].identifier = p;
+        p += len;
+    }
+    r->num_mm = n;
+    return true;
 }
 
 static char *dup_or_null(const char *s, bool *ok)
@@ -250,6 +342,7 @@ kvd_status_t kvd_lreq_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
             memcpy(r->tokens, q->tokens, q->num_tokens * sizeof *r->tokens);
             r->num_tokens = q->num_tokens;
         }
+        ok = ok && mm_copy(r, q);
     }
     kvd_status_t s = ok ? kvd_lreq_extend_hashes(ld, r) : KVD_ERR_NOMEM;
     if (s != KVD_OK) {

@@ -40,6 +40,13 @@ struct lreq {
     char *lora, *salt;
     char *source; /* the node that computed the blocks, or NULL */
     size_t prompt_tokens;
+    /* Multimodal inputs (token mode only), sorted by offset; their
+     * identifiers point into mm_text. mm_keys has room for one block's
+     * keys (every input, at most). */
+    kvd_leader_mm_input_t *mm;
+    size_t num_mm;
+    char *mm_text;
+    kvd_mm_extra_t *mm_keys;
 
     /* Lookup: blocks [first_block, first_block + num_leases) are leased.
      * The answer holds for answered_computed tokens held by the engine. */
@@ -120,9 +127,14 @@ void kvd_lreq_touch(kvd_leader_t *ld, lreq_t *r);
  * nothing is left behind on error. */
 kvd_status_t kvd_lreq_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
                              lreq_t **out);
+/* True when the request's multimodal inputs are well formed: an array
+ * when num_mm_inputs > 0, every identifier set, sorted by offset, and
+ * offset + length within int64_t. */
+bool kvd_leader_mm_ok(const kvd_leader_request_t *q);
 /* Hashes every full block of the token sequence not hashed yet (token
- * mode; a no-op with the engine's hashes). KVD_ERR_NOMEM or
- * kvd_block_hash's error; blocks hashed before it stay. */
+ * mode; a no-op with the engine's hashes), with vLLM's per-block extra
+ * keys (LoRA name, multimodal inputs, cache salt on block 0). KVD_ERR_NOMEM
+ * or kvd_block_hash's error; blocks hashed before it stay. */
 kvd_status_t kvd_lreq_extend_hashes(kvd_leader_t *ld, lreq_t *r);
 
 /* ---- blocks being loaded (leader.c) ------------------------------------- */

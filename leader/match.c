@@ -98,7 +98,8 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     if (leader == NULL || req == NULL || matched_out == NULL ||
         async_out == NULL || !kvd_leader_id_ok(req->request_id) ||
         (req->tokens == NULL && req->num_tokens > 0 && req->hashes == NULL) ||
-        (req->hashes == NULL && req->num_hashes > 0)) {
+        (req->hashes == NULL && req->num_hashes > 0) ||
+        !kvd_leader_mm_ok(req)) {
         return KVD_ERR_INVALID;
     }
     kvd_leader_t *ld = leader;

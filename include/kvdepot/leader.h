@@ -98,10 +98,24 @@ KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
  * leader and everything it returned; NULL accepted. */
 KVD_API void kvd_leader_destroy(kvd_leader_t *leader);
 
+/* One multimodal input of a request (an image, an audio clip...): the
+ * placeholder tokens [offset, offset + length) of the prompt stand for it,
+ * and the same tokens stand for any other input of its kind, so the
+ * input's identity must enter the keys of the blocks it overlaps. vLLM:
+ * MultiModalFeatureSpec.identifier (its content hash, with the LoRA prefix
+ * vLLM adds) and mm_position.offset / .length. */
+typedef struct kvd_leader_mm_input {
+    const char *identifier; /* NUL-terminated UTF-8, not NULL */
+    uint64_t offset;        /* first placeholder token in the prompt */
+    uint64_t length;        /* placeholder tokens */
+} kvd_leader_mm_input_t;
+
 /* A request as the engine first shows it. Either tokens (the leader hashes
- * every full block, vLLM's sha256_cbor recipe with lora_name on every block
- * and cache_salt on the first) or the engine's own block hashes (when the
- * engine's hashing is deterministic and matches the store's). */
+ * every full block, vLLM's sha256_cbor recipe with lora_name on every block,
+ * the multimodal inputs overlapping a block on that block and cache_salt on
+ * the first: byte for byte vLLM's request_block_hasher) or the engine's own
+ * block hashes (when the engine's hashing is deterministic and matches the
+ * store's; mm_inputs is then ignored, the engine's hashes hold them). */
 typedef struct kvd_leader_request {
     const char *request_id; /* 1..255 bytes, unique among live requests */
     const uint32_t *tokens; /* prompt tokens, or NULL */
@@ -114,6 +128,18 @@ typedef struct kvd_leader_request {
      * request: the prefill side's kvd_leader_transfer.node_id; copied at
      * the first call), asked first by the store. NULL: none. */
     const char *source_node;
+    /* The request's multimodal inputs sorted by offset (vLLM's
+     * request.mm_features order), or NULL with num_mm_inputs 0 for none.
+     * Each full block's key then carries, as vLLM's
+     * generate_block_hash_extra_keys does, (identifier, offset - block
+     * start) for every input overlapping the block (a block completed
+     * by generated tokens, as in vLLM, looks at the last input only);
+     * blocks before the first input keep the keys of the same tokens
+     * without inputs.
+     * Borrowed for the call and copied at the first call, like the other
+     * fields. */
+    const kvd_leader_mm_input_t *mm_inputs;
+    size_t num_mm_inputs;
 } kvd_leader_request_t;
 
 /*
@@ -132,7 +158,9 @@ typedef struct kvd_leader_request {
  * counted in stats.lookup_errors: the engine computes, never waits on or
  * fails for the cache. `req` and what it points at are borrowed for the
  * call (the leader copies what it keeps at the first call). Errors:
- * KVD_ERR_INVALID (NULL, bad id, neither tokens nor hashes),
+ * KVD_ERR_INVALID (NULL, bad id, neither tokens nor hashes, mm_inputs NULL
+ * with num_mm_inputs > 0, an input without identifier, inputs not sorted
+ * by offset, offset + length past INT64_MAX),
  * KVD_ERR_EXISTS (the id is a finished request still kept for its saves),
  * KVD_ERR_STATE (asked again with another num_computed_tokens after
  * update_state_after_alloc acted on the answer), KVD_ERR_NOMEM.

@@ -121,6 +121,11 @@ class LeaderTransfer(ctypes.Structure):
                 ("num_tokens", ctypes.c_uint64)]
 
 
+class LeaderMmInput(ctypes.Structure):
+    _fields_ = [("identifier", ctypes.c_char_p), ("offset", ctypes.c_uint64),
+                ("length", ctypes.c_uint64)]
+
+
 class LeaderRequest(ctypes.Structure):
     _fields_ = [("request_id", ctypes.c_char_p),
                 ("tokens", ctypes.POINTER(ctypes.c_uint32)),
@@ -128,7 +133,9 @@ class LeaderRequest(ctypes.Structure):
                 ("hashes", ctypes.POINTER(BlockHash)),
                 ("num_hashes", ctypes.c_size_t),
                 ("lora_name", ctypes.c_char_p), ("cache_salt", ctypes.c_char_p),
-                ("source_node", ctypes.c_char_p)]
+                ("source_node", ctypes.c_char_p),
+                ("mm_inputs", ctypes.POINTER(LeaderMmInput)),
+                ("num_mm_inputs", ctypes.c_size_t)]
 
 
 class ObjectFormat(ctypes.Structure):
@@ -316,17 +323,25 @@ class Leader:
             ctypes.byref(self.handle)))
 
     def match(self, request_id, tokens, num_computed, lora_name=None,
-              cache_salt=None, source_node=None):
+              cache_salt=None, source_node=None, mm_inputs=()):
         """(matched, is_async), or None for "not yet". `source_node`: the
-        node that computed the blocks (prefill -> decode), asked first."""
+        node that computed the blocks (prefill -> decode), asked first.
+        `mm_inputs`: the request's multimodal inputs as (identifier,
+        offset, length) sorted by offset (leader.h kvd_leader_mm_input_t);
+        they enter the keys of the blocks they overlap."""
         toks = (ctypes.c_uint32 * len(tokens))(*tokens)
+        mm = (LeaderMmInput * len(mm_inputs))(*[
+            LeaderMmInput(None if i is None else i.encode(), o, n)
+            for i, o, n in mm_inputs])
         q = LeaderRequest(request_id=request_id.encode(), tokens=toks,
                           num_tokens=len(tokens),
                           lora_name=lora_name.encode() if lora_name else None,
                           cache_salt=cache_salt.encode() if cache_salt
                           else None,
                           source_node=source_node.encode() if source_node
-                          else None)
+                          else None,
+                          mm_inputs=mm if mm_inputs else None,
+                          num_mm_inputs=len(mm_inputs))
         m, a = ctypes.c_uint64(0), ctypes.c_bool(False)
         s = lib().kvd_leader_get_num_new_matched_tokens(
             self.handle, ctypes.byref(q), num_computed, ctypes.byref(m),

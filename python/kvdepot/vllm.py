@@ -149,6 +149,23 @@ def _kv_groups(kv_cache_config, block_size):
     return out
 
 
+def _mm_inputs(request):
+    """The request's multimodal inputs as (identifier, offset, length), in
+    vLLM's order (request.mm_features, sorted by mm_position.offset): their
+    identities enter the keys of the blocks their placeholder tokens fill,
+    as in vLLM's own block hashes, so two prompts that differ only in an
+    image never share those blocks. A feature without identifier passes
+    None, which the leader refuses: the request is computed, not served
+    another image's KV."""
+    out = []
+    for f in getattr(request, "mm_features", None) or ():
+        pos = f.mm_position
+        ident = getattr(f, "identifier", None)
+        out.append((None if ident is None else str(ident), int(pos.offset),
+                    int(pos.length)))
+    return out
+
+
 def _tp_rank(pc, tp):
     """This worker's tensor-parallel rank."""
     if tp == 1:
@@ -264,12 +281,14 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         lora_name = getattr(lora, "lora_name", None)
         salt = getattr(request, "cache_salt", None)
         source = self._source_node(request)
+        mm = _mm_inputs(request)
         answers = []
         for leader in self.leaders:
             try:
                 answers.append(leader.match(
                     request.request_id, tokens, num_computed_tokens,
-                    lora_name=lora_name, cache_salt=salt, source_node=source))
+                    lora_name=lora_name, cache_salt=salt, source_node=source,
+                    mm_inputs=mm))
             except _lib.KvdepotError as e:
                 log.warning("kvdepot: request %s: %s; computing it",
                             request.request_id, e)
@@ -292,12 +311,14 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
         rid = request.request_id
+        entry = self._requests.get(rid)
+        if entry is None:
+            return  # refused by the leaders (logged): computed, not saved
         table = blocks.get_block_ids() if blocks is not None else None
         for g, leader in enumerate(self.leaders):
             leader.update_state_after_alloc(rid, self._group_ids(table, g),
                                             num_external_tokens)
-        entry = self._requests.get(rid)
-        if num_external_tokens > 0 and entry is not None and entry[2]:
+        if num_external_tokens > 0 and entry[2]:
             self._async_loads.append(rid)
 
     def _scheduled(self, req_id, new_blocks, computed):

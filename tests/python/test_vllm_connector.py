@@ -84,6 +84,7 @@ class Request:
         self.all_token_ids = list(tokens)
         self.lora_request = None
         self.cache_salt = None
+        self.mm_features = []  # vLLM's MultiModalFeatureSpec list
 
 
 class Blocks:
@@ -779,3 +780,105 @@ def test_prefill_decode_transfer_params():
         assert params["kvdepot_node"] == "prefill-a"
         assert len(params["kvdepot_ns"]) == 32
         prefill_then_decode(cfg, cfg, ns_override="00" * 16, seed=6)
+
+
+def mm_feature(identifier, offset, length):
+    """A stand-in for vLLM 0.19's MultiModalFeatureSpec (the fields the
+    block hashes read: identifier, mm_position.offset / .length)."""
+    return NS(data=None, modality="image", identifier=identifier,
+              mm_position=NS(offset=offset, length=length), mm_hash=None)
+
+
+def vllm_block_hashes(tokens, features, salt=None):
+    """vLLM 0.19's request_block_hasher on a new request (sha256_cbor,
+    PYTHONHASHSEED=kvdepot: the connector's root), written out: each full
+    block is sha256(cbor([parent, tokens, extra keys or None])) with one
+    (identifier, offset - block start) per image overlapping the block and
+    the salt on block 0 (kv_cache_utils.generate_block_hash_extra_keys)."""
+    cbor2 = pytest.importorskip("cbor2")
+    import hashlib
+
+    def sha256_cbor(x):
+        return hashlib.sha256(cbor2.dumps(x, canonical=True)).digest()
+
+    parent, out = sha256_cbor("kvdepot"), []
+    for start in range(0, len(tokens) - BS + 1, BS):
+        end = start + BS
+        keys = [(f.identifier, f.mm_position.offset - start)
+                for f in features if f.mm_position.offset < end and
+                start < f.mm_position.offset + f.mm_position.length]
+        if salt and start == 0:
+            keys.append(salt)
+        parent = sha256_cbor((parent, tuple(tokens[start:end]),
+                              tuple(keys) or None))
+        out.append(parent.hex())
+    return out
+
+
+def prefill_keys(s, w, kvs, names, req, blocks):
+    """Runs one prompt (marked do_remote_decode, so request_finished hands
+    off its blocks' keys) through the scheduler and a worker: (tokens
+    matched, the keys of its full blocks)."""
+    rid = req.request_id
+    req.kv_transfer_params = {"do_remote_decode": True}
+    n, is_async = s.get_num_new_matched_tokens(req, 0)
+    assert not is_async  # the first prompt's blocks are in the arena
+    s.update_state_after_alloc(req, Blocks(blocks), n)
+    meta = s.build_connector_meta(sched_output(new=[(req, n)],
+                                               tokens={rid: PROMPT - n}))
+    out = worker_step(w, meta, kvs, names)
+    delay, params = s.request_finished(req, blocks)
+    s.update_connector_output(out)
+    if delay:
+        meta = s.build_connector_meta(sched_output())
+        s.update_connector_output(worker_step(w, meta, kvs, names,
+                                              finished={rid}))
+    return n, params["kvdepot_hashes"]
+
+
+def test_images_get_their_own_keys():
+    """Two prompts with the same tokens (an image's placeholders look alike)
+    and different images: the second is not served the first one's KV.
+    Blocks before the first image are shared; from the image on each
+    prompt has its own keys, and the keys are vLLM's block hashes."""
+    tokens = [(i * 11 + 3) % 32000 for i in range(PROMPT)]
+    icon = mm_feature("icon-7", 70, 5)
+    with tempfile.TemporaryDirectory() as d:
+        kvs = caches("flash", fill=True)
+        s, w, names = connector_pair(vllm_config(d), kvs)
+        a = Request("img-a", tokens)
+        a.mm_features = [mm_feature("image-a", 20, 30), icon]
+        b = Request("img-b", tokens)
+        b.mm_features = [mm_feature("image-b", 20, 30), icon]
+        text = Request("text", tokens)
+
+        n, keys_a = prefill_keys(s, w, kvs, names, a, [2, 4, 6, 8, 10, 12,
+                                                       14])
+        assert n == 0
+        assert keys_a == vllm_block_hashes(tokens, a.mm_features)
+        n, keys_b = prefill_keys(s, w, kvs, names, b, [1, 3, 5, 7, 9, 11,
+                                                       13])
+        assert n == BS  # block 0 only: the image starts in block 1
+        assert keys_b == vllm_block_hashes(tokens, b.mm_features)
+        assert keys_b[0] == keys_a[0]
+        assert not set(keys_b[1:]) & set(keys_a)
+        # Without images: the text-only chain, again sharing block 0 only.
+        n, keys_t = prefill_keys(s, w, kvs, names, text, [15, 16, 17, 18,
+                                                          19, 20, 21])
+        assert n == BS
+        assert keys_t == vllm_block_hashes(tokens, [])
+        assert not set(keys_t[1:]) & (set(keys_a) | set(keys_b))
+        # A feature without identifier cannot be keyed: computed, neither
+        # served nor saved under another image's keys.
+        anon = Request("anon", tokens)
+        anon.mm_features = [mm_feature(None, 20, 30)]
+        assert s.get_num_new_matched_tokens(anon, 0) == (0, False)
+        s.update_state_after_alloc(anon, Blocks(range(7)), 0)
+        meta = s.build_connector_meta(sched_output(new=[(anon, 0)],
+                                                   tokens={"anon": PROMPT}))
+        out = worker_step(w, meta, kvs, names)
+        assert s.request_finished(anon, list(range(7))) == (False, None)
+        s.update_connector_output(out)
+        assert w.kvdepot_stats()["blocks_saved"] == 3 * 6 - 2
+        s.shutdown()
+        w.shutdown()

@@ -20,7 +20,10 @@ that outgrow the blocks are preempted and still finish; the connector vLLM's
 factory builds from the module path is our class over vLLM's real base
 classes; and a hybrid model (Gemma 2: sliding-window and full-attention
 layers) under vLLM's hybrid allocator, whose two KV-cache groups are saved,
-restored and left alone where the window has dropped their blocks.
+restored and left alone where the window has dropped their blocks; and
+requests with images (vLLM's own Request and MultiModalFeatureSpec; the
+connector alone, no encoder runs) whose block keys are vLLM's own block
+hashes, different for different images.
 """
 
 import json
@@ -398,3 +401,70 @@ def test_hybrid_allocator_groups():
         b.run_until_done("h2")
         assert not b.invalid
         b.close()
+
+
+def mm_request(rid, image, tokens):
+    """A vLLM Request whose prompt holds `image` at tokens [20, 50) and an
+    icon at [70, 75) (identifiers only: no data, no encoder), with vLLM's
+    request_block_hasher on sha256_cbor from the connector's root (the
+    CBOR of "kvdepot", what PYTHONHASHSEED would seed), so its
+    block_hashes are what kvdepot's keys must equal."""
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+    from vllm.utils.hashing import sha256_cbor
+    from vllm.v1.core import kv_cache_utils
+
+    feats = [MultiModalFeatureSpec(
+        data=None, modality="image", identifier=ident,
+        mm_position=PlaceholderRange(offset=offset, length=length))
+        for ident, offset, length in ((image, 20, 30), ("icon", 70, 5))]
+    sp = SamplingParams(max_tokens=4)
+    sp.update_from_generation_config({}, EOS)
+    saved = getattr(kv_cache_utils, "NONE_HASH", None)  # the other tests'
+    kv_cache_utils.NONE_HASH = sha256_cbor("kvdepot")
+    try:
+        req = Request(request_id=rid, prompt_token_ids=list(tokens),
+                      sampling_params=sp, pooling_params=None,
+                      mm_features=feats,
+                      block_hasher=get_request_block_hasher(BS, sha256_cbor))
+    finally:
+        if saved is None:
+            del kv_cache_utils.NONE_HASH  # unset until init_none_hash
+        else:
+            kv_cache_utils.NONE_HASH = saved
+    req.kv_transfer_params = {"do_remote_decode": True}  # hand off the keys
+    return req
+
+
+class _Blocks:
+    def __init__(self, ids):
+        self.ids = list(ids)
+
+    def get_block_ids(self):
+        return (self.ids,)
+
+
+def test_multimodal_keys_are_vllms_block_hashes():
+    from types import SimpleNamespace as NS
+
+    with tempfile.TemporaryDirectory() as root:
+        e = Engine(root, str(Path(root) / "store"), seed=11)
+        c = e.sched.get_kv_connector()
+        keys = {}
+        for rid, image, first in (("a", "image-a", 0), ("b", "image-b", 7)):
+            req = mm_request(rid, image, PROMPT)
+            ids = list(range(first, first + 7))
+            assert c.get_num_new_matched_tokens(req, 0) == (0, False)
+            c.update_state_after_alloc(req, _Blocks(ids), 0)
+            c.build_connector_meta(NS(
+                scheduled_new_reqs=[NS(req_id=rid, num_computed_tokens=0)],
+                scheduled_cached_reqs=NS(req_ids=[], new_block_ids=[],
+                                         num_computed_tokens=[]),
+                num_scheduled_tokens={rid: len(PROMPT)},
+                finished_req_ids=set(), preempted_req_ids=set()))
+            _, params = c.request_finished(req, ids)
+            keys[rid] = params["kvdepot_hashes"]
+            assert keys[rid] == [bytes(h).hex() for h in req.block_hashes]
+        assert len(keys["a"]) == 6
+        assert keys["a"][0] == keys["b"][0]  # before the image
+        assert not set(keys["a"][1:]) & set(keys["b"][1:])
+        e.close()
