@@ -104,7 +104,8 @@
  * what finished is
  * drained with kvd_worker_get_finished (non-blocking); kvd_worker_fd is
  * readable when something may be ready. Every accepted load and save
- * finishes exactly once: done, failed, or canceled by kvd_worker_destroy.
+ * finishes exactly once: done, failed, aborted with its step (saves), or
+ * canceled by kvd_worker_destroy (loads).
  *
  * Threading: one engine thread calls a worker at a time (the engine's
  * forward thread); kvd_worker_fd and kvd_worker_stats may also be called
