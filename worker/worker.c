@@ -13,7 +13,10 @@
  * wait_for_layer_load(l) on the layer's load tasks, wait_for_save on all
  * of the step's copies. Committing happens on the engine thread in
  * wait_for_save, after the last copy, so an object becomes visible to
- * lookups only once all its layers are written.
+ * lookups only once all its layers are written (commit.c). A step that
+ * ends any other way (abort_step, clear_metadata or bind_metadata before
+ * wait_for_save, destroy), or whose engine skipped a layer it says it
+ * saves (layerwise_saves), commits nothing.
  *
  * The copies, and the stream ordering around them, go through the device
  * backend (w->dev). With the CUDA backend (device_cuda.c) a finished task
@@ -511,50 +514,13 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
     return st;
 }
 
-/* Commits (or aborts) the step's reserved objects. */
-static void step_commit(kvd_worker_t *w, wstep_t *s)
-{
-    /* One commit call for the copied objects and one abort call for the
-     * others, in the step's key array (ok ones first, then the rest). */
-    size_t ok = 0, bad = s->n_saves;
-    for (size_t i = 0; i < s->n_saves; i++) {
-        wblock_t *b = s->saves[i];
-        size_t at = b->status == KVD_OK ? ok++ : --bad;
-        s->save_keys[at].ns = w->cfg.ns;
-        s->save_keys[at].hash = b->hash;
-        s->save_order[at] = b;
-    }
-    if (ok > 0) {
-        (void)kvd_store_commit(w->store, s->save_keys, ok, s->save_status);
-    }
-    if (ok < s->n_saves) {
-        (void)kvd_store_abort(w->store, s->save_keys + ok, s->n_saves - ok,
-                              s->save_status + ok);
-    }
-    for (size_t i = 0; i < s->n_saves; i++) {
-        wblock_t *b = s->save_order[i];
-        kvd_status_t st = s->save_status[i];
-        if (i < ok && st == KVD_OK) {
-            w->st.blocks_saved++;
-            w->st.bytes_saved += w->object_bytes;
-            continue;
-        }
-        w->st.saves_dropped++;
-        if (st != KVD_OK) {
-            KVD_LOG_WARN("worker: block %d of request %s: %s: %s", b->block_id,
-                         b->req->id, i < ok ? "commit" : "abort",
-                         kvd_status_str(st));
-        }
-    }
-}
-
 /* Aborts every reservation of a step that will not run (bind failed). */
 static void step_abort(kvd_worker_t *w, wstep_t *s)
 {
     for (size_t i = 0; i < s->n_saves; i++) {
         s->saves[i]->status = KVD_ERR_CANCELED;
     }
-    step_commit(w, s);
+    kvd_worker_saves_commit(w, s);
 }
 
 /* The step's synchronous loads, per-layer counters and task storage. */
@@ -665,7 +631,8 @@ KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
         return KVD_ERR_STATE;
     }
     if (w->step != NULL) {
-        KVD_LOG_DEBUG("worker: step %llu still bound: finishing it",
+        KVD_LOG_DEBUG("worker: step %llu still bound: ending it, its saves "
+                      "not committed aborted",
                       (unsigned long long)w->step->step);
         (void)kvd_worker_clear_metadata(w);
     }
@@ -841,6 +808,17 @@ KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
     return st;
 }
 
+/* The first layer save_kv_layer was not called for in the step, or
+ * num_layers when it came for all. */
+static uint32_t saves_first_missing(const kvd_worker_t *w, const wstep_t *s)
+{
+    uint32_t l = 0;
+    while (l < w->cfg.format.num_layers && s->save_issued[l]) {
+        l++;
+    }
+    return l;
+}
+
 KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
                                               void *stream)
 {
@@ -855,40 +833,53 @@ KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
     if (!s->loads_started) {
         kvd_worker_loads_start(w, s);
     }
-    if (s->n_saves > 0) {
-        for (uint32_t l = 0; l < w->cfg.format.num_layers; l++) {
-            if (!s->save_issued[l]) {
-                /* Layers save_kv_layer was not called for: after the work
-                 * on this stream. */
-                kvd_status_t st = w->dev->save_order(w, stream);
-                if (st != KVD_OK) {
-                    saves_fail(w, s, st);
-                }
-                break;
-            }
+    uint32_t missing = saves_first_missing(w, s);
+    if (s->n_saves > 0 && missing < w->cfg.format.num_layers) {
+        if (w->cfg.layerwise_saves) {
+            /* The engine saves every layer it computes: this one was not
+             * computed, so no object of the step is whole. */
+            char why[80];
+            snprintf(why, sizeof why,
+                     "save_kv_layer was not called for layer %u", missing);
+            kvd_worker_step_end(w, s, why);
+            return KVD_OK;
+        }
+        /* Layers save_kv_layer was not called for: after the work on this
+         * stream. */
+        kvd_status_t st = w->dev->save_order(w, stream);
+        if (st != KVD_OK) {
+            saves_fail(w, s, st);
         }
     }
     pthread_mutex_lock(&w->mu);
     for (uint32_t l = 0; l < w->cfg.format.num_layers; l++) {
         kvd_worker_saves_issue(w, s, l);
     }
-    while (s->save_tasks_left > 0 || !kvd_worker_loads_enqueued(s)) {
-        pthread_cond_wait(&w->done_cv, &w->mu);
-    }
-    kvd_worker_copies_finish(w, s);
-    step_commit(w, s);
-    for (size_t i = 0; i < s->n_reqs; i++) {
-        wreq_t *r = s->reqs[i];
-        if (r != NULL && r->n_saves > 0) {
-            wfin_t f;
-            memcpy(f.id, r->id, sizeof f.id);
-            f.async = false;
-            kvd_worker_queue_push(w, &w->fin_save, &f);
-        }
-    }
-    s->saves_done = true;
-    kvd_worker_notify(w);
     pthread_mutex_unlock(&w->mu);
+    kvd_worker_step_end(w, s, NULL);
+    return KVD_OK;
+}
+
+/* Ends the bound step without committing its saves (loads finish). */
+static void step_abandon(kvd_worker_t *w, wstep_t *s, const char *why)
+{
+    if (s->saves_done) {
+        return;
+    }
+    if (!s->loads_started) {
+        kvd_worker_loads_start(w, s);
+    }
+    kvd_worker_step_end(w, s, why);
+}
+
+KVD_API kvd_status_t kvd_worker_abort_step(kvd_worker_t *worker)
+{
+    if (worker == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    if (worker->step != NULL) {
+        step_abandon(worker, worker->step, "the engine aborted the step");
+    }
     return KVD_OK;
 }
 
@@ -902,7 +893,7 @@ KVD_API kvd_status_t kvd_worker_clear_metadata(kvd_worker_t *worker)
     if (s == NULL) {
         return KVD_OK;
     }
-    (void)kvd_worker_wait_for_save(w, NULL);
+    step_abandon(w, s, "the step ended without wait_for_save");
     pthread_mutex_lock(&w->mu);
     w->step = NULL;
     pthread_mutex_unlock(&w->mu);

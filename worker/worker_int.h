@@ -1,6 +1,7 @@
 /*
  * The worker's state, shared by worker.c (API, plans, reports), exec.c
- * (threads, promotions, the copy tasks) and the device backends behind
+ * (threads, promotions, the copy tasks), commit.c (the end of a step's
+ * saves: commit or abort) and the device backends behind
  * wdevice_ops_t: device_host.c (CPU reference kernels) and device_cuda.c
  * (a side stream with the kernels of kernels/cuda).
  *
@@ -37,6 +38,7 @@ typedef struct wblock {
     uint64_t arena_offset; /* save: the reservation's slot */
     void *obj;             /* the object's bytes in the arena */
     kvd_status_t status;   /* first error, or KVD_OK */
+    bool aborted;          /* save: aborted with its step (saves_aborted) */
 } wblock_t;
 
 typedef enum wtask_kind {
@@ -103,7 +105,7 @@ struct wstep {
     kvd_status_t *save_status;
     bool *save_issued; /* per layer */
     size_t save_tasks_left;
-    bool saves_done;
+    bool saves_done; /* committed or aborted (kvd_worker_step_end) */
     /* Task storage: layers * (load chunks + save chunks), used in order. */
     wtask_t *tasks;
     size_t n_tasks, used_tasks;
@@ -200,6 +202,18 @@ struct kvd_worker {
 void kvd_worker_queue_push(kvd_worker_t *w, wqueue_t *q, const void *item);
 /* Wakes kvd_worker_fd sleepers (mu held or not). */
 void kvd_worker_notify(kvd_worker_t *w);
+
+/* ---- commit.c ----------------------------------------------------------- */
+
+/* Commits the step's reserved objects whose copies succeeded and aborts the
+ * others, counting each (mu held). */
+void kvd_worker_saves_commit(kvd_worker_t *w, wstep_t *s);
+/* Ends the step's saves (engine thread, mu not held; loads started, and
+ * every layer to copy issued): waits for the step's copies and synchronous
+ * loads, finishes them, then commits the saves, or, when `abort_why` is not
+ * NULL, aborts every one not failed already (logged with that reason);
+ * queues the requests as finished saving and sets saves_done. */
+void kvd_worker_step_end(kvd_worker_t *w, wstep_t *s, const char *abort_why);
 
 /* ---- exec.c ------------------------------------------------------------- */
 

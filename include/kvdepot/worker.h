@@ -11,7 +11,8 @@
  *   bind_metadata        (the step's plan)
  *   start_load_kv        (starts every load of the plan)
  *   per layer l:  wait_for_layer_load(l) ... attention ... save_kv_layer(l)
- *   wait_for_save        (saves copied out of the cache and committed)
+ *   wait_for_save        (saves copied out of the cache and committed;
+ *                         abort_step instead when the step failed)
  *   get_finished         (what finished since the last call -> the report
  *                         for the leader's update_connector_output)
  *   clear_metadata
@@ -37,6 +38,19 @@
  * background. wait_for_save copies the layers not copied yet, waits until
  * every copy of the step is done (after it returns the engine may reuse the
  * blocks), commits the objects and queues the requests as finished_saving.
+ *
+ * A step's saves are all or nothing: an object is committed only by
+ * wait_for_save, and only with every layer the engine computed in the step.
+ * With `layerwise_saves` (the engine calls save_kv_layer for every layer it
+ * computed, as vLLM does) a layer save_kv_layer was not called for means
+ * the forward pass stopped short: wait_for_save then commits nothing of the
+ * step. Without it (an engine that saves at the end only) wait_for_save
+ * copies the layers itself. A step that ends without wait_for_save
+ * (clear_metadata, the next bind_metadata, destroy) or that the engine
+ * says failed (kvd_worker_abort_step) commits nothing either. Aborted saves
+ * give their reservations back, are counted in stats (saves_aborted), and
+ * their requests are still reported as finished_saving (nothing of them is
+ * in flight); a later lookup of their keys misses.
  *
  * Device backends. KVD_WORKER_DEVICE_HOST: the cache is in host memory and
  * a pool of threads runs the CPU reference kernels (what CI, the demo and
@@ -90,7 +104,8 @@
  * what finished is
  * drained with kvd_worker_get_finished (non-blocking); kvd_worker_fd is
  * readable when something may be ready. Every accepted load and save
- * finishes exactly once: done, failed, or canceled by kvd_worker_destroy.
+ * finishes exactly once: done, failed, aborted with its step (saves), or
+ * canceled by kvd_worker_destroy (loads).
  *
  * Threading: one engine thread calls a worker at a time (the engine's
  * forward thread); kvd_worker_fd and kvd_worker_stats may also be called
@@ -141,6 +156,13 @@ typedef struct kvd_worker_config {
      * copies go in chunks of that many blocks); 0 = 16, at most 65536.
      * Ignored by the host backend. */
     uint32_t cuda_staging_blocks;
+    /* The engine calls kvd_worker_save_kv_layer for every layer it computes
+     * in a step (vLLM's attention layers do). Then wait_for_save commits a
+     * step's objects only when save_kv_layer was called for every layer,
+     * and aborts them all otherwise (a forward pass that stopped after
+     * some layers left the others stale). false: the engine may save only
+     * at the end, and wait_for_save copies the layers not saved yet. */
+    bool layerwise_saves;
 } kvd_worker_config_t;
 
 /*
@@ -167,8 +189,9 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
                                        size_t err_len);
 
 /*
- * Shuts the worker down: a plan still bound is finished first (as
- * kvd_worker_clear_metadata), loads not started yet are canceled (their
+ * Shuts the worker down: a plan still bound is ended first as
+ * kvd_worker_clear_metadata does (its saves not committed by wait_for_save
+ * are aborted, never committed), loads not started yet are canceled (their
  * blocks are not written), running copies finish, promotions in flight are
  * drained, reservations not committed are aborted and every lease is given
  * back; then the threads stop and everything is freed, including what
@@ -204,8 +227,10 @@ KVD_API kvd_status_t kvd_worker_register_kv_caches(
  * Binds the plan of the next step (packed StepPlan bytes, untrusted: they
  * are unpacked and validated, and every key must be in the worker's
  * namespace, the block size the format's, every block id inside the
- * registered cache). A plan still bound is finished first as
- * kvd_worker_clear_metadata does. Reserves the arena slots of the plan's
+ * registered cache). A plan still bound is ended first as
+ * kvd_worker_clear_metadata does: its saves not committed by wait_for_save
+ * are aborted (the engine did not finish that step). Reserves the arena
+ * slots of the plan's
  * saves; a save the store refuses per key (stored already: skipped; no
  * slot, quota, or in daemon mode a daemon that cannot be reached: dropped
  * and counted) is not an error. `plan` is borrowed for the call. Errors
@@ -249,7 +274,10 @@ KVD_API kvd_status_t kvd_worker_wait_for_layer_load(kvd_worker_t *worker,
  * cache (the engine has computed that layer; CUDA: the copy runs after the
  * work enqueued on `stream` so far). Returns at once. Calling it twice for
  * a layer copies once. No plan bound, or the step's saves finished
- * already: KVD_OK, nothing copied. Errors: KVD_ERR_INVALID (NULL worker),
+ * already (committed or aborted): KVD_OK, nothing copied. With
+ * `layerwise_saves` the call also says the layer is complete: the step's
+ * objects are committed only if it came for every layer. Errors:
+ * KVD_ERR_INVALID (NULL worker),
  * KVD_ERR_RANGE (layer >= num_layers); CUDA: KVD_ERR_DEVICE (the side
  * stream could not be ordered after `stream`: the step's saves are
  * dropped, not committed).
@@ -262,19 +290,39 @@ KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
  * copy and synchronous load of the step is done, and commits the saved
  * objects. After it returns the worker reads no block of this step's saves
  * again (CUDA: the host waits for the side stream here; the layers not
- * saved yet are ordered after `stream`). KVD_OK also when some saves failed
- * (they are counted in stats and logged; the request is still reported as
- * finished saving, since nothing of it is in flight), and when no plan is
- * bound or its saves finished already. Errors: KVD_ERR_INVALID (NULL
- * worker).
+ * saved yet are ordered after `stream`). With `layerwise_saves`, a layer
+ * save_kv_layer was not called for is not copied: the copies already
+ * started are waited for and every save of the step is aborted instead
+ * (counted in saves_aborted, logged). KVD_OK also when some saves failed
+ * or were aborted (they are counted in stats and logged; the request is
+ * still reported as finished saving, since nothing of it is in flight),
+ * and when no plan is bound or its saves finished already. Errors:
+ * KVD_ERR_INVALID (NULL worker).
  */
 KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
                                               void *stream);
 
-/* Finishes the bound step (as wait_for_save does, after the work on the
- * legacy default stream for CUDA) and unbinds the plan. Asynchronous
- * loads go on. No plan bound: KVD_OK. Errors: KVD_ERR_INVALID (NULL
- * worker). */
+/*
+ * The engine's step failed (an exception in the forward pass, a step it
+ * gives up): aborts every save of the bound step that wait_for_save has
+ * not committed. Waits for the step's copies already started and its
+ * synchronous loads (started here if they were not; they finish and are
+ * reported as with wait_for_save), then gives the saves' reservations back
+ * (counted in saves_aborted) and reports their requests as finished
+ * saving; nothing of the step is committed, and the worker reads no block
+ * of its saves again. The plan stays bound (clear_metadata unbinds it);
+ * save_kv_layer and wait_for_save then do nothing for its saves. No plan
+ * bound, or its saves already committed or aborted: KVD_OK, nothing done.
+ * Errors: KVD_ERR_INVALID (NULL worker).
+ */
+KVD_API kvd_status_t kvd_worker_abort_step(kvd_worker_t *worker);
+
+/* Ends the bound step and unbinds the plan. Saves wait_for_save has not
+ * committed are aborted as kvd_worker_abort_step does: a step cleared
+ * without wait_for_save did not finish, and its layers not saved hold
+ * stale bytes. Synchronous loads are finished (started first if they were
+ * not) as wait_for_save finishes them; asynchronous loads go on. No plan
+ * bound: KVD_OK. Errors: KVD_ERR_INVALID (NULL worker). */
 KVD_API kvd_status_t kvd_worker_clear_metadata(kvd_worker_t *worker);
 
 /* One block whose load failed. */
@@ -335,6 +383,9 @@ typedef struct kvd_worker_stats {
     uint64_t bytes_loaded;       /* object bytes decoded */
     uint64_t bytes_saved;        /* object bytes written */
     uint64_t async_loads_active; /* requests loading in the background */
+    uint64_t saves_aborted;      /* reserved, then aborted with their step: a
+                                  * layer not saved (layerwise_saves), no
+                                  * wait_for_save, or kvd_worker_abort_step */
 } kvd_worker_stats_t;
 
 /* Copies the worker's counters into *out: one consistent snapshot, taken

@@ -159,7 +159,8 @@ class WorkerConfig(ctypes.Structure):
                 ("format", ObjectFormat), ("worker_rank", ctypes.c_uint32),
                 ("tenant", ctypes.c_uint32), ("num_threads", ctypes.c_uint32),
                 ("device", ctypes.c_int), ("plan_ns", Namespace),
-                ("cuda_staging_blocks", ctypes.c_uint32)]
+                ("cuda_staging_blocks", ctypes.c_uint32),
+                ("layerwise_saves", ctypes.c_bool)]
 
 
 class FailedLoad(ctypes.Structure):
@@ -184,7 +185,7 @@ class WorkerStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "blocks_loaded", "load_errors", "promotions", "blocks_saved",
         "saves_skipped", "saves_dropped", "bytes_loaded", "bytes_saved",
-        "async_loads_active")]
+        "async_loads_active", "saves_aborted")]
 
 
 def _declare(h):
@@ -228,6 +229,7 @@ def _declare(h):
         "kvd_worker_wait_for_layer_load": (st, [vp, u32, vp]),
         "kvd_worker_save_kv_layer": (st, [vp, u32, vp]),
         "kvd_worker_wait_for_save": (st, [vp, vp]),
+        "kvd_worker_abort_step": (st, [vp]),
         "kvd_worker_clear_metadata": (st, [vp]),
         "kvd_worker_get_finished": (st, [vp, P(cp), sz, P(WorkerFinished)]),
         "kvd_worker_stats": (st, [vp, P(WorkerStats)]),
@@ -444,13 +446,15 @@ class Leader:
 class Worker:
     """One kvd_worker_t (worker.h): device 0 is the host backend, 1 the CUDA
     backend, whose calls take the engine's cudaStream_t (an int; None is
-    the legacy default stream)."""
+    the legacy default stream). layerwise_saves: the engine calls
+    save_kv_layer for every layer it computes, so a step missing one is
+    aborted, not committed (worker.h)."""
 
     def __init__(self, store, ns, fmt, rank=0, threads=0, plan_ns=None,
-                 device=0):
+                 device=0, layerwise_saves=False):
         cfg = WorkerConfig(store=store.handle, ns=ns, format=fmt,
                            worker_rank=rank, num_threads=threads,
-                           device=device)
+                           device=device, layerwise_saves=layerwise_saves)
         if plan_ns is not None:  # plans name blocks in another namespace
             cfg.plan_ns = plan_ns
         self.handle = ctypes.c_void_p()
@@ -491,6 +495,10 @@ class Worker:
     def wait_for_save(self, stream=None):
         _check("wait_for_save", lib().kvd_worker_wait_for_save(self.handle,
                                                                stream))
+
+    def abort_step(self):
+        """The step failed: none of its saves is committed."""
+        _check("abort_step", lib().kvd_worker_abort_step(self.handle))
 
     def clear_metadata(self):
         _check("clear_connector_metadata",

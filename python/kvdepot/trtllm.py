@@ -216,6 +216,8 @@ class KvdepotWorker(KvCacheConnectorWorker):
                                 block_size=self.block_size,
                                 tq_seed=0x6b76646570)
         fmt.codec[0], fmt.codec[1] = self.codecs
+        # Not layerwise_saves: the layer hooks do not run in a CUDA graph's
+        # replay, so wait_for_save copies the layers they did not save.
         self.worker = _lib.Worker(self.store, self.ns, fmt,
                                   threads=self.settings.threads,
                                   device=device)
@@ -228,6 +230,10 @@ class KvdepotWorker(KvCacheConnectorWorker):
 
     def bind_connector_meta(self, metadata):
         super().bind_connector_meta(metadata)
+        # When the forward pass raised, TensorRT-LLM's _forward_step skipped
+        # wait_for_save: the step still bound is then aborted here (the C
+        # worker commits only at wait_for_save), never committed with the
+        # layers the pass did not reach.
         self.worker.bind_metadata(metadata.plan)
 
     # TensorRT-LLM hands each call the torch.cuda.Stream the forward pass

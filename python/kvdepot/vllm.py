@@ -30,6 +30,7 @@ logic can be tested without it.
 
 import logging
 import socket
+import sys
 
 from kvdepot import _lib, config
 from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _KVD_DTYPES, _dtype_name,
@@ -256,6 +257,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self._invalid = set()
             self._loading = {}       # async load -> groups yet to report
             self._reports = []
+            self._exc_at_bind = None  # the exception handled at bind, if any
 
     # ---- scheduler role ----------------------------------------------------
 
@@ -463,11 +465,14 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                                 tq_seed=0x6b76646570)
         fmt.codec[0], fmt.codec[1] = self.codecs
         self._device = _worker_device(t)
+        # vLLM's attention layers call save_kv_layer for every layer they
+        # compute (maybe_transfer_kv_layer): a step that stopped short is
+        # aborted by wait_for_save, not committed with stale layers.
         worker = _lib.Worker(
             self.store, self.group_ns[g], fmt, rank=self.tp_rank,
             threads=self.settings.threads,
             plan_ns=self.plan_ns[g] if self.tp > 1 else None,
-            device=self._device)
+            device=self._device, layerwise_saves=True)
         self.workers.append(worker)
         worker.register_kv_caches(bases, num_blocks, strides)
 
@@ -487,10 +492,14 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self._delayed.update(m.delayed)
         for rid in m.async_loads:
             self._loading[rid] = len(self.workers)
+        # An exception being handled around the whole step (not raised by
+        # it): wait_for_save must not take it for a failed forward pass.
+        self._exc_at_bind = sys.exc_info()[1]
         for worker, plan in zip(self.workers, m.plans):
             worker.bind_metadata(plan)
 
     def clear_connector_metadata(self):
+        self._exc_at_bind = None
         for worker in self.workers:
             worker.clear_metadata()
         super().clear_connector_metadata()
@@ -514,7 +523,25 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         g, i = self._layer(layer_name)
         self.workers[g].save_kv_layer(i, _stream_of(self._device))
 
+    def _step_failed(self):
+        """The exception in flight, when the step raised one: vLLM calls
+        wait_for_save in a `finally` around the forward pass, where
+        sys.exc_info() is the exception propagating through it."""
+        exc = sys.exc_info()[1]
+        return exc if exc is not None and exc is not self._exc_at_bind \
+            else None
+
     def wait_for_save(self):
+        failed = self._step_failed()
+        if failed is not None:
+            # Layers computed before the failure are whole, the rest stale:
+            # nothing of the step is committed (the C worker also aborts a
+            # step whose layers were not all saved).
+            log.warning("kvdepot: the forward pass raised %s: the step's "
+                        "saves are aborted", type(failed).__name__)
+            for worker in self.workers:
+                worker.abort_step()
+            return
         s = _stream_of(self._device)
         for worker in self.workers:
             worker.wait_for_save(s)

@@ -23,7 +23,9 @@
  *     snapshots layer l, which must already be the loaded one;
  *   - a staging buffer of 3 objects for 4 blocks (a partial last chunk)
  *     and the default one; a created stream and the legacy default stream;
- *     layerwise and whole-step loads; an asynchronous load.
+ *     layerwise and whole-step loads; an asynchronous load;
+ *   - a step that does not finish (cleared after one layer's save, or
+ *     aborted by the engine) commits nothing.
  * Also: a cache in host memory, or split between host and device, is
  * refused at register with a reason; no lease is left at the end.
  * Exits 77 (skipped) when built without CUDA or run without a device.
@@ -590,6 +592,76 @@ static void test_async_load(void **state)
     cache_cleanup(&got);
 }
 
+/* How many of the N keys of save_step a lookup in `ns` finds. */
+static size_t stored(kvd_store_t *st, const kvd_namespace_t *ns)
+{
+    kvd_block_hash_t h[N];
+    kvd_store_lease_t l[N];
+    hashes_of(h);
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, ns, h, N, l, &m), KVD_OK);
+    if (m > 0) {
+        assert_int_equal(kvd_store_release(st, l, m), KVD_OK);
+    }
+    return m;
+}
+
+/* A step that does not finish commits nothing: clear_metadata after layer
+ * 0's save only, and abort_step after every layer's; the copies enqueued
+ * on the side stream are drained before the slots go back, and the same
+ * keys then save whole. */
+static void test_aborted_steps(void **state)
+{
+    (void)state;
+    test_cache_t src;
+    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    fill_random(&src, 91);
+    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    dev_cache_t dsrc;
+    dev_cache_init(&dsrc, &src);
+    assert_int_equal(kvd_cuda_mem_copy(dsrc.mem, src.mem, src.bytes), KVD_OK);
+    kvd_store_t *st = store_open();
+    side_t dev;
+    side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x44, 3);
+    side_register(&dev, &dsrc.layout);
+    kvd_block_hash_t h[N];
+    hashes_of(h);
+    kvd_testplan_req_t r = {.id = "cut",
+                            .layerwise = true,
+                            .n_saves = N,
+                            .save_ids = save_blocks,
+                            .save_hashes = h};
+    side_bind(&dev, &r);
+    assert_int_equal(kvd_worker_save_kv_layer(dev.w, 0, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_clear_metadata(dev.w), KVD_OK);
+    assert_int_equal(stored(st, &dev.ns), 0);
+    side_bind(&dev, &r);
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        assert_int_equal(kvd_worker_save_kv_layer(dev.w, l, NULL), KVD_OK);
+    }
+    assert_int_equal(kvd_worker_abort_step(dev.w), KVD_OK);
+    assert_int_equal(kvd_worker_wait_for_save(dev.w, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_clear_metadata(dev.w), KVD_OK);
+    assert_int_equal(stored(st, &dev.ns), 0);
+    kvd_worker_stats_t ws;
+    assert_int_equal(kvd_worker_stats(dev.w, &ws), KVD_OK);
+    assert_int_equal(ws.saves_aborted, 2 * N);
+    assert_int_equal(ws.blocks_saved, 0);
+    kvd_worker_finished_t f; /* both steps reported, once */
+    assert_int_equal(kvd_worker_get_finished(dev.w, NULL, 0, &f), KVD_OK);
+    assert_int_equal(f.num_finished_saving, 1);
+    assert_string_equal(f.finished_saving[0], "cut");
+    save_step(&dev, NULL, NULL, NULL);
+    assert_int_equal(stored(st, &dev.ns), N);
+    kvd_worker_destroy(dev.w);
+    kvd_store_stats_t ss;
+    assert_int_equal(kvd_store_stats(st, &ss), KVD_OK);
+    assert_int_equal(ss.leases, 0);
+    kvd_store_close(st);
+    dev_cache_cleanup(&dsrc);
+    cache_cleanup(&src);
+}
+
 /* ---- registration errors ------------------------------------------------ */
 
 static void test_register_host_memory_refused(void **state)
@@ -640,6 +712,7 @@ int main(void)
         cmocka_unit_test(test_register_host_memory_refused),
         cmocka_unit_test(test_round_trips),
         cmocka_unit_test(test_async_load),
+        cmocka_unit_test(test_aborted_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 #endif

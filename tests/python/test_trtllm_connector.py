@@ -140,6 +140,43 @@ def test_save_restart_load(env):
     w.shutdown()
 
 
+def test_failed_forward_commits_nothing(env):
+    """TensorRT-LLM's _forward_step catches an exception of the forward
+    pass and skips wait_for_save: the step stays bound until the next
+    iteration binds its plan, which aborts it. Nothing of it is stored (a
+    later prompt misses), and the next steps save as usual."""
+    tokens = [(i * 7 + 1) % 32000 for i in range(PROMPT)]
+    kv = pool(fill=True)
+    s, w = kt.KvdepotScheduler(env), kt.KvdepotWorker(env)
+    w.register_kv_caches(kv)
+    req = LlmRequest(3, tokens)
+    assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+    blocks = [1, 2, 3, 4, 5]
+    s.update_state_after_alloc(req, blocks)
+    out = NS(new_requests=[rd(3, blocks, tokens, 0, PROMPT)],
+             cached_requests=[])
+    meta = pickle.loads(pickle.dumps(s.build_connector_meta(out)))
+    w.bind_connector_meta(meta)
+    w.start_load_kv(None)
+    for layer in range(2):  # then the forward pass raised
+        w.wait_for_layer_load(layer, None)
+        w.save_kv_layer(layer, None)
+    w.get_finished([], [])
+    s.request_finished(req, blocks)  # _handle_errors ends the request
+    iteration(s, w, NS(new_requests=[], cached_requests=[]), finished=[3])
+    stats = w.kvdepot_stats()
+    assert stats["blocks_saved"] == 0 and stats["saves_aborted"] == 4
+    again = LlmRequest(4, tokens)
+    assert s.get_num_new_matched_tokens(again, 0) == (0, False)
+    s.update_state_after_alloc(again, [6, 7, 8, 9, 10])
+    iteration(s, w, NS(new_requests=[rd(4, [6, 7, 8, 9, 10], tokens, 0,
+                                        PROMPT)], cached_requests=[]))
+    assert w.kvdepot_stats()["blocks_saved"] == 4
+    s.request_finished(again, [6, 7, 8, 9, 10])
+    s.shutdown()
+    w.shutdown()
+
+
 def test_device_pool_is_refused(env):
     """A pool neither worker backend can address (torch's "meta" device) is
     refused before any copy; a CUDA pool goes to the CUDA backend, which on

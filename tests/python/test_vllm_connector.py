@@ -17,6 +17,7 @@ Runs under /usr/bin/python3 (Debian's python3-torch); skipped without
 torch or without a built libkvdepot.so.
 """
 
+import contextlib
 import inspect
 import os
 import pickle
@@ -587,6 +588,81 @@ def test_load_errors_surface():
         assert recving == {"b"}
         assert invalid and invalid <= set(range(10, 16))
         s.request_finished(req, list(range(10, 17)))
+        s.shutdown()
+        w.shutdown()
+
+
+@contextlib.contextmanager
+def kv_connector_output(w, meta):
+    """vLLM 0.19's KVConnectorModelRunnerMixin._get_kv_connector_output
+    around the forward pass: wait_for_save runs in its `finally`, also when
+    the forward pass raised."""
+    w.bind_connector_metadata(pickle.loads(pickle.dumps(meta)))
+    w.start_load_kv(None)
+    out = NS()
+    try:
+        yield out
+    finally:
+        w.wait_for_save()
+        out.finished_sending, out.finished_recving = w.get_finished(set())
+        out.invalid_block_ids = w.get_block_ids_with_load_errors()
+        out.kv_connector_worker_meta = w.build_connector_worker_meta()
+        w.clear_connector_metadata()
+
+
+class ForwardFailed(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("layers_done,raises", [(1, True), (LAYERS, True),
+                                                (1, False)])
+def test_failed_forward_commits_nothing(layers_done, raises):
+    """A forward pass that stops after `layers_done` layers, raising or
+    not: none of the step's blocks is stored (a later prompt misses). With
+    a layer missing the C worker sees it (layerwise_saves); with every
+    layer saved and an exception in flight, the connector does. The same
+    step run whole inside an unrelated `except` (an exception handled
+    around the step, not raised by it) saves."""
+    with tempfile.TemporaryDirectory() as d:
+        kvs = caches("flash", fill=True)
+        s, w, names = connector_pair(vllm_config(d), kvs)
+        tokens = [(i * 11 + 2) % 32000 for i in range(PROMPT)]
+        req = Request("boom", tokens)
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, Blocks(range(7)), 0)
+        meta = s.build_connector_meta(sched_output(new=[(req, 0)],
+                                                   tokens={"boom": PROMPT}))
+        with pytest.raises(ForwardFailed) if raises else \
+                contextlib.nullcontext():
+            with kv_connector_output(w, meta) as out:
+                for name in names[:layers_done]:
+                    w.wait_for_layer_load(name)
+                    w.save_kv_layer(name, None, None)
+                if raises:
+                    raise ForwardFailed("CUDA out of memory")
+        s.update_connector_output(out)
+        stats = w.kvdepot_stats()
+        assert stats["blocks_saved"] == 0
+        assert stats["saves_aborted"] == 6
+        s.request_finished(req, list(range(7)))
+        again = Request("again", tokens)
+        assert s.get_num_new_matched_tokens(again, 0) == (0, False)
+
+        try:
+            raise KeyError("handled around the step")
+        except KeyError:
+            s.update_state_after_alloc(again, Blocks(range(7, 14)), 0)
+            meta = s.build_connector_meta(sched_output(
+                new=[(again, 0)], tokens={"again": PROMPT}))
+            with kv_connector_output(w, meta) as out:
+                for name in names:
+                    w.wait_for_layer_load(name)
+                    w.save_kv_layer(name, None, None)
+        s.update_connector_output(out)
+        assert w.kvdepot_stats()["blocks_saved"] == 6
+        s.request_finished(again, list(range(7, 14)))
+        third = Request("third", tokens)
+        assert s.get_num_new_matched_tokens(third, 0) == (96, False)
         s.shutdown()
         w.shutdown()
 
