@@ -243,6 +243,9 @@ static kvd_status_t open_connector(engine_t *e)
                                       KVD_DEMO_BLOCK_SIZE,
                                       {e->o->codec, e->o->codec},
                                       0x6b76646570u};
+    /* The demo saves after every layer: a step that stops early commits
+     * nothing (worker.h, layerwise_saves). */
+    wc.layerwise_saves = true;
     st = kvd_worker_create(&wc, &e->worker, e->err, e->err_len);
     if (st != KVD_OK) {
         return st;
