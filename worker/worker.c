@@ -631,8 +631,8 @@ KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
         return KVD_ERR_STATE;
     }
     if (w->step != NULL) {
-        KVD_LOG_DEBUG("worker: step %llu still bound: ending it, its saves "
-                      "not committed aborted",
+        KVD_LOG_DEBUG("worker: step %llu still bound: ending it; saves not "
+                      "committed yet are aborted",
                       (unsigned long long)w->step->step);
         (void)kvd_worker_clear_metadata(w);
     }
