@@ -57,6 +57,11 @@ export PKG_CONFIG_SYSROOT_DIR=$prefix
 export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$prefix/usr/share/pkgconfig
 export LD_LIBRARY_PATH=$lib:$prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=$prefix/usr/bin:$PATH
+# pkg-config leaves out -L for what it takes as the system's library
+# directory, and gRPC's .pc names some libraries (re2, upb, c-ares) only
+# as -l: the compiler driver and CMake must search the prefix too.
+export LIBRARY_PATH=$lib${LIBRARY_PATH:+:$LIBRARY_PATH}
+export CMAKE_LIBRARY_PATH=$lib
 export UCX_MODULE_DIR=$lib/ucx
 export UCX_NET_DEVICES=lo UCX_TLS=tcp
 
