@@ -285,9 +285,9 @@ static void cuda_peer(const cuda_bench_t *cb, size_t bytes, double *h2d,
 
 /* Save and load passes of one codec on a fresh store and worker; writes
  * the medians of the per-pass ratios to the peer and the best times. */
-static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, size_t io_bytes,
-                      double *save_ratio, double *load_ratio, double *best_save,
-                      double *best_load)
+static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, uint32_t staging,
+                      size_t io_bytes, double *save_ratio, double *load_ratio,
+                      double *best_save, double *best_load)
 {
     bench_t b;
     if (bench_open(&b, (uint8_t)(0x78 + (int)codec)) != 0) {
@@ -298,6 +298,7 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, size_t io_bytes,
     wc.store = b.store;
     wc.ns = b.ns;
     wc.device = KVD_WORKER_DEVICE_CUDA;
+    wc.cuda_staging_blocks = staging;
     wc.format = (kvd_object_format_t){KVD_DTYPE_BF16, LAYERS, 2, HEADS, DIM, BS,
                                       {codec, codec}, 0};
     kvd_status_t s = kvd_worker_create(&wc, &b.w, err, sizeof err);
@@ -332,6 +333,33 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, size_t io_bytes,
     qsort(load, PASSES, sizeof *load, cmp_double);
     *save_ratio = save[PASSES / 2];
     *load_ratio = load[PASSES / 2];
+    return 0;
+}
+
+/* KVDEPOT_BENCH_CUDA_STAGING="16,64,...": the raw rows again with each
+ * cuda_staging_blocks, to see what the staging buffer's size costs. */
+static int cuda_staging_rows(cuda_bench_t *cb, size_t io_bytes)
+{
+    const char *list = getenv("KVDEPOT_BENCH_CUDA_STAGING");
+    double gb = (double)io_bytes / 1e9;
+    while (list != NULL && *list != '\0') {
+        char *end = NULL;
+        unsigned long n = strtoul(list, &end, 10);
+        if (end == list || n == 0 || n > 65536) {
+            fprintf(stderr, "KVDEPOT_BENCH_CUDA_STAGING: bad entry at '%s'\n",
+                    list);
+            return -1;
+        }
+        double sr = 0, lr = 0, bs = 0, bl = 0;
+        if (cuda_codec(cb, KVD_CODEC_RAW, (uint32_t)n, io_bytes, &sr, &lr, &bs,
+                       &bl) != 0) {
+            return -1;
+        }
+        printf("cuda     raw staging %5lu blocks: save %.2f GB/s, load %.2f "
+               "GB/s (%.2f / %.2f of the copy)\n",
+               n, gb / bs, gb / bl, sr, lr);
+        list = *end == ',' ? end + 1 : end;
+    }
     return 0;
 }
 
@@ -381,7 +409,7 @@ static int cuda_rows(void)
     double raw_save = 0, raw_load = 0;
     for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++) {
         double sr = 0, lr = 0, bs = 0, bl = 0;
-        if (cuda_codec(&cb, codecs[c], io_bytes, &sr, &lr, &bs, &bl) != 0) {
+        if (cuda_codec(&cb, codecs[c], 0, io_bytes, &sr, &lr, &bs, &bl) != 0) {
             goto out;
         }
         /* Effective: the bf16 cache bytes the step moved, whatever the
@@ -394,6 +422,9 @@ static int cuda_rows(void)
             raw_save = sr;
             raw_load = lr;
         }
+    }
+    if (cuda_staging_rows(&cb, io_bytes) != 0) {
+        goto out;
     }
     printf("BENCH worker: cuda save (D2H) vs cudaMemcpyAsync = %.3g "
            "(target >= 0.85)\n",

@@ -6,32 +6,42 @@
 # packages: the packages scripts/gpu-deps.sh downloaded into
 # .gpu-deps/debs/ are unpacked into a prefix and used from there.
 #
-# Each step's output goes to $OUT (default ./gpu-check-out; the device
-# tool's own $OUT brings them back), one log per step (seven files), and a
-# summary line per step to $OUT/summary.txt; after the set-up a failed step
-# does not stop the next. The demo's store goes to a temporary directory.
+# Each step's log goes to $OUT/logs/ (default ./gpu-check-out; the device
+# tool's own $OUT brings it back), packed at the end into $OUT/logs.tar.gz;
+# a summary line per step goes to $OUT/summary.txt, and $OUT/results.txt
+# holds the machine, the commit and every headline (BENCH) line: the file
+# docs/performance.md quotes. After the set-up a failed step does not stop
+# the next. The demo's store goes to a temporary directory.
 #
 # usage: scripts/gpu-check.sh [--build-only]
 # env:   KVD_DEPS_PREFIX (default /opt/kvd-deps), CUDA_ARCH (default 90),
-#        OUT, JOBS (default: the CPU count)
+#        OUT, JOBS (default: the CPU count), GPU_CHECK_STEPS (the steps to
+#        run after the set-up, by name; default all: nvidia-smi gpu-tests
+#        sanitize-kernels sanitize-worker bench-kernels bench-worker demo
+#        ttft-hf)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 prefix=${KVD_DEPS_PREFIX:-/opt/kvd-deps}
 out=${OUT:-$root/gpu-check-out}
 jobs=${JOBS:-$(nproc)}
-mkdir -p "$out"
+logs=$out/logs
+mkdir -p "$logs"
 summary="$out/summary.txt"
 : >"$summary"
 
 step() { # step NAME COMMAND...: runs it, logs it, records its status
     local name=$1
     shift
+    if [[ -n "${GPU_CHECK_STEPS:-}" && " $GPU_CHECK_STEPS " != *" $name "* &&
+        $name != setup ]]; then
+        return 0
+    fi
     local t0=$SECONDS
-    "$@" >"$out/$name.log" 2>&1
+    "$@" >"$logs/$name.log" 2>&1
     local rc=$?
     printf '%-16s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
-        "$(tail -n 1 "$out/$name.log" | cut -c1-120)" | tee -a "$summary"
+        "$(tail -n 1 "$logs/$name.log" | cut -c1-120)" | tee -a "$summary"
     return $rc
 }
 
@@ -78,7 +88,7 @@ build() {
         test_worker_roundtrip test_worker_async test_worker_plans \
         test_worker_errors test_worker_steps test_demo_model \
         test_demo_roundtrip test_demo_cuda_fake bench_kernels bench_worker \
-        kvdepot-demo -- -k 0
+        kvdepot-demo kvdepot kvdepotd -- -k 0
 }
 
 setup() {
@@ -91,9 +101,41 @@ step setup setup || exit 1
 step nvidia-smi nvidia-smi
 step gpu-tests ctest --test-dir build/gpu --output-on-failure -R \
     'test_cuda_|test_worker_|test_demo_'
+# The kernel and worker GPU tests again under compute-sanitizer's memcheck
+# (out-of-bounds and misaligned accesses, leaks) and racecheck (shared
+# memory hazards), bounded in time: a sanitizer run is many times slower.
+if command -v compute-sanitizer >/dev/null; then
+    step sanitize-kernels timeout 150 compute-sanitizer --tool memcheck \
+        --leak-check full --error-exitcode 9 build/gpu/tests/test_cuda_kernels
+    step sanitize-worker sh -c 'timeout 60 compute-sanitizer --tool memcheck \
+        --error-exitcode 9 build/gpu/tests/test_cuda_worker &&
+        timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
+        build/gpu/tests/test_cuda_kernels'
+fi
 step bench-kernels build/gpu/bench/bench_kernels
-step bench-worker build/gpu/bench/bench_worker
+# The raw rows again at several staging sizes (cuda_staging_blocks).
+KVDEPOT_BENCH_CUDA_STAGING=${KVDEPOT_BENCH_CUDA_STAGING:-16,32,64,128} \
+    step bench-worker build/gpu/bench/bench_worker
 demo_dir=$(mktemp -d)
 step demo build/gpu/demo/kvdepot-demo --dir "$demo_dir/store"
 rm -rf "$demo_dir"
-echo "gpu-check: logs in $out"
+# A real model runner, where the machine has one (PyTorch + transformers).
+if [[ -f bench/ttft_hf.py ]] &&
+    python3 -c 'import torch, transformers' >/dev/null 2>&1; then
+    KVDEPOT_LIB=$root/build/gpu/libkvdepot.so \
+        KVDEPOTD=$root/build/gpu/server/kvdepotd PYTHONPATH=$root/python \
+        step ttft-hf timeout "${TTFT_HF_TIMEOUT:-300}" python3 bench/ttft_hf.py
+fi
+
+{
+    echo "# kvdepot gpu-check $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo "commit: $(git describe --always --dirty 2>/dev/null || echo unknown)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    echo "nvcc: $(nvcc --version | tail -n 1)"
+    echo
+    cat "$summary"
+    echo
+    grep -h '^BENCH' "$logs"/*.log
+} >"$out/results.txt" 2>&1
+tar -czf "$out/logs.tar.gz" -C "$out" logs && rm -rf "$logs"
+echo "gpu-check: $out/results.txt, logs in $out/logs.tar.gz"
