@@ -60,6 +60,32 @@ unpack() {
         fi
     done
     echo "unpacked $(ls .gpu-deps/debs/*.deb | wc -l) packages into $prefix"
+    fix_links
+}
+
+# A -dev package's absolute link (libz.so -> /lib/.../libz.so.1.2.13)
+# points into this machine's root, not the prefix, and the library it
+# names may be left out of the packages (every system has zlib): point it
+# at the prefix's copy, else at the system's library of the same soname,
+# else remove it, so the linker never falls back to a static archive.
+fix_links() {
+    local l t so
+    while IFS= read -r l; do
+        t=$(readlink "$l")
+        if [[ -e "$prefix$t" ]]; then
+            ln -sfn "$prefix$t" "$l"
+            continue
+        fi
+        so=$(basename "$t" | sed -E 's/(\.so\.[0-9]+).*/\1/')
+        if [[ -e /usr/lib/x86_64-linux-gnu/$so ]]; then
+            ln -sfn "/usr/lib/x86_64-linux-gnu/$so" "$l"
+        elif [[ -e /lib/x86_64-linux-gnu/$so ]]; then
+            ln -sfn "/lib/x86_64-linux-gnu/$so" "$l"
+        else
+            rm -f "$l"
+        fi
+        echo "link $l -> $(readlink "$l")"
+    done < <(find "$prefix" -type l -lname '/*')
 }
 
 lib=$prefix/usr/lib/x86_64-linux-gnu
