@@ -13,9 +13,10 @@
  * per layer, recorded on the side stream after that layer's loads of the
  * step are enqueued; one event the engine's stream records for the saves;
  * one event per pool thread for asynchronous requests; a device staging
- * buffer of `cuda_staging_blocks` objects; pinned host and device arrays
- * for block ids (the step's loads, the step's saves, one region per pool
- * thread for asynchronous requests); the codec tables on the device; and
+ * buffer of `cuda_staging_blocks` slots of one layer each; pinned host
+ * and device arrays for block ids (the step's loads, the step's saves, one
+ * region per pool thread for asynchronous requests); the codec tables on
+ * the device; and
  * the store's arena registered with cudaHostRegister (once per process and
  * arena, counted, so several workers on one store share it; when it cannot
  * be pinned, copies go through pageable memory, slower but the same).
@@ -25,8 +26,8 @@
  * staging, then scatter; or gather, then copies out of staging) reach the
  * stream whole, whichever pool thread enqueues it: the stream then orders
  * every reuse of staging and of the id arrays. A load of layer l copies the
- * layer's byte range of each object from its arena slot into the staging
- * slot at the same offset, then scatters it; the layer's event is recorded
+ * layer's byte range of each object from its arena slot into a staging
+ * slot, then scatters it; the layer's event is recorded
  * after it, and wait_for_layer_load(l) makes the engine's stream wait on
  * that event (the host only waits until it is recorded). save_kv_layer(l)
  * records the save event on the engine's stream and makes the side stream
@@ -52,7 +53,11 @@
 #include "proto/kvd_proto.h"
 #include "worker/worker_int.h"
 
-#define CUDA_DEFAULT_STAGING_BLOCKS 16u
+/* Blocks per staging chunk. The buffer holds one layer of each block (the
+ * one being copied), so 64 blocks of a Llama-3-8B shard are 4 MiB; on an
+ * H100 a step of 64 blocks ran at 0.56 of cudaMemcpyAsync with 16, 0.69
+ * with 32, 0.77 with 64 and 0.78 with 128 (docs/performance.md). */
+#define CUDA_DEFAULT_STAGING_BLOCKS 64u
 /* Arena mappings one worker keeps pinned (daemon restarts). */
 #define MAX_WORKER_PINS 4u
 #define CUDA_STAGING_ALIGN 256u
@@ -79,7 +84,11 @@ typedef struct cres {
 struct wcuda {
     pthread_mutex_t mu; /* one staging sequence on the stream at a time */
     cres_t *res;        /* NULL until the first register */
-    size_t staging_blocks, stride, ids_cap;
+    size_t staging_blocks, ids_cap;
+    /* Staging holds one layer per block: the kernels see a one-layer
+     * format (layer 0 at slot_off in each stride-byte slot). */
+    kvd_object_format_t fmt1;
+    size_t stride, slot_off;
     uint32_t n_slots;
     uint64_t slot_busy; /* bit j: slot j's event and ids are in use */
     bool pinned;        /* the arena mapped now (pin_gen) is page-locked */
@@ -347,8 +356,11 @@ static kvd_status_t cuda_create(kvd_worker_t *w, char *err, size_t err_len)
     c->staging_blocks = w->cfg.cuda_staging_blocks != 0
                             ? w->cfg.cuda_staging_blocks
                             : CUDA_DEFAULT_STAGING_BLOCKS;
-    c->stride = (w->object_bytes + CUDA_STAGING_ALIGN - 1) /
+    c->fmt1 = w->cfg.format;
+    c->fmt1.num_layers = 1;
+    c->stride = (kvd_object_bytes(&c->fmt1) + CUDA_STAGING_ALIGN - 1) /
                 CUDA_STAGING_ALIGN * CUDA_STAGING_ALIGN;
+    c->slot_off = kvd_object_layer_offset(&c->fmt1, 0);
     c->n_slots = w->num_threads;
     c->ids_cap = IDS_ASYNC(c->n_slots);
     c->cp_dst = calloc(c->staging_blocks, sizeof *c->cp_dst);
@@ -475,7 +487,7 @@ static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
     wcuda_t *c = w->cuda;
     unsigned char *staging = c->res->staging;
     for (size_t i = 0; i < n; i++) {
-        unsigned char *slot = staging + i * c->stride + off;
+        unsigned char *slot = staging + i * c->stride + c->slot_off;
         unsigned char *obj = (unsigned char *)objs[i] + off;
         c->cp_dst[i] = to_device ? (void *)slot : (void *)obj;
         c->cp_src[i] = to_device ? (const void *)obj : (const void *)slot;
@@ -500,7 +512,9 @@ static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
  * `ids_dev` on the device), in chunks of the staging buffer's size: a load
  * copies each object's layer bytes into staging, then scatters them into
  * the blocks; a save gathers the blocks into staging, then copies the
- * bytes into the objects (mu held). */
+ * bytes into the objects (mu held). The kernels run on a one-layer view
+ * (the layer's base, the one-layer format): a layer's region of an object
+ * does not depend on the other layers, so the bytes are the same. */
 static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
                                const int32_t *ids, const int32_t *ids_dev,
                                void *const *objs, size_t n, bool load)
@@ -509,20 +523,22 @@ static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
     const kvd_object_format_t *f = &w->cfg.format;
     size_t off = kvd_object_layer_offset(f, layer);
     size_t len = kvd_object_layer_bytes(f);
+    void *base[1] = {w->layout.layer_base[layer]};
+    kvd_kv_layout_t one = w->layout;
+    one.layer_base = base;
     kvd_status_t st = KVD_OK;
     for (size_t k = 0; k < n && st == KVD_OK; k += c->staging_blocks) {
         size_t m = n - k < c->staging_blocks ? n - k : c->staging_blocks;
         if (load) {
             st = staging_copies(w, objs + k, m, off, len, true);
             if (st == KVD_OK) {
-                st = kvd_cuda_scatter_layer(&w->layout, f, c->res->tables,
-                                            layer, ids + k, ids_dev + k, m,
-                                            f->block_size, c->res->staging,
-                                            c->stride, c->res->stream);
+                st = kvd_cuda_scatter_layer(
+                    &one, &c->fmt1, c->res->tables, 0, ids + k, ids_dev + k, m,
+                    f->block_size, c->res->staging, c->stride, c->res->stream);
             }
         } else {
             st = kvd_cuda_gather_layer(
-                &w->layout, f, c->res->tables, layer, ids + k, ids_dev + k, m,
+                &one, &c->fmt1, c->res->tables, 0, ids + k, ids_dev + k, m,
                 f->block_size, c->res->staging, c->stride, c->res->stream);
             if (st == KVD_OK) {
                 st = staging_copies(w, objs + k, m, off, len, false);

@@ -109,7 +109,9 @@ void kvd_cuda_tables_destroy(kvd_cuda_tables_t *tables);
  *
  * layout->layer_base is a host array of device pointers; the strides are
  * bytes. block_ids is a host array (validated here, before anything is
- * enqueued, and used for the copy-engine path); block_ids_dev holds the
+ * enqueued, and used for the copy-engine path); the host arguments
+ * (layout, its layer_base array, fmt, block_ids) are read during the call
+ * only and may be reused or freed once it returns; block_ids_dev holds the
  * same num_blocks ids in device memory, written by the caller in stream
  * order before this call (the kernels read it when they run).
  * `tables` may be NULL unless a plane uses TurboQuant; it must have been

@@ -62,14 +62,14 @@
  * side stream the worker owns; `stream` is the engine's cudaStream_t
  * (NULL: the legacy default stream). register_kv_caches allocates, once:
  * the side stream, one event per layer, a device staging buffer of
- * cuda_staging_blocks objects, device block-id arrays, the codec tables on
- * the device, and page-locks the store's arena (cudaHostRegister, shared
- * by the process's workers; when that fails copies stay pageable, slower,
- * with a warning). The mapping stays held (kvd_store_arena_hold) while it
- * is registered; after a daemon restart the client's new mapping is
- * registered before the next copy. The per-step calls then allocate
- * nothing (but for that re-registration) and block the host only where
- * said:
+ * cuda_staging_blocks slots of one layer each, device block-id arrays, the
+ * codec tables on the device, and page-locks the store's arena
+ * (cudaHostRegister, shared by the process's workers; when that fails copies
+ * stay pageable, slower, with a warning). The mapping stays held
+ * (kvd_store_arena_hold) while it is registered; after a daemon restart the
+ * client's new mapping is registered before the next copy. The per-step calls
+ * then allocate nothing (but for that re-registration) and block the host only
+ * where said:
  *   - start_load_kv / wait_for_layer_load(l) return once layer l's copies
  *     are *enqueued* on the side stream (the object's layer bytes from the
  *     arena into staging, then the decode-and-scatter kernel) and make
@@ -152,8 +152,9 @@ typedef struct kvd_worker_config {
      * each rank loads and saves the same block hashes in its own (its shard
      * of the heads). All zero: `ns`. Every key of a plan must be in it. */
     kvd_namespace_t plan_ns;
-    /* CUDA backend: objects the device staging buffer holds (a layer's
-     * copies go in chunks of that many blocks); 0 = 16, at most 65536.
+    /* CUDA backend: blocks the device staging buffer holds, one layer
+     * each (a layer's copies go in chunks of that many blocks); 0 = 64,
+     * at most 65536.
      * Ignored by the host backend. */
     uint32_t cuda_staging_blocks;
     /* The engine calls kvd_worker_save_kv_layer for every layer it computes

@@ -48,7 +48,8 @@ typedef struct fop {
     const void *src;
     size_t len;
     /* FOP_GATHER / FOP_SCATTER */
-    kvd_kv_layout_t layout; /* layer_base borrowed: the caller keeps it */
+    kvd_kv_layout_t layout; /* layer_base NULL: the call's arrays are gone */
+    void *layer_ptr;        /* layout->layer_base[layer], read at enqueue */
     kvd_object_format_t fmt;
     const kvd_codec_tables_t *tables;
     unsigned layer;
@@ -123,11 +124,22 @@ static void run_until(fstream_t *s, uint64_t seq);
 static void op_run(fop_t *op)
 {
     void *objs[256];
+    void **bases = NULL;
     switch (op->kind) {
     case FOP_COPY: memcpy(op->dst, op->src, op->len); break;
     case FOP_WAIT: run_until(op->on, op->seq); break;
     case FOP_GATHER:
     case FOP_SCATTER:
+        /* A kernel's arguments are captured at launch: the layer's base
+         * comes from the op, not from the caller's array. */
+        bases = malloc(op->fmt.num_layers * sizeof *bases);
+        if (bases == NULL) {
+            abort();
+        }
+        for (unsigned l = 0; l < op->fmt.num_layers; l++) {
+            bases[l] = op->layer_ptr;
+        }
+        op->layout.layer_base = bases;
         /* The ids as they are in "device" memory now, like a kernel. */
         for (size_t k = 0; k < op->n; k += 256) {
             size_t m = op->n - k < 256 ? op->n - k : 256;
@@ -152,6 +164,7 @@ static void op_run(fop_t *op)
                 abort();
             }
         }
+        free(bases);
         break;
     }
 }
@@ -582,6 +595,7 @@ static kvd_status_t gs_enqueue(fop_kind_t kind, const kvd_kv_layout_t *layout,
     }
     fop_t op = {.kind = kind,
                 .layout = *layout,
+                .layer_ptr = layout->layer_base[layer],
                 .fmt = *fmt,
                 .tables = tables != NULL ? &tables->host : NULL,
                 .layer = layer,
@@ -590,6 +604,7 @@ static kvd_status_t gs_enqueue(fop_kind_t kind, const kvd_kv_layout_t *layout,
                 .valid_last = valid_last,
                 .base = (unsigned char *)base,
                 .stride = stride};
+    op.layout.layer_base = NULL;
     return enqueue(stream, &op);
 }
 
