@@ -20,6 +20,11 @@
  * prints one line saying it was skipped.
  *
  * The last lines are the headline figures, one "BENCH kernels: ..." each.
+ *
+ * For a profiler: KVDEPOT_BENCH_SKIP_CPU=1 leaves out the CPU part, and
+ * KVDEPOT_BENCH_GPU_CODECS=fp8_e4m3,tq4 runs the GPU rows of those codecs
+ * only (each row launches the gather kernel once per layer, then the
+ * scatter kernel once per layer, untimed, before its timed rounds).
  */
 #include <math.h>
 #include <stdbool.h>
@@ -336,6 +341,24 @@ static void bench_gpu_headline(const char *what, kvd_codec_t codec,
     bench_headline(metric, ratio, target);
 }
 
+/* Whether `codec` is in the comma-separated list (NULL: every codec). */
+static bool bench_gpu_wanted(const char *list, kvd_codec_t codec)
+{
+    if (list == NULL) {
+        return true;
+    }
+    const char *name = kvd_codec_name(codec);
+    size_t n = strlen(name);
+    for (const char *p = list; *p != '\0';) {
+        size_t len = strcspn(p, ",");
+        if (len == n && strncmp(p, name, n) == 0) {
+            return true;
+        }
+        p += len + (p[len] == ',');
+    }
+    return false;
+}
+
 static int bench_gpu(void)
 {
     int count = 0;
@@ -351,8 +374,12 @@ static int bench_gpu(void)
            BENCH_DIM, BENCH_GPU_ITERS);
     printf("%-9s %10s %7s %10s %7s %9s %7s\n", "codec", "gather", "vs_d2d",
            "scatter", "vs_d2d", "d2d_copy", "target");
+    const char *only = getenv("KVDEPOT_BENCH_GPU_CODECS");
     for (int c = 0; c < KVD_CODEC_COUNT; c++) {
         kvd_codec_t codec = (kvd_codec_t)c;
+        if (!bench_gpu_wanted(only, codec)) {
+            continue;
+        }
         kvd_object_format_t fmt =
             bench_format(codec, KVD_PLANE_K, BENCH_GPU_LAYERS);
         fmt.codec[KVD_PLANE_V] = codec;
@@ -387,7 +414,9 @@ static int bench_gpu(void)
 
 int main(void)
 {
-    if (bench_cpu() != 0 || bench_gpu() != 0) {
+    const char *skip = getenv("KVDEPOT_BENCH_SKIP_CPU");
+    bool cpu = skip == NULL || strcmp(skip, "1") != 0;
+    if ((cpu && bench_cpu() != 0) || bench_gpu() != 0) {
         return 1;
     }
     printf("\n");

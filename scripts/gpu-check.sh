@@ -17,8 +17,8 @@
 # env:   KVD_DEPS_PREFIX (default /opt/kvd-deps), CUDA_ARCH (default 90),
 #        OUT, JOBS (default: the CPU count), GPU_CHECK_STEPS (the steps to
 #        run after the set-up, by name; default all: nvidia-smi gpu-tests
-#        sanitize-kernels sanitize-worker bench-kernels bench-worker demo
-#        ttft-hf)
+#        sanitize-kernels sanitize-worker bench-kernels ncu-kernels
+#        bench-worker demo ttft-hf)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -139,6 +139,19 @@ if command -v compute-sanitizer >/dev/null; then
         build/gpu/tests/test_cuda_kernels'
 fi
 step bench-kernels build/gpu/bench/bench_kernels
+# Nsight Compute on the encoding kernels that miss their targets: the
+# first gather launch (layer 0) and the first scatter launch (launch 8:
+# the bench has 8 layers) of fp8 and tq4, from the bench's untimed round.
+if command -v ncu >/dev/null; then
+    step ncu-kernels sh -c 'for c in fp8_e4m3 tq4; do
+        KVDEPOT_BENCH_SKIP_CPU=1 KVDEPOT_BENCH_GPU_CODECS=$c timeout 120 \
+            ncu --kernel-name regex:kvd_gs_kernel --launch-skip 0 \
+            --launch-count 9 --section SpeedOfLight --section Occupancy \
+            --section LaunchStats --section WarpStateStats \
+            --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+            build/gpu/bench/bench_kernels || exit 1
+    done'
+fi
 # The raw rows again at several staging sizes (cuda_staging_blocks).
 KVDEPOT_BENCH_CUDA_STAGING=${KVDEPOT_BENCH_CUDA_STAGING:-16,32,64,128} \
     step bench-worker build/gpu/bench/bench_worker
