@@ -140,6 +140,10 @@ typedef struct bench {
     int32_t save_ids[N_IO], load_ids[N_IO];
     kvd_block_hash_t hashes[N_IO];
     uint64_t step;
+    /* The last pass's phases, seconds: bind; the layers (save_kv_layer x
+     * LAYERS, or start_load_kv); the end (wait_for_save, or clear and the
+     * engine stream's wait). */
+    double ph_bind, ph_layers, ph_end;
 } bench_t;
 
 static int bind(bench_t *b, const kvd_testplan_req_t *r)
@@ -207,11 +211,16 @@ static double save_pass(bench_t *b, uint32_t pass, void *stream)
     if (bind(b, &r) != 0) {
         return -1;
     }
+    double t1 = now_s();
     for (uint32_t l = 0; l < LAYERS; l++) {
         (void)kvd_worker_save_kv_layer(b->w, l, stream);
     }
+    double t2 = now_s();
     (void)kvd_worker_wait_for_save(b->w, stream);
-    double t = now_s() - t0;
+    double t3 = now_s(), t = t3 - t0;
+    b->ph_bind = t1 - t0;
+    b->ph_layers = t2 - t1;
+    b->ph_end = t3 - t2;
     kvd_worker_finished_t f;
     (void)kvd_worker_get_finished(b->w, NULL, 0, &f);
     (void)kvd_worker_clear_metadata(b->w);
@@ -241,18 +250,23 @@ static double load_pass(bench_t *b, uint32_t pass, double compute_s,
     if (bind(b, &r) != 0) {
         return -1;
     }
+    double t1 = now_s();
     (void)kvd_worker_start_load_kv(b->w, stream);
     for (uint32_t l = 0; l < LAYERS && compute_s > 0; l++) {
         (void)kvd_worker_wait_for_layer_load(b->w, l, stream);
         sleep_s(compute_s);
     }
+    double t2 = now_s();
     (void)kvd_worker_clear_metadata(b->w); /* CUDA: waits for the side */
 #ifdef KVD_HAVE_CUDA
     if (stream != NULL) {
         (void)kvd_cuda_stream_wait(stream); /* ... and the engine's */
     }
 #endif
-    double t = now_s() - t0;
+    double t3 = now_s(), t = t3 - t0;
+    b->ph_bind = t1 - t0;
+    b->ph_layers = t2 - t1;
+    b->ph_end = t3 - t2;
     kvd_worker_finished_t f;
     (void)kvd_worker_get_finished(b->w, NULL, 0, &f);
     return f.num_finished_loading == 1 && f.num_failed_loads == 0 ? t : -1;
@@ -305,17 +319,26 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, uint32_t staging,
     if (s == KVD_OK) {
         s = kvd_worker_register_kv_caches(b.w, &cb->layout, err, sizeof err);
     }
-    double save[PASSES], load[PASSES];
+    double save[PASSES], load[PASSES], save_ph[3] = {0}, load_ph[3] = {0};
     *best_save = *best_load = 1e9;
     for (int p = 0; p < PASSES && s == KVD_OK; p++) {
         double h2d = 0, d2h = 0;
         cuda_peer(cb, io_bytes, &h2d, &d2h);
         double sv = save_pass(&b, (uint32_t)p, cb->stream);
+        double sph[3] = {b.ph_bind, b.ph_layers, b.ph_end};
         double ld = load_pass(&b, (uint32_t)p, 0, cb->stream);
         if (sv < 0 || ld < 0) {
             snprintf(err, sizeof err, "pass %d failed", p);
             s = KVD_ERR_INTERNAL;
             break;
+        }
+        if (sv < *best_save) {
+            memcpy(save_ph, sph, sizeof save_ph);
+        }
+        if (ld < *best_load) {
+            load_ph[0] = b.ph_bind;
+            load_ph[1] = b.ph_layers;
+            load_ph[2] = b.ph_end;
         }
         *best_save = sv < *best_save ? sv : *best_save;
         *best_load = ld < *best_load ? ld : *best_load;
@@ -329,6 +352,13 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, uint32_t staging,
                 kvd_status_str(s), err);
         return -1;
     }
+    /* Where the best passes' time went, on the host clock. */
+    printf("cuda     %-8s staging %u: best save %.2f ms = bind %.2f + "
+           "save_kv_layer x %u %.2f + wait_for_save %.2f; best load %.2f ms "
+           "= bind %.2f + start_load_kv %.2f + clear and sync %.2f\n",
+           kvd_codec_name(codec), staging, *best_save * 1e3, save_ph[0] * 1e3,
+           LAYERS, save_ph[1] * 1e3, save_ph[2] * 1e3, *best_load * 1e3,
+           load_ph[0] * 1e3, load_ph[1] * 1e3, load_ph[2] * 1e3);
     qsort(save, PASSES, sizeof *save, cmp_double);
     qsort(load, PASSES, sizeof *load, cmp_double);
     *save_ratio = save[PASSES / 2];
