@@ -229,7 +229,8 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     w->plan_ns = memcmp(&cfg->plan_ns, &zero_ns, sizeof zero_ns) == 0
                      ? cfg->ns
                      : cfg->plan_ns;
-    w->object_bytes = kvd_object_bytes(&cfg->format);
+    w->payload_bytes = kvd_object_bytes(&cfg->format);
+    w->object_bytes = kvd_object_stored_bytes(&cfg->format);
     w->num_threads =
         cfg->num_threads != 0 ? cfg->num_threads : WORKER_DEFAULT_THREADS;
     w->fin_save.item_bytes = sizeof(wfin_t);
@@ -491,6 +492,11 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
                     w->st.saves_dropped++;
                     continue;
                 }
+                /* The header first: the payload is written by the copies,
+                 * and everything goes to the store at commit. */
+                (void)kvd_object_header_pack(
+                    &w->cfg.format, &w->cfg.ns, &blk->hash,
+                    (uint8_t *)blk->obj + w->payload_bytes);
                 s->saves[s->n_saves] = blk;
                 s->save_ids[s->n_saves] = blk->block_id;
                 s->save_objs[s->n_saves] = blk->obj;

@@ -386,6 +386,9 @@ typedef struct kvd_worker_stats {
     uint64_t saves_aborted;      /* reserved, then aborted with their step: a
                                   * layer not saved (layerwise_saves), no
                                   * wait_for_save, or kvd_worker_abort_step */
+    uint64_t header_errors;      /* loads refused because the object's
+                                  * header did not describe the object asked
+                                  * for (also in load_errors) */
 } kvd_worker_stats_t;
 
 /* Copies the worker's counters into *out: one consistent snapshot, taken

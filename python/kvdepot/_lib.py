@@ -185,7 +185,7 @@ class WorkerStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "blocks_loaded", "load_errors", "promotions", "blocks_saved",
         "saves_skipped", "saves_dropped", "bytes_loaded", "bytes_saved",
-        "async_loads_active", "saves_aborted")]
+        "async_loads_active", "saves_aborted", "header_errors")]
 
 
 def _declare(h):
