@@ -889,6 +889,27 @@ KVD_API kvd_status_t kvd_worker_abort_step(kvd_worker_t *worker)
     return KVD_OK;
 }
 
+KVD_API kvd_status_t kvd_worker_set_namespace(kvd_worker_t *worker,
+                                              const kvd_namespace_t *ns,
+                                              const kvd_namespace_t *plan_ns)
+{
+    if (worker == NULL || ns == NULL || plan_ns == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    if (worker->step != NULL) {
+        return KVD_ERR_STATE;
+    }
+    static const kvd_namespace_t zero_ns;
+    /* The poller reads cfg.ns under mu (header checks of promotions). */
+    pthread_mutex_lock(&worker->mu);
+    worker->cfg.ns = *ns;
+    worker->cfg.plan_ns = *plan_ns;
+    worker->plan_ns =
+        memcmp(plan_ns, &zero_ns, sizeof zero_ns) == 0 ? *ns : *plan_ns;
+    pthread_mutex_unlock(&worker->mu);
+    return KVD_OK;
+}
+
 KVD_API kvd_status_t kvd_worker_clear_metadata(kvd_worker_t *worker)
 {
     if (worker == NULL) {

@@ -10,6 +10,8 @@
  * - Bytes of one key committed under another (an index or file mix-up the
  *   store's checksums cannot see: they cover what was written) on the NVMe
  *   tier after a restart, and through kvdepotd: refused.
+ * - A new namespace generation (reset_cache, weights updated in place):
+ *   neither the leader nor the workers match anything saved before.
  * Each failed block leaves the engine's block untouched (POISON) and is
  * counted in header_errors and load_errors.
  */
@@ -20,6 +22,7 @@
 
 #include <cmocka.h>
 
+#include "kvdepot/leader.h"
 #include "tests/unit/kvd_testclient_int.h"
 #include "tests/unit/kvd_testworker_int.h"
 
@@ -42,8 +45,8 @@ static kvd_worker_t *worker_in(kvd_store_t *st, const kvd_object_format_t *fmt,
     return w;
 }
 
-/* The namespace an engine with this format computes. */
-static kvd_namespace_t ns_of(const kvd_object_format_t *fmt)
+/* The namespace an engine with this format computes (generation 0). */
+static kvd_namespace_t ns_gen(const kvd_object_format_t *fmt, uint64_t gen)
 {
     kvd_namespace_desc_t d = {
         .model_id = "test/model",
@@ -57,10 +60,16 @@ static kvd_namespace_t ns_of(const kvd_object_format_t *fmt)
         .block_size = fmt->block_size,
         .tp_size = 1,
         .tq_seed = fmt->tq_seed,
+        .generation = gen,
     };
     kvd_namespace_t ns;
     assert_int_equal(kvd_namespace_digest(&d, &ns), KVD_OK);
     return ns;
+}
+
+static kvd_namespace_t ns_of(const kvd_object_format_t *fmt)
+{
+    return ns_gen(fmt, 0);
 }
 
 /* One synchronous load of keys4 into load_blocks; returns the failed
@@ -313,6 +322,90 @@ static void test_daemon_object_under_other_key(void **state)
     kvd_test_cl_stop(&t);
 }
 
+/* Tokens the leader matches for keys4 (given as the engine's hashes). */
+static uint64_t leader_match(kvd_leader_t *ld, const char *id)
+{
+    kvd_block_hash_t hs[4];
+    for (size_t i = 0; i < 4; i++) {
+        hs[i] = key_hash(keys4[i]);
+    }
+    kvd_leader_request_t rq = {.request_id = id,
+                               .hashes = hs,
+                               .num_hashes = 4,
+                               .num_tokens = 4 * BS + 1};
+    uint64_t matched = 0;
+    bool async = false;
+    assert_int_equal(
+        kvd_leader_get_num_new_matched_tokens(ld, &rq, 0, &matched, &async),
+        KVD_OK);
+    bool delay = false;
+    assert_int_equal(kvd_leader_request_finished(ld, id, &delay), KVD_OK);
+    return matched;
+}
+
+static void test_generation_bump_misses(void **state)
+{
+    (void)state;
+    test_cache_t src, dst;
+    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_init(&dst, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_fill_random(&src, 9);
+    memset(dst.mem, POISON, dst.bytes);
+    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    kvd_namespace_t ns0 = ns_gen(&fmt, 0), ns1 = ns_gen(&fmt, 1);
+    kvd_namespace_t plan = test_ns(), zero;
+    memset(&zero, 0, sizeof zero);
+    kvd_store_t *st = store_open(NULL);
+    kvd_worker_t *w = worker_in(st, &fmt, &ns0);
+    worker_register(w, &src);
+    save_step(w, 1, "writer", save_blocks, keys4, 4);
+
+    kvd_leader_config_t c = {.block_size = BS, .ns = ns0, .num_workers = 1};
+    assert_int_equal(kvd_block_hash_seed(KVD_BLOCK_HASH_DEFAULT_SEED, &c.root),
+                     KVD_OK);
+    kvd_leader_t *ld = NULL;
+    assert_int_equal(kvd_leader_create(&c, st, &ld), KVD_OK);
+    assert_int_equal(leader_match(ld, "before"), 4 * BS);
+    assert_int_equal(kvd_leader_set_namespace(ld, &ns1), KVD_OK);
+    assert_int_equal(leader_match(ld, "after"), 0);
+    assert_int_equal(kvd_leader_set_namespace(ld, NULL), KVD_ERR_INVALID);
+    kvd_leader_destroy(ld);
+    kvd_worker_destroy(w);
+
+    /* The workers move too: only between steps. */
+    w = worker_in(st, &fmt, &ns0);
+    worker_register(w, &dst);
+    treq_t r = {.id = "bound", .n_loads = 1};
+    r.load_ids[0] = 0;
+    r.load_keys[0] = keys4[0];
+    worker_bind(w, 2, &r, 1);
+    assert_int_equal(kvd_worker_set_namespace(w, &ns1, &plan), KVD_ERR_STATE);
+    assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
+    kvd_worker_finished_t f; /* the abandoned step's load, reported */
+    assert_int_equal(kvd_worker_get_finished(w, NULL, 0, &f), KVD_OK);
+    assert_int_equal(kvd_worker_set_namespace(w, &ns1, NULL), KVD_ERR_INVALID);
+    assert_int_equal(kvd_worker_set_namespace(w, &ns1, &plan), KVD_OK);
+    memset(dst.mem, POISON, dst.bytes);
+    kvd_status_t why[4];
+    assert_int_equal(load_four(w, 3, why), 4);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(why[i], KVD_ERR_NOT_FOUND);
+        assert_true(block_poisoned(&dst, (size_t)i));
+    }
+    /* Plans in the worker's own namespace (plan_ns all zero): test_ns()
+     * keys are now refused, so nothing is bound. */
+    assert_int_equal(kvd_worker_set_namespace(w, &ns1, &zero), KVD_OK);
+    size_t len = 0;
+    uint8_t *bytes = plan_pack(4, BS, &plan, &r, 1, &len);
+    char err[256] = "";
+    assert_int_equal(kvd_worker_bind_metadata(w, bytes, len, err, sizeof err),
+                     KVD_ERR_PROTO);
+    free(bytes);
+    worker_store_close(w, st);
+    cache_cleanup(&src);
+    cache_cleanup(&dst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -320,6 +413,7 @@ int main(void)
         cmocka_unit_test(test_arena_header_corrupt),
         cmocka_unit_test(test_disk_object_under_other_key),
         cmocka_unit_test(test_daemon_object_under_other_key),
+        cmocka_unit_test(test_generation_bump_misses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
