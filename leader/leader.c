@@ -384,6 +384,16 @@ KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
     return KVD_OK;
 }
 
+KVD_API kvd_status_t kvd_leader_set_namespace(kvd_leader_t *leader,
+                                              const kvd_namespace_t *ns)
+{
+    if (leader == NULL || ns == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    leader->cfg.ns = *ns;
+    return KVD_OK;
+}
+
 KVD_API void kvd_leader_destroy(kvd_leader_t *leader)
 {
     if (leader == NULL) {

@@ -107,10 +107,34 @@ static void load_block_finish(kvd_worker_t *w, wblock_t *b)
         f.status = b->status;
         kvd_worker_queue_push(w, &w->failed, &f);
         w->st.load_errors++;
+        if (b->bad_header) {
+            w->st.header_errors++;
+        }
     } else {
         w->st.blocks_loaded++;
         w->st.bytes_loaded += w->object_bytes;
     }
+}
+
+/* The object `b` leased is the one asked for, as its header says; else
+ * the block fails (a load error, never the bytes). The first mismatch is
+ * logged with its reason, later ones at DEBUG (counted: header_errors). */
+static void block_header_check(kvd_worker_t *w, wblock_t *b)
+{
+    char why[160] = "";
+    if (kvd_object_header_check(&w->cfg.format, &w->cfg.ns, &b->hash, b->obj,
+                                b->lease.size_bytes, why,
+                                sizeof why) == KVD_OK) {
+        return;
+    }
+    bool first =
+        !__atomic_exchange_n(&w->header_logged, true, __ATOMIC_RELAXED);
+    KVD_LOG(first ? KVD_LOG_LEVEL_WARN : KVD_LOG_LEVEL_DEBUG,
+            "worker: block %d (request %s) not loaded: %s%s", b->block_id,
+            b->req->id, why,
+            first ? " (further mismatches are counted in header_errors)" : "");
+    b->status = KVD_ERR_CORRUPT;
+    b->bad_header = true;
 }
 
 static void req_loads_report(kvd_worker_t *w, wreq_t *r)
@@ -181,6 +205,8 @@ static void promotion_done(kvd_worker_t *w, wblock_t *b, kvd_status_t status,
         w->st.promotions++;
         if (b->obj == NULL || lease->size_bytes != w->object_bytes) {
             block_fail(b, KVD_ERR_CORRUPT);
+        } else {
+            block_header_check(w, b);
         }
     } else {
         /* The store gave the DISK lease back with the failure. */
@@ -226,7 +252,9 @@ static void block_accept(kvd_worker_t *w, wblock_t *b,
     b->obj = kvd_store_lease_ptr(w->store, &b->lease);
     if (b->obj == NULL) {
         b->status = KVD_ERR_CORRUPT;
+        return;
     }
+    block_header_check(w, b);
 }
 
 /* Length of the run of blocks from `i` with no hash twice (a store batch

@@ -229,7 +229,8 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     w->plan_ns = memcmp(&cfg->plan_ns, &zero_ns, sizeof zero_ns) == 0
                      ? cfg->ns
                      : cfg->plan_ns;
-    w->object_bytes = kvd_object_bytes(&cfg->format);
+    w->payload_bytes = kvd_object_bytes(&cfg->format);
+    w->object_bytes = kvd_object_stored_bytes(&cfg->format);
     w->num_threads =
         cfg->num_threads != 0 ? cfg->num_threads : WORKER_DEFAULT_THREADS;
     w->fin_save.item_bytes = sizeof(wfin_t);
@@ -491,6 +492,11 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
                     w->st.saves_dropped++;
                     continue;
                 }
+                /* The header first: the payload is written by the copies,
+                 * and everything goes to the store at commit. */
+                (void)kvd_object_header_pack(
+                    &w->cfg.format, &w->cfg.ns, &blk->hash,
+                    (uint8_t *)blk->obj + w->payload_bytes);
                 s->saves[s->n_saves] = blk;
                 s->save_ids[s->n_saves] = blk->block_id;
                 s->save_objs[s->n_saves] = blk->obj;
@@ -880,6 +886,27 @@ KVD_API kvd_status_t kvd_worker_abort_step(kvd_worker_t *worker)
     if (worker->step != NULL) {
         step_abandon(worker, worker->step, "the engine aborted the step");
     }
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_worker_set_namespace(kvd_worker_t *worker,
+                                              const kvd_namespace_t *ns,
+                                              const kvd_namespace_t *plan_ns)
+{
+    if (worker == NULL || ns == NULL || plan_ns == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    if (worker->step != NULL) {
+        return KVD_ERR_STATE;
+    }
+    static const kvd_namespace_t zero_ns;
+    /* The poller reads cfg.ns under mu (header checks of promotions). */
+    pthread_mutex_lock(&worker->mu);
+    worker->cfg.ns = *ns;
+    worker->cfg.plan_ns = *plan_ns;
+    worker->plan_ns =
+        memcmp(plan_ns, &zero_ns, sizeof zero_ns) == 0 ? *ns : *plan_ns;
+    pthread_mutex_unlock(&worker->mu);
     return KVD_OK;
 }
 

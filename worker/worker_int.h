@@ -39,6 +39,7 @@ typedef struct wblock {
     void *obj;             /* the object's bytes in the arena */
     kvd_status_t status;   /* first error, or KVD_OK */
     bool aborted;          /* save: aborted with its step (saves_aborted) */
+    bool bad_header;       /* load: refused by its header (header_errors) */
 } wblock_t;
 
 typedef enum wtask_kind {
@@ -138,7 +139,9 @@ struct kvd_worker {
     kvd_worker_config_t cfg;
     kvd_store_t *store;
     kvd_codec_tables_t *tables;
-    size_t object_bytes;
+    size_t object_bytes;  /* stored: payload + header */
+    size_t payload_bytes; /* kvd_object_bytes(format): the header's offset */
+    bool header_logged;   /* the first header mismatch was logged in full */
     uint32_t num_threads;
 
     bool registered;

@@ -340,17 +340,43 @@ typedef struct kvd_namespace_desc {
     uint32_t block_size;
     uint32_t tp_size, tp_rank;
     bool kv_combined;
+    /* Everything else the engine knows that changes the bytes (digest v2).
+     * Zero or NULL means "not given"; every one enters the digest, so two
+     * descriptors that differ in any of them never share an object. */
+    uint32_t format_version;    /* object format; 0 = KVD_OBJECT_FORMAT_V */
+    uint64_t tq_seed;           /* TurboQuant seed when a plane uses it */
+    const char *model_revision; /* weights revision (HF commit, tag) */
+    const char *weight_quant;   /* weight quantization ("awq", "fp8") */
+    /* Caller's canonical text of whatever overrides the model config and
+     * changes attention (hf_overrides, rope scaling/theta), e.g. JSON with
+     * sorted keys; the digest only needs it to be stable. */
+    const char *model_overrides;
+    uint32_t sliding_window; /* tokens; 0 = none */
+    /* Bumped when the engine's weights change in place or its cache is
+     * reset (vLLM reset_cache): objects saved before are never matched. */
+    uint64_t generation;
 } kvd_namespace_desc_t;
+
+/* The stored-object format this library writes: the payload of
+ * kvdepot/kernels.h followed by the object header (kvd_object_header_*).
+ * Version 1 was the payload alone. Part of every namespace digest, so
+ * objects of another format are never looked up at all. */
+#define KVD_OBJECT_FORMAT_V 2u
 
 /*
  * The namespace digest: the first 16 bytes of SHA-256 over the canonical
- * CBOR array ["kvdepot-namespace-v1", model_id, dtype, k_codec, v_codec,
+ * CBOR array ["kvdepot-namespace-v2", model_id, dtype, k_codec, v_codec,
  * num_layers, first_layer, num_kv_heads, head_start, total_kv_heads,
- * head_dim, block_size, tp_size, tp_rank, kv_combined] (docs/protocol.md).
- * Any process, in any language, that encodes the same fields gets the same
- * digest. KVD_ERR_INVALID for NULL arguments, an empty or over-long
- * model_id, a zero count (layers, heads, head_dim, block_size, tp_size),
- * head_start + num_kv_heads > total_kv_heads or tp_rank >= tp_size.
+ * head_dim, block_size, tp_size, tp_rank, kv_combined, format_version,
+ * tq_seed, model_revision, weight_quant, model_overrides, sliding_window,
+ * generation] (docs/protocol.md): a format_version of 0 is encoded as
+ * KVD_OBJECT_FORMAT_V, a NULL string as "". Any process, in any language,
+ * that encodes the same fields gets the same digest. KVD_ERR_INVALID for
+ * NULL arguments, an empty or over-long model_id (256 bytes), an optional
+ * string over 65536 bytes, a zero count (layers, heads, head_dim,
+ * block_size, tp_size), head_start + num_kv_heads > total_kv_heads,
+ * tp_rank >= tp_size, or a format_version other than 0 and
+ * KVD_OBJECT_FORMAT_V (this library cannot read or write another).
  */
 KVD_API kvd_status_t kvd_namespace_digest(const kvd_namespace_desc_t *desc,
                                           kvd_namespace_t *ns_out);

@@ -122,6 +122,77 @@ KVD_API size_t kvd_object_layer_offset(const kvd_object_format_t *fmt,
 KVD_API size_t kvd_object_bytes(const kvd_object_format_t *fmt);
 
 /* ------------------------------------------------------------------------ */
+/* Object header (header.c)                                                 */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Every stored object describes itself: after the payload above (whose
+ * size and layer offsets are unchanged, so kernels and staging never see
+ * it) come KVD_OBJECT_HEADER_BYTES bytes that say what the payload is:
+ * object format version (KVD_OBJECT_FORMAT_V, common.h), the codec of each
+ * plane and its parameters (the TurboQuant seed, 0 when no plane uses
+ * TurboQuant), dtype and geometry, payload size, the namespace digest and
+ * the block hash the object was saved under, and an XXH3-64 of the header
+ * itself. The worker writes it when it reserves the object's slot and
+ * checks it before copying any byte of a loaded object, whichever tier or
+ * node the bytes came from. Layout (little-endian) in docs/architecture.md
+ * §5.
+ */
+#define KVD_OBJECT_HEADER_BYTES 128u
+
+/* A parsed header. */
+typedef struct kvd_object_header {
+    uint32_t version; /* KVD_OBJECT_FORMAT_V */
+    kvd_object_format_t format;
+    uint64_t payload_bytes; /* kvd_object_bytes(&format) */
+    kvd_namespace_t ns;
+    kvd_block_hash_t hash;
+} kvd_object_header_t;
+
+/* Bytes a stored object takes: kvd_object_bytes(fmt) followed by the
+ * header. 0 where kvd_object_bytes is 0. Pure function. */
+KVD_API size_t kvd_object_stored_bytes(const kvd_object_format_t *fmt);
+
+/*
+ * Writes the header of the object `hash` saved in namespace `ns` with
+ * format `fmt` into `out` (KVD_OBJECT_HEADER_BYTES bytes: place it at
+ * kvd_object_bytes(fmt) inside the object). Errors: KVD_ERR_INVALID (NULL
+ * argument, a format kvd_object_format_check refuses); `out` is then not
+ * written. Pure function.
+ */
+KVD_API kvd_status_t kvd_object_header_pack(const kvd_object_format_t *fmt,
+                                            const kvd_namespace_t *ns,
+                                            const kvd_block_hash_t *hash,
+                                            void *out);
+
+/*
+ * Parses `len` bytes as a header. Errors: KVD_ERR_INVALID (NULL argument),
+ * KVD_ERR_CORRUPT (too short, wrong magic or header size, an unknown
+ * version, the header checksum does not match, or a format
+ * kvd_object_format_check refuses, or a payload size that is not that
+ * format's), with a reason in `err` (may be NULL). `out` is written only on
+ * KVD_OK. Never reads past `len`. Pure function.
+ */
+KVD_API kvd_status_t kvd_object_header_unpack(const void *buf, size_t len,
+                                              kvd_object_header_t *out,
+                                              char *err, size_t err_len);
+
+/*
+ * Checks that the stored object `obj` of `size_bytes` bytes is the one
+ * asked for: its size is kvd_object_stored_bytes(fmt), its header parses,
+ * and version, codecs and their parameters, dtype, geometry, namespace and
+ * block hash all equal what the reader expects. Returns KVD_OK, or
+ * KVD_ERR_CORRUPT with the first difference in `err` (may be NULL); the
+ * payload must then not be used. KVD_ERR_INVALID for NULL arguments. Reads
+ * only the header (and nothing when the size is wrong). Pure function.
+ */
+KVD_API kvd_status_t kvd_object_header_check(const kvd_object_format_t *fmt,
+                                             const kvd_namespace_t *ns,
+                                             const kvd_block_hash_t *hash,
+                                             const void *obj, size_t size_bytes,
+                                             char *err, size_t err_len);
+
+/* ------------------------------------------------------------------------ */
 /* Engine cache layout                                                      */
 /* ------------------------------------------------------------------------ */
 

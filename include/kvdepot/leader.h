@@ -98,6 +98,19 @@ KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
  * leader and everything it returned; NULL accepted. */
 KVD_API void kvd_leader_destroy(kvd_leader_t *leader);
 
+/*
+ * Moves the leader to another namespace: a new namespace generation (the
+ * engine reset its cache, vLLM reset_cache, or updated its weights in
+ * place), so that nothing saved before is matched again. Later lookups,
+ * saves and hand-offs use `ns`. Requests matched before keep their answer,
+ * but their loads are planned under `ns`, where the workers (moved with
+ * kvd_worker_set_namespace) miss them: load errors the engine recomputes,
+ * never the old bytes. Errors: KVD_ERR_INVALID (NULL argument). Thread:
+ * the leader's, like every other call.
+ */
+KVD_API kvd_status_t kvd_leader_set_namespace(kvd_leader_t *leader,
+                                              const kvd_namespace_t *ns);
+
 /* One multimodal input of a request (an image, an audio clip...): the
  * placeholder tokens [offset, offset + length) of the prompt stand for it,
  * and the same tokens stand for any other input of its kind, so the

@@ -318,6 +318,23 @@ KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
  */
 KVD_API kvd_status_t kvd_worker_abort_step(kvd_worker_t *worker);
 
+/*
+ * Moves the worker to another namespace (a new namespace generation: the
+ * engine reset its cache or changed its weights in place, so nothing saved
+ * before may be matched). Later plans must name keys in `plan_ns` (all
+ * zero: in `ns`), later saves are stored in `ns` and later loads looked up
+ * and their headers checked there. Asynchronous loads of earlier steps
+ * still promoting from NVMe are checked against `ns` too, so they fail
+ * (load errors, recomputed by the engine): nothing of the old namespace
+ * reaches the cache after this call. Errors: KVD_ERR_INVALID (NULL
+ * argument), KVD_ERR_STATE (a plan is bound: call it between
+ * clear_metadata and the next bind_metadata). Thread: the engine thread,
+ * like bind_metadata.
+ */
+KVD_API kvd_status_t kvd_worker_set_namespace(kvd_worker_t *worker,
+                                              const kvd_namespace_t *ns,
+                                              const kvd_namespace_t *plan_ns);
+
 /* Ends the bound step and unbinds the plan. Saves wait_for_save has not
  * committed are aborted as kvd_worker_abort_step does: a step cleared
  * without wait_for_save did not finish, and its layers not saved hold
@@ -387,6 +404,9 @@ typedef struct kvd_worker_stats {
     uint64_t saves_aborted;      /* reserved, then aborted with their step: a
                                   * layer not saved (layerwise_saves), no
                                   * wait_for_save, or kvd_worker_abort_step */
+    uint64_t header_errors;      /* loads refused because the object's
+                                  * header did not describe the object asked
+                                  * for (also in load_errors) */
 } kvd_worker_stats_t;
 
 /* Copies the worker's counters into *out: one consistent snapshot, taken

@@ -98,7 +98,14 @@ class NamespaceDesc(ctypes.Structure):
                 ("total_kv_heads", ctypes.c_uint32),
                 ("head_dim", ctypes.c_uint32), ("block_size", ctypes.c_uint32),
                 ("tp_size", ctypes.c_uint32), ("tp_rank", ctypes.c_uint32),
-                ("kv_combined", ctypes.c_bool)]
+                ("kv_combined", ctypes.c_bool),
+                ("format_version", ctypes.c_uint32),
+                ("tq_seed", ctypes.c_uint64),
+                ("model_revision", ctypes.c_char_p),
+                ("weight_quant", ctypes.c_char_p),
+                ("model_overrides", ctypes.c_char_p),
+                ("sliding_window", ctypes.c_uint32),
+                ("generation", ctypes.c_uint64)]
 
 
 # leader.h KVD_LEADER_NO_BLOCK: "the engine holds no block here".
@@ -185,7 +192,7 @@ class WorkerStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "blocks_loaded", "load_errors", "promotions", "blocks_saved",
         "saves_skipped", "saves_dropped", "bytes_loaded", "bytes_saved",
-        "async_loads_active", "saves_aborted")]
+        "async_loads_active", "saves_aborted", "header_errors")]
 
 
 def _declare(h):
@@ -206,6 +213,7 @@ def _declare(h):
         "kvd_block_hash_seed": (st, [cp, P(BlockHash)]),
         "kvd_leader_create": (st, [P(LeaderConfig), vp, P(vp)]),
         "kvd_leader_destroy": (None, [vp]),
+        "kvd_leader_set_namespace": (st, [vp, P(Namespace)]),
         "kvd_leader_get_num_new_matched_tokens": (
             st, [vp, P(LeaderRequest), u64, P(u64), P(ctypes.c_bool)]),
         "kvd_leader_update_state_after_alloc": (st, [vp, cp, P(u32), sz,
@@ -230,6 +238,7 @@ def _declare(h):
         "kvd_worker_save_kv_layer": (st, [vp, u32, vp]),
         "kvd_worker_wait_for_save": (st, [vp, vp]),
         "kvd_worker_abort_step": (st, [vp]),
+        "kvd_worker_set_namespace": (st, [vp, P(Namespace), P(Namespace)]),
         "kvd_worker_clear_metadata": (st, [vp]),
         "kvd_worker_get_finished": (st, [vp, P(cp), sz, P(WorkerFinished)]),
         "kvd_worker_stats": (st, [vp, P(WorkerStats)]),
@@ -254,10 +263,31 @@ def codec_id(name):
     return out.value
 
 
+# The TurboQuant rotation seed the shims give their workers' formats (and
+# so their namespaces).
+TQ_SEED = 0x6b76646570
+
+# kvd_codec_t values of the TurboQuant codecs (tq4, tq3, tq2): the codecs
+# whose seed changes the bytes.
+_TQ_CODECS = (5, 6, 7)
+
+
+def _opt(text):
+    return None if not text else str(text).encode()
+
+
 def namespace(model_id, dtype, codec_k, codec_v, num_layers, num_kv_heads,
-              head_dim, block_size, tp_size=1, tp_rank=0, kv_combined=False):
+              head_dim, block_size, tp_size=1, tp_rank=0, kv_combined=False,
+              tq_seed=0, revision=None, weight_quant=None, overrides=None,
+              sliding_window=0, generation=0):
     """The namespace digest (common.h); dtype and codecs as kvdepot.v1 enum
-    numbers (Codec = kvd_codec_t + 1)."""
+    numbers (Codec = kvd_codec_t + 1). Everything else that changes the
+    bytes: the TurboQuant seed (counted only when a plane uses TurboQuant),
+    the weights' revision and quantization, a canonical text of the config
+    overrides (hf_overrides, RoPE), the sliding window and the cache
+    generation (bumped by reset_cache)."""
+    planes = (codec_k,) if kv_combined else (codec_k, codec_v)
+    seed = tq_seed if any(c in _TQ_CODECS for c in planes) else 0
     d = NamespaceDesc(model_id=model_id.encode(), dtype=dtype,
                       k_codec=codec_k + 1,
                       v_codec=0 if kv_combined else codec_v + 1,
@@ -266,7 +296,12 @@ def namespace(model_id, dtype, codec_k, codec_v, num_layers, num_kv_heads,
                       total_kv_heads=num_kv_heads * tp_size,
                       head_dim=head_dim, block_size=block_size,
                       tp_size=tp_size, tp_rank=tp_rank,
-                      kv_combined=kv_combined)
+                      kv_combined=kv_combined, tq_seed=seed,
+                      model_revision=_opt(revision),
+                      weight_quant=_opt(weight_quant),
+                      model_overrides=_opt(overrides),
+                      sliding_window=int(sliding_window or 0),
+                      generation=int(generation))
     ns = Namespace()
     _check("namespace", lib().kvd_namespace_digest(ctypes.byref(d),
                                                     ctypes.byref(ns)))
@@ -435,6 +470,11 @@ class Leader:
             "num_tokens": t.num_tokens,
         }
 
+    def set_namespace(self, ns):
+        """A new namespace generation: nothing saved before is matched."""
+        _check("leader set_namespace", lib().kvd_leader_set_namespace(
+            self.handle, ctypes.byref(ns)))
+
     def close(self):
         if self.handle:
             lib().kvd_leader_destroy(self.handle)
@@ -499,6 +539,13 @@ class Worker:
     def abort_step(self):
         """The step failed: none of its saves is committed."""
         _check("abort_step", lib().kvd_worker_abort_step(self.handle))
+
+    def set_namespace(self, ns, plan_ns=None):
+        """A new namespace generation (between steps): later saves and
+        loads use `ns`, plans name keys in `plan_ns` (None: `ns`)."""
+        _check("worker set_namespace", lib().kvd_worker_set_namespace(
+            self.handle, ctypes.byref(ns),
+            ctypes.byref(plan_ns if plan_ns is not None else Namespace())))
 
     def clear_metadata(self):
         _check("clear_connector_metadata",

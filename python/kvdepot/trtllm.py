@@ -112,7 +112,8 @@ def _settings(llm_args):
     ck, cv = (_lib.codec_id(c) for c in s.codecs)
     ns = _lib.namespace(model_id, _DTYPES[shape["dtype"]], ck, cv,
                         shape["num_layers"], shape["num_kv_heads"],
-                        shape["head_dim"], block)
+                        shape["head_dim"], block, tq_seed=_lib.TQ_SEED,
+                        revision=getattr(llm_args, "revision", None))
     return s, shape, block, (ck, cv), ns
 
 
@@ -214,7 +215,7 @@ class KvdepotWorker(KvCacheConnectorWorker):
                                 num_layers=t.shape[1], num_planes=planes,
                                 num_heads=heads, head_dim=dim,
                                 block_size=self.block_size,
-                                tq_seed=0x6b76646570)
+                                tq_seed=_lib.TQ_SEED)
         fmt.codec[0], fmt.codec[1] = self.codecs
         # Not layerwise_saves: the layer hooks do not run in a CUDA graph's
         # replay, so wait_for_save copies the layers they did not save.

@@ -28,7 +28,9 @@ module still imports, over minimal stand-ins for its base classes, so the
 logic can be tested without it.
 """
 
+import json
 import logging
+import os
 import socket
 import sys
 
@@ -98,10 +100,13 @@ class KvdepotConnectorMetadata(KVConnectorMetadata):
     KV-cache group, the requests whose blocks vLLM keeps until the workers
     say so, and the requests vLLM waits for (asynchronous loads)."""
 
-    def __init__(self, plans=(), delayed=(), async_loads=()):
+    def __init__(self, plans=(), delayed=(), async_loads=(), generation=0):
         self.plans = tuple(bytes(p) for p in plans)
         self.delayed = tuple(delayed)
         self.async_loads = tuple(async_loads)
+        # The scheduler's namespace generation (reset_cache bumps it): the
+        # workers move to it before binding the plans.
+        self.generation = generation
 
 
 class KvdepotWorkerMetadata(KVConnectorWorkerMetadata):
@@ -167,6 +172,57 @@ def _mm_inputs(request):
     return out
 
 
+def _model_overrides(mc):
+    """A stable text of what overrides the model's attention: hf_overrides
+    (a callable by its qualified name) and the RoPE settings of the HF
+    config. Part of the namespace: the same model id with another RoPE
+    scaling writes other KV bytes."""
+    hf = getattr(mc, "hf_config", None)
+    out = {"hf_overrides": getattr(mc, "hf_overrides", None) or None,
+           "rope_scaling": getattr(hf, "rope_scaling", None),
+           "rope_theta": getattr(hf, "rope_theta", None)}
+    if all(v is None for v in out.values()):
+        return None
+    return json.dumps(out, sort_keys=True, default=lambda o: getattr(
+        o, "__qualname__", type(o).__name__))
+
+
+def _sliding_window(mc, spec=None):
+    """Tokens of the sliding window (0: none): the group's spec, else the
+    model config's."""
+    w = getattr(spec, "sliding_window", None) if spec is not None else None
+    if w is None:
+        get = getattr(mc, "get_sliding_window", None)
+        w = get() if callable(get) else getattr(
+            getattr(mc, "hf_config", None), "sliding_window", None)
+    return int(w) if isinstance(w, int) and w > 0 else 0
+
+
+def _lora_key(lora):
+    """The LoRA identity that enters a request's block keys: its name, and
+    when the adapter's path is known, the path and the size and mtime of
+    its files, so other weights behind the same name are other keys. None
+    without LoRA."""
+    if lora is None:
+        return None
+    name = str(getattr(lora, "lora_name", "") or "")
+    path = getattr(lora, "lora_path", None) or getattr(lora, "path", None)
+    if not path:
+        return name
+    ident = [str(path)]
+    files = [path] if os.path.isfile(path) else [
+        os.path.join(path, f) for f in ("adapter_config.json",
+                                        "adapter_model.safetensors",
+                                        "adapter_model.bin")]
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        ident.append(f"{os.path.basename(f)}:{st.st_size}:{st.st_mtime_ns}")
+    return name + "\x1f" + "|".join(ident)
+
+
 def _tp_rank(pc, tp):
     """This worker's tensor-parallel rank."""
     if tp == 1:
@@ -212,30 +268,16 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self.dtype = dt
         ck, cv = (_lib.codec_id(c) for c in self.settings.codecs)
         self.codecs = (ck, cv)
-        model_id = self.settings.model_id or str(mc.model)
+        self.model_id = self.settings.model_id or str(mc.model)
+        self._model_config = mc
         self.groups = _kv_groups(kv_cache_config, self.block_size)
         is_scheduler = role == KVConnectorRole.SCHEDULER or \
             getattr(role, "name", "") == "SCHEDULER"
         # With tensor parallelism each rank stores its shard of the heads in
         # its own namespace; the leader plans in rank 0's (plan_ns).
         self.tp_rank = 0 if is_scheduler else _tp_rank(pc, self.tp)
-        n = len(self.groups)
-        self.group_ns, self.plan_ns = [], []
-        for g, grp in enumerate(self.groups):
-            heads = self.num_kv_heads if grp is None else grp[1].num_kv_heads
-            dim = self.head_dim if grp is None else grp[1].head_size
-
-            def ns_of(rank):
-                return _lib.namespace(
-                    model_id if grp is None else
-                    f"{model_id}#kv-group-{g}-of-{n}",
-                    _DTYPES[dt], ck, cv,
-                    self.num_layers if grp is None else len(grp[0]),
-                    1 if self.mla else heads, dim, self.block_size,
-                    tp_size=self.tp, tp_rank=rank, kv_combined=self.mla)
-            self.group_ns.append(ns_of(self.tp_rank))
-            self.plan_ns.append(ns_of(0))
-        self.ns = self.plan_ns[0]
+        self.generation = 0  # bumped by reset_cache
+        self._set_namespaces()
         self._store_key, self.store = _store_acquire(
             config.store_settings(self.settings))
         self.leaders, self.workers = [], []
@@ -259,6 +301,36 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self._reports = []
             self._exc_at_bind = None  # the exception handled at bind, if any
 
+    def _set_namespaces(self):
+        """Each group's namespace for this rank and for rank 0 (the plans'),
+        at the current generation: everything vLLM's model config says
+        that changes the KV bytes (docs/reliability.md)."""
+        mc = self._model_config
+        n = len(self.groups)
+        self.group_ns, self.plan_ns = [], []
+        for g, grp in enumerate(self.groups):
+            heads = self.num_kv_heads if grp is None else grp[1].num_kv_heads
+            dim = self.head_dim if grp is None else grp[1].head_size
+
+            def ns_of(rank):
+                return _lib.namespace(
+                    self.model_id if grp is None else
+                    f"{self.model_id}#kv-group-{g}-of-{n}",
+                    _DTYPES[self.dtype], self.codecs[0], self.codecs[1],
+                    self.num_layers if grp is None else len(grp[0]),
+                    1 if self.mla else heads, dim, self.block_size,
+                    tp_size=self.tp, tp_rank=rank, kv_combined=self.mla,
+                    tq_seed=_lib.TQ_SEED,
+                    revision=getattr(mc, "revision", None),
+                    weight_quant=getattr(mc, "quantization", None),
+                    overrides=_model_overrides(mc),
+                    sliding_window=_sliding_window(
+                        mc, None if grp is None else grp[1]),
+                    generation=self.generation)
+            self.group_ns.append(ns_of(self.tp_rank))
+            self.plan_ns.append(ns_of(0))
+        self.ns = self.plan_ns[0]
+
     # ---- scheduler role ----------------------------------------------------
 
     def _source_node(self, request):
@@ -279,8 +351,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         tokens = list(request.prompt_token_ids)
-        lora = getattr(request, "lora_request", None)
-        lora_name = getattr(lora, "lora_name", None)
+        lora_name = _lora_key(getattr(request, "lora_request", None))
         salt = getattr(request, "cache_salt", None)
         source = self._source_node(request)
         mm = _mm_inputs(request)
@@ -350,7 +421,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                             cached.num_computed_tokens[i] + n)
         meta = KvdepotConnectorMetadata(
             [leader.build_connector_meta() for leader in self.leaders],
-            self._delayed, self._async_loads)
+            self._delayed, self._async_loads, self.generation)
         self._delayed, self._async_loads = [], []
         return meta
 
@@ -462,7 +533,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                                 num_layers=len(bases), num_planes=planes,
                                 num_heads=heads, head_dim=head_dim,
                                 block_size=self.block_size,
-                                tq_seed=0x6b76646570)
+                                tq_seed=_lib.TQ_SEED)
         fmt.codec[0], fmt.codec[1] = self.codecs
         self._device = _worker_device(t)
         # vLLM's attention layers call save_kv_layer for every layer they
@@ -489,6 +560,14 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         if len(m.plans) != len(self.workers):
             raise ValueError(f"kvdepot: {len(m.plans)} plans for "
                              f"{len(self.workers)} KV-cache groups")
+        gen = getattr(m, "generation", 0)
+        if gen != self.generation:  # the scheduler reset its cache
+            self.generation = gen
+            self._set_namespaces()
+            for g, worker in enumerate(self.workers):
+                worker.clear_metadata()  # a step left bound ends here
+                worker.set_namespace(self.group_ns[g], self.plan_ns[g]
+                                     if self.tp > 1 else None)
         self._delayed.update(m.delayed)
         for rid in m.async_loads:
             self._loading[rid] = len(self.workers)
@@ -603,7 +682,18 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         pass
 
     def reset_cache(self):
-        return None  # the store outlives vLLM's prefix cache on purpose
+        """vLLM reset its prefix cache (reset_prefix_cache with the
+        connector; also what RLHF loops do after updating weights in
+        place): a new namespace generation, so nothing saved before is
+        matched. The objects stay in the store until evicted or dropped;
+        the workers follow with the next plan (its generation)."""
+        self.generation += 1
+        self._set_namespaces()
+        for g, leader in enumerate(self.leaders):
+            leader.set_namespace(self.group_ns[g])
+        log.info("kvdepot: cache reset: namespace generation %d",
+                 self.generation)
+        return True
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config):

@@ -958,3 +958,84 @@ def test_images_get_their_own_keys():
         assert w.kvdepot_stats()["blocks_saved"] == 3 * 6 - 2
         s.shutdown()
         w.shutdown()
+
+
+def test_namespace_covers_what_changes_the_bytes():
+    """Revision, weight quantization, hf_overrides/RoPE, the sliding window
+    and the cache generation each give another namespace."""
+    def ns_with(**attrs):
+        cfg = vllm_config("")
+        for k, v in attrs.items():
+            setattr(cfg.model_config, k, v)
+        s = kv.KvdepotConnector(cfg, kv.KVConnectorRole.SCHEDULER)
+        try:
+            return bytes(s.ns.bytes)
+        finally:
+            s.shutdown()
+
+    seen = [ns_with(), ns_with(revision="abc123"),
+            ns_with(quantization="awq"),
+            ns_with(hf_overrides={"rope_theta": 1000000}),
+            ns_with(hf_config=NS(rope_scaling={"type": "yarn",
+                                               "factor": 4.0})),
+            ns_with(hf_config=NS(sliding_window=4096))]
+    assert len(set(seen)) == len(seen)
+    assert ns_with() == seen[0]  # and stable
+
+
+def test_lora_identity_beyond_its_name(tmp_path):
+    """Two adapters behind one name, or one name whose weights changed on
+    disk, are other keys."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        (d / "adapter_model.safetensors").write_bytes(b"w" * 16)
+    key = kv._lora_key
+    assert key(None) is None
+    assert key(NS(lora_name="sql")) == "sql"
+    ka = key(NS(lora_name="sql", lora_int_id=1, lora_path=str(a)))
+    assert ka != key(NS(lora_name="sql", lora_int_id=1, lora_path=str(b)))
+    assert ka == key(NS(lora_name="sql", lora_int_id=7, lora_path=str(a)))
+    (a / "adapter_model.safetensors").write_bytes(b"w" * 17)
+    assert ka != key(NS(lora_name="sql", lora_int_id=1, lora_path=str(a)))
+
+
+def test_reset_cache_starts_a_new_generation():
+    """After reset_cache nothing saved before is matched; the worker moves
+    to the new generation with the next plan, and what it saves there is
+    matched again."""
+    cfg = vllm_config("")
+    tokens = [(i * 11 + 7) % 32000 for i in range(PROMPT)]
+    blocks = [3, 9, 1, 12, 5, 20, 7]
+    kvs = caches("flash", fill=True)
+    s, w, names = connector_pair(cfg, kvs)
+
+    def compute(rid):
+        req = Request(rid, tokens)
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, Blocks(blocks), 0)
+        meta = s.build_connector_meta(sched_output(new=[(req, 0)],
+                                                   tokens={rid: PROMPT}))
+        s.update_connector_output(worker_step(w, meta, kvs, names))
+        s.request_finished(req, blocks)
+        return meta
+
+    def matched(rid):
+        req = Request(rid, tokens)
+        n = s.get_num_new_matched_tokens(req, 0)[0]
+        s.request_finished(req, [])
+        return n
+
+    try:
+        assert compute("a").generation == 0
+        assert w.kvdepot_stats()["blocks_saved"] == 6
+        assert matched("b") == 96
+        assert s.reset_cache() is True
+        assert matched("c") == 0
+        assert compute("d").generation == 1
+        assert w.generation == 1
+        assert w.kvdepot_stats()["blocks_saved"] == 12
+        assert matched("e") == 96
+    finally:
+        s.shutdown()
+        w.shutdown()
