@@ -154,6 +154,11 @@ class KvdepotHF:
             raise
         self._workers = {}  # device backend -> Worker
         self._registered = {}  # device backend -> staging data_ptr/shape
+        try:  # a format the codecs cannot serve is refused here
+            self._worker(self._staging(0, _model_device(model)))
+        except Exception:
+            self.close()
+            raise
 
     # ---- set-up -----------------------------------------------------------
 
