@@ -78,7 +78,7 @@ build() {
         test_worker_roundtrip test_worker_async test_worker_plans \
         test_worker_errors test_worker_steps test_demo_model \
         test_demo_roundtrip test_demo_cuda_fake bench_kernels bench_worker \
-        kvdepot-demo -- -k 0
+        kvdepot-demo kvdepot kvdepotd -- -k 0
 }
 
 setup() {
@@ -96,4 +96,10 @@ step bench-worker build/gpu/bench/bench_worker
 demo_dir=$(mktemp -d)
 step demo build/gpu/demo/kvdepot-demo --dir "$demo_dir/store"
 rm -rf "$demo_dir"
+# Transformers' TTFT with kvdepot.hf at full size (the machine's own torch
+# and transformers; bench/README.md).
+step ttft-hf env PYTHONPATH="$root/python" \
+    KVDEPOT_LIB="$root/build/gpu/libkvdepot.so" \
+    KVDEPOTD="$root/build/gpu/server/kvdepotd" \
+    python3 bench/ttft_hf.py --out "$out/ttft_hf.txt"
 echo "gpu-check: logs in $out"
