@@ -102,7 +102,11 @@ bench: build
 	    echo "usage: make bench NAME=<name>"; exit 2; \
 	fi
 	@if [ -f bench/$(NAME).py ]; then \
-	    KVDEPOT_LIB=$(CURDIR)/build/dev/libkvdepot.so /usr/bin/python3 bench/$(NAME).py; \
+	    py=/usr/bin/python3; \
+	    if [ "$(NAME)" = ttft_hf ] && [ -x build/hf-venv/bin/python ]; then \
+	        py=build/hf-venv/bin/python; fi; \
+	    PYTHONPATH=$(CURDIR)/python KVDEPOTD=$(CURDIR)/build/dev/server/kvdepotd \
+	    KVDEPOT_LIB=$(CURDIR)/build/dev/libkvdepot.so $$py bench/$(NAME).py; \
 	elif [ -x build/dev/bench/bench_$(NAME) ]; then \
 	    build/dev/bench/bench_$(NAME); \
 	else \
