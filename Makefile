@@ -6,6 +6,8 @@
 #                        then the address+undefined and thread sanitizer suites
 #   make build           configure and build the default (dev) tree
 #   make test-vllm       vLLM's real scheduler drives the connector (PyPI vLLM)
+#   make test-hf         kvdepot.hf on tiny transformers models (PyPI torch and
+#                        transformers in build/hf-venv; .ci/run runs it)
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
 #                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
@@ -33,7 +35,7 @@ FUZZ_SECONDS ?= 60
 CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all deps build test test-ci test-asan test-tsan test-vllm demo bench bench-peers soak \
+.PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-hf demo bench bench-peers soak \
         fuzz fuzz-all fmt \
         format-check check-sizes lint install clean
 
@@ -72,6 +74,14 @@ test-vllm: build
 	@PYTHONPATH=$(CURDIR)/python KVDEPOT_LIB=$(CURDIR)/build/dev/libkvdepot.so \
 	    build/engines-venv/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm
 
+# kvdepot.hf on tiny random-initialised transformers models (PyPI torch and
+# transformers in a venv under build/; .ci/run runs it after make test).
+test-hf: build
+	@scripts/install-engines.sh --hf build/hf-venv
+	@PYTHONPATH=$(CURDIR)/python KVDEPOT_LIB=$(CURDIR)/build/dev/libkvdepot.so \
+	    KVDEPOTD=$(CURDIR)/build/dev/server/kvdepotd \
+	    build/hf-venv/bin/python -m pytest -q -p no:cacheprovider tests/hf
+
 demo: build
 	@build/dev/demo/kvdepot-demo $(DEMO_ARGS)
 
@@ -92,7 +102,11 @@ bench: build
 	    echo "usage: make bench NAME=<name>"; exit 2; \
 	fi
 	@if [ -f bench/$(NAME).py ]; then \
-	    KVDEPOT_LIB=$(CURDIR)/build/dev/libkvdepot.so /usr/bin/python3 bench/$(NAME).py; \
+	    py=/usr/bin/python3; \
+	    if [ "$(NAME)" = ttft_hf ] && [ -x build/hf-venv/bin/python ]; then \
+	        py=build/hf-venv/bin/python; fi; \
+	    PYTHONPATH=$(CURDIR)/python KVDEPOTD=$(CURDIR)/build/dev/server/kvdepotd \
+	    KVDEPOT_LIB=$(CURDIR)/build/dev/libkvdepot.so $$py bench/$(NAME).py; \
 	elif [ -x build/dev/bench/bench_$(NAME) ]; then \
 	    build/dev/bench/bench_$(NAME); \
 	else \

@@ -163,7 +163,8 @@ if [[ -f bench/ttft_hf.py ]] &&
     python3 -c 'import torch, transformers' >/dev/null 2>&1; then
     KVDEPOT_LIB=$root/build/gpu/libkvdepot.so \
         KVDEPOTD=$root/build/gpu/server/kvdepotd PYTHONPATH=$root/python \
-        step ttft-hf timeout "${TTFT_HF_TIMEOUT:-300}" python3 bench/ttft_hf.py
+        step ttft-hf timeout "${TTFT_HF_TIMEOUT:-300}" python3 bench/ttft_hf.py \
+        --out "$out/ttft_hf.txt"
 fi
 
 {

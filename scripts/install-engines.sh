@@ -4,11 +4,34 @@
 # the engines are large and come from PyPI, not Debian.
 #
 # Usage: scripts/install-engines.sh [VENV]   (default build/engines-venv)
+#        scripts/install-engines.sh --hf [VENV]   (default build/hf-venv)
 # The venv sees Debian's site-packages too, so /usr/lib/python3 stays the
-# base, and the pinned versions below are installed into it.
+# base, and the pinned versions below are installed into it. --hf makes
+# the transformers venv of `make test-hf` instead: torch and transformers
+# at the versions of the GPU machine docs/hf.md names, plus pytest.
 set -euo pipefail
 
 VLLM_VERSION=0.19.1   # the API kvdepot.vllm is written against (docs/vllm.md)
+TORCH_VERSION=2.11.0  # kvdepot.hf's pins (docs/hf.md)
+TRANSFORMERS_VERSION=5.17.0
+
+if [[ "${1:-}" == "--hf" ]]; then
+    venv=${2:-build/hf-venv}
+    if [[ ! -x "$venv/bin/python" ]]; then
+        /usr/bin/python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --upgrade pip
+    fi
+    have=$("$venv/bin/python" -c 'import torch, transformers, pytest
+print(torch.__version__.split("+")[0], transformers.__version__)' 2>/dev/null || true)
+    if [[ "$have" != "$TORCH_VERSION $TRANSFORMERS_VERSION" ]]; then
+        echo "install-engines: installing torch==$TORCH_VERSION transformers==$TRANSFORMERS_VERSION into $venv (large: CUDA wheels)"
+        "$venv/bin/pip" install -q "torch==$TORCH_VERSION" \
+            "transformers==$TRANSFORMERS_VERSION" pytest
+    fi
+    "$venv/bin/python" -c 'import torch, transformers
+print("install-engines: torch", torch.__version__, "transformers", transformers.__version__)'
+    exit 0
+fi
 
 venv=${1:-build/engines-venv}
 if [[ ! -x "$venv/bin/python" ]]; then

@@ -39,7 +39,7 @@ def _candidates():
     here = Path(__file__).resolve().parent
     yield here / "libkvdepot.so"
     root = here.parent.parent
-    for tree in ("dev", "ci", "release", "asan"):
+    for tree in ("dev", "ci", "release", "asan", "gpu"):
         yield root / "build" / tree / "libkvdepot.so"
     found = ctypes.util.find_library("kvdepot")
     if found:
