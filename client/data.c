@@ -98,6 +98,21 @@ void *kvd_client_reservation_ptr(kvd_client_t *c,
     return p;
 }
 
+/* Gives every slot of reservation `id` (0: none) back. */
+static void cl_abort_id(kvd_client_t *c, uint64_t id)
+{
+    if (id == 0) {
+        return;
+    }
+    kvd_pb_abort_request_t ab = KVDEPOT__V1__ABORT_REQUEST__INIT;
+    ab.reservation_id = id;
+    ProtobufCMessage *ar = NULL;
+    uint64_t used;
+    (void)kvd_cl_call(c, CL_ABORT, KVD_PROTO_MSG_ABORT_REQUEST, &ab.base,
+                      KVD_PROTO_MSG_ABORT_RESPONSE, &ar, &used, false);
+    kvd_proto_free(ar);
+}
+
 kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
                                 const kvd_block_hash_t *hashes, size_t n,
                                 uint64_t object_bytes, uint32_t tenant,
@@ -150,16 +165,7 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
     if (rsp->n_blocks != n) {
         KVD_LOG_ERROR("store client: Reserve reply: %zu outcomes for %zu",
                       rsp->n_blocks, n);
-        if (rsp->reservation_id != 0) {
-            /* Give everything back rather than guess. */
-            kvd_pb_abort_request_t ab = KVDEPOT__V1__ABORT_REQUEST__INIT;
-            ab.reservation_id = rsp->reservation_id;
-            ProtobufCMessage *ar = NULL;
-            (void)kvd_cl_call(c, CL_ABORT, KVD_PROTO_MSG_ABORT_REQUEST,
-                              &ab.base, KVD_PROTO_MSG_ABORT_RESPONSE, &ar,
-                              &used, false);
-            kvd_proto_free(ar);
-        }
+        cl_abort_id(c, rsp->reservation_id); /* rather than guess */
         kvd_proto_reserve_response_free(rsp);
         return KVD_ERR_PROTO;
     }
