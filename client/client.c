@@ -46,6 +46,7 @@ kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
     memcpy(c->shm_path, cfg->address + 5, plen);
     memcpy(c->shm_path + plen, KVD_HANDOFF_SUFFIX, sizeof KVD_HANDOFF_SUFFIX);
     c->arena_fd = -1;
+    c->handoff_fd = -1;
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->get_cv, NULL);
     size_t cap = 2;
@@ -128,6 +129,7 @@ void kvd_client_close(kvd_client_t *c)
     kvd_ring_destroy(c->cq);
     free(c->rel);
     free(c->groups);
+    free(c->lblocks);
     pthread_cond_destroy(&c->get_cv);
     pthread_mutex_destroy(&c->mu);
     free(c);

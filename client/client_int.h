@@ -54,21 +54,41 @@ typedef struct cl_map {
     uint64_t held;
 } cl_map_t;
 
-/* Handed-out blocks of one daemon lease id. */
+/* Handed-out blocks of one daemon lease id. `deadline_ns`: when the
+ * daemon may end the lease (the reply's TTL counted from before the call
+ * was sent, so never later than the daemon's own deadline); past it no
+ * pointer of the group is handed out and releasing a block of it answers
+ * KVD_ERR_TIMEOUT. A Get on the id extends it. */
 typedef struct cl_group {
     uint64_t lease_id;
     uint64_t instance;
+    uint64_t deadline_ns;
     uint32_t refs;
     uint32_t next_free; /* free list, index + 1 */
 } cl_group_t;
 
-/* A reserved key waiting for commit or abort. */
+/* One handed-out block of a lease group; a lease's `reserved` word is its
+ * index + 1, so each block is released once and only once. `tag`: the
+ * first 8 bytes of the key's hash, which a stale lease naming a reused
+ * entry does not match. */
+typedef struct cl_lblock {
+    uint32_t group;     /* index + 1; 0: free */
+    uint32_t next_free; /* free list, index + 1 */
+    uint64_t tag;
+} cl_lblock_t;
+
+/* A reserved key waiting for commit or abort, in two chains: by key
+ * (commit / abort) and by (instance, offset) (the reservation pointer).
+ * Past `deadline_ns` (the reply's TTL counted from before the call) the
+ * pointer is refused and a commit becomes an abort (KVD_ERR_TIMEOUT). */
 typedef struct cl_resv {
     struct cl_resv *next;
+    struct cl_resv *next_off;
     kvd_store_key_t key;
     uint64_t reservation_id;
     uint64_t instance;
     uint64_t offset, size;
+    uint64_t deadline_ns;
 } cl_resv_t;
 
 /* A get of a disk-tier block, driven by the get thread. */
@@ -97,9 +117,12 @@ struct kvd_client {
     uint64_t offset; /* arena offset of the mapping's first byte: the
                         caller's tenant's partition starts there */
     int arena_fd;
+    int handoff_fd; /* the hand-off connection, kept open (mapping.c) */
 
     cl_group_t *groups;
     uint32_t n_groups, cap_groups, free_head;
+    cl_lblock_t *lblocks;
+    uint32_t n_lblocks, cap_lblocks, lblock_free;
     /* Lease ids the engine released, not yet told to the daemon: the next
      * Lookup carries them, or the get thread sends them after
      * CL_RELEASE_DELAY_MS. */
@@ -110,6 +133,7 @@ struct kvd_client {
      * releases when it wakes: a new release need not wake it. */
     bool rel_timer_armed;
     cl_resv_t *resv[CL_BUCKETS];
+    cl_resv_t *resv_off[CL_BUCKETS];
 
     /* Gets: `gets` is the queue the get thread works through. */
     cl_get_t *gets;
@@ -186,11 +210,20 @@ void kvd_cl_arena_unmap_all(kvd_client_t *c);
 
 /* ---- lease.c ------------------------------------------------------------- */
 
-/* Drops one block of lease group `g` (index + 1, a lease's `reserved`);
- * writes the lease id to release on the daemon into *release (0: not yet,
- * or not this daemon's). KVD_ERR_NOT_FOUND for a group not held. `mu`
+/* The group of a handed-out block (`lease` as the lookup wrote it), or
+ * NULL when the block is not held (released already, or never handed
+ * out). `mu` held; valid while it is. */
+cl_group_t *kvd_cl_lease_group(kvd_client_t *c, const kvd_store_lease_t *lease);
+/* Drops a handed-out block; writes the lease id to release on the daemon
+ * into *release (0: not yet, or not this daemon's). KVD_ERR_NOT_FOUND for
+ * a block not held (so a second release of it), KVD_ERR_TIMEOUT when its
+ * group's deadline had passed (the block is dropped all the same). `mu`
  * held. */
-kvd_status_t kvd_cl_group_unref(kvd_client_t *c, uint32_t g, uint64_t *release);
+kvd_status_t kvd_cl_block_unref(kvd_client_t *c, const kvd_store_lease_t *lease,
+                                uint64_t *release);
+/* Moves group `g` (index + 1)'s deadline to `deadline_ns` if later (a Get
+ * on its id extended the lease). `mu` held. */
+void kvd_cl_group_extend(kvd_client_t *c, uint32_t g, uint64_t deadline_ns);
 /* Releases lease ids on the daemon now (n may be 0); a failure leaves them
  * to the daemon's TTL. Without `mu`. */
 void kvd_cl_release_ids(kvd_client_t *c, uint64_t *ids, size_t n);

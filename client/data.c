@@ -4,7 +4,11 @@
  * daemon instance; the caller writes the bytes through the mapped arena;
  * Commit (with each object's checksum) or Abort ends them, one call per
  * reservation id. A reservation from a daemon that has restarted since is
- * gone with it: its commit reports KVD_ERR_NOT_FOUND. Delete sends one call
+ * gone with it: its commit reports KVD_ERR_NOT_FOUND. Each key keeps the
+ * deadline the reply's TTL gives (counted from before the call): past it
+ * the write pointer is refused and a commit is turned into an abort that
+ * reports KVD_ERR_TIMEOUT, since the daemon may have ended the reservation
+ * while the bytes were still being written. Delete sends one call
  * per run of keys of one namespace.
  */
 #include <inttypes.h>
@@ -14,6 +18,7 @@
 
 #include "client/client_int.h"
 #include "common/log_int.h"
+#include "common/time_int.h"
 
 /* ---- reserve / commit / abort -------------------------------------------- */
 
@@ -31,6 +36,12 @@ static size_t resv_bucket(const kvd_store_key_t *k)
     return (size_t)kvd_xxh3_64(k, sizeof *k) % CL_BUCKETS;
 }
 
+static size_t resv_off_bucket(uint64_t instance, uint64_t offset)
+{
+    return (size_t)(((instance ^ offset) * 0x9E3779B97F4A7C15ull) >> 40) %
+           CL_BUCKETS;
+}
+
 /* Removes and returns the reservation of `k`, or NULL. `mu` held. */
 static cl_resv_t *resv_take(kvd_client_t *c, const kvd_store_key_t *k)
 {
@@ -39,10 +50,67 @@ static cl_resv_t *resv_take(kvd_client_t *c, const kvd_store_key_t *k)
         if (memcmp(&(*pp)->key, k, sizeof *k) == 0) {
             cl_resv_t *r = *pp;
             *pp = r->next;
+            cl_resv_t **op =
+                &c->resv_off[resv_off_bucket(r->instance, r->offset)];
+            while (*op != r) {
+                op = &(*op)->next_off;
+            }
+            *op = r->next_off;
             return r;
         }
     }
     return NULL;
+}
+
+/* The open reservation of `instance` at `offset`, or NULL. `mu` held. */
+static const cl_resv_t *resv_at(const kvd_client_t *c, uint64_t instance,
+                                uint64_t offset)
+{
+    for (const cl_resv_t *r = c->resv_off[resv_off_bucket(instance, offset)];
+         r != NULL; r = r->next_off) {
+        if (r->instance == instance && r->offset == offset) {
+            return r;
+        }
+    }
+    return NULL;
+}
+
+void *kvd_client_reservation_ptr(kvd_client_t *c,
+                                 const kvd_store_reservation_t *r, uint64_t len)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; r->status == KVD_OK && len > 0 && i < c->n_maps; i++) {
+        if (c->maps[i].gen != r->reserved) {
+            continue;
+        }
+        /* Only a reservation still open, not past its deadline, and only
+         * its own bytes: after a commit, an abort or the deadline the slot
+         * may be someone else's. */
+        const cl_resv_t *rv = resv_at(c, c->maps[i].instance, r->arena_offset);
+        if (rv != NULL && len <= rv->size &&
+            kvd_time_now_ns() < rv->deadline_ns) {
+            p = kvd_arena_mapping_ptr(c->maps[i].map, r->arena_offset, len);
+        }
+        break;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return p;
+}
+
+/* Gives every slot of reservation `id` (0: none) back. */
+static void cl_abort_id(kvd_client_t *c, uint64_t id)
+{
+    if (id == 0) {
+        return;
+    }
+    kvd_pb_abort_request_t ab = KVDEPOT__V1__ABORT_REQUEST__INIT;
+    ab.reservation_id = id;
+    ProtobufCMessage *ar = NULL;
+    uint64_t used;
+    (void)kvd_cl_call(c, CL_ABORT, KVD_PROTO_MSG_ABORT_REQUEST, &ab.base,
+                      KVD_PROTO_MSG_ABORT_RESPONSE, &ar, &used, false);
+    kvd_proto_free(ar);
 }
 
 kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
@@ -74,6 +142,8 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
     rq.tenant = tenant_name;
     kvd_pb_reserve_response_t *rsp = NULL;
     uint64_t used;
+    /* The daemon's deadline starts when it serves the call, after this. */
+    uint64_t sent_ns = kvd_time_now_ns();
     kvd_status_t s = kvd_cl_call(c, CL_RESERVE, KVD_PROTO_MSG_RESERVE_REQUEST,
                                  &rq.base, KVD_PROTO_MSG_RESERVE_RESPONSE,
                                  (ProtobufCMessage **)&rsp, &used, true);
@@ -95,16 +165,7 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
     if (rsp->n_blocks != n) {
         KVD_LOG_ERROR("store client: Reserve reply: %zu outcomes for %zu",
                       rsp->n_blocks, n);
-        if (rsp->reservation_id != 0) {
-            /* Give everything back rather than guess. */
-            kvd_pb_abort_request_t ab = KVDEPOT__V1__ABORT_REQUEST__INIT;
-            ab.reservation_id = rsp->reservation_id;
-            ProtobufCMessage *ar = NULL;
-            (void)kvd_cl_call(c, CL_ABORT, KVD_PROTO_MSG_ABORT_REQUEST,
-                              &ab.base, KVD_PROTO_MSG_ABORT_RESPONSE, &ar,
-                              &used, false);
-            kvd_proto_free(ar);
-        }
+        cl_abort_id(c, rsp->reservation_id); /* rather than guess */
         kvd_proto_reserve_response_free(rsp);
         return KVD_ERR_PROTO;
     }
@@ -143,6 +204,9 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
         r->instance = used;
         r->offset = b->arena_offset;
         r->size = object_bytes;
+        /* A daemon that names no TTL: no deadline known, none enforced. */
+        r->deadline_ns =
+            rsp->ttl_ms ? sent_ns + rsp->ttl_ms * 1000000ull : UINT64_MAX;
         cl_resv_t *old = resv_take(c, &r->key);
         if (old != NULL) {
             kvd_cl_map_held(c, old->instance, -1);
@@ -153,6 +217,9 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
         size_t bk = resv_bucket(&r->key);
         r->next = c->resv[bk];
         c->resv[bk] = r;
+        bk = resv_off_bucket(r->instance, r->offset);
+        r->next_off = c->resv_off[bk];
+        c->resv_off[bk] = r;
         out[i].status = KVD_OK;
         out[i].reserved = m != NULL ? m->gen : 0;
         out[i].arena_offset = b->arena_offset;
@@ -276,10 +343,14 @@ static kvd_status_t cl_finish(kvd_client_t *c, bool commit,
                 batch[k++] = rs[j];
             }
         }
-        kvd_status_t s = cl_finish_batch(c, commit, batch, k, bst);
+        /* Past the deadline the slot may have been written after the
+         * daemon could end the reservation: never commit it, give it back
+         * (which also ends its quarantine on the daemon). */
+        bool late = commit && kvd_time_now_ns() >= rs[i]->deadline_ns;
+        kvd_status_t s = cl_finish_batch(c, commit && !late, batch, k, bst);
         pthread_mutex_lock(&c->mu);
         for (size_t b = 0; b < k; b++) {
-            st[idx[b]] = s == KVD_OK ? bst[b] : s;
+            st[idx[b]] = late ? KVD_ERR_TIMEOUT : s == KVD_OK ? bst[b] : s;
             kvd_cl_map_held(c, rs[idx[b]]->instance, -1);
             free(rs[idx[b]]);
             rs[idx[b]] = NULL;

@@ -26,7 +26,7 @@ static void cl_complete(kvd_client_t *c, const kvd_store_get_t *g,
         /* store.h: a failed get has given its lease back. */
         uint64_t id = 0;
         pthread_mutex_lock(&c->mu);
-        (void)kvd_cl_group_unref(c, g->lease.reserved, &id);
+        (void)kvd_cl_block_unref(c, &g->lease, &id);
         pthread_mutex_unlock(&c->mu);
         kvd_cl_release_ids(c, &id, id != 0);
     }
@@ -64,11 +64,22 @@ static void cl_get_round(kvd_client_t *c, cl_get_t *list, cl_get_t **keep)
         rq.lease_id = list->lease_id;
         rq.lease_ttl_ms = (uint32_t)c->cfg.lease_ttl_ms;
         uint64_t used;
+        uint64_t sent_ns = kvd_time_now_ns();
         s = kvd_cl_call(c, CL_GET, KVD_PROTO_MSG_GET_REQUEST, &rq.base,
                         KVD_PROTO_MSG_GET_RESPONSE, (ProtobufCMessage **)&rsp,
                         &used, false);
         if (s == KVD_OK && rsp->n_entries != n) {
             s = KVD_ERR_PROTO;
+        }
+        if (s == KVD_OK) {
+            /* The Get extended the lease (extend on use). */
+            pthread_mutex_lock(&c->mu);
+            if (kvd_cl_lease_group(c, &list->get.lease) != NULL) {
+                kvd_cl_group_extend(
+                    c, c->lblocks[list->get.lease.reserved - 1].group,
+                    sent_ns + c->cfg.lease_ttl_ms * 1000000u);
+            }
+            pthread_mutex_unlock(&c->mu);
         }
     }
     for (size_t i = 0; i < n; i++) {
@@ -208,8 +219,8 @@ kvd_status_t kvd_client_get_submit(kvd_client_t *c, const kvd_store_get_t *g,
     kvd_status_t s = KVD_OK;
     pthread_mutex_lock(&c->mu);
     for (; made < n; made++) {
-        uint32_t gi = g[made].lease.reserved;
-        if (gi == 0 || gi > c->n_groups || c->groups[gi - 1].refs == 0) {
+        const cl_group_t *grp = kvd_cl_lease_group(c, &g[made].lease);
+        if (grp == NULL) {
             s = made == 0 ? KVD_ERR_INVALID : KVD_OK;
             break;
         }
@@ -232,7 +243,7 @@ kvd_status_t kvd_client_get_submit(kvd_client_t *c, const kvd_store_get_t *g,
             break;
         }
         q->get = g[made];
-        q->lease_id = c->groups[gi - 1].lease_id;
+        q->lease_id = grp->lease_id;
         q->next = c->gets;
         c->gets = q;
     }

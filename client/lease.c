@@ -1,10 +1,14 @@
 /*
  * Leases (client_int.h): a Lookup leases the hit prefix under one daemon
- * lease id; the client counts the blocks of each id it has handed out (a
- * lease group, whose index + 1 is the lease's `reserved` word) and releases
- * the id when the last block is released. Releases are deferred and
- * batched: the next Lookup carries them, or the get thread sends them after
- * CL_RELEASE_DELAY_MS, so releasing costs no call of its own.
+ * lease id; the client keeps one entry per block it has handed out (whose
+ * index + 1 is the lease's `reserved` word, so a block is released once and
+ * its pointer refused after that) and counts them per id (a lease group,
+ * with the deadline the reply's TTL gives); it releases the id when the
+ * last block is released. Past the deadline the daemon may have ended the
+ * lease: the group's pointers are refused and releases answer
+ * KVD_ERR_TIMEOUT, so a copy that ended late is not trusted. Releases are
+ * deferred and batched: the next Lookup carries them, or the get thread sends
+ * them after CL_RELEASE_DELAY_MS, so releasing costs no call of its own.
  */
 #include <inttypes.h>
 #include <stdlib.h>
@@ -18,7 +22,7 @@
 
 /* `mu` held. Returns the index + 1, or 0 when out of memory. */
 static uint32_t group_new(kvd_client_t *c, uint64_t lease_id, uint64_t inst,
-                          uint32_t refs)
+                          uint32_t refs, uint64_t deadline_ns)
 {
     uint32_t i;
     if (c->free_head != 0) {
@@ -36,31 +40,109 @@ static uint32_t group_new(kvd_client_t *c, uint64_t lease_id, uint64_t inst,
         }
         i = c->n_groups++;
     }
-    c->groups[i] =
-        (cl_group_t){.lease_id = lease_id, .instance = inst, .refs = refs};
+    c->groups[i] = (cl_group_t){.lease_id = lease_id,
+                                .instance = inst,
+                                .deadline_ns = deadline_ns,
+                                .refs = refs};
     kvd_cl_map_held(c, inst, refs);
     return i + 1;
 }
 
-/* Drops one block of group `g` (index + 1); writes the lease id to release
- * on the daemon into *release (0: not yet, or not this daemon's). `mu`
- * held. */
-kvd_status_t kvd_cl_group_unref(kvd_client_t *c, uint32_t g, uint64_t *release)
+static uint64_t lease_tag(const kvd_store_lease_t *lease)
+{
+    uint64_t t;
+    memcpy(&t, lease->key.hash.bytes, sizeof t);
+    return t;
+}
+
+/* Room for `m` more block entries; false when out of memory. `mu` held. */
+static bool lblocks_room(kvd_client_t *c, size_t m)
+{
+    size_t free_n = 0;
+    for (uint32_t f = c->lblock_free; f != 0 && free_n < m;
+         f = c->lblocks[f - 1].next_free) {
+        free_n++;
+    }
+    size_t need = c->n_lblocks + (m - free_n);
+    if (free_n >= m || need <= c->cap_lblocks) {
+        return true;
+    }
+    if (need > UINT32_MAX - 1) {
+        return false;
+    }
+    size_t cap = c->cap_lblocks ? c->cap_lblocks : 1024;
+    while (cap < need) {
+        cap *= 2;
+    }
+    cl_lblock_t *b = realloc(c->lblocks, cap * sizeof *b);
+    if (b == NULL) {
+        return false;
+    }
+    c->lblocks = b;
+    c->cap_lblocks = (uint32_t)(cap < UINT32_MAX ? cap : UINT32_MAX);
+    return true;
+}
+
+/* A block entry of group `g` for `lease` (lblocks_room made room); its
+ * index + 1. `mu` held. */
+static uint32_t lblock_new(kvd_client_t *c, uint32_t g,
+                           const kvd_store_lease_t *lease)
+{
+    uint32_t i;
+    if (c->lblock_free != 0) {
+        i = c->lblock_free - 1;
+        c->lblock_free = c->lblocks[i].next_free;
+    } else {
+        i = c->n_lblocks++;
+    }
+    c->lblocks[i] = (cl_lblock_t){.group = g, .tag = lease_tag(lease)};
+    return i + 1;
+}
+
+cl_group_t *kvd_cl_lease_group(kvd_client_t *c, const kvd_store_lease_t *lease)
+{
+    uint32_t b = lease->reserved;
+    if (b == 0 || b > c->n_lblocks || c->lblocks[b - 1].group == 0 ||
+        c->lblocks[b - 1].tag != lease_tag(lease)) {
+        return NULL;
+    }
+    cl_group_t *grp = &c->groups[c->lblocks[b - 1].group - 1];
+    return grp->refs > 0 ? grp : NULL;
+}
+
+kvd_status_t kvd_cl_block_unref(kvd_client_t *c, const kvd_store_lease_t *lease,
+                                uint64_t *release)
 {
     *release = 0;
-    if (g == 0 || g > c->n_groups || c->groups[g - 1].refs == 0) {
+    cl_group_t *grp = kvd_cl_lease_group(c, lease);
+    if (grp == NULL) {
         return KVD_ERR_NOT_FOUND;
     }
-    cl_group_t *grp = &c->groups[g - 1];
+    uint32_t b = lease->reserved;
+    uint32_t g = c->lblocks[b - 1].group;
+    c->lblocks[b - 1] = (cl_lblock_t){.next_free = c->lblock_free};
+    c->lblock_free = b;
+    kvd_status_t s =
+        kvd_time_now_ns() < grp->deadline_ns ? KVD_OK : KVD_ERR_TIMEOUT;
     kvd_cl_map_held(c, grp->instance, -1);
     if (--grp->refs == 0) {
+        /* Also the acknowledgement that ends the quarantine of an expired
+         * lease's slots on the daemon. */
         if (grp->instance == c->instance) {
             *release = grp->lease_id;
         }
         grp->next_free = c->free_head;
         c->free_head = g;
     }
-    return KVD_OK;
+    return s;
+}
+
+void kvd_cl_group_extend(kvd_client_t *c, uint32_t g, uint64_t deadline_ns)
+{
+    if (g != 0 && g <= c->n_groups && c->groups[g - 1].refs > 0 &&
+        c->groups[g - 1].deadline_ns < deadline_ns) {
+        c->groups[g - 1].deadline_ns = deadline_ns;
+    }
 }
 
 void kvd_cl_release_ids(kvd_client_t *c, uint64_t *ids, size_t n)
@@ -146,6 +228,8 @@ kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
     rq.release_lease_ids = rel;
     kvd_pb_lookup_response_t *rsp = NULL;
     uint64_t used;
+    /* The daemon's deadline starts when it serves the call, after this. */
+    uint64_t sent_ns = kvd_time_now_ns();
     kvd_status_t s = kvd_cl_call(c, CL_LOOKUP, KVD_PROTO_MSG_LOOKUP_REQUEST,
                                  &rq.base, KVD_PROTO_MSG_LOOKUP_RESPONSE,
                                  (ProtobufCMessage **)&rsp, &used, true);
@@ -161,9 +245,32 @@ kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
                       "%" PRIu64,
                       m, n, rsp->lease_id);
         s = KVD_ERR_PROTO;
-    } else if (m > 0) {
+    }
+    for (size_t i = 0; s == KVD_OK && i < m; i++) {
+        Kvdepot__V1__Tier tier =
+            packed ? rsp->tiers[i] : rsp->locations[i]->tier;
+        kvd_store_lease_t *o = &leases_out[i];
+        memset(o, 0, sizeof *o);
+        o->key.ns = *ns;
+        o->key.hash = hashes[i];
+        o->tier = tier == KVDEPOT__V1__TIER__TIER_HOST ? KVD_STORE_TIER_HOST
+                                                       : KVD_STORE_TIER_DISK;
+        o->arena_offset =
+            packed ? rsp->arena_offsets[i] : rsp->locations[i]->arena_offset;
+        o->size_bytes = packed ? rsp->sizes[i] : rsp->locations[i]->size_bytes;
+    }
+    if (s == KVD_OK && m > 0) {
+        /* A daemon that names no TTL keeps the one asked for. */
+        uint64_t ttl_ms =
+            rsp->lease_ttl_ms ? rsp->lease_ttl_ms : c->cfg.lease_ttl_ms;
         pthread_mutex_lock(&c->mu);
-        g = group_new(c, rsp->lease_id, used, (uint32_t)m);
+        if (lblocks_room(c, m)) {
+            g = group_new(c, rsp->lease_id, used, (uint32_t)m,
+                          sent_ns + ttl_ms * 1000000u);
+        }
+        for (size_t i = 0; g != 0 && i < m; i++) {
+            leases_out[i].reserved = lblock_new(c, g, &leases_out[i]);
+        }
         pthread_mutex_unlock(&c->mu);
         if (g == 0) {
             s = KVD_ERR_NOMEM;
@@ -175,20 +282,6 @@ kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
         }
         kvd_proto_lookup_response_free(rsp);
         return s;
-    }
-    for (size_t i = 0; i < m; i++) {
-        Kvdepot__V1__Tier tier =
-            packed ? rsp->tiers[i] : rsp->locations[i]->tier;
-        kvd_store_lease_t *o = &leases_out[i];
-        memset(o, 0, sizeof *o);
-        o->key.ns = *ns;
-        o->key.hash = hashes[i];
-        o->tier = tier == KVDEPOT__V1__TIER__TIER_HOST ? KVD_STORE_TIER_HOST
-                                                       : KVD_STORE_TIER_DISK;
-        o->reserved = g;
-        o->arena_offset =
-            packed ? rsp->arena_offsets[i] : rsp->locations[i]->arena_offset;
-        o->size_bytes = packed ? rsp->sizes[i] : rsp->locations[i]->size_bytes;
     }
     kvd_proto_lookup_response_free(rsp);
     *matched_out = m;
@@ -203,7 +296,7 @@ kvd_status_t kvd_client_release(kvd_client_t *c,
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n; i++) {
         uint64_t id = 0;
-        kvd_status_t s = kvd_cl_group_unref(c, leases[i].reserved, &id);
+        kvd_status_t s = kvd_cl_block_unref(c, &leases[i], &id);
         if (s != KVD_OK && first == KVD_OK) {
             first = s;
         }

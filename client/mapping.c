@@ -22,6 +22,7 @@
 
 #include "client/client_int.h"
 #include "common/log_int.h"
+#include "common/time_int.h"
 
 /* ---- arena mappings (`mu` held) ------------------------------------------ */
 
@@ -96,7 +97,6 @@ kvd_status_t kvd_cl_arena_map(kvd_client_t *c, char *err, size_t err_len)
         s = kvd_handoff_recv(sock, rbuf, sizeof rbuf, (int)c->cfg.timeout_ms,
                              &fd);
     }
-    close(sock);
     kvd_handoff_reply_t r;
     if (s == KVD_OK) {
         s = kvd_handoff_reply_decode(rbuf, sizeof rbuf, &r, err, err_len);
@@ -132,8 +132,17 @@ kvd_status_t kvd_cl_arena_map(kvd_client_t *c, char *err, size_t err_len)
         if (fd >= 0) {
             close(fd);
         }
+        close(sock);
         return s;
     }
+    /* The connection stays open while this process maps the arena: its
+     * end tells the daemon that nothing here can touch a slot any more
+     * (it then frees the slots of our expired leases and reservations it
+     * kept quarantined). The previous daemon's is of no use now. */
+    if (c->handoff_fd >= 0) {
+        close(c->handoff_fd);
+    }
+    c->handoff_fd = sock;
     if (c->n_maps == CL_MAPPINGS_MAX) {
         /* A daemon that restarted this often while the caller held on to
          * leases of each instance: the oldest mapping goes. */
@@ -195,6 +204,11 @@ void kvd_cl_arena_unmap_all(kvd_client_t *c)
     if (c->arena_fd >= 0) {
         close(c->arena_fd);
     }
+    /* Last: once this closes the daemon may reuse our expired slots. */
+    if (c->handoff_fd >= 0) {
+        close(c->handoff_fd);
+        c->handoff_fd = -1;
+    }
 }
 
 /* ---- arena pointers ------------------------------------------------------ */
@@ -210,11 +224,12 @@ void *kvd_client_arena_ptr(kvd_client_t *c, uint64_t offset, uint64_t len)
 void *kvd_client_lease_ptr(kvd_client_t *c, const kvd_store_lease_t *lease)
 {
     void *p = NULL;
-    uint32_t g = lease->reserved;
     pthread_mutex_lock(&c->mu);
-    if (lease->tier == KVD_STORE_TIER_HOST && lease->size_bytes > 0 && g > 0 &&
-        g <= c->n_groups && c->groups[g - 1].refs > 0) {
-        cl_map_t *m = kvd_cl_map_of_instance(c, c->groups[g - 1].instance);
+    const cl_group_t *grp = kvd_cl_lease_group(c, lease);
+    /* Past the deadline the daemon may have ended the lease. */
+    if (lease->tier == KVD_STORE_TIER_HOST && lease->size_bytes > 0 &&
+        grp != NULL && kvd_time_now_ns() < grp->deadline_ns) {
+        cl_map_t *m = kvd_cl_map_of_instance(c, grp->instance);
         if (m != NULL) {
             p = kvd_arena_mapping_ptr(m->map, lease->arena_offset,
                                       lease->size_bytes);
@@ -260,21 +275,6 @@ uint32_t kvd_client_arena_generation(kvd_client_t *c)
     uint32_t g = c->n_maps > 0 ? c->maps[c->n_maps - 1].gen : 0;
     pthread_mutex_unlock(&c->mu);
     return g;
-}
-
-void *kvd_client_reservation_ptr(kvd_client_t *c,
-                                 const kvd_store_reservation_t *r, uint64_t len)
-{
-    void *p = NULL;
-    pthread_mutex_lock(&c->mu);
-    for (size_t i = 0; r->status == KVD_OK && len > 0 && i < c->n_maps; i++) {
-        if (c->maps[i].gen == r->reserved) {
-            p = kvd_arena_mapping_ptr(c->maps[i].map, r->arena_offset, len);
-            break;
-        }
-    }
-    pthread_mutex_unlock(&c->mu);
-    return p;
 }
 
 kvd_status_t kvd_client_arena_export(kvd_client_t *c,

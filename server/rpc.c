@@ -57,6 +57,7 @@ typedef struct rpc_call {
     bool registered; /* came with its message (c->recv) */
     gpr_timespec deadline;
     const char *tenant; /* bound by the caller's session, or NULL */
+    uint64_t session;   /* the caller's hand-off session, or 0 */
     grpc_metadata trailing;
     char status_text[16];
     grpc_slice details_slice;
@@ -341,7 +342,7 @@ static kvd_status_t rpc_admit(kvd_rpc_server_t *srv, rpc_call_t *c,
     if (s == KVD_OK && local && has_session && srv->cfg.session != NULL) {
         s = srv->cfg.session(srv->cfg.session_ctx,
                              (const char *)GRPC_SLICE_START_PTR(sess),
-                             GRPC_SLICE_LENGTH(sess), &c->tenant);
+                             GRPC_SLICE_LENGTH(sess), &c->tenant, &c->session);
         if (s != KVD_OK) {
             kvd_config_err(reason, reason_len,
                            "unknown session: hand off the arena again");
@@ -375,11 +376,11 @@ static void rpc_serve(rpc_call_t *c)
     grpc_byte_buffer_reader_destroy(&rd);
     uint8_t *resp = NULL;
     size_t resp_len = 0;
-    kvd_status_t s = kvd_service_call(
+    kvd_status_t s = kvd_service_call_session(
         srv->cfg.svc, (kvd_rpc_method_t)c->method,
         GRPC_SLICE_LENGTH(body) ? GRPC_SLICE_START_PTR(body) : NULL,
-        GRPC_SLICE_LENGTH(body), c->tenant, &resp, &resp_len, reason,
-        sizeof reason);
+        GRPC_SLICE_LENGTH(body), c->tenant, c->session, &resp, &resp_len,
+        reason, sizeof reason);
     grpc_slice_unref(body);
     if (s != KVD_OK) {
         KVD_LOG_DEBUG("kvdepotd: %s: %s", kvd_rpc_method_name(c->method),

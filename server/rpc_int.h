@@ -33,10 +33,12 @@ extern "C" {
 
 /* Resolves a unix caller's session (the hex text of the secret the arena
  * hand-off gave it) to its tenant: KVD_OK with *tenant_out the tenant its
- * uid maps to (NULL: none, the request's own applies), or KVD_ERR_AUTH for
+ * uid maps to (NULL: none, the request's own applies) and *session_out the
+ * session's id (never 0; kvd_service_call_session), or KVD_ERR_AUTH for
  * an unknown session. Called from the completion-queue threads. */
 typedef kvd_status_t (*kvd_rpc_session_fn)(void *ctx, const char *hex,
-                                           size_t len, const char **tenant_out);
+                                           size_t len, const char **tenant_out,
+                                           uint64_t *session_out);
 
 typedef struct kvd_rpc_server kvd_rpc_server_t;
 

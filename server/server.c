@@ -42,6 +42,7 @@ static void server_free(kvd_server_t *srv)
         close(srv->handoff_fd);
         (void)unlink(srv->handoff_path);
     }
+    srv_handoff_conns_close(srv);
     kvd_service_destroy(srv->svc);
     if (srv->store != NULL) {
         kvd_status_t s = kvd_store_flush(srv->store, 10000);

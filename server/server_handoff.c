@@ -7,11 +7,19 @@
  *
  * The listener is one thread: each exchange is one 16-byte HELLO and one
  * 64-byte REPLY with the memfd, bounded by a 1 s receive timeout, so a
- * stuck client delays the next one by at most that.
+ * stuck client delays the next one by at most that. After the exchange
+ * the connection stays open for as long as the client keeps it (the life
+ * of its mapping); the thread polls those connections with the listener,
+ * and when one ends (the client closed its store or died: the kernel
+ * closes the socket) the session is closed in the service, which gives
+ * back the expired leases and reservations it kept quarantined for it.
+ * A client that closes the connection at once (an older one) has its
+ * session closed at once: its expired leases go back at their deadline.
  */
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -41,8 +49,8 @@ static const char *server_uid_tenant(const kvd_server_t *srv, uint32_t uid)
 
 /* A fresh session secret for a client of `tenant` (its uid's, or NULL),
  * remembered with it. */
-static void server_session_new(kvd_server_t *srv, const char *tenant,
-                               uint8_t *secret_out)
+static uint64_t server_session_new(kvd_server_t *srv, const char *tenant,
+                                   uint8_t *secret_out)
 {
     if (getrandom(secret_out, KVD_HANDOFF_SESSION_BYTES, 0) !=
         (ssize_t)KVD_HANDOFF_SESSION_BYTES) {
@@ -50,15 +58,22 @@ static void server_session_new(kvd_server_t *srv, const char *tenant,
          * session check refuses it), so mapped users are refused, not
          * confused. */
         memset(secret_out, 0, KVD_HANDOFF_SESSION_BYTES);
-        return;
+        return 0;
     }
     pthread_mutex_lock(&srv->sess_mu);
+    uint64_t id = ++srv->sess_ids;
     srv_session_t *e = &srv->sessions[srv->sess_next];
     srv->sess_next = (srv->sess_next + 1) % SRV_SESSIONS_MAX;
     memcpy(e->secret, secret_out, KVD_HANDOFF_SESSION_BYTES);
     e->tenant = tenant;
+    e->id = id;
     e->used = true;
     pthread_mutex_unlock(&srv->sess_mu);
+    /* Open in the service before the client can make a call with it. */
+    if (kvd_service_session_open(srv->svc, id) != KVD_OK) {
+        return 0; /* no quarantine for it; calls still work */
+    }
+    return id;
 }
 
 static int hex_nibble(char c)
@@ -74,7 +89,7 @@ static int hex_nibble(char c)
 
 /* kvd_rpc_session_fn: the tenant of a session, by its secret in hex. */
 kvd_status_t srv_session_tenant(void *ctx, const char *hex, size_t len,
-                                const char **tenant_out)
+                                const char **tenant_out, uint64_t *session_out)
 {
     kvd_server_t *srv = ctx;
     uint8_t secret[KVD_HANDOFF_SESSION_BYTES], zero[KVD_HANDOFF_SESSION_BYTES];
@@ -98,6 +113,7 @@ kvd_status_t srv_session_tenant(void *ctx, const char *hex, size_t len,
         const srv_session_t *e = &srv->sessions[i];
         if (e->used && CRYPTO_memcmp(e->secret, secret, sizeof secret) == 0) {
             *tenant_out = e->tenant;
+            *session_out = e->id;
             s = KVD_OK;
             break;
         }
@@ -106,7 +122,9 @@ kvd_status_t srv_session_tenant(void *ctx, const char *hex, size_t len,
     return s;
 }
 
-static void handoff_serve(kvd_server_t *srv, int conn)
+/* Serves one exchange on `conn`; returns the session it opened (0: none,
+ * the connection is to be closed). */
+static uint64_t handoff_serve(kvd_server_t *srv, int conn)
 {
     uint8_t hello[KVD_HANDOFF_HELLO_BYTES];
     uint8_t reply_buf[KVD_HANDOFF_REPLY_BYTES];
@@ -131,12 +149,12 @@ static void handoff_serve(kvd_server_t *srv, int conn)
                      (int)cred.pid, (int)cred.uid,
                      why[0] ? why : kvd_status_str(s));
         if (s == KVD_ERR_TIMEOUT || s == KVD_ERR_PEER) {
-            return;
+            return 0;
         }
         reply.status = s;
         kvd_handoff_reply_encode(&reply, reply_buf);
         (void)kvd_handoff_send(conn, reply_buf, sizeof reply_buf, -1);
-        return;
+        return 0;
     }
     /* The caller's tenant's partition: with server.tenant_arenas, a tenant
      * of its own never receives the memfd of another's bytes. */
@@ -148,36 +166,100 @@ static void handoff_serve(kvd_server_t *srv, int conn)
         reply.status = s;
         kvd_handoff_reply_encode(&reply, reply_buf);
         (void)kvd_handoff_send(conn, reply_buf, sizeof reply_buf, -1);
-        return;
+        return 0;
     }
     reply.map_bytes = exp.map_bytes;
     reply.size_bytes = exp.size_bytes;
     reply.offset = exp.offset;
-    server_session_new(srv, tenant, reply.session);
+    uint64_t session = server_session_new(srv, tenant, reply.session);
     kvd_handoff_reply_encode(&reply, reply_buf);
     s = kvd_handoff_send(conn, reply_buf, sizeof reply_buf, exp.fd);
     close(exp.fd);
-    KVD_LOG_DEBUG("kvdepotd: arena handed to pid %d uid %d: %s", (int)cred.pid,
-                  (int)cred.uid, kvd_status_str(s));
+    KVD_LOG_DEBUG("kvdepotd: arena handed to pid %d uid %d (session %llu): "
+                  "%s",
+                  (int)cred.pid, (int)cred.uid, (unsigned long long)session,
+                  kvd_status_str(s));
+    if (s != KVD_OK) {
+        kvd_service_session_close(srv->svc, session);
+        return 0;
+    }
+    return session;
+}
+
+/* Ends connection `i`: the client is gone, and so is its session. */
+static void handoff_conn_end(kvd_server_t *srv, size_t i)
+{
+    close(srv->conns[i].fd);
+    kvd_service_session_close(srv->svc, srv->conns[i].session);
+    srv->conns[i] = srv->conns[--srv->n_conns];
+}
+
+/* Accepts and serves one client; keeps its connection while it has a
+ * session and there is room. */
+static void handoff_accept(kvd_server_t *srv)
+{
+    int conn = accept4(srv->handoff_fd, NULL, NULL, SOCK_CLOEXEC);
+    if (conn < 0) {
+        return;
+    }
+    uint64_t session = handoff_serve(srv, conn);
+    if (session != 0 && srv->n_conns < SRV_HANDOFF_CONNS_MAX) {
+        srv->conns[srv->n_conns++] = (srv_handoff_conn_t){conn, session};
+        return;
+    }
+    if (session != 0) {
+        KVD_LOG_WARN("kvdepotd: %d hand-off connections open; session %llu "
+                     "is not kept (its expired leases are not quarantined)",
+                     SRV_HANDOFF_CONNS_MAX, (unsigned long long)session);
+        kvd_service_session_close(srv->svc, session);
+    }
+    close(conn);
 }
 
 static void *handoff_main(void *arg)
 {
     kvd_server_t *srv = arg;
+    struct pollfd *p = calloc(SRV_HANDOFF_CONNS_MAX + 1, sizeof *p);
+    srv->conns = calloc(SRV_HANDOFF_CONNS_MAX, sizeof *srv->conns);
+    if (p == NULL || srv->conns == NULL) {
+        KVD_LOG_ERROR("kvdepotd: hand-off thread: out of memory");
+        free(p);
+        return NULL;
+    }
     while (!__atomic_load_n(&srv->stopping, __ATOMIC_ACQUIRE)) {
-        struct pollfd p = {.fd = srv->handoff_fd, .events = POLLIN};
-        int rc = poll(&p, 1, 100);
+        p[0] = (struct pollfd){.fd = srv->handoff_fd, .events = POLLIN};
+        for (size_t i = 0; i < srv->n_conns; i++) {
+            p[i + 1] =
+                (struct pollfd){.fd = srv->conns[i].fd, .events = POLLIN};
+        }
+        size_t n = srv->n_conns;
+        int rc = poll(p, n + 1, 100);
         if (rc <= 0) {
             continue;
         }
-        int conn = accept4(srv->handoff_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (conn < 0) {
-            continue;
+        /* A kept connection carries nothing after the exchange: any
+         * event on it (hang-up, error, stray bytes) ends it. From the
+         * last, so the swap-removal keeps the indexes still to visit. */
+        for (size_t i = n; i > 0; i--) {
+            if (p[i].revents != 0) {
+                handoff_conn_end(srv, i - 1);
+            }
         }
-        handoff_serve(srv, conn);
-        close(conn);
+        if (p[0].revents & POLLIN) {
+            handoff_accept(srv);
+        }
     }
+    free(p);
     return NULL;
+}
+
+void srv_handoff_conns_close(kvd_server_t *srv)
+{
+    while (srv->n_conns > 0) {
+        handoff_conn_end(srv, srv->n_conns - 1);
+    }
+    free(srv->conns);
+    srv->conns = NULL;
 }
 
 kvd_status_t srv_handoff_open(kvd_server_t *srv, unsigned mode, char *err,

@@ -145,6 +145,17 @@ kvd_status_t kvd_service_call(kvd_service_t *svc, kvd_rpc_method_t method,
                               size_t *resp_len_out, char *reason,
                               size_t reason_len)
 {
+    return kvd_service_call_session(svc, method, req, len, tenant, 0, resp_out,
+                                    resp_len_out, reason, reason_len);
+}
+
+kvd_status_t kvd_service_call_session(kvd_service_t *svc,
+                                      kvd_rpc_method_t method,
+                                      const uint8_t *req, size_t len,
+                                      const char *tenant, uint64_t session,
+                                      uint8_t **resp_out, size_t *resp_len_out,
+                                      char *reason, size_t reason_len)
+{
     if (reason_len > 0) {
         reason[0] = '\0';
     }
@@ -157,10 +168,12 @@ kvd_status_t kvd_service_call(kvd_service_t *svc, kvd_rpc_method_t method,
     size_t out_len = 0;
     svc_caller_tenant = tenant;
     svc_caller_id = svc_tenant_id(tenant);
+    svc_caller_session = session;
     kvd_status_t s =
         svc_handlers[method](svc, req, len, &out, &out_len, reason, reason_len);
     svc_caller_tenant = NULL;
     svc_caller_id = 0;
+    svc_caller_session = 0;
     uint64_t us = (kvd_time_now_ns() - t0) / 1000u;
     kvd_service_method_stats_t *m = &svc->m[method];
     svc_count(&m->calls, 1);
@@ -236,6 +249,7 @@ void kvd_service_destroy(kvd_service_t *svc)
     pthread_mutex_unlock(&svc->mu);
     pthread_mutex_destroy(&svc->mu);
     free(svc->held);
+    free(svc->sessions);
     free(svc);
 }
 
@@ -270,5 +284,9 @@ void kvd_service_stats(kvd_service_t *svc, kvd_service_stats_t *out)
     out->leases = svc->n_leases;
     out->leased_blocks = svc->n_leased_blocks;
     out->reservations = svc->n_resvs;
+    out->leases_quarantined = svc->n_q_leases;
+    out->reservations_quarantined = svc->n_q_resvs;
+    out->quarantined_bytes = svc->q_bytes;
+    out->sessions = svc->n_sessions;
     pthread_mutex_unlock(&svc->mu);
 }

@@ -65,6 +65,7 @@ kvd_status_t svc_get(kvd_service_t *svc, const uint8_t *req, size_t len,
         }
         l->id = svc_id_new(svc);
         l->tenant = svc_caller_id;
+        l->session = svc_caller_session;
         fresh = true;
     }
     l->deadline_ns = kvd_time_now_ns() + (uint64_t)ttl * 1000000u;

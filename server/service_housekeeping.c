@@ -4,7 +4,9 @@
  * handlers submitted (a PENDING block becomes HELD or FAILED; a dead
  * record is freed with its last completion), hands the cluster's foreign
  * completions on, and every tick reclaims leases and reservations past
- * their deadline: a crashed client's leases come back after their TTL.
+ * their deadline: a crashed client's leases come back after their TTL, and
+ * those of a client whose hand-off session is still open are quarantined
+ * (service_quarantine.c).
  * At destroy, svc_reclaim_all ends what is left and drains the gets still
  * in flight.
  */
@@ -54,7 +56,7 @@ static void svc_expire(kvd_service_t *svc, uint64_t now)
                 KVD_LOG_DEBUG("service: lease %llu expired (%zu blocks)",
                               (unsigned long long)l->id, l->n);
                 svc_lease_unlink(svc, l);
-                svc_lease_drop(svc, l);
+                svc_lease_expire(svc, l);
                 svc_count(&svc->leases_expired, 1);
             }
             l = next;
@@ -65,9 +67,8 @@ static void svc_expire(kvd_service_t *svc, uint64_t now)
             if (r->deadline_ns <= now) {
                 KVD_LOG_DEBUG("service: reservation %llu expired",
                               (unsigned long long)r->id);
-                svc_resv_abort_open(svc, r);
                 svc_resv_unlink(svc, r);
-                svc_resv_free(r);
+                svc_resv_expire(svc, r);
                 svc_count(&svc->resvs_expired, 1);
             }
             r = next;
@@ -130,6 +131,7 @@ void svc_reclaim_all(kvd_service_t *svc)
             svc_resv_free(r);
         }
     }
+    svc_quarantine_drop_all(svc);
     /* Gets still in flight: drain them so their slots go back and the
      * records can be freed (the store completes every accepted get). */
     uint64_t deadline = kvd_time_deadline_ns(5000);

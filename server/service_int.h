@@ -10,6 +10,10 @@
  *     back after their TTL), gives them back. Get extends the deadline.
  *   - reservations: Reserve's slots under one id until Commit / Abort / the
  *     deadline, which aborts what is left.
+ *   - quarantine: a lease or reservation of a hand-off session that
+ *     expires while the session is open keeps its slots until the session
+ *     acknowledges (releases / aborts the id) or closes
+ *     (kvd_service_call_session).
  *   - gets in flight: a Get on a block in the disk tier submits a store get
  *     and answers PENDING; the housekeeping thread applies the completion,
  *     and the next Get answers READY (or FAILED with the status).
@@ -133,6 +137,34 @@ kvd_status_t kvd_service_call(kvd_service_t *svc, kvd_rpc_method_t method,
                               size_t *resp_len_out, char *reason,
                               size_t reason_len);
 
+/*
+ * kvd_service_call for a caller of hand-off session `session` (0: none,
+ * as kvd_service_call): the leases and reservations it makes remember the
+ * session, and when one expires while that session is open
+ * (kvd_service_session_open) its slots are quarantined, not given back: no
+ * other key can be stored in them while the client that mapped them may
+ * still read or write them. The quarantine ends when that session releases
+ * the lease id (Release, a Lookup's release list) or aborts / commits the
+ * reservation id (Commit then answers KVD_ERR_TIMEOUT), or when the session
+ * closes. Quarantined bytes keep counting against the tenant's limits
+ * (server.tenant_max_leased for leases, the store's tenant quota for
+ * reservations), which bounds what one caller can pin.
+ */
+kvd_status_t kvd_service_call_session(kvd_service_t *svc,
+                                      kvd_rpc_method_t method,
+                                      const uint8_t *req, size_t len,
+                                      const char *tenant, uint64_t session,
+                                      uint8_t **resp_out, size_t *resp_len_out,
+                                      char *reason, size_t reason_len);
+
+/* A hand-off session (a client that has mapped the arena) is open from
+ * kvd_service_session_open until kvd_service_session_close, which gives
+ * back every lease and reservation of it that is quarantined (its client is
+ * gone: nothing can touch the slots any more). `session` is never 0; an id
+ * is opened once. Errors: KVD_ERR_INVALID (0), KVD_ERR_NOMEM. Thread: any. */
+kvd_status_t kvd_service_session_open(kvd_service_t *svc, uint64_t session);
+void kvd_service_session_close(kvd_service_t *svc, uint64_t session);
+
 /* Latency histogram bucket bounds, microseconds (the last is +Inf). */
 #define KVD_SERVICE_LATENCY_BUCKETS 12
 extern const uint64_t
@@ -157,6 +189,10 @@ typedef struct kvd_service_stats {
     uint64_t leases_expired;       /* reclaimed at their deadline */
     uint64_t leases_refused;       /* blocks not leased: tenant at its cap */
     uint64_t reservations_expired; /* aborted at their deadline */
+    uint64_t leases_quarantined;   /* expired, kept for their session now */
+    uint64_t reservations_quarantined; /* likewise */
+    uint64_t quarantined_bytes;        /* object bytes of both */
+    uint64_t sessions;                 /* hand-off sessions open now */
     uint64_t commit_checksum_errors;
     uint64_t uptime_ms;
 } kvd_service_stats_t;

@@ -225,6 +225,8 @@ uint32_t svc_release_ids(kvd_service_t *svc, const uint64_t *ids, size_t n)
             svc_lease_unlink(svc, l);
             svc_lease_drop(svc, l);
             released++;
+        } else if (svc_quarantine_release_lease(svc, ids[i])) {
+            released++; /* the session acknowledged its expiry */
         }
     }
     pthread_mutex_unlock(&svc->mu);

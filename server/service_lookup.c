@@ -139,6 +139,7 @@ static kvd_status_t lookup_keep(kvd_service_t *svc, const kvd_namespace_t *ns,
     pthread_mutex_lock(&svc->mu);
     rec->id = svc_id_new(svc);
     rec->tenant = svc_caller_id;
+    rec->session = svc_caller_session;
     rsp->lease_id = rec->id;
     svc_lease_insert(svc, rec);
     pthread_mutex_unlock(&svc->mu);

@@ -3,7 +3,10 @@
  * one reservation id; the client writes the bytes through its mapping and
  * Commit publishes each block (after checking its checksum when
  * server.verify_commits is on) or Abort gives its slot back. Whatever is
- * still reserved at the deadline is aborted by the housekeeping thread.
+ * still reserved at the deadline is aborted by the housekeeping thread, or
+ * quarantined while the creator's hand-off session is open
+ * (service_quarantine.c): then its Commit answers KVD_ERR_TIMEOUT and
+ * publishes nothing, and Commit or Abort gives its slots back.
  * While the service drains (Admin drain) Reserve refuses every block.
  */
 #include <pthread.h>
@@ -148,6 +151,7 @@ kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req, size_t len,
         pthread_mutex_lock(&svc->mu);
         rec->id = svc_id_new(svc);
         rec->tenant = svc_caller_id;
+        rec->session = svc_caller_session;
         size_t b = svc_bucket(rec->id);
         rec->next = svc->resvs[b];
         svc->resvs[b] = rec;
@@ -200,6 +204,17 @@ static svc_resv_t *resv_lock(kvd_service_t *svc, uint64_t id, char *reason,
     return r;
 }
 
+/* The caller's acknowledgement of an expired reservation it still had in
+ * quarantine: its slots go back now. Takes `mu`. */
+static bool resv_ack_expired(kvd_service_t *svc, uint64_t id,
+                             uint32_t *aborted_out)
+{
+    pthread_mutex_lock(&svc->mu);
+    bool found = svc_quarantine_release_resv(svc, id, aborted_out);
+    pthread_mutex_unlock(&svc->mu);
+    return found;
+}
+
 /* The reservation's key for `hash`, or NULL. `mu` held. */
 static svc_resv_key_t *resv_key(svc_resv_t *r, const uint8_t *hash)
 {
@@ -241,6 +256,19 @@ kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req, size_t len,
     uint32_t committed = 0;
     kvd_block_hash_t *saved =
         svc->cfg.saved != NULL ? malloc(n * sizeof *saved) : NULL;
+    uint32_t given_back = 0;
+    if (resv_ack_expired(svc, rq->reservation_id, &given_back)) {
+        /* Written after its deadline, maybe after its slots could have
+         * been reused: never published. */
+        kvd_config_err(reason, reason_len,
+                       "reservation_id %llu: expired; its %u open slots "
+                       "were given back",
+                       (unsigned long long)rq->reservation_id, given_back);
+        free(saved);
+        free(statuses);
+        kvd_proto_commit_request_free(rq);
+        return KVD_ERR_TIMEOUT;
+    }
     svc_resv_t *r = resv_lock(svc, rq->reservation_id, reason, reason_len);
     if (r == NULL) {
         free(saved);
@@ -307,6 +335,31 @@ kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req, size_t len,
     return s;
 }
 
+/* Aborts the keys `rq` names (all that are open when it names none);
+ * returns how many. `mu` held. */
+static uint32_t resv_abort_keys(kvd_service_t *svc, svc_resv_t *r,
+                                const kvd_pb_abort_request_t *rq)
+{
+    if (rq->n_block_hashes == 0) {
+        uint32_t aborted = (uint32_t)r->open;
+        svc_resv_abort_open(svc, r);
+        return aborted;
+    }
+    uint32_t aborted = 0;
+    for (size_t i = 0; i < rq->n_block_hashes; i++) {
+        svc_resv_key_t *k = resv_key(r, rq->block_hashes[i].data);
+        if (k == NULL || k->state != SVC_RESERVED) {
+            continue;
+        }
+        kvd_store_key_t key = {.ns = r->ns, .hash = k->hash};
+        (void)kvd_store_abort(svc->store, &key, 1, NULL);
+        k->state = SVC_DONE;
+        r->open--;
+        aborted++;
+    }
+    return aborted;
+}
+
 kvd_status_t svc_abort(kvd_service_t *svc, const uint8_t *req, size_t len,
                        uint8_t **out, size_t *out_len, char *reason,
                        size_t reason_len)
@@ -318,29 +371,18 @@ kvd_status_t svc_abort(kvd_service_t *svc, const uint8_t *req, size_t len,
         return s;
     }
     uint32_t aborted = 0;
-    svc_resv_t *r = resv_lock(svc, rq->reservation_id, reason, reason_len);
-    if (r == NULL) {
-        kvd_proto_abort_request_free(rq);
-        return KVD_ERR_NOT_FOUND;
-    }
-    if (rq->n_block_hashes == 0) {
-        aborted = (uint32_t)r->open;
-        svc_resv_abort_open(svc, r);
-    } else {
-        for (size_t i = 0; i < rq->n_block_hashes; i++) {
-            svc_resv_key_t *k = resv_key(r, rq->block_hashes[i].data);
-            if (k == NULL || k->state != SVC_RESERVED) {
-                continue;
-            }
-            kvd_store_key_t key = {.ns = r->ns, .hash = k->hash};
-            (void)kvd_store_abort(svc->store, &key, 1, NULL);
-            k->state = SVC_DONE;
-            r->open--;
-            aborted++;
+    /* An expired one the caller still had in quarantine goes back whole
+     * (none of it can be committed any more). */
+    if (!resv_ack_expired(svc, rq->reservation_id, &aborted)) {
+        svc_resv_t *r = resv_lock(svc, rq->reservation_id, reason, reason_len);
+        if (r == NULL) {
+            kvd_proto_abort_request_free(rq);
+            return KVD_ERR_NOT_FOUND;
         }
+        aborted = resv_abort_keys(svc, r, rq);
+        resv_maybe_done(svc, r);
+        pthread_mutex_unlock(&svc->mu);
     }
-    resv_maybe_done(svc, r);
-    pthread_mutex_unlock(&svc->mu);
     kvd_pb_abort_response_t rsp = KVDEPOT__V1__ABORT_RESPONSE__INIT;
     rsp.num_aborted = aborted;
     s = svc_pack(KVD_PROTO_MSG_ABORT_RESPONSE, &rsp.base, out, out_len, reason,

@@ -14,6 +14,7 @@
 /* Set by kvd_service_call around each handler (svc_int.h). */
 _Thread_local const char *svc_caller_tenant;
 _Thread_local uint32_t svc_caller_id;
+_Thread_local uint64_t svc_caller_session;
 
 uint32_t svc_tenant_id(const char *tenant)
 {

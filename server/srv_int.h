@@ -70,8 +70,21 @@ typedef struct srv_tenancy {
 typedef struct srv_session {
     uint8_t secret[KVD_HANDOFF_SESSION_BYTES];
     const char *tenant; /* into srv->tenancy->uids, or NULL */
+    uint64_t id;        /* kvd_service_session_open's, never 0 */
     bool used;
 } srv_session_t;
+
+/* A client's hand-off connection, kept open while it maps the arena: its
+ * end (the client closed the store, or died) closes the session. */
+typedef struct srv_handoff_conn {
+    int fd;
+    uint64_t session;
+} srv_handoff_conn_t;
+
+/* Hand-off connections kept open at once; past it a new client's
+ * connection is closed after the exchange (its session then has no
+ * quarantine). */
+#define SRV_HANDOFF_CONNS_MAX 1024
 
 struct kvd_server {
     kvd_server_settings_t cfg;
@@ -85,6 +98,10 @@ struct kvd_server {
     pthread_mutex_t sess_mu;
     srv_session_t *sessions; /* SRV_SESSIONS_MAX, a ring */
     size_t sess_next;
+    uint64_t sess_ids; /* the last session id given */
+    /* The hand-off thread's own. */
+    srv_handoff_conn_t *conns;
+    size_t n_conns;
     uint64_t instance_id;
     kvd_store_t *store;
     kvd_service_t *svc;
@@ -154,6 +171,9 @@ kvd_status_t srv_handoff_open(kvd_server_t *srv, unsigned mode, char *err,
 /* kvd_rpc_session_fn over the sessions the hand-off gave (ctx: the
  * server). */
 kvd_status_t srv_session_tenant(void *ctx, const char *hex, size_t len,
-                                const char **tenant_out);
+                                const char **tenant_out, uint64_t *session_out);
+/* Closes the hand-off connections still open (their sessions with them);
+ * after the hand-off thread has stopped. */
+void srv_handoff_conns_close(kvd_server_t *srv);
 
 #endif /* KVD_SERVER_SRV_INT_H */

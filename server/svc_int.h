@@ -9,7 +9,9 @@
  *   service_get.c          Get and Promote;
  *   service_resv.c         reservation records, Reserve, Commit, Abort;
  *   service_admin.c        Stats, Admin, Delete;
- *   service_housekeeping.c the thread: get completions, expiry.
+ *   service_housekeeping.c the thread: get completions, expiry;
+ *   service_quarantine.c   sessions, and the expired leases and
+ *                          reservations kept for them.
  *
  * Ordering rules:
  *   - `mu` guards the two tables and the records in them. Store calls that
@@ -71,8 +73,9 @@ struct svc_lease {
     bool dead;            /* out of the table; free when pending is 0 */
     bool promote;         /* Promote's: give each block back when loaded */
     bool in_table;
-    uint32_t tenant; /* the creator's bound tenant (0: none) */
-    uint64_t bytes;  /* object bytes of its blocks (the tenant's count) */
+    uint32_t tenant;  /* the creator's bound tenant (0: none) */
+    uint64_t bytes;   /* object bytes of its blocks (the tenant's count) */
+    uint64_t session; /* the creator's hand-off session (0: none) */
 };
 
 enum svc_key_state { SVC_RESERVED = 0, SVC_DONE = 1 };
@@ -94,6 +97,7 @@ typedef struct svc_resv {
     svc_resv_key_t *keys;
     uint32_t tenant;       /* the creator's bound tenant (0: none) */
     uint32_t store_tenant; /* the store tenant its slots were taken for */
+    uint64_t session;      /* the creator's hand-off session (0: none) */
 } svc_resv_t;
 
 /* Object bytes one tenant holds leased (records in the table). */
@@ -116,6 +120,13 @@ struct kvd_service {
     uint64_t n_leases, n_leased_blocks, n_resvs;
     svc_held_t *held;
     size_t n_held, cap_held;
+    /* Expired records kept for their open session (service_quarantine.c),
+     * and the sessions open now. */
+    svc_lease_t *q_leases;
+    svc_resv_t *q_resvs;
+    uint64_t n_q_leases, n_q_resvs, q_bytes;
+    uint64_t *sessions;
+    size_t n_sessions, cap_sessions;
 
     pthread_t thread;
     bool thread_started;
@@ -169,6 +180,8 @@ kvd_status_t svc_pack(kvd_proto_msg_t type, const ProtobufCMessage *msg,
  * kvd_service_call sets both around the handler. */
 extern _Thread_local const char *svc_caller_tenant;
 extern _Thread_local uint32_t svc_caller_id;
+/* The caller's hand-off session (0: none), set likewise. */
+extern _Thread_local uint64_t svc_caller_session;
 
 /* kvd_service_tenant_id. */
 uint32_t svc_tenant_id(const char *tenant);
@@ -228,6 +241,26 @@ void svc_resv_unlink(kvd_service_t *svc, svc_resv_t *r);
 void svc_resv_free(svc_resv_t *r);
 /* Aborts every key still reserved. `mu` held. */
 void svc_resv_abort_open(kvd_service_t *svc, svc_resv_t *r);
+
+/* ---- service_quarantine.c ----------------------------------------------- */
+
+/* An expired lease out of its table: quarantined when its session is open
+ * (kept, still counted against its tenant), otherwise given back. `mu`
+ * held. */
+void svc_lease_expire(kvd_service_t *svc, svc_lease_t *l);
+/* An expired reservation out of its table: quarantined when its session
+ * is open (its slots stay reserved in the store), otherwise aborted. `mu`
+ * held. */
+void svc_resv_expire(kvd_service_t *svc, svc_resv_t *r);
+/* The caller's acknowledgement of quarantined lease `id`: gives it back;
+ * false when there is none of this caller's. `mu` held. */
+bool svc_quarantine_release_lease(kvd_service_t *svc, uint64_t id);
+/* Likewise for reservation `id`: aborts what it kept; writes the number
+ * of slots given back. `mu` held. */
+bool svc_quarantine_release_resv(kvd_service_t *svc, uint64_t id,
+                                 uint32_t *aborted_out);
+/* Gives back everything quarantined (destroy). `mu` held. */
+void svc_quarantine_drop_all(kvd_service_t *svc);
 
 /* ---- service_housekeeping.c --------------------------------------------- */
 

@@ -92,11 +92,15 @@ static void block_fail(wblock_t *b, kvd_status_t status)
 static void load_block_finish(kvd_worker_t *w, wblock_t *b)
 {
     if (b->leased) {
+        /* Released only after the last copy of the block ended: a lease
+         * that had expired by then (daemon mode: KVD_ERR_TIMEOUT) may have
+         * lost its slot during the copy, so the block is a load error. */
         kvd_status_t s = kvd_store_release(w->store, &b->lease, 1);
         if (s != KVD_OK) {
             KVD_LOG_WARN("worker: lease of block %d (request %s) not given "
                          "back: %s",
                          b->block_id, b->req->id, kvd_status_str(s));
+            block_fail(b, s);
         }
         b->leased = false;
     }

@@ -228,7 +228,10 @@ KVD_API uint32_t kvd_store_arena_generation(kvd_store_t *store);
  * arena is no longer mapped). In daemon mode a daemon restart does not
  * move it: it stays in the old arena, which the client keeps mapped while
  * any lease or reservation of it is held, and the restarted daemon's
- * objects are never reached through it. Valid until the lease is released.
+ * objects are never reached through it. Valid until the lease is released;
+ * daemon mode: NULL once the lease's deadline (store.lease_ttl from the
+ * lookup, extended by a get) has passed, and bytes read through an earlier
+ * pointer count only if kvd_store_release of the lease answers KVD_OK.
  * Thread: any.
  */
 KVD_API void *kvd_store_lease_ptr(kvd_store_t *store,
@@ -306,7 +309,10 @@ KVD_API kvd_status_t kvd_store_reserve(kvd_store_t *store,
  * or that arena is no longer mapped). A
  * reservation made before a daemon restart can no longer be committed, and
  * writing through this pointer cannot touch the restarted daemon's
- * objects. Valid until the key is committed or aborted. Thread: any.
+ * objects. Valid until the key is committed or aborted; daemon mode: NULL
+ * for a reservation no longer open or past its deadline (the daemon's
+ * server.reservation_ttl), whose commit then reports KVD_ERR_TIMEOUT and
+ * publishes nothing. Thread: any.
  */
 KVD_API void *kvd_store_reservation_ptr(kvd_store_t *store,
                                         const kvd_store_reservation_t *r,
@@ -318,7 +324,9 @@ KVD_API void *kvd_store_reservation_ptr(kvd_store_t *store,
  * written after this. statuses_out[i] (may be NULL) gets KVD_OK or
  * KVD_ERR_NOT_FOUND (not reserved; daemon mode also: reserved from a
  * daemon that has restarted since, or committed already) / KVD_ERR_STATE
- * (embedded: already committed). Daemon mode: one call per reservation
+ * (embedded: already committed). Daemon mode: KVD_ERR_TIMEOUT for a key
+ * whose reservation's deadline had passed (aborted instead: its bytes may
+ * have been written after the daemon could end it); one call per reservation
  * id; the client sends the XXH3-64 of each object's bytes and the daemon
  * checks it (server.verify_commits), so a key may also get
  * KVD_ERR_CHECKSUM (the slot's bytes changed under the writer) or the
@@ -388,7 +396,10 @@ KVD_API kvd_status_t kvd_store_lookup_from(
  * releases a lease id once all its blocks are back, with the next lookup
  * or from its get thread a few milliseconds later. Returns KVD_OK, or the
  * first error (KVD_ERR_INVALID: NULL leases with num > 0, a tier the store
- * does not have; KVD_ERR_NOT_FOUND / KVD_ERR_STATE: not a lease held);
+ * does not have; KVD_ERR_NOT_FOUND / KVD_ERR_STATE: not a lease held, e.g.
+ * released already; daemon mode: KVD_ERR_TIMEOUT: the lease's deadline had
+ * passed, so the daemon may have ended it while its bytes were read: the
+ * lease is released, but what was read through it must not be used);
  * nothing else is affected by one bad element. Thread: any. */
 KVD_API kvd_status_t kvd_store_release(kvd_store_t *store,
                                        const kvd_store_lease_t *leases,

@@ -3,13 +3,15 @@
  * this process (kvd_testclient_int.h), whose lease counters are read
  * directly (reading them sends nothing):
  *   - a Lookup's blocks form one lease group: the daemon's lease id is
- *     released when the last block is, not before; then the lease_ptr of
- *     each block is NULL and releasing one again is KVD_ERR_NOT_FOUND;
+ *     released when the last block is, not before; a released block's
+ *     lease_ptr is NULL and releasing it again is KVD_ERR_NOT_FOUND, even
+ *     while the rest of its group is held;
  *   - two lookups of the same blocks are two groups, released apart;
  *   - a release is deferred: the next Lookup carries it, else the get
  *     thread sends it on its own; Stats, Admin and Delete send the
  *     deferred ones first, and close gives back what is still held;
- *   - store.lease_ttl is what the daemon keeps an unreleased lease for.
+ *   - store.lease_ttl is what the daemon keeps an unreleased lease for;
+ *     past it lease_ptr is NULL and the release answers KVD_ERR_TIMEOUT.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -68,7 +70,7 @@ static void test_group_released_with_last_block(void **state)
     lookup(st, 0, NOBJ, l);
     for (size_t i = 0; i < NOBJ; i++) {
         assert_int_not_equal(l[i].reserved, 0);
-        assert_int_equal(l[i].reserved, l[0].reserved);
+        assert_true(i == 0 || l[i].reserved != l[i - 1].reserved);
         assert_true(kvd_test_cl_holds(kvd_store_lease_ptr(st, &l[i]), &h[i]));
     }
     kvd_service_stats_t svc = kvd_test_cl_svc(t);
@@ -77,6 +79,10 @@ static void test_group_released_with_last_block(void **state)
     uint64_t releases = svc.methods[KVD_RPC_RELEASE].calls;
 
     assert_int_equal(kvd_store_release(st, l, NOBJ - 1), KVD_OK);
+    /* Each block is released on its own: a released block of a group
+     * still held has no pointer, and releasing it again is refused. */
+    assert_null(kvd_store_lease_ptr(st, &l[0]));
+    assert_int_equal(kvd_store_release(st, &l[0], 1), KVD_ERR_NOT_FOUND);
     assert_true(
         kvd_test_cl_holds(kvd_store_lease_ptr(st, &l[NOBJ - 1]), &h[NOBJ - 1]));
     /* Well past the get thread's delay: still nothing to send. */
@@ -230,7 +236,10 @@ static void test_lookup_edges_and_ttl(void **state)
     kvd_test_cl_wait_leases(t, 0);
     assert_true(kvd_test_cl_now_ms() - t0 >= 100);
     assert_int_equal(kvd_test_cl_svc(t).leases_expired, expired + 1);
-    assert_int_equal(kvd_store_release(st, l, 2), KVD_OK);
+    /* Past its deadline: no pointer, and the release says the lease had
+     * expired (a copy that ended now is not to be trusted). */
+    assert_null(kvd_store_lease_ptr(st, &l[0]));
+    assert_int_equal(kvd_store_release(st, l, 2), KVD_ERR_TIMEOUT);
     kvd_store_close(st);
 }
 

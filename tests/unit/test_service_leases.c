@@ -207,6 +207,80 @@ static kvd_pb_get_response_t *get(kvd_test_svc_t *t, uint8_t nsb,
     return (kvd_pb_get_response_t *)(void *)msg;
 }
 
+/* A Get on lease `id` of object 0 answers `want`. */
+static void kvd_test_svc_get_expect(kvd_test_svc_t *t, uint64_t id,
+                                    kvd_status_t want)
+{
+    kvd_pb_get_response_t *r = get(t, NS, 0, 1, id, want);
+    kvd_proto_free(r != NULL ? &r->base : NULL);
+}
+
+/* A Lookup of objects 0..n-1 leased for `ttl_ms` by a caller of hand-off
+ * session `session`; returns the lease id. */
+static uint64_t session_lookup(kvd_test_svc_t *t, uint64_t session, size_t n,
+                               uint32_t ttl_ms)
+{
+    kvd_block_hash_t h[KVD_TEST_SVC_MAX];
+    ProtobufCBinaryData f[KVD_TEST_SVC_MAX];
+    kvd_namespace_t ns;
+    kvd_test_svc_hash_fields(0, n, h, f);
+    kvd_pb_lookup_request_t rq = KVDEPOT__V1__LOOKUP_REQUEST__INIT;
+    rq.namespace_id = kvd_test_svc_ns_field(&ns, NS);
+    rq.n_block_hashes = n;
+    rq.block_hashes = f;
+    rq.lease_ttl_ms = ttl_ms;
+    uint8_t *in = NULL, *out = NULL;
+    size_t in_len = 0, out_len = 0;
+    char why[KVD_PROTO_REASON_MAX] = "";
+    assert_int_equal(kvd_proto_pack_alloc(KVD_PROTO_MSG_LOOKUP_REQUEST,
+                                          &rq.base, &in, &in_len, why,
+                                          sizeof why),
+                     KVD_OK);
+    assert_int_equal(kvd_service_call_session(t->svc, KVD_RPC_LOOKUP, in,
+                                              in_len, NULL, session, &out,
+                                              &out_len, why, sizeof why),
+                     KVD_OK);
+    ProtobufCMessage *msg = NULL;
+    assert_int_equal(kvd_proto_unpack(KVD_PROTO_MSG_LOOKUP_RESPONSE, out,
+                                      out_len, &msg, why, sizeof why),
+                     KVD_OK);
+    uint64_t id = ((kvd_pb_lookup_response_t *)(void *)msg)->lease_id;
+    kvd_proto_free(msg);
+    free(out);
+    free(in);
+    return id;
+}
+
+/* A lease of an open hand-off session that expires is quarantined (out of
+ * the table, Get cannot revive it, its bytes still counted); it is given
+ * back when the session closes, and one of a session never opened is
+ * given back at once. */
+static void test_lease_quarantined_until_session_ends(void **state)
+{
+    kvd_test_svc_t *t = *state;
+    assert_int_equal(kvd_service_session_open(t->svc, 7), KVD_OK);
+    uint64_t id = session_lookup(t, 7, 2, 30);
+    assert_int_not_equal(id, 0);
+    kvd_service_stats_t st;
+    KVD_TEST_SVC_WAIT(t, st, st.leases == 0 && st.leases_quarantined == 1);
+    assert_true(st.quarantined_bytes > 0);
+    /* Another caller (no session) cannot acknowledge it. */
+    assert_int_equal(kvd_test_svc_release(t, id, NULL), 0);
+    kvd_test_svc_get_expect(t, id, KVD_ERR_NOT_FOUND);
+    kvd_service_stats(t->svc, &st);
+    assert_int_equal(st.leases_quarantined, 1);
+    kvd_service_session_close(t->svc, 7);
+    kvd_service_stats(t->svc, &st);
+    assert_int_equal(st.leases_quarantined, 0);
+    assert_int_equal(st.quarantined_bytes, 0);
+    assert_int_equal(st.sessions, 0);
+
+    /* Session 8 was never opened (its client is gone): no quarantine. */
+    (void)session_lookup(t, 8, 1, 30);
+    KVD_TEST_SVC_WAIT(t, st, st.leases == 0 && st.leases_expired == 2);
+    assert_int_equal(st.leases_quarantined, 0);
+}
+
 /* Get without a lease id makes one over the blocks it finds: READY with
  * the offsets Lookup answers and the saved bytes there, MISSING for the
  * rest; the lease's TTL is the service's default. */
@@ -307,6 +381,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lookup_release_list, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_lookup_packed, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_lease_quarantined_until_session_ends, setup, teardown),
         cmocka_unit_test_setup_teardown(test_lease_expires, setup_short_ttl,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_get_new_lease, setup, teardown),
