@@ -18,7 +18,9 @@
 #        OUT, JOBS (default: the CPU count), GPU_CHECK_STEPS (the steps to
 #        run after the set-up, by name; default all: nvidia-smi gpu-tests
 #        sanitize-kernels sanitize-worker bench-kernels ncu-kernels
-#        bench-worker demo ttft-hf)
+#        bench-worker demo ttft-hf), TTFT_HF_ARGS (flags for
+#        bench/ttft_hf.py, e.g. "--models 8b --sizes 16k"), TTFT_HF_TIMEOUT
+#        (seconds, default 300)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -164,7 +166,7 @@ if [[ -f bench/ttft_hf.py ]] &&
     KVDEPOT_LIB=$root/build/gpu/libkvdepot.so \
         KVDEPOTD=$root/build/gpu/server/kvdepotd PYTHONPATH=$root/python \
         step ttft-hf timeout "${TTFT_HF_TIMEOUT:-300}" python3 bench/ttft_hf.py \
-        --out "$out/ttft_hf.txt"
+        ${TTFT_HF_ARGS:-} --out "$out/ttft_hf.txt"
 fi
 
 {
