@@ -73,7 +73,9 @@ static const kvd_config_field_t arena_config_fields[] = {
     {"store.arena_size", "8g", "host arena (L1) size, rounded down to chunks",
      kvd_config_parse_size, offsetof(kvd_arena_config_t, size_bytes),
      KVD_ARENA_SLOT_ALIGN, 0, NULL},
-    {"store.arena_chunk", "64m", "arena slab page; the largest storable object",
+    {"store.arena_chunk", "64m",
+     "arena slab page; the largest storable object (a worker's object is its "
+     "payload plus a 128-byte header)",
      kvd_config_parse_size, offsetof(kvd_arena_config_t, chunk_bytes),
      KVD_ARENA_SLOT_ALIGN, (int64_t)KVD_ARENA_CHUNK_BYTES_MAX, NULL},
     {"store.arena_hugepages", "auto",
