@@ -123,7 +123,10 @@ void kvd_cuda_tables_destroy(kvd_cuda_tables_t *tables);
  * plane, head); a raw plane on a layout whose heads are contiguous runs of
  * tokens (vLLM HND, MLA, the TensorRT-LLM pool) is moved by the copy
  * engine instead (cudaMemcpyBatchAsync, or 2D copies on the legacy default
- * stream or where batching is unsupported). Nothing is allocated and
+ * stream or where batching is unsupported) when each copy (a block's
+ * plane, or one head of it where heads are not adjacent) is at least
+ * 256 KiB: smaller copies go through the kernel, which moves them tens of
+ * times faster. Nothing is allocated and
  * nothing synchronizes: the call returns once the work is enqueued on
  * `stream` (a cudaStream_t; NULL is the default stream).
  *

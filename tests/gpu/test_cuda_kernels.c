@@ -53,11 +53,13 @@ typedef enum test_layout {
     TEST_FLASHINFER,
     TEST_MLA,
     TEST_TRT_POOL,
-    TEST_ODD_NHD
+    TEST_ODD_NHD,
+    TEST_HND_BIG /* HND with 1024-token blocks: raw goes to the copy engine */
 } test_layout_t;
 
 static const char *const test_layout_names[] = {
-    "vllm-nhd", "vllm-hnd", "flashinfer", "mla", "trt-pool", "odd-nhd"};
+    "vllm-nhd", "vllm-hnd", "flashinfer", "mla",
+    "trt-pool", "odd-nhd",  "hnd-1024"};
 
 /* ---- deterministic randomness ---------------------------------------- */
 
@@ -114,6 +116,7 @@ static void test_cache_geometry(test_cache_t *c, size_t *layer_stride)
         *layer_stride = (size_t)(l->stride_plane * f->num_planes);
         break;
     case TEST_HND: /* [2, NB, H, BS, D] */
+    case TEST_HND_BIG:
         l->stride_token = row;
         l->stride_head = row * f->block_size;
         l->stride_block = l->stride_head * f->num_heads;
@@ -588,6 +591,11 @@ static kvd_object_format_t test_format(test_layout_t kind, kvd_dtype_t dtype,
     switch (kind) {
     case TEST_NHD: f.num_heads = 4, f.head_dim = 128, f.block_size = 16; break;
     case TEST_HND: f.num_heads = 2, f.head_dim = 64, f.block_size = 32; break;
+    case TEST_HND_BIG:
+        /* A block's plane is 2 x 1024 x 128 x 2 bytes = 512 KiB, one copy
+         * at or over the copy engine's minimum (256 KiB). */
+        f.num_heads = 2, f.head_dim = 128, f.block_size = 1024;
+        break;
     case TEST_FLASHINFER:
         f.num_heads = 3, f.head_dim = 128, f.block_size = 16;
         break;
@@ -681,6 +689,25 @@ static void test_odd_shapes(void **state)
 {
     (void)state;
     test_layout_all_codecs(TEST_ODD_NHD);
+}
+
+/* The copy-engine path: raw planes of large blocks (both dtypes and fp8
+ * caches; a partial last block; raw K beside an fp8-encoded V, so a
+ * kernel launch and the copies share one call). */
+static void test_copy_engine(void **state)
+{
+    (void)state;
+    static const kvd_dtype_t dtypes[] = {KVD_DTYPE_FP16, KVD_DTYPE_BF16,
+                                         KVD_DTYPE_FP8_E4M3};
+    for (unsigned d = 0; d < 3; d++) {
+        kvd_object_format_t f =
+            test_format(TEST_HND_BIG, dtypes[d], KVD_CODEC_RAW, KVD_CODEC_RAW);
+        test_run_format(TEST_HND_BIG, &f, 0);
+        test_run_format(TEST_HND_BIG, &f, 1);
+    }
+    kvd_object_format_t f = test_format(TEST_HND_BIG, KVD_DTYPE_BF16,
+                                        KVD_CODEC_RAW, KVD_CODEC_FP8_E4M3);
+    test_run_format(TEST_HND_BIG, &f, 1);
 }
 
 /* ---- fp8 conversion parity ---------------------------------------------- */
@@ -847,6 +874,7 @@ int main(void)
         cmocka_unit_test(test_mla),
         cmocka_unit_test(test_trt_pool),
         cmocka_unit_test(test_odd_shapes),
+        cmocka_unit_test(test_copy_engine),
         cmocka_unit_test(test_bench_smoke),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
