@@ -297,13 +297,17 @@ static bool kvd_plane_copy_engine(const kvd_kv_layout_t *layout,
 {
     size_t row = (size_t)fmt->head_dim * kvd_dtype_size(fmt->dtype);
     size_t head_bytes = (size_t)fmt->block_size * row;
-    size_t copy =
-        fmt->num_heads == 1 || (uint64_t)layout->stride_head == head_bytes
-            ? head_bytes * fmt->num_heads
-            : head_bytes;
+    bool adjacent = (uint64_t)layout->stride_head == head_bytes;
+    size_t copy = head_bytes;
+    if (fmt->num_heads == 1 || adjacent) {
+        copy *= fmt->num_heads;
+    }
+    if (copy < KVD_CE_MIN_COPY_BYTES) {
+        return false;
+    }
     return fmt->codec[p] == KVD_CODEC_RAW &&
            (fmt->block_size == 1 || (uint64_t)layout->stride_token == row) &&
-           a->data_used[p] == a->data_bytes[p] && copy >= KVD_CE_MIN_COPY_BYTES;
+           a->data_used[p] == a->data_bytes[p];
 }
 
 static kvd_status_t
