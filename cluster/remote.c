@@ -199,12 +199,6 @@ kvd_status_t kvd_remote_start(const kvd_remote_config_t *cfg,
     const uint8_t *addr = kvd_peer_address(r->peer, &alen);
     memcpy(cfg->self->ucx_address, addr, alen);
     cfg->self->ucx_address_len = alen;
-    if (pthread_create(&r->mover, NULL, kvd_remote_mover_main, r) != 0) {
-        snprintf(err, err_len, "cluster: cannot start the mover thread");
-        kvd_remote_stop(r);
-        return KVD_ERR_INTERNAL;
-    }
-    r->mover_started = true;
     kvd_membership_config_t mc = {
         .etcd_endpoint = cfg->etcd_endpoint,
         .cluster = cfg->cluster,
@@ -221,6 +215,15 @@ kvd_status_t kvd_remote_start(const kvd_remote_config_t *cfg,
         kvd_remote_stop(r);
         return s;
     }
+    /* The mover starts once the membership is in place: offers that
+     * arrive while the node joins wait in the queue instead of meeting a
+     * node without a view (and being dropped as if it had left). */
+    if (pthread_create(&r->mover, NULL, kvd_remote_mover_main, r) != 0) {
+        snprintf(err, err_len, "cluster: cannot start the mover thread");
+        kvd_remote_stop(r);
+        return KVD_ERR_INTERNAL;
+    }
+    r->mover_started = true;
     *out = r;
     return KVD_OK;
 }

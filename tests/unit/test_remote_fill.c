@@ -437,6 +437,8 @@ static void test_joining_home_repaired(void **state)
     assert_true(sa.repairs >= 1);
     assert_true(sa.repair_offers >= 3);
     assert_true(stats_of(&b).pulls >= 3);
+    /* Offers that reached b while it joined waited for its view. */
+    assert_int_equal(stats_of(&b).dropped, 0);
     node_stop(&b);
     node_stop(&a);
 }
