@@ -117,7 +117,7 @@ typedef struct engine {
     size_t obj_bytes, stored_bytes, region_bytes;
     uint8_t *expect; /* stored_bytes: the object of one hash */
     uint8_t *pat;    /* region_bytes: one (layer, plane) of one block */
-    uint64_t step, max_rounds;
+    uint64_t step;
     bool bound; /* a plan left bound (END_REBIND) */
     engine_counts_t c;
     char first_error[256];
@@ -570,8 +570,12 @@ static void slow_read(engine_t *e)
         h[i] = key_hash(keys[i]);
     }
     e->c.slow_reads++;
-    if (kvd_store_lookup(e->st, &e->ns, h, n, l, &m) != KVD_OK || m == 0) {
-        return; /* a miss, or the daemon restarting: nothing leased */
+    kvd_status_t s = kvd_store_lookup(e->st, &e->ns, h, n, l, &m);
+    if (s != KVD_OK) {
+        usleep(1000); /* the daemon restarting: a clean error */
+    }
+    if (s != KVD_OK || m == 0) {
+        return; /* nothing leased */
     }
     for (size_t i = 0; i < m; i++) {
         if (l[i].tier == KVD_STORE_TIER_HOST) {
@@ -608,7 +612,8 @@ static void slow_write(engine_t *e)
     if (kvd_store_reserve(e->st, &e->ns, &h, 1, e->stored_bytes, 0, &r) !=
             KVD_OK ||
         r.status != KVD_OK) {
-        return; /* stored already, no room, or the daemon restarting */
+        usleep(1000); /* stored already, no room, or the daemon restarting */
+        return;
     }
     uint8_t *p = kvd_store_reservation_ptr(e->st, &r, e->stored_bytes);
     if (p == NULL) {
@@ -644,15 +649,15 @@ static void slow_write(engine_t *e)
 static void *engine_main(void *arg)
 {
     engine_t *e = arg;
-    while (!atomic_load(&g_stop) && e->c.rounds < e->max_rounds) {
+    while (!atomic_load(&g_stop)) {
         if (e->w != NULL) {
             step_random(e);
+            e->c.rounds++;
         } else if (rnd_below(e, 2) == 0) {
             slow_read(e);
         } else {
             slow_write(e);
         }
-        e->c.rounds++;
     }
     return NULL;
 }
@@ -670,7 +675,6 @@ static void engine_open(engine_t *e, const kvd_test_cl_t *t, int idx,
     memset(e->ns.bytes, 0x4E, sizeof e->ns.bytes);
     e->ns.bytes[0] = (uint8_t)e->nsid;
     e->rng = mix64(seed + (uint64_t)idx);
-    e->max_rounds = UINT64_MAX;
     assert_int_equal(kvd_test_cl_open(t, &e->st, "store.lease_ttl", "300ms",
                                       (const char *)NULL),
                      KVD_OK);
@@ -720,6 +724,7 @@ static void engine_close(engine_t *e)
 typedef struct daemon_counts {
     uint64_t leases_expired, reservations_expired;
     uint64_t evictions_host, evictions_disk, checksum_errors, restarts;
+    uint64_t restart_ms; /* the daemon down, all restarts */
 } daemon_counts_t;
 
 static void daemon_tally(kvd_test_cl_t *t, daemon_counts_t *d)
@@ -756,7 +761,9 @@ static void run_engines(kvd_test_cl_t *t, engine_t *eng, uint64_t seed,
         usleep(20000);
         if (now >= next && now + 500u < end) {
             daemon_tally(t, d);
+            uint64_t t0 = kvd_test_cl_now_ms();
             kvd_test_cl_restart(t);
+            d->restart_ms += kvd_test_cl_now_ms() - t0;
             d->restarts++;
             next = kvd_test_cl_now_ms() + 1000u + (rng = mix64(rng)) % 2000u;
         }
@@ -780,6 +787,39 @@ static void counts_add(engine_counts_t *sum, const engine_counts_t *c)
     }
 }
 
+#define U(x) ((unsigned long long)(x))
+
+/* The run's figures (docs/reliability.md, "The randomized check"). */
+static void summary_print(const engine_counts_t *c, const kvd_worker_stats_t *w,
+                          const daemon_counts_t *d)
+{
+    printf("test_never_wrong_kv: %llu engine rounds, %llu steps (%llu saving "
+           "whole, %llu stopped short); objects: %llu committed by workers + "
+           "%llu by slow writers, %llu aborted, %llu dropped, %llu skipped\n",
+           U(c->rounds), U(c->steps), U(c->saves_whole), U(c->saves_short),
+           U(w->blocks_saved), U(c->slow_commits), U(w->saves_aborted),
+           U(w->saves_dropped), U(w->saves_skipped));
+    printf("test_never_wrong_kv: loads: %llu ok (%llu promoted from NVMe), "
+           "%llu load errors reported (%llu header, %llu blocks of %llu "
+           "canceled requests); slow clients: %llu reads (%llu blocks "
+           "checked twice), %llu writes\n",
+           U(c->loads_ok), U(w->promotions), U(c->load_misses),
+           U(w->header_errors), U(c->canceled_blocks), U(c->cancels),
+           U(c->slow_reads), U(c->slow_read_blocks), U(c->slow_writes));
+    printf("test_never_wrong_kv: %llu stalls past the TTL; expiries: daemon "
+           "%llu leases + %llu reservations, clients %llu releases + %llu "
+           "commits KVD_ERR_TIMEOUT; evictions %llu arena + %llu NVMe; %llu "
+           "daemon restarts (down %llu ms in all); %llu plans refused\n",
+           U(c->stalls), U(d->leases_expired), U(d->reservations_expired),
+           U(c->expired_releases), U(c->expired_commits), U(d->evictions_host),
+           U(d->evictions_disk), U(d->restarts), U(d->restart_ms),
+           U(c->bind_errors));
+    printf("test_never_wrong_kv: wrong bytes %llu, unreported blocks %llu, "
+           "stray reports %llu, late commits %llu\n",
+           U(c->wrong_bytes), U(c->unreported), U(c->stray_reports),
+           U(c->late_commits));
+}
+
 static void test_never_wrong_kv(void **state)
 {
     (void)state;
@@ -787,7 +827,7 @@ static void test_never_wrong_kv(void **state)
     uint64_t seconds = env_u64("KVDEPOT_TEST_SECONDS", DEFAULT_SECONDS);
     printf("test_never_wrong_kv: seed %llu, %llu s (KVDEPOT_TEST_SEED, "
            "KVDEPOT_TEST_SECONDS to replay)\n",
-           (unsigned long long)seed, (unsigned long long)seconds);
+           U(seed), U(seconds));
     kvd_test_cl_t t;
     kvd_test_cl_start(&t, "never_wrong", true, "server.lease_ttl", "300ms",
                       "server.reservation_ttl", "300ms", "store.arena_size",
@@ -824,39 +864,7 @@ static void test_never_wrong_kv(void **state)
         ws.header_errors += w.header_errors;
         ws.promotions += w.promotions;
     }
-    printf("test_never_wrong_kv: %llu rounds, %llu steps (%llu saving whole, "
-           "%llu stopped short); objects: %llu committed by workers + %llu by "
-           "slow writers, %llu aborted, %llu dropped, %llu skipped\n",
-           (unsigned long long)c.rounds, (unsigned long long)c.steps,
-           (unsigned long long)c.saves_whole, (unsigned long long)c.saves_short,
-           (unsigned long long)ws.blocks_saved,
-           (unsigned long long)c.slow_commits,
-           (unsigned long long)ws.saves_aborted,
-           (unsigned long long)ws.saves_dropped,
-           (unsigned long long)ws.saves_skipped);
-    printf("test_never_wrong_kv: loads: %llu ok (%llu promoted from NVMe), "
-           "%llu load errors reported (%llu header, %llu blocks of %llu "
-           "canceled requests); slow readers %llu blocks checked twice\n",
-           (unsigned long long)c.loads_ok, (unsigned long long)ws.promotions,
-           (unsigned long long)c.load_misses,
-           (unsigned long long)ws.header_errors,
-           (unsigned long long)c.canceled_blocks, (unsigned long long)c.cancels,
-           (unsigned long long)c.slow_read_blocks);
-    printf("test_never_wrong_kv: %llu stalls past the TTL; expiries: daemon "
-           "%llu leases + %llu reservations, clients %llu releases + %llu "
-           "commits KVD_ERR_TIMEOUT; evictions %llu arena + %llu NVMe; %llu "
-           "daemon restarts; %llu plans refused; wrong bytes %llu, "
-           "unreported blocks %llu, stray reports %llu, late commits %llu\n",
-           (unsigned long long)c.stalls, (unsigned long long)d.leases_expired,
-           (unsigned long long)d.reservations_expired,
-           (unsigned long long)c.expired_releases,
-           (unsigned long long)c.expired_commits,
-           (unsigned long long)d.evictions_host,
-           (unsigned long long)d.evictions_disk, (unsigned long long)d.restarts,
-           (unsigned long long)c.bind_errors, (unsigned long long)c.wrong_bytes,
-           (unsigned long long)c.unreported,
-           (unsigned long long)c.stray_reports,
-           (unsigned long long)c.late_commits);
+    summary_print(&c, &ws, &d);
     assert_int_equal(c.wrong_bytes, 0);
     assert_int_equal(c.unreported, 0);
     assert_int_equal(c.stray_reports, 0);
