@@ -3,33 +3,36 @@
  * a randomized check. One kvdepotd runs in this process
  * (tests/unit/kvd_testclient_int.h) with 300 ms lease and reservation TTLs,
  * a 4 MiB arena over an 8 MiB NVMe tier (write-through), so objects are
- * evicted from both tiers all the time. ENGINES engines, each a daemon-mode
+ * evicted from both tiers all the time. Three engines, each a daemon-mode
  * store, a worker (host backend, layerwise_saves) and its own paged KV
- * cache in host memory, run on their own threads, driven by a PRNG seeded
- * from KVDEPOT_TEST_SEED (printed; a fixed default). Each round an engine
- * picks one of:
- *   - a step that saves and/or loads blocks: saves end whole
- *     (wait_for_save), or stop short (abort_step, clear_metadata, a layer
- *     not saved, the next plan bound over it) with the layers not computed
- *     holding stale bytes; loads are synchronous, layerwise or
- *     asynchronous (sometimes canceled by finishing the request at once);
- *     some steps stall past the TTLs between binding and a layer;
- *   - a slow reader: a lookup through the store, the leased bytes checked,
- *     a stall past the lease TTL, the same bytes checked again through the
- *     old pointer (the expired slot must still hold its object), a release;
+ * cache in host memory, and two slow clients of the store run on their own
+ * threads, each driven by a PRNG seeded from KVDEPOT_TEST_SEED (printed; a
+ * fixed default) and its index. Each round an engine runs a step that
+ * saves and/or loads blocks: saves end whole (wait_for_save) or stop short
+ * (abort_step, clear_metadata, a layer not saved, the next plan bound over
+ * it) with the layers not computed holding stale bytes; loads are
+ * synchronous, layerwise or asynchronous (sometimes canceled by finishing
+ * the request at once); some steps stall past the TTLs between binding and
+ * a layer. A slow client alternates
+ *   - a slow reader: a lookup, the leased bytes checked, a stall (past the
+ *     lease TTL one time in 3), the same bytes checked again through the
+ *     old pointer (an expired slot must still hold its object), a release;
  *   - a slow writer: a reservation, a stall, the object written through
- *     the old pointer (after a stall past the TTL: another key's bytes), a
- *     commit that must not publish an expired reservation.
- * Meanwhile the main thread restarts the daemon at random moments (the
- * clients reconnect and map the new arena; the NVMe tier survives).
+ *     the old pointer (after a stall past the TTL: another key's payload
+ *     under this key's header), a commit that must not publish an expired
+ *     reservation.
+ * Meanwhile the main thread restarts the daemon every 1 to 3 s (the
+ * clients reconnect and map the new arena; the NVMe tier survives). The
+ * seed fixes what each thread does, not how the threads interleave.
  *
  * Block content is a pure function of (namespace, block hash, layer,
  * plane), so every load checks every byte: a block the worker reports
  * loaded must hold exactly its pattern in every layer (0 wrong bytes); a
  * block it cannot prove must be reported in failed_loads (a load error the
- * engine recomputes); a request never reported is an error. The engine's
- * own counts must equal the worker's blocks_loaded and load_errors. Ends
- * with one summary line; KVDEPOT_TEST_SECONDS sets the duration.
+ * engine recomputes); a request never reported is an error. The engines'
+ * own counts must equal their workers' blocks_loaded and load_errors. Ends
+ * with a summary; KVDEPOT_TEST_SECONDS sets the duration (12 s, 8 s in
+ * sanitizer builds).
  */
 #include <poll.h>
 #include <pthread.h>
