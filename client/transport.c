@@ -70,14 +70,13 @@ static const char *const cl_paths[] = {
 /*
  * Sends `req` (of type `rq_type`) and unpacks the reply as `rsp_type` into
  * *rsp_out (kvd_proto_free it). `instance_used` gets the instance the call
- * named, so a caller can tell a restart.
+ * named, so a caller can tell a restart, and `sess` (sizeof
+ * c->session_hex) the session it sent.
  */
-static kvd_status_t cl_call_once(kvd_client_t *c, enum cl_method m,
-                                 kvd_proto_msg_t rq_type,
-                                 const ProtobufCMessage *req,
-                                 kvd_proto_msg_t rsp_type,
-                                 ProtobufCMessage **rsp_out,
-                                 uint64_t *instance_used, char *sess_used)
+static kvd_status_t
+cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
+             const ProtobufCMessage *req, kvd_proto_msg_t rsp_type,
+             ProtobufCMessage **rsp_out, uint64_t *instance_used, char *sess)
 {
     char reason[KVD_PROTO_REASON_MAX];
     uint8_t *buf = NULL;
@@ -88,14 +87,12 @@ static kvd_status_t cl_call_once(kvd_client_t *c, enum cl_method m,
         KVD_LOG_ERROR("store client: %s not sent: %s", cl_paths[m], reason);
         return s;
     }
-    char inst[17], sess[sizeof c->session_hex];
+    char inst[17];
     pthread_mutex_lock(&c->mu);
     memcpy(inst, c->instance_hex, sizeof inst);
-    memcpy(sess, c->session_hex, sizeof sess);
-    memcpy(sess_used, sess, sizeof sess);
+    memcpy(sess, c->session_hex, sizeof c->session_hex);
     *instance_used = c->instance;
     pthread_mutex_unlock(&c->mu);
-
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
     gpr_timespec deadline = gpr_time_add(
         gpr_now(GPR_CLOCK_MONOTONIC),
