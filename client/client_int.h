@@ -194,6 +194,12 @@ kvd_status_t kvd_cl_arena_map(kvd_client_t *c, char *err, size_t err_len);
 /* After KVD_ERR_STATE from instance `used`: maps the new arena (once,
  * whichever thread sees it first; the others find it done). Takes `mu`. */
 kvd_status_t kvd_cl_arena_remap(kvd_client_t *c, uint64_t used);
+/* After KVD_ERR_AUTH on a call that sent session `used` (hex): the
+ * daemon forgot that session; hands off again (once, whichever thread sees
+ * it first: a session that changed meanwhile is taken as renewed) and
+ * keeps the mapping if the arena is the same. KVD_ERR_AUTH without a
+ * hand-off (TCP), or the hand-off's error. Takes `mu`. */
+kvd_status_t kvd_cl_session_renew(kvd_client_t *c, const char *used);
 /* Whether arena offsets [offset, offset + len) are in the current mapping
  * (the caller's partition of the daemon's arena); `mu` held. */
 bool kvd_cl_arena_contains(const kvd_client_t *c, uint64_t offset,

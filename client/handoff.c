@@ -1,15 +1,20 @@
 /*
  * The shared-memory hand-off messages and the one-descriptor unix socket
- * send/receive (client/handoff.h has the format).
+ * send/receive (client/handoff.h has the format). A receive is bounded
+ * as a whole: a peer that sends part of a message and stalls costs the
+ * caller its timeout, never more.
  */
 #include <errno.h>
 #include <poll.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/config_int.h"
 #include "common/endian_int.h"
+#include "common/time_int.h"
 #include "client/handoff.h"
 
 static const uint8_t hello_magic[4] = {'K', 'V', 'D', 'H'};
@@ -175,49 +180,82 @@ static int handoff_take_fds(struct msghdr *msg, int *first)
     return count;
 }
 
+/* Waits until `sock` is readable or `deadline_ns` passes. */
+static kvd_status_t handoff_wait(int sock, uint64_t deadline_ns)
+{
+    for (;;) {
+        uint64_t now = kvd_time_now_ns();
+        if (now >= deadline_ns) {
+            return KVD_ERR_TIMEOUT;
+        }
+        uint64_t left_ms =
+            (deadline_ns - now + KVD_NSEC_PER_MSEC - 1) / KVD_NSEC_PER_MSEC;
+        struct pollfd pfd = {.fd = sock, .events = POLLIN};
+        int rc = poll(&pfd, 1, left_ms > INT32_MAX ? INT32_MAX : (int)left_ms);
+        if (rc > 0) {
+            return KVD_OK;
+        }
+        if (rc < 0 && errno != EINTR) {
+            return kvd_status_from_errno(errno);
+        }
+    }
+}
+
 kvd_status_t kvd_handoff_recv(int sock, uint8_t *data, size_t len,
                               int timeout_ms, int *fd_out)
 {
-    struct pollfd pfd = {.fd = sock, .events = POLLIN};
-    int rc;
-    do {
-        rc = poll(&pfd, 1, timeout_ms);
-    } while (rc < 0 && errno == EINTR);
-    if (rc < 0) {
-        return kvd_status_from_errno(errno);
+    /* The whole message within the deadline, in however many pieces the
+     * peer sends it: a peer that sends part and stalls costs timeout_ms. */
+    uint64_t deadline =
+        kvd_time_now_ns() +
+        (uint64_t)(timeout_ms < 0 ? 0 : timeout_ms) * KVD_NSEC_PER_MSEC;
+    size_t got = 0;
+    int fd = -1, count = 0;
+    bool trunc = false;
+    kvd_status_t s = KVD_OK;
+    while (got < len && s == KVD_OK) {
+        s = handoff_wait(sock, deadline);
+        if (s != KVD_OK) {
+            break;
+        }
+        struct iovec iov = {.iov_base = data + got, .iov_len = len - got};
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(4 * sizeof(int))];
+        } ctl;
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = ctl.buf,
+                             .msg_controllen = sizeof ctl.buf};
+        ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
+                s = kvd_status_from_errno(errno);
+            }
+            continue;
+        }
+        int more = -1;
+        int k = handoff_take_fds(&msg, &more);
+        if (fd < 0) {
+            fd = more;
+        } else if (more >= 0) {
+            close(more);
+        }
+        count += k;
+        trunc = trunc || (msg.msg_flags & MSG_CTRUNC);
+        if (n == 0) {
+            s = got == 0 ? KVD_ERR_PEER : KVD_ERR_PROTO;
+        }
+        got += (size_t)n;
     }
-    if (rc == 0) {
-        return KVD_ERR_TIMEOUT;
+    if (s == KVD_OK && (count > 1 || trunc)) {
+        s = KVD_ERR_PROTO;
     }
-    struct iovec iov = {.iov_base = data, .iov_len = len};
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(4 * sizeof(int))];
-    } ctl;
-    struct msghdr msg = {.msg_iov = &iov,
-                         .msg_iovlen = 1,
-                         .msg_control = ctl.buf,
-                         .msg_controllen = sizeof ctl.buf};
-    ssize_t n;
-    do {
-        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
-    } while (n < 0 && errno == EINTR);
-    if (n < 0) {
-        return kvd_status_from_errno(errno);
-    }
-    int fd = -1;
-    int count = handoff_take_fds(&msg, &fd);
-    if (n == 0) {
+    if (s != KVD_OK) {
         if (fd >= 0) {
             close(fd);
         }
-        return KVD_ERR_PEER;
-    }
-    if ((size_t)n != len || count > 1 || (msg.msg_flags & MSG_CTRUNC)) {
-        if (fd >= 0) {
-            close(fd);
-        }
-        return KVD_ERR_PROTO;
+        return s;
     }
     *fd_out = fd;
     return KVD_OK;

@@ -87,7 +87,8 @@ kvd_status_t kvd_handoff_reply_decode(const uint8_t *data, size_t len,
 kvd_status_t kvd_handoff_send(int sock, const uint8_t *data, size_t len,
                               int fd);
 
-/* Receives exactly `len` bytes (one message) within `timeout_ms`; an
+/* Receives exactly `len` bytes (one message, in any number of pieces)
+ * within `timeout_ms` for the whole of it; an
  * attached descriptor (at most one; more is KVD_ERR_PROTO and all are
  * closed) is written to *fd_out (-1 if none, O_CLOEXEC). KVD_ERR_TIMEOUT,
  * KVD_ERR_PEER (closed early), KVD_ERR_PROTO (short or truncated), or a

@@ -74,8 +74,12 @@ void kvd_cl_map_held(kvd_client_t *c, uint64_t instance, int64_t delta)
 
 /* ---- the hand-off -------------------------------------------------------- */
 
-/* Asks the daemon for its arena and maps it; `mu` held. */
-kvd_status_t kvd_cl_arena_map(kvd_client_t *c, char *err, size_t err_len)
+/* One hand-off exchange: the daemon's reply in *r, its memfd in *fd_out
+ * and the connection in *sock_out (both to close), or an error with the
+ * reason in `err` (nothing left open). */
+static kvd_status_t cl_handoff(kvd_client_t *c, kvd_handoff_reply_t *r,
+                               int *fd_out, int *sock_out, char *err,
+                               size_t err_len)
 {
     int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (sock < 0) {
@@ -97,23 +101,51 @@ kvd_status_t kvd_cl_arena_map(kvd_client_t *c, char *err, size_t err_len)
         s = kvd_handoff_recv(sock, rbuf, sizeof rbuf, (int)c->cfg.timeout_ms,
                              &fd);
     }
-    kvd_handoff_reply_t r;
     if (s == KVD_OK) {
-        s = kvd_handoff_reply_decode(rbuf, sizeof rbuf, &r, err, err_len);
+        s = kvd_handoff_reply_decode(rbuf, sizeof rbuf, r, err, err_len);
     } else {
         kvd_config_err(err, err_len, "store.address: %s: hand-off: %s",
                        c->shm_path, kvd_status_str(s));
     }
-    if (s == KVD_OK && r.status != KVD_OK) {
+    if (s == KVD_OK && r->status != KVD_OK) {
         kvd_config_err(err, err_len,
                        "store.address: the daemon refused the "
                        "hand-off: %s",
-                       kvd_status_str(r.status));
-        s = r.status;
+                       kvd_status_str(r->status));
+        s = r->status;
     }
     if (s == KVD_OK && fd < 0) {
         kvd_config_err(err, err_len, "hand-off reply without a descriptor");
         s = KVD_ERR_PROTO;
+    }
+    if (s != KVD_OK) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        close(sock);
+        return s;
+    }
+    *fd_out = fd;
+    *sock_out = sock;
+    return KVD_OK;
+}
+
+/* Sets the session the calls send from the hand-off's reply. */
+static void cl_session_set(kvd_client_t *c, const kvd_handoff_reply_t *r)
+{
+    for (size_t i = 0; i < KVD_HANDOFF_SESSION_BYTES; i++) {
+        snprintf(c->session_hex + 2 * i, 3, "%02x", r->session[i]);
+    }
+}
+
+/* Asks the daemon for its arena and maps it; `mu` held. */
+kvd_status_t kvd_cl_arena_map(kvd_client_t *c, char *err, size_t err_len)
+{
+    kvd_handoff_reply_t r;
+    int fd = -1, sock = -1;
+    kvd_status_t s = cl_handoff(c, &r, &fd, &sock, err, err_len);
+    if (s != KVD_OK) {
+        return s;
     }
     kvd_arena_mapping_t *map = NULL;
     if (s == KVD_OK) {
@@ -129,9 +161,7 @@ kvd_status_t kvd_cl_arena_map(kvd_client_t *c, char *err, size_t err_len)
         }
     }
     if (s != KVD_OK) {
-        if (fd >= 0) {
-            close(fd);
-        }
+        close(fd);
         close(sock);
         return s;
     }
@@ -167,10 +197,45 @@ kvd_status_t kvd_cl_arena_map(kvd_client_t *c, char *err, size_t err_len)
     if (c->n_maps >= 2) {
         kvd_cl_map_held(c, c->maps[c->n_maps - 2].instance, 0);
     }
-    for (size_t i = 0; i < KVD_HANDOFF_SESSION_BYTES; i++) {
-        snprintf(c->session_hex + 2 * i, 3, "%02x", r.session[i]);
-    }
+    cl_session_set(c, &r);
     return KVD_OK;
+}
+
+kvd_status_t kvd_cl_session_renew(kvd_client_t *c, const char *used)
+{
+    kvd_status_t s = KVD_OK;
+    char err[256] = "";
+    pthread_mutex_lock(&c->mu);
+    if (c->handoff_fd < 0) {
+        s = KVD_ERR_AUTH; /* no hand-off session to renew (TCP) */
+    } else if (strcmp(c->session_hex, used) == 0) {
+        kvd_handoff_reply_t r;
+        int fd = -1, sock = -1;
+        s = cl_handoff(c, &r, &fd, &sock, err, sizeof err);
+        if (s == KVD_OK && r.instance_id == c->instance &&
+            r.map_bytes == c->map_bytes && r.size_bytes == c->size_bytes &&
+            r.offset == c->offset) {
+            /* The same arena: keep the mapping, take the new session and
+             * its connection (the old one's end closes the old session). */
+            close(fd);
+            close(c->handoff_fd);
+            c->handoff_fd = sock;
+            cl_session_set(c, &r);
+        } else if (s == KVD_OK) {
+            close(fd);
+            close(sock);
+            s = kvd_cl_arena_map(c, err, sizeof err);
+        }
+        if (s == KVD_OK) {
+            KVD_LOG_INFO("store client: the daemon no longer knew our "
+                         "session; handed off again");
+        } else {
+            KVD_LOG_WARN("store client: session renewal failed: %s",
+                         err[0] ? err : kvd_status_str(s));
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return s;
 }
 
 /* After KVD_ERR_STATE from an instance we used: map the new arena (once,

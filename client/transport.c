@@ -11,7 +11,9 @@
  *
  * A reply saying the instance changed (KVD_ERR_STATE) means the daemon
  * restarted: the arena is mapped again (mapping.c) and calls that carry no
- * ids are sent once more.
+ * ids are sent once more. A reply saying the session is unknown
+ * (KVD_ERR_AUTH, with a hand-off session) means the daemon forgot it: the
+ * hand-off is done again and the call sent once more.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -68,12 +70,13 @@ static const char *const cl_paths[] = {
 /*
  * Sends `req` (of type `rq_type`) and unpacks the reply as `rsp_type` into
  * *rsp_out (kvd_proto_free it). `instance_used` gets the instance the call
- * named, so a caller can tell a restart.
+ * named, so a caller can tell a restart, and `sess` (sizeof
+ * c->session_hex) the session it sent.
  */
 static kvd_status_t
 cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
              const ProtobufCMessage *req, kvd_proto_msg_t rsp_type,
-             ProtobufCMessage **rsp_out, uint64_t *instance_used)
+             ProtobufCMessage **rsp_out, uint64_t *instance_used, char *sess)
 {
     char reason[KVD_PROTO_REASON_MAX];
     uint8_t *buf = NULL;
@@ -84,13 +87,12 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
         KVD_LOG_ERROR("store client: %s not sent: %s", cl_paths[m], reason);
         return s;
     }
-    char inst[17], sess[sizeof c->session_hex];
+    char inst[17];
     pthread_mutex_lock(&c->mu);
     memcpy(inst, c->instance_hex, sizeof inst);
-    memcpy(sess, c->session_hex, sizeof sess);
+    memcpy(sess, c->session_hex, sizeof c->session_hex);
     *instance_used = c->instance;
     pthread_mutex_unlock(&c->mu);
-
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
     gpr_timespec deadline = gpr_time_add(
         gpr_now(GPR_CLOCK_MONOTONIC),
@@ -196,13 +198,22 @@ kvd_status_t kvd_cl_call(kvd_client_t *c, enum cl_method m,
                          kvd_proto_msg_t rsp_type, ProtobufCMessage **rsp_out,
                          uint64_t *instance_used, bool retry)
 {
-    kvd_status_t s =
-        cl_call_once(c, m, rq_type, req, rsp_type, rsp_out, instance_used);
+    char sess[sizeof c->session_hex];
+    kvd_status_t s = cl_call_once(c, m, rq_type, req, rsp_type, rsp_out,
+                                  instance_used, sess);
+    if (s == KVD_ERR_AUTH && sess[0] != '\0' &&
+        kvd_cl_session_renew(c, sess) == KVD_OK) {
+        /* The daemon forgot our hand-off session (it ended, and its slot
+         * went to another): the same call again with the new one. */
+        s = cl_call_once(c, m, rq_type, req, rsp_type, rsp_out, instance_used,
+                         sess);
+    }
     if (s == KVD_ERR_STATE && kvd_cl_arena_remap(c, *instance_used) == KVD_OK) {
         if (!retry) {
             return KVD_ERR_NOT_FOUND;
         }
-        s = cl_call_once(c, m, rq_type, req, rsp_type, rsp_out, instance_used);
+        s = cl_call_once(c, m, rq_type, req, rsp_type, rsp_out, instance_used,
+                         sess);
     }
     return s;
 }

@@ -136,6 +136,11 @@ static const kvd_config_field_t server_fields[] = {
      "shorter prefix",
      kvd_config_parse_size, SRV_OFF(tenant_max_leased_bytes), 0, INT64_MAX,
      NULL},
+    {"server.max_sessions_per_uid", "256",
+     "hand-off sessions (stores open) one user may hold at once; a hand-off "
+     "past it is refused with KVD_ERR_BUSY",
+     kvd_config_parse_int, SRV_OFF(max_sessions_per_uid), 1,
+     SRV_HANDOFF_CONNS_MAX, NULL},
     {"server.reservation_ttl", "30s",
      "reservation lifetime when Reserve asks for 0",
      kvd_config_parse_duration_ms, SRV_OFF(reservation_ttl_ms), 1,

@@ -5,18 +5,29 @@
  * server.tenant_arenas) and a fresh session secret; its gRPC calls then
  * name that session, which binds them to the tenant (srv_session_tenant).
  *
- * The listener is one thread: each exchange is one 16-byte HELLO and one
- * 64-byte REPLY with the memfd, bounded by a 1 s receive timeout, so a
- * stuck client delays the next one by at most that. After the exchange
- * the connection stays open for as long as the client keeps it (the life
- * of its mapping); the thread polls those connections with the listener,
- * and when one ends (the client closed its store or died: the kernel
- * closes the socket) the session is closed in the service, which gives
- * back the expired leases and reservations it kept quarantined for it.
- * A client that closes the connection at once (an older one) has its
- * session closed at once: its expired leases go back at their deadline.
+ * The listener is one thread that never blocks on a peer: accepted
+ * connections are non-blocking and sit in its poll set while their HELLO
+ * arrives, in whatever pieces, until SRV_HANDOFF_DEADLINE_MS after the
+ * accept; a connection that has not sent all of it by then is closed, and
+ * one uid may have at most SRV_HANDOFF_PENDING_PER_UID of them pending, so
+ * a caller that connects and stalls delays nobody else, and a stop waits
+ * for no peer (the thread wakes every 100 ms). After the exchange the
+ * connection stays open for as long as the client keeps it (the life of
+ * its mapping); when it ends (the client closed its store or died: the
+ * kernel closes the socket) the session is closed in the service, which
+ * gives back the expired leases and reservations it kept quarantined for
+ * it.
+ *
+ * Sessions: a session whose connection is open is live and is never
+ * forgotten; one uid may hold server.max_sessions_per_uid live sessions
+ * and its hand-offs past that are refused (KVD_ERR_BUSY, to that caller
+ * only). A session whose connection ended stays known (an older client
+ * closes the connection at once and still calls with it) until the table
+ * needs its slot: then the oldest such session is forgotten, and its
+ * client, if it calls again, gets KVD_ERR_AUTH and hands off again.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -30,10 +41,9 @@
 
 #include "common/config_int.h"
 #include "common/log_int.h"
+#include "common/time_int.h"
 #include "store/engine.h"
 #include "server/srv_int.h"
-
-#define SRV_HANDOFF_TIMEOUT_MS 1000
 
 /* The tenant `uid` maps to (server.tenants), or NULL. */
 static const char *server_uid_tenant(const kvd_server_t *srv, uint32_t uid)
@@ -47,33 +57,83 @@ static const char *server_uid_tenant(const kvd_server_t *srv, uint32_t uid)
     return tenant;
 }
 
-/* A fresh session secret for a client of `tenant` (its uid's, or NULL),
- * remembered with it. */
-static uint64_t server_session_new(kvd_server_t *srv, const char *tenant,
-                                   uint8_t *secret_out)
+/* The slot for a new session (`sess_mu` held): a free one, else the
+ * oldest whose connection has ended; NULL only if every one is live. */
+static srv_session_t *session_slot(kvd_server_t *srv)
+{
+    srv_session_t *best = NULL;
+    for (size_t i = 0; i < SRV_SESSIONS_MAX; i++) {
+        srv_session_t *e = &srv->sessions[i];
+        if (!e->used) {
+            return e;
+        }
+        if (!e->live && (best == NULL || e->id < best->id)) {
+            best = e;
+        }
+    }
+    return best;
+}
+
+/* Live sessions of `uid` (`sess_mu` held). */
+static int64_t session_live_of(const kvd_server_t *srv, uint32_t uid)
+{
+    int64_t n = 0;
+    for (size_t i = 0; i < SRV_SESSIONS_MAX; i++) {
+        const srv_session_t *e = &srv->sessions[i];
+        n += e->used && e->live && e->uid == uid;
+    }
+    return n;
+}
+
+/* A fresh live session for a client of `uid` and `tenant` (its uid's, or
+ * NULL), its secret in secret_out. KVD_ERR_BUSY when `uid` holds
+ * server.max_sessions_per_uid live sessions already (or the table is all
+ * live), KVD_ERR_IO without randomness. */
+static kvd_status_t server_session_new(kvd_server_t *srv, uint32_t uid,
+                                       const char *tenant, uint8_t *secret_out,
+                                       uint64_t *id_out)
 {
     if (getrandom(secret_out, KVD_HANDOFF_SESSION_BYTES, 0) !=
         (ssize_t)KVD_HANDOFF_SESSION_BYTES) {
-        /* No randomness: an all-zero secret no client can present (the
-         * session check refuses it), so mapped users are refused, not
-         * confused. */
         memset(secret_out, 0, KVD_HANDOFF_SESSION_BYTES);
-        return 0;
+        return KVD_ERR_IO;
     }
     pthread_mutex_lock(&srv->sess_mu);
-    uint64_t id = ++srv->sess_ids;
-    srv_session_t *e = &srv->sessions[srv->sess_next];
-    srv->sess_next = (srv->sess_next + 1) % SRV_SESSIONS_MAX;
-    memcpy(e->secret, secret_out, KVD_HANDOFF_SESSION_BYTES);
-    e->tenant = tenant;
-    e->id = id;
-    e->used = true;
-    pthread_mutex_unlock(&srv->sess_mu);
-    /* Open in the service before the client can make a call with it. */
-    if (kvd_service_session_open(srv->svc, id) != KVD_OK) {
-        return 0; /* no quarantine for it; calls still work */
+    srv_session_t *e = NULL;
+    if (session_live_of(srv, uid) < srv->cfg.max_sessions_per_uid) {
+        e = session_slot(srv);
     }
-    return id;
+    if (e == NULL) {
+        pthread_mutex_unlock(&srv->sess_mu);
+        memset(secret_out, 0, KVD_HANDOFF_SESSION_BYTES);
+        return KVD_ERR_BUSY;
+    }
+    uint64_t id = ++srv->sess_ids;
+    *e = (srv_session_t){
+        .tenant = tenant, .id = id, .uid = uid, .used = true, .live = true};
+    memcpy(e->secret, secret_out, KVD_HANDOFF_SESSION_BYTES);
+    pthread_mutex_unlock(&srv->sess_mu);
+    /* Open in the service before the client can make a call with it; if
+     * that fails calls still work, without a quarantine. */
+    (void)kvd_service_session_open(srv->svc, id);
+    *id_out = id;
+    return KVD_OK;
+}
+
+/* Session `id`'s connection ended: it may be forgotten from now on. */
+static void server_session_orphan(kvd_server_t *srv, uint64_t id)
+{
+    pthread_mutex_lock(&srv->sess_mu);
+    for (size_t i = 0; id != 0 && i < SRV_SESSIONS_MAX; i++) {
+        if (srv->sessions[i].used && srv->sessions[i].id == id) {
+            srv->sessions[i].live = false;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&srv->sess_mu);
+    if (id != 0) {
+        kvd_service_session_close(srv->svc, id);
+    }
 }
 
 static int hex_nibble(char c)
@@ -122,65 +182,63 @@ kvd_status_t srv_session_tenant(void *ctx, const char *hex, size_t len,
     return s;
 }
 
-/* Serves one exchange on `conn`; returns the session it opened (0: none,
- * the connection is to be closed). */
-static uint64_t handoff_serve(kvd_server_t *srv, int conn)
+/* Sends a refusal with `s` (best effort: the socket is non-blocking and
+ * a fresh connection's buffer is empty). */
+static void handoff_refuse(kvd_server_t *srv, int conn, kvd_status_t s)
 {
-    uint8_t hello[KVD_HANDOFF_HELLO_BYTES];
     uint8_t reply_buf[KVD_HANDOFF_REPLY_BYTES];
+    kvd_handoff_reply_t reply = {.instance_id = srv->instance_id, .status = s};
+    kvd_handoff_reply_encode(&reply, reply_buf);
+    (void)kvd_handoff_send(conn, reply_buf, sizeof reply_buf, -1);
+}
+
+/* Answers the complete HELLO of pending connection `c`; returns the
+ * session it opened (0: none, the connection is to be closed). */
+static uint64_t handoff_serve(kvd_server_t *srv, const srv_handoff_conn_t *c)
+{
     char why[128] = "";
-    int junk_fd = -1;
-    kvd_handoff_reply_t reply = {.instance_id = srv->instance_id};
-    kvd_status_t s = kvd_handoff_recv(conn, hello, sizeof hello,
-                                      SRV_HANDOFF_TIMEOUT_MS, &junk_fd);
-    if (junk_fd >= 0) {
-        close(junk_fd);
-        s = KVD_ERR_PROTO;
-        snprintf(why, sizeof why, "hello carried a descriptor");
-    }
-    if (s == KVD_OK) {
-        s = kvd_handoff_hello_decode(hello, sizeof hello, why, sizeof why);
-    }
-    struct ucred cred = {0};
-    socklen_t cl = sizeof cred;
-    (void)getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+    kvd_status_t s =
+        kvd_handoff_hello_decode(c->hello, sizeof c->hello, why, sizeof why);
     if (s != KVD_OK) {
-        KVD_LOG_WARN("kvdepotd: hand-off from pid %d uid %d refused: %s",
-                     (int)cred.pid, (int)cred.uid,
-                     why[0] ? why : kvd_status_str(s));
-        if (s == KVD_ERR_TIMEOUT || s == KVD_ERR_PEER) {
-            return 0;
-        }
-        reply.status = s;
-        kvd_handoff_reply_encode(&reply, reply_buf);
-        (void)kvd_handoff_send(conn, reply_buf, sizeof reply_buf, -1);
+        KVD_LOG_WARN("kvdepotd: hand-off from uid %u refused: %s",
+                     (unsigned)c->uid, why);
+        handoff_refuse(srv, c->fd, s);
         return 0;
     }
     /* The caller's tenant's partition: with server.tenant_arenas, a tenant
      * of its own never receives the memfd of another's bytes. */
-    const char *tenant = server_uid_tenant(srv, (uint32_t)cred.uid);
+    const char *tenant = server_uid_tenant(srv, c->uid);
     kvd_store_arena_export_t exp;
     s = kvd_store_arena_export_tenant(srv->store, kvd_service_tenant_id(tenant),
                                       &exp);
     if (s != KVD_OK) {
-        reply.status = s;
-        kvd_handoff_reply_encode(&reply, reply_buf);
-        (void)kvd_handoff_send(conn, reply_buf, sizeof reply_buf, -1);
+        handoff_refuse(srv, c->fd, s);
         return 0;
     }
-    reply.map_bytes = exp.map_bytes;
-    reply.size_bytes = exp.size_bytes;
-    reply.offset = exp.offset;
-    uint64_t session = server_session_new(srv, tenant, reply.session);
+    kvd_handoff_reply_t reply = {.instance_id = srv->instance_id,
+                                 .map_bytes = exp.map_bytes,
+                                 .size_bytes = exp.size_bytes,
+                                 .offset = exp.offset};
+    uint64_t session = 0;
+    s = server_session_new(srv, c->uid, tenant, reply.session, &session);
+    if (s != KVD_OK) {
+        close(exp.fd);
+        KVD_LOG_WARN("kvdepotd: hand-off from uid %u refused: %s (%lld "
+                     "sessions open, server.max_sessions_per_uid)",
+                     (unsigned)c->uid, kvd_status_str(s),
+                     (long long)srv->cfg.max_sessions_per_uid);
+        handoff_refuse(srv, c->fd, s);
+        return 0;
+    }
+    uint8_t reply_buf[KVD_HANDOFF_REPLY_BYTES];
     kvd_handoff_reply_encode(&reply, reply_buf);
-    s = kvd_handoff_send(conn, reply_buf, sizeof reply_buf, exp.fd);
+    s = kvd_handoff_send(c->fd, reply_buf, sizeof reply_buf, exp.fd);
     close(exp.fd);
-    KVD_LOG_DEBUG("kvdepotd: arena handed to pid %d uid %d (session %llu): "
-                  "%s",
-                  (int)cred.pid, (int)cred.uid, (unsigned long long)session,
+    KVD_LOG_DEBUG("kvdepotd: arena handed to uid %u (session %llu): %s",
+                  (unsigned)c->uid, (unsigned long long)session,
                   kvd_status_str(s));
     if (s != KVD_OK) {
-        kvd_service_session_close(srv->svc, session);
+        server_session_orphan(srv, session);
         return 0;
     }
     return session;
@@ -190,30 +248,121 @@ static uint64_t handoff_serve(kvd_server_t *srv, int conn)
 static void handoff_conn_end(kvd_server_t *srv, size_t i)
 {
     close(srv->conns[i].fd);
-    kvd_service_session_close(srv->svc, srv->conns[i].session);
+    server_session_orphan(srv, srv->conns[i].session);
     srv->conns[i] = srv->conns[--srv->n_conns];
 }
 
-/* Accepts and serves one client; keeps its connection while it has a
- * session and there is room. */
+/* Reads what pending connection `i` has sent; answers a complete HELLO.
+ * Returns false when the connection is to be ended. */
+static bool handoff_pending_read(kvd_server_t *srv, size_t i)
+{
+    srv_handoff_conn_t *c = &srv->conns[i];
+    struct iovec iov = {.iov_base = c->hello + c->got,
+                        .iov_len = sizeof c->hello - c->got};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof ctl.buf};
+    ssize_t n = recvmsg(c->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    }
+    bool fds = false;
+    for (struct cmsghdr *h = CMSG_FIRSTHDR(&msg); h != NULL;
+         h = CMSG_NXTHDR(&msg, h)) {
+        if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
+            size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+            for (size_t j = 0; j < k; j++) {
+                int fd;
+                memcpy(&fd, CMSG_DATA(h) + j * sizeof(int), sizeof fd);
+                close(fd);
+            }
+            fds = true;
+        }
+    }
+    if (fds || (msg.msg_flags & MSG_CTRUNC)) {
+        KVD_LOG_WARN("kvdepotd: hand-off from uid %u refused: hello carried "
+                     "a descriptor",
+                     (unsigned)c->uid);
+        handoff_refuse(srv, c->fd, KVD_ERR_PROTO);
+        return false;
+    }
+    if (n == 0) {
+        return false; /* closed before its HELLO was complete */
+    }
+    c->got = (uint8_t)(c->got + n);
+    if (c->got < sizeof c->hello) {
+        return true;
+    }
+    c->session = handoff_serve(srv, c);
+    return c->session != 0;
+}
+
+/* Accepts one client as a pending connection, unless the table is full or
+ * its uid has SRV_HANDOFF_PENDING_PER_UID pending already. */
 static void handoff_accept(kvd_server_t *srv)
 {
-    int conn = accept4(srv->handoff_fd, NULL, NULL, SOCK_CLOEXEC);
+    int conn =
+        accept4(srv->handoff_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (conn < 0) {
         return;
     }
-    uint64_t session = handoff_serve(srv, conn);
-    if (session != 0 && srv->n_conns < SRV_HANDOFF_CONNS_MAX) {
-        srv->conns[srv->n_conns++] = (srv_handoff_conn_t){conn, session};
+    struct ucred cred = {0};
+    socklen_t cl = sizeof cred;
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
+        close(conn);
         return;
     }
-    if (session != 0) {
-        KVD_LOG_WARN("kvdepotd: %d hand-off connections open; session %llu "
-                     "is not kept (its expired leases are not quarantined)",
-                     SRV_HANDOFF_CONNS_MAX, (unsigned long long)session);
-        kvd_service_session_close(srv->svc, session);
+    size_t pending = 0;
+    for (size_t i = 0; i < srv->n_conns; i++) {
+        pending += srv->conns[i].session == 0 &&
+                   srv->conns[i].uid == (uint32_t)cred.uid;
     }
-    close(conn);
+    if (srv->n_conns == SRV_HANDOFF_CONNS_MAX ||
+        pending >= SRV_HANDOFF_PENDING_PER_UID) {
+        KVD_LOG_WARN("kvdepotd: hand-off from pid %d uid %d dropped: %zu "
+                     "connections open, %zu of them its own pending",
+                     (int)cred.pid, (int)cred.uid, srv->n_conns, pending);
+        close(conn);
+        return;
+    }
+    srv->conns[srv->n_conns++] = (srv_handoff_conn_t){
+        .fd = conn,
+        .uid = (uint32_t)cred.uid,
+        .deadline_ns = kvd_time_now_ns() +
+                       (uint64_t)SRV_HANDOFF_DEADLINE_MS * KVD_NSEC_PER_MSEC};
+}
+
+/* One pass over the events of the `n` connections in p[1..n]. */
+static void handoff_conns_events(kvd_server_t *srv, const struct pollfd *p,
+                                 size_t n)
+{
+    uint64_t now = kvd_time_now_ns();
+    /* From the last, so the swap-removal keeps the indexes still to visit. */
+    for (size_t i = n; i > 0; i--) {
+        srv_handoff_conn_t *c = &srv->conns[i - 1];
+        bool keep = true;
+        if (c->session != 0) {
+            /* A kept connection carries nothing after the exchange: any
+             * event on it (hang-up, error, stray bytes) ends it. */
+            keep = p[i].revents == 0;
+        } else if (p[i].revents != 0) {
+            keep = handoff_pending_read(srv, i - 1);
+        }
+        if (keep && c->session == 0 && now >= c->deadline_ns) {
+            KVD_LOG_WARN("kvdepotd: hand-off from uid %u dropped: no hello "
+                         "within %d ms",
+                         (unsigned)c->uid, SRV_HANDOFF_DEADLINE_MS);
+            keep = false;
+        }
+        if (!keep) {
+            handoff_conn_end(srv, i - 1);
+        }
+    }
 }
 
 static void *handoff_main(void *arg)
@@ -234,17 +383,15 @@ static void *handoff_main(void *arg)
         }
         size_t n = srv->n_conns;
         int rc = poll(p, n + 1, 100);
-        if (rc <= 0) {
+        if (rc < 0) {
             continue;
         }
-        /* A kept connection carries nothing after the exchange: any
-         * event on it (hang-up, error, stray bytes) ends it. From the
-         * last, so the swap-removal keeps the indexes still to visit. */
-        for (size_t i = n; i > 0; i--) {
-            if (p[i].revents != 0) {
-                handoff_conn_end(srv, i - 1);
+        if (rc == 0) {
+            for (size_t i = 0; i <= n; i++) {
+                p[i].revents = 0;
             }
         }
+        handoff_conns_events(srv, p, n);
         if (p[0].revents & POLLIN) {
             handoff_accept(srv);
         }

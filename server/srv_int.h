@@ -12,7 +12,7 @@
  *                     it gives unix callers.
  *
  * Threading: the settings and tenancy are written by open only and read
- * by every thread afterwards; `sess_mu` guards the session ring (the
+ * by every thread afterwards; `sess_mu` guards the session table (the
  * hand-off thread writes it, gRPC threads read it).
  */
 #ifndef KVD_SERVER_SRV_INT_H
@@ -31,8 +31,11 @@
 
 #define SRV_TENANTS_MAX 64
 #define SRV_TENANT_NAME_MAX 64
-/* Sessions remembered (one per arena hand-off); the oldest is forgotten
- * first, and its client is told to hand off again. */
+/* Sessions remembered (one per arena hand-off). A session whose hand-off
+ * connection is open (live) is never forgotten; when the table is full the
+ * oldest session whose connection has ended is, and its client (if it
+ * still calls) gets KVD_ERR_AUTH and hands off again. Live sessions are at
+ * most SRV_HANDOFF_CONNS_MAX, so there is always such a session. */
 #define SRV_SESSIONS_MAX 4096
 
 typedef struct srv_tenant {
@@ -71,20 +74,33 @@ typedef struct srv_session {
     uint8_t secret[KVD_HANDOFF_SESSION_BYTES];
     const char *tenant; /* into srv->tenancy->uids, or NULL */
     uint64_t id;        /* kvd_service_session_open's, never 0 */
+    uint32_t uid;       /* the caller's (SO_PEERCRED) */
     bool used;
+    bool live; /* its hand-off connection is open */
 } srv_session_t;
 
-/* A client's hand-off connection, kept open while it maps the arena: its
- * end (the client closed the store, or died) closes the session. */
+/* A client's hand-off connection: first pending (its HELLO arriving,
+ * `session` 0, until `deadline_ns`), then kept open while it maps the
+ * arena: its end (the client closed the store, or died) closes the
+ * session. */
 typedef struct srv_handoff_conn {
     int fd;
     uint64_t session;
+    uint64_t deadline_ns; /* pending: when it is dropped */
+    uint32_t uid;         /* SO_PEERCRED at accept */
+    uint8_t got;          /* pending: HELLO bytes received */
+    uint8_t hello[KVD_HANDOFF_HELLO_BYTES];
 } srv_handoff_conn_t;
 
-/* Hand-off connections kept open at once; past it a new client's
- * connection is closed after the exchange (its session then has no
- * quarantine). */
+/* Hand-off connections (pending and kept) open at once; past it a new
+ * connection is closed at accept. */
 #define SRV_HANDOFF_CONNS_MAX 1024
+/* Pending hand-offs (HELLO not yet complete) one uid may have at once; a
+ * connection past it is closed at accept, so a stalled caller cannot fill
+ * the table for others. */
+#define SRV_HANDOFF_PENDING_PER_UID 16
+/* The whole HELLO must arrive within this of the accept. */
+#define SRV_HANDOFF_DEADLINE_MS 1000
 
 struct kvd_server {
     kvd_server_settings_t cfg;
@@ -96,9 +112,8 @@ struct kvd_server {
     kvd_service_config_entry_t *config_entries;
     size_t n_config_entries, cap_config_entries;
     pthread_mutex_t sess_mu;
-    srv_session_t *sessions; /* SRV_SESSIONS_MAX, a ring */
-    size_t sess_next;
-    uint64_t sess_ids; /* the last session id given */
+    srv_session_t *sessions; /* SRV_SESSIONS_MAX */
+    uint64_t sess_ids;       /* the last session id given */
     /* The hand-off thread's own. */
     srv_handoff_conn_t *conns;
     size_t n_conns;
