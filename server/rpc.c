@@ -1,17 +1,25 @@
 /*
  * gRPC C core server for kvdepotd (rpc_int.h). The C core gives one
  * completion queue event per batch. Every KvStore method is registered
- * with its request read up front (GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER),
- * so such a call arrives with its message and walks two stages:
- *   NEW   keep one more call of that method requested, check credentials,
- *         serve, then {SEND_INITIAL_METADATA, SEND_MESSAGE,
- *         SEND_STATUS_FROM_SERVER, RECV_CLOSE_ON_SERVER};
+ * without its payload (GRPC_SRM_PAYLOAD_NONE): a call arrives with its
+ * initial metadata only, so credentials are checked before a byte of the
+ * request is taken in. A caller that is refused never has its message read:
+ * the stream's flow-control window stays at what HTTP/2 grants before any
+ * read, and the status goes out at once. Registering with the payload read
+ * up front made the core buffer the whole message (up to
+ * server.max_message) before we could refuse it. A call walks three stages:
+ *   NEW   keep one more call of that method requested, check credentials;
+ *         refused: the status (stage DONE); admitted: {RECV_MESSAGE};
+ *   RECV  the message is in: serve, then {SEND_INITIAL_METADATA,
+ *         SEND_MESSAGE, SEND_STATUS_FROM_SERVER, RECV_CLOSE_ON_SERVER};
  *   DONE  the status went out: free the call.
  * Any other path comes through a generic request_call and is answered
  * UNIMPLEMENTED without reading anything. Each thread owns a completion queue
  * with RPC_PENDING calls of each kind requested on it, so a burst never waits
- * for a thread to ask for the next call; the registered read saves one
- * completion-queue round per call.
+ * for a thread to ask for the next call. Connections are capped at
+ * server.max_streams concurrent calls (GRPC_ARG_MAX_CONCURRENT_STREAMS).
+ * Bearer tokens are compared by SHA-256 digest (kvd_rpc_token_match), so
+ * the comparison's time says nothing of the token's bytes or length.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -31,6 +39,7 @@
 #include <grpc/support/alloc.h>
 #include <grpc/support/time.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include "common/config_int.h"
 #include "common/log_int.h"
@@ -39,8 +48,10 @@
 
 #define RPC_PENDING 8 /* request_call outstanding per thread */
 #define RPC_TOKEN_MAX 256
+#define RPC_LOOKAHEAD_BYTES 65536
+#define RPC_MAX_STREAMS 64 /* server.max_streams when the config says 0 */
 
-enum rpc_stage { RPC_NEW = 0, RPC_DONE = 1 };
+enum rpc_stage { RPC_NEW = 0, RPC_RECV = 1, RPC_DONE = 2 };
 
 typedef struct rpc_thread rpc_thread_t;
 
@@ -54,7 +65,7 @@ typedef struct rpc_call {
     grpc_byte_buffer *send;
     int cancelled;
     int method;
-    bool registered; /* came with its message (c->recv) */
+    bool registered; /* a KvStore method (its message read once admitted) */
     gpr_timespec deadline;
     const char *tenant; /* bound by the caller's session, or NULL */
     uint64_t session;   /* the caller's hand-off session, or 0 */
@@ -73,11 +84,12 @@ struct rpc_thread {
 struct kvd_rpc_server {
     kvd_rpc_config_t cfg;
     char unix_path[108];
-    bool unix_bound;               /* ours to unlink at stop */
-    bool started;                  /* grpc_server_start was called */
-    bool tls;                      /* TCP speaks TLS with client certificates */
-    char token[RPC_TOKEN_MAX + 8]; /* "Bearer " + token */
-    size_t token_len;
+    bool unix_bound; /* ours to unlink at stop */
+    bool started;    /* grpc_server_start was called */
+    bool tls;        /* TCP speaks TLS with client certificates */
+    bool has_token;  /* server.token is set */
+    uint8_t token_digest[KVD_RPC_TOKEN_DIGEST_BYTES]; /* of "Bearer " + token */
+    uint8_t (*tenant_digests)[KVD_RPC_TOKEN_DIGEST_BYTES]; /* one per token */
     size_t n_tenant_tokens, n_tenant_cns;
     char instance_hex[17];
     grpc_server *server;
@@ -181,7 +193,7 @@ static void rpc_request_one(rpc_thread_t *t, int method)
         c->registered = true;
         e = grpc_server_request_registered_call(
             srv->server, srv->registered[method], &c->call, &c->deadline,
-            &c->md, &c->recv, t->cq, t->cq, c);
+            &c->md, NULL, t->cq, t->cq, c);
     } else {
         c->method = -1;
         e = grpc_server_request_call(srv->server, &c->call, &c->details, &c->md,
@@ -249,30 +261,49 @@ static const char *rpc_cn_tenant(const kvd_rpc_server_t *srv,
     return NULL;
 }
 
+bool kvd_rpc_token_digest(const char *prefix, const void *secret, size_t len,
+                          uint8_t out[KVD_RPC_TOKEN_DIGEST_BYTES])
+{
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    unsigned n = 0;
+    bool ok = ctx != NULL && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1 &&
+              (prefix == NULL ||
+               EVP_DigestUpdate(ctx, prefix, strlen(prefix)) == 1) &&
+              (len == 0 || EVP_DigestUpdate(ctx, secret, len) == 1) &&
+              EVP_DigestFinal_ex(ctx, out, &n) == 1 &&
+              n == KVD_RPC_TOKEN_DIGEST_BYTES;
+    EVP_MD_CTX_free(ctx);
+    return ok;
+}
+
+bool kvd_rpc_token_match(const uint8_t want[KVD_RPC_TOKEN_DIGEST_BYTES],
+                         const void *v, size_t len)
+{
+    uint8_t got[KVD_RPC_TOKEN_DIGEST_BYTES];
+    if (!kvd_rpc_token_digest(NULL, v, len, got)) {
+        return false;
+    }
+    return CRYPTO_memcmp(got, want, sizeof got) == 0;
+}
+
 /* Whether `v` ("Bearer <token>") is server.token or a tenant's token; the
- * tenant's name goes to *tenant_out. Every candidate is compared, each with
- * CRYPTO_memcmp, so the time taken says nothing about which one (or which
- * byte) matched. */
+ * tenant's name goes to *tenant_out. `v` is hashed once and its digest
+ * compared with every candidate's, each with CRYPTO_memcmp over the whole
+ * digest, so the time taken says nothing about which one matched, nor
+ * where a wrong token differs, nor how long the right one is. */
 static bool rpc_token_ok(const kvd_rpc_server_t *srv, grpc_slice v,
                          const char **tenant_out)
 {
-    static const char scheme[] = "Bearer ";
-    const size_t plen = sizeof scheme - 1;
-    size_t len = GRPC_SLICE_LENGTH(v);
-    const uint8_t *p = GRPC_SLICE_START_PTR(v);
-    bool ok = false;
+    uint8_t got[KVD_RPC_TOKEN_DIGEST_BYTES];
     *tenant_out = NULL;
-    if (srv->token_len > plen && len == srv->token_len &&
-        CRYPTO_memcmp(p, srv->token, len) == 0) {
-        ok = true;
+    if (!kvd_rpc_token_digest(NULL, GRPC_SLICE_START_PTR(v),
+                              GRPC_SLICE_LENGTH(v), got)) {
+        return false;
     }
-    if (len <= plen || memcmp(p, scheme, plen) != 0) {
-        return ok;
-    }
+    bool ok = srv->has_token &&
+              CRYPTO_memcmp(got, srv->token_digest, sizeof got) == 0;
     for (size_t i = 0; i < srv->n_tenant_tokens; i++) {
-        const char *t = srv->cfg.tenant_tokens[i].secret;
-        if (len - plen == strlen(t) &&
-            CRYPTO_memcmp(p + plen, t, len - plen) == 0) {
+        if (CRYPTO_memcmp(got, srv->tenant_digests[i], sizeof got) == 0) {
             ok = true;
             *tenant_out = srv->cfg.tenant_tokens[i].tenant;
         }
@@ -307,8 +338,7 @@ static kvd_status_t rpc_admit(kvd_rpc_server_t *srv, rpc_call_t *c,
     if (s == KVD_OK && !local) {
         c->tenant = cn_tenant;
     }
-    if (s == KVD_OK && !local &&
-        (srv->token_len > sizeof "Bearer " - 1 || srv->n_tenant_tokens > 0)) {
+    if (s == KVD_OK && !local && (srv->has_token || srv->n_tenant_tokens > 0)) {
         grpc_slice v;
         const char *token_tenant = NULL;
         if (!md_find(&c->md, "authorization", &v) ||
@@ -358,7 +388,7 @@ static kvd_status_t rpc_admit(kvd_rpc_server_t *srv, rpc_call_t *c,
     return s;
 }
 
-/* Serves the request that came with the call (c->recv) and replies. */
+/* Serves the request read after admission (c->recv) and replies. */
 static void rpc_serve(rpc_call_t *c)
 {
     kvd_rpc_server_t *srv = c->t->srv;
@@ -391,6 +421,21 @@ static void rpc_serve(rpc_call_t *c)
     rpc_finish(c, KVD_OK, NULL, resp, resp_len);
 }
 
+/* Reads the request message of an admitted call (stage RECV). */
+static void rpc_recv(rpc_call_t *c)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->recv;
+    c->stage = RPC_RECV;
+    grpc_call_error e = grpc_call_start_batch(c->call, &op, 1, c, NULL);
+    if (e != GRPC_CALL_OK) {
+        KVD_LOG_ERROR("kvdepotd: receive batch: %d", (int)e);
+        rpc_finish(c, KVD_ERR_INTERNAL, "cannot read the request", NULL, 0);
+    }
+}
+
 static void rpc_on_new(rpc_call_t *c)
 {
     kvd_rpc_server_t *srv = c->t->srv;
@@ -403,7 +448,7 @@ static void rpc_on_new(rpc_call_t *c)
             rpc_finish(c, s, reason, NULL, 0);
             return;
         }
-        rpc_serve(c);
+        rpc_recv(c);
         return;
     }
     /* Every KvStore method is registered: what comes here is another. */
@@ -442,6 +487,7 @@ static void *rpc_thread_main(void *arg)
         }
         switch (c->stage) {
         case RPC_NEW: rpc_on_new(c); break;
+        case RPC_RECV: rpc_serve(c); break;
         case RPC_DONE: rpc_call_free(c); break;
         }
     }
@@ -571,6 +617,34 @@ static kvd_status_t rpc_config_check(const kvd_rpc_config_t *cfg, char *err,
     return KVD_OK;
 }
 
+/* The digests of "Bearer " + each token the server accepts (precomputed,
+ * so a call's check hashes only what the caller presents). */
+static bool rpc_digests_init(kvd_rpc_server_t *srv, size_t token_len)
+{
+    const kvd_rpc_config_t *cfg = &srv->cfg;
+    srv->has_token = token_len > 0;
+    if (srv->has_token && !kvd_rpc_token_digest("Bearer ", cfg->token,
+                                                token_len, srv->token_digest)) {
+        return false;
+    }
+    if (cfg->n_tenant_tokens == 0) {
+        return true;
+    }
+    srv->tenant_digests =
+        calloc(cfg->n_tenant_tokens, sizeof *srv->tenant_digests);
+    if (srv->tenant_digests == NULL) {
+        return false;
+    }
+    for (size_t i = 0; i < cfg->n_tenant_tokens; i++) {
+        const char *t = cfg->tenant_tokens[i].secret;
+        if (!kvd_rpc_token_digest("Bearer ", t, strlen(t),
+                                  srv->tenant_digests[i])) {
+            return false;
+        }
+    }
+    return true;
+}
+
 /* The server's record, nothing started yet; NULL on OOM. */
 static kvd_rpc_server_t *rpc_server_new(const kvd_rpc_config_t *cfg)
 {
@@ -586,10 +660,13 @@ static kvd_rpc_server_t *rpc_server_new(const kvd_rpc_config_t *cfg)
     if (has_unix) {
         snprintf(srv->unix_path, sizeof srv->unix_path, "%s", cfg->unix_path);
     }
-    srv->token_len = (size_t)snprintf(srv->token, sizeof srv->token,
-                                      "Bearer %s", token_len ? cfg->token : "");
     srv->n_tenant_cns = srv->tls ? cfg->n_tenant_cns : 0;
     srv->n_tenant_tokens = cfg->n_tenant_tokens;
+    if (!rpc_digests_init(srv, token_len)) {
+        free(srv->tenant_digests);
+        free(srv);
+        return NULL;
+    }
     snprintf(srv->instance_hex, sizeof srv->instance_hex, "%016" PRIx64,
              cfg->instance_id);
     pthread_mutex_init(&srv->mu, NULL);
@@ -599,6 +676,7 @@ static kvd_rpc_server_t *rpc_server_new(const kvd_rpc_config_t *cfg)
     if (srv->threads == NULL) {
         pthread_cond_destroy(&srv->cv);
         pthread_mutex_destroy(&srv->mu);
+        free(srv->tenant_digests);
         free(srv);
         return NULL;
     }
@@ -611,15 +689,26 @@ static kvd_status_t rpc_grpc_create(kvd_rpc_server_t *srv, char *err,
                                     size_t err_len)
 {
     grpc_init();
-    grpc_arg args[2] = {
+    int streams =
+        srv->cfg.max_streams > 0 ? srv->cfg.max_streams : RPC_MAX_STREAMS;
+    grpc_arg args[5] = {
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          .value.integer = srv->cfg.max_message_bytes},
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_MAX_SEND_MESSAGE_LENGTH,
          .value.integer = srv->cfg.max_message_bytes},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_MAX_CONCURRENT_STREAMS,
+         .value.integer = streams},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+         .value.integer = RPC_LOOKAHEAD_BYTES},
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_HTTP2_BDP_PROBE,
+         .value.integer = 0},
     };
-    grpc_channel_args cargs = {.num_args = 2, .args = args};
+    grpc_channel_args cargs = {.num_args = 5, .args = args};
     srv->server = grpc_server_create(&cargs, NULL);
     for (int i = 0; i < srv->nthreads; i++) {
         srv->threads[i].srv = srv;
@@ -630,7 +719,7 @@ static kvd_status_t rpc_grpc_create(kvd_rpc_server_t *srv, char *err,
     for (int m = 0; m < KVD_RPC_COUNT; m++) {
         srv->registered[m] = grpc_server_register_method(
             srv->server, kvd_rpc_method_path((kvd_rpc_method_t)m), NULL,
-            GRPC_SRM_PAYLOAD_READ_INITIAL_BYTE_BUFFER, 0);
+            GRPC_SRM_PAYLOAD_NONE, 0);
         if (srv->registered[m] == NULL) {
             kvd_config_err(err, err_len, "gRPC refused to register %s",
                            kvd_rpc_method_path((kvd_rpc_method_t)m));
@@ -806,6 +895,7 @@ destroy:
     }
     grpc_shutdown();
     free(srv->threads);
+    free(srv->tenant_digests);
     pthread_cond_destroy(&srv->cv);
     pthread_mutex_destroy(&srv->mu);
     free(srv);

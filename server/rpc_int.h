@@ -6,7 +6,10 @@
  * Per call: the method must be one of kvdepot.v1.KvStore's (else
  * UNIMPLEMENTED, nothing read); a TCP caller must present
  * `authorization: Bearer <server.token>` or, with TLS on, a client
- * certificate the configured CA signed (else UNAUTHENTICATED); a caller
+ * certificate the configured CA signed (else UNAUTHENTICATED). Callers are
+ * checked from the call's initial metadata alone: the request message is
+ * read only once the caller is admitted, so a refused caller's payload is
+ * never buffered (HTTP/2 flow control holds it at the client). A caller
  * that names a daemon instance (metadata `kvdepot-instance`, hex) other
  * than this one gets FAILED_PRECONDITION (its arena mapping and its ids are
  * from a previous daemon). Every reply carries the kvd_status_t as trailing
@@ -18,6 +21,7 @@
 #define KVD_STORE_SERVER_RPC_INT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "server/service_int.h"
@@ -63,6 +67,7 @@ typedef struct kvd_rpc_config {
     const char *tls_ca_pem;
     int threads;           /* completion-queue threads, >= 1 */
     int max_message_bytes; /* gRPC receive/send limit */
+    int max_streams;       /* concurrent calls per connection; 0: 64 */
     uint64_t instance_id;
     /* Sessions of unix callers; with sessions_required a unix call without
      * a valid session is UNAUTHENTICATED (tenants are mapped to users). */
@@ -91,6 +96,21 @@ typedef struct kvd_rpc_config {
 kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
                                   kvd_rpc_server_t **server_out,
                                   int *tcp_port_out, char *err, size_t err_len);
+
+/* Token comparison without a timing side channel: both sides are reduced
+ * to their SHA-256 digest and the digests compared with CRYPTO_memcmp, so
+ * neither the position of the first differing byte nor the secret's
+ * length shows in the time taken (the stored secret's digest is computed
+ * once, at start). kvd_rpc_token_digest writes the digest of `prefix`
+ * followed by `secret` (either may be empty; NULL with length 0 is
+ * accepted) and returns false only if OpenSSL fails.
+ * kvd_rpc_token_match says whether the presented value `v` has digest
+ * `want`. Both are pure functions, callable from any thread. */
+#define KVD_RPC_TOKEN_DIGEST_BYTES 32
+bool kvd_rpc_token_digest(const char *prefix, const void *secret, size_t len,
+                          uint8_t out[KVD_RPC_TOKEN_DIGEST_BYTES]);
+bool kvd_rpc_token_match(const uint8_t want[KVD_RPC_TOKEN_DIGEST_BYTES],
+                         const void *v, size_t len);
 
 /* Stops taking calls, lets calls in progress finish for up to `grace_ms`,
  * cancels the rest, joins the threads, removes the unix socket file and

@@ -125,6 +125,10 @@ static const kvd_config_field_t server_fields[] = {
     {"server.max_message", "32m",
      "largest gRPC message accepted or sent (protocol caps are lower)",
      kvd_config_parse_size, SRV_OFF(max_message_bytes), 1 << 16, 1 << 30, NULL},
+    {"server.max_streams", "64",
+     "concurrent gRPC calls one connection may have open (HTTP/2 "
+     "MAX_CONCURRENT_STREAMS; more wait at the client)",
+     kvd_config_parse_int, SRV_OFF(max_streams), 1, 65536, NULL},
     {"server.lease_ttl", "30s",
      "lease lifetime when Get asks for 0 (a dead client's leases return "
      "after this)",

@@ -52,6 +52,7 @@ typedef struct kvd_server_settings {
     int64_t cluster_fetch_part_bytes;
     int64_t threads;
     uint64_t max_message_bytes;
+    int64_t max_streams;
     uint64_t lease_ttl_ms;
     uint64_t tenant_max_leased_bytes;
     int64_t max_sessions_per_uid; /* live hand-off sessions of one uid */

@@ -1,0 +1,509 @@
+/*
+ * kvdepotd end to end, TCP callers without a valid token: they are refused
+ * UNAUTHENTICATED from their call's metadata, before the daemon takes in
+ * their request. Eight raw HTTP/2 connections (no token) each start a call
+ * that announces a 16 MiB message and push its bytes as fast as the
+ * daemon's flow control lets them, then stall one byte short; the daemon
+ * must answer each with a trailers-only UNAUTHENTICATED status after at
+ * most the first window of bytes, and its resident memory must grow by
+ * far less than the payloads (it grew by 60 to 90 MiB when methods read
+ * their request before the token was checked). Each connection is told
+ * it may open server.max_streams (64) calls at once. A token of the wrong
+ * length and one of the right length but wrong bytes get the same refusal
+ * through a real gRPC client; the right token is admitted. The raw client
+ * speaks just enough HTTP/2 (RFC 9113) for this: literal HPACK headers,
+ * DATA within the peer's windows, SETTINGS and PING acknowledged.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
+#include <grpc/support/time.h>
+
+#include "tests/unit/kvd_testdir_int.h"
+#include "tests/integration/kvd_testdaemon_int.h"
+
+#define TOKEN "0123456789abcdef0123456789abcdef"
+#define NCONN 8
+#define MSG_BYTES (16u << 20)
+#define FRAME_MAX 16384
+
+/* One raw HTTP/2 connection carrying one call (stream 1). */
+typedef struct h2 {
+    int fd;
+    int64_t conn_window, stream_window; /* what we may still send */
+    uint64_t sent;                      /* DATA payload bytes sent */
+    uint64_t sent_at_refusal;
+    bool refused;        /* trailers-only HEADERS or RST_STREAM on stream 1 */
+    bool unauth;         /* the trailers said grpc-status 16 */
+    int64_t max_streams; /* the daemon's SETTINGS_MAX_CONCURRENT_STREAMS */
+    uint8_t in[1 << 17];
+    size_t in_len;
+    uint8_t out[FRAME_MAX + 9];
+    size_t out_len, out_off;
+} h2_t;
+
+static size_t frame_head(uint8_t *p, size_t len, uint8_t type, uint8_t flags,
+                         uint32_t stream)
+{
+    p[0] = (uint8_t)(len >> 16);
+    p[1] = (uint8_t)(len >> 8);
+    p[2] = (uint8_t)len;
+    p[3] = type;
+    p[4] = flags;
+    p[5] = (uint8_t)(stream >> 24);
+    p[6] = (uint8_t)(stream >> 16);
+    p[7] = (uint8_t)(stream >> 8);
+    p[8] = (uint8_t)stream;
+    return 9;
+}
+
+static void write_all(int fd, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        assert_true(w > 0);
+        b += w;
+        n -= (size_t)w;
+    }
+}
+
+/* HPACK literal header field without indexing, new name, no Huffman. */
+static size_t hpack_lit(uint8_t *p, const char *k, const char *v)
+{
+    size_t kl = strlen(k), vl = strlen(v), n = 0;
+    p[n++] = 0x00;
+    p[n++] = (uint8_t)kl;
+    memcpy(p + n, k, kl);
+    n += kl;
+    p[n++] = (uint8_t)vl;
+    memcpy(p + n, v, vl);
+    return n + vl;
+}
+
+/* Connects, sends the preface, SETTINGS and the call's HEADERS (no token),
+ * then the 5-byte gRPC message prefix announcing MSG_BYTES. */
+static void h2_open(h2_t *c, int port)
+{
+    memset(c, 0, sizeof *c);
+    c->conn_window = c->stream_window = 65535;
+    c->max_streams = -1; /* not announced: unlimited */
+    c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(c->fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(c->fd, (struct sockaddr *)&a, sizeof a), 0);
+    static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    uint8_t buf[512];
+    size_t n = sizeof preface - 1;
+    memcpy(buf, preface, n);
+    n += frame_head(buf + n, 0, 4, 0, 0); /* SETTINGS, defaults */
+    uint8_t *h = buf + n;
+    size_t hl = 9;
+    hl += hpack_lit(h + hl, ":method", "POST");
+    hl += hpack_lit(h + hl, ":scheme", "http");
+    hl += hpack_lit(h + hl, ":path", "/kvdepot.v1.KvStore/Lookup");
+    hl += hpack_lit(h + hl, ":authority", "127.0.0.1");
+    hl += hpack_lit(h + hl, "content-type", "application/grpc");
+    hl += hpack_lit(h + hl, "te", "trailers");
+    frame_head(h, hl - 9, 1, 0x4, 1); /* HEADERS, END_HEADERS */
+    n += hl;
+    write_all(c->fd, buf, n);
+}
+
+static void h2_settings(h2_t *c, const uint8_t *p, size_t len, uint8_t flags)
+{
+    if (flags & 0x1) {
+        return; /* an ACK */
+    }
+    for (size_t i = 0; i + 6 <= len; i += 6) {
+        uint16_t id = (uint16_t)(p[i] << 8 | p[i + 1]);
+        uint32_t v = (uint32_t)p[i + 2] << 24 | (uint32_t)p[i + 3] << 16 |
+                     (uint32_t)p[i + 4] << 8 | p[i + 5];
+        if (id == 3) {
+            c->max_streams = v;
+        }
+        if (id == 4) { /* INITIAL_WINDOW_SIZE moves open streams' windows */
+            c->stream_window += (int64_t)v - 65535;
+        }
+    }
+    uint8_t ack[9];
+    frame_head(ack, 0, 4, 0x1, 0);
+    write_all(c->fd, ack, sizeof ack);
+}
+
+/* Whether a header block says grpc-status 16 (the daemon's encoder writes
+ * new names as literals, without Huffman coding). */
+static bool block_unauth(const uint8_t *p, size_t len)
+{
+    static const char k[] = "grpc-status\x02"
+                            "16";
+    for (size_t i = 0; i + sizeof k - 1 <= len; i++) {
+        if (memcmp(p + i, k, sizeof k - 1) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static void h2_frame(h2_t *c, const uint8_t *f, size_t len)
+{
+    uint8_t type = f[3], flags = f[4];
+    uint32_t stream = ((uint32_t)f[5] << 24 | (uint32_t)f[6] << 16 |
+                       (uint32_t)f[7] << 8 | f[8]) &
+                      0x7fffffffu;
+    const uint8_t *p = f + 9;
+    if (type == 4) {
+        h2_settings(c, p, len, flags);
+    } else if (type == 6 && !(flags & 0x1) && len == 8) { /* PING */
+        uint8_t ack[17];
+        frame_head(ack, 8, 6, 0x1, 0);
+        memcpy(ack + 9, p, 8);
+        write_all(c->fd, ack, sizeof ack);
+    } else if (type == 8 && len == 4) { /* WINDOW_UPDATE */
+        int64_t inc = (int64_t)(((uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
+                                 (uint32_t)p[2] << 8 | p[3]) &
+                                0x7fffffffu);
+        *(stream == 0 ? &c->conn_window : &c->stream_window) += inc;
+    } else if (stream == 1 && (type == 3 || (type == 1 && (flags & 0x1)))) {
+        if (!c->refused) {
+            c->sent_at_refusal = c->sent;
+        }
+        c->refused = true;
+        c->unauth = c->unauth || (type == 1 && block_unauth(p, len));
+    }
+}
+
+/* Reads what is there and handles every whole frame. */
+static void h2_read(h2_t *c)
+{
+    for (;;) {
+        ssize_t r = recv(c->fd, c->in + c->in_len, sizeof c->in - c->in_len,
+                         MSG_DONTWAIT);
+        if (r <= 0) {
+            return;
+        }
+        c->in_len += (size_t)r;
+        size_t off = 0;
+        while (c->in_len - off >= 9) {
+            const uint8_t *f = c->in + off;
+            size_t len = (size_t)f[0] << 16 | (size_t)f[1] << 8 | f[2];
+            assert_true(len + 9 <= sizeof c->in);
+            if (c->in_len - off < len + 9) {
+                break;
+            }
+            h2_frame(c, f, len);
+            off += len + 9;
+        }
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+    }
+}
+
+/* Sends as much of the message as the windows allow, one byte short of
+ * the whole; true when something went out. */
+static bool h2_push(h2_t *c)
+{
+    const uint64_t total = MSG_BYTES + 5 - 1;
+    if (c->out_off == c->out_len && !c->refused && c->sent < total) {
+        int64_t room = c->conn_window < c->stream_window ? c->conn_window
+                                                         : c->stream_window;
+        uint64_t n = total - c->sent;
+        n = n < FRAME_MAX ? n : FRAME_MAX;
+        n = room < (int64_t)n ? (room > 0 ? (uint64_t)room : 0) : n;
+        if (n > 0) {
+            c->out_len = frame_head(c->out, n, 0, 0, 1);
+            memset(c->out + 9, 0, n);
+            if (c->sent == 0 && n >= 5) { /* uncompressed, MSG_BYTES long */
+                c->out[10] = (uint8_t)(MSG_BYTES >> 24);
+                c->out[11] = (uint8_t)(MSG_BYTES >> 16);
+            }
+            c->out_len += n;
+            c->out_off = 0;
+            c->sent += n;
+            c->conn_window -= (int64_t)n;
+            c->stream_window -= (int64_t)n;
+        }
+    }
+    if (c->out_off == c->out_len) {
+        return false;
+    }
+    ssize_t w = send(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+                     MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (w <= 0) {
+        return false;
+    }
+    c->out_off += (size_t)w;
+    return true;
+}
+
+/* VmRSS of `pid` in KiB. */
+static long rss_kib(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "re");
+    assert_non_null(f);
+    long kib = -1;
+    while (fgets(line, sizeof line, f) != NULL) {
+        (void)sscanf(line, "VmRSS: %ld kB", &kib);
+    }
+    fclose(f);
+    return kib;
+}
+
+static int ready_port(const kvd_test_dir_t *d)
+{
+    char path[300], line[128];
+    snprintf(path, sizeof path, "%s/ready", d->path);
+    FILE *f = fopen(path, "re");
+    assert_non_null(f);
+    int port = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        (void)sscanf(line, "tcp_port=%d", &port);
+    }
+    fclose(f);
+    return port;
+}
+
+static pid_t daemon_spawn_l(const kvd_test_dir_t *d, ...)
+{
+    va_list ap;
+    va_start(ap, d);
+    pid_t pid = kvd_test_daemon_spawn(d, NULL, ap);
+    va_end(ap);
+    return pid;
+}
+
+/* A daemon on the unix socket and 127.0.0.1 with server.token = TOKEN. */
+static pid_t daemon_up(kvd_test_dir_t *d, const char *name, int *port)
+{
+    if (kvd_test_daemon_bin() == NULL) {
+        skip();
+    }
+    kvd_test_dir_make(d, name);
+    pid_t pid = daemon_spawn_l(d, "server.tcp_address=127.0.0.1:0",
+                               "server.token=" TOKEN, (const char *)NULL);
+    kvd_test_daemon_wait_ready(d, pid);
+    *port = ready_port(d);
+    assert_true(*port > 0);
+    return pid;
+}
+
+/* One call of `path` through the gRPC core with `authorization` = `auth`
+ * (NULL: none) and a request of `len` zero bytes; its status code and
+ * details. */
+static grpc_status_code call_raw(int port, const char *path, const char *auth,
+                                 size_t len, char *details, size_t details_len)
+{
+    char target[64];
+    snprintf(target, sizeof target, "127.0.0.1:%d", port);
+    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    grpc_channel *ch = grpc_channel_create(target, cr, NULL);
+    grpc_channel_credentials_release(cr);
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
+    grpc_slice method = grpc_slice_from_copied_string(path);
+    gpr_timespec dl = gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
+                                   gpr_time_from_seconds(5, GPR_TIMESPAN));
+    grpc_call *call = grpc_channel_create_call(
+        ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, method, NULL, dl, NULL);
+    grpc_metadata md = {.key = grpc_slice_from_static_string("authorization")};
+    if (auth != NULL) {
+        md.value = grpc_slice_from_copied_string(auth);
+    }
+    grpc_slice body = grpc_slice_malloc(len);
+    memset(GRPC_SLICE_START_PTR(body), 0, len);
+    grpc_byte_buffer *req = grpc_raw_byte_buffer_create(&body, 1);
+    grpc_slice_unref(body);
+    grpc_metadata_array init_md, trail_md;
+    grpc_metadata_array_init(&init_md);
+    grpc_metadata_array_init(&trail_md);
+    grpc_byte_buffer *resp = NULL;
+    grpc_status_code code = GRPC_STATUS_OK;
+    grpc_slice det = grpc_empty_slice();
+    grpc_op ops[6];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count = auth != NULL ? 1 : 0;
+    ops[0].data.send_initial_metadata.metadata = &md;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = req;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &init_md;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &resp;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &trail_md;
+    ops[5].data.recv_status_on_client.status = &code;
+    ops[5].data.recv_status_on_client.status_details = &det;
+    assert_int_equal(grpc_call_start_batch(call, ops, 6, &code, NULL),
+                     GRPC_CALL_OK);
+    grpc_event ev = grpc_completion_queue_next(
+        cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+    assert_int_equal(ev.type, GRPC_OP_COMPLETE);
+    snprintf(details, details_len, "%.*s", (int)GRPC_SLICE_LENGTH(det),
+             (const char *)GRPC_SLICE_START_PTR(det));
+    grpc_slice_unref(det);
+    if (resp != NULL) {
+        grpc_byte_buffer_destroy(resp);
+    }
+    grpc_byte_buffer_destroy(req);
+    grpc_metadata_array_destroy(&init_md);
+    grpc_metadata_array_destroy(&trail_md);
+    grpc_slice_unref(md.value);
+    grpc_call_unref(call);
+    grpc_slice_unref(method);
+    grpc_channel_destroy(ch);
+    grpc_completion_queue_shutdown(cq);
+    while (
+        grpc_completion_queue_next(cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL)
+            .type != GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(cq);
+    return code;
+}
+
+static grpc_status_code call_stats(int port, const char *auth, char *details,
+                                   size_t details_len)
+{
+    return call_raw(port, "/kvdepot.v1.KvStore/Stats", auth, 0, details,
+                    details_len);
+}
+
+/*
+ * A token of another length and one of the same length with other bytes
+ * are refused alike (same code, same details: the comparison tells a
+ * caller nothing about the token); the right token is admitted.
+ */
+static void test_token_refusals_alike(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    int port = 0;
+    pid_t pid = daemon_up(&d, "daemon_auth_token", &port);
+    char none[256], shorter[256], same_len[256], good[256];
+    assert_int_equal(call_stats(port, NULL, none, sizeof none),
+                     GRPC_STATUS_UNAUTHENTICATED);
+    assert_int_equal(call_stats(port, "Bearer 0123", shorter, sizeof shorter),
+                     GRPC_STATUS_UNAUTHENTICATED);
+    assert_int_equal(
+        call_stats(port, "Bearer " TOKEN "0", shorter, sizeof shorter),
+        GRPC_STATUS_UNAUTHENTICATED);
+    assert_int_equal(call_stats(port, "Bearer 0123456789abcdef0123456789abcdeX",
+                                same_len, sizeof same_len),
+                     GRPC_STATUS_UNAUTHENTICATED);
+    assert_string_equal(shorter, same_len);
+    assert_string_equal(none, same_len);
+    assert_int_equal(call_stats(port, "Bearer " TOKEN, good, sizeof good),
+                     GRPC_STATUS_OK);
+    /* An admitted caller's large request is read whole (the window grows
+     * once its message is asked for): a Lookup of 12 MiB of zeros is
+     * answered, as a malformed request, well within the deadline. */
+    assert_int_equal(call_raw(port, "/kvdepot.v1.KvStore/Lookup",
+                              "Bearer " TOKEN, 12u << 20, good, sizeof good),
+                     GRPC_STATUS_INVALID_ARGUMENT);
+    kvd_test_daemon_stop(pid);
+    kvd_test_dir_remove(&d);
+}
+
+/* Pushes every connection's message until each is refused or stalled
+ * (no window left and nothing moving for 1 s), 15 s at most. */
+static void h2_drive(h2_t *c, size_t n)
+{
+    uint64_t deadline = kvd_test_now_ms() + 15000;
+    uint64_t last_move = kvd_test_now_ms();
+    while (kvd_test_now_ms() < deadline &&
+           kvd_test_now_ms() - last_move < 1000) {
+        struct pollfd p[NCONN];
+        for (size_t i = 0; i < n; i++) {
+            p[i] = (struct pollfd){.fd = c[i].fd, .events = POLLIN};
+        }
+        for (size_t i = 0; i < n; i++) {
+            while (h2_push(&c[i])) {
+                last_move = kvd_test_now_ms();
+            }
+        }
+        (void)poll(p, n, 20);
+        for (size_t i = 0; i < n; i++) {
+            h2_read(&c[i]);
+        }
+    }
+}
+
+/*
+ * Eight callers without a token each start a call announcing 16 MiB and
+ * push it as far as the daemon lets them, stalling one byte short. Each is
+ * refused UNAUTHENTICATED having sent at most about one flow-control
+ * window, and the daemon's RSS grows by far less than one message.
+ */
+static void test_unauthenticated_payload_not_buffered(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    int port = 0;
+    pid_t pid = daemon_up(&d, "daemon_auth_stall", &port);
+    char det[256];
+    assert_int_equal(call_stats(port, "Bearer " TOKEN, det, sizeof det),
+                     GRPC_STATUS_OK);
+    long before = rss_kib(pid);
+    h2_t *c = calloc(NCONN, sizeof *c);
+    assert_non_null(c);
+    for (size_t i = 0; i < NCONN; i++) {
+        h2_open(&c[i], port);
+    }
+    h2_drive(c, NCONN);
+    long after = rss_kib(pid);
+    uint64_t sent = 0;
+    for (size_t i = 0; i < NCONN; i++) {
+        sent += c[i].sent;
+    }
+    print_message("daemon RSS %ld KiB -> %ld KiB (+%ld KiB) with %d stalled "
+                  "callers that sent %" PRIu64 " KiB in all\n",
+                  before, after, after - before, NCONN, sent >> 10);
+    for (size_t i = 0; i < NCONN; i++) {
+        assert_true(c[i].refused);
+        assert_true(c[i].unauth);
+        assert_true(c[i].sent_at_refusal <= 256u << 10);
+        assert_int_equal(c[i].max_streams, 64); /* server.max_streams */
+        close(c[i].fd);
+    }
+    assert_true(after - before < 32 * 1024);
+    free(c);
+    kvd_test_daemon_stop(pid);
+    kvd_test_dir_remove(&d);
+}
+
+int main(void)
+{
+    grpc_init();
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_token_refusals_alike),
+        cmocka_unit_test(test_unauthenticated_payload_not_buffered),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    grpc_shutdown();
+    return rc;
+}
