@@ -8,6 +8,10 @@
  * (service_quarantine.c): then its Commit answers KVD_ERR_TIMEOUT and
  * publishes nothing, and Commit or Abort gives its slots back.
  * While the service drains (Admin drain) Reserve refuses every block.
+ * Two caps keep one caller from pinning the arena: no deadline is later
+ * than server.reservation_ttl_max, and a caller's blocks past
+ * server.max_reserved_bytes are refused (KVD_ERR_NOSPACE) before the store
+ * is asked, so they evict nothing.
  */
 #include <pthread.h>
 #include <stdlib.h>
