@@ -229,6 +229,20 @@ static kvd_status_t server_open_store(kvd_server_t *srv,
     return KVD_OK;
 }
 
+/* server.max_reserved_bytes, 0 meaning a quarter of the arena. */
+static uint64_t server_max_reserved(const kvd_server_t *srv)
+{
+    if (srv->cfg.max_reserved_bytes != 0) {
+        return srv->cfg.max_reserved_bytes;
+    }
+    kvd_store_stats_t st;
+    if (kvd_store_stats(srv->store, &st) != KVD_OK ||
+        st.host.capacity_bytes < 4) {
+        return 0;
+    }
+    return st.host.capacity_bytes / 4;
+}
+
 static kvd_status_t server_start_service(kvd_server_t *srv, char *err,
                                          size_t err_len)
 {
@@ -237,6 +251,8 @@ static kvd_status_t server_start_service(kvd_server_t *srv, char *err,
         .node_id = srv->cfg.node_id,
         .lease_ttl_ms = (uint32_t)srv->cfg.lease_ttl_ms,
         .reservation_ttl_ms = (uint32_t)srv->cfg.reservation_ttl_ms,
+        .reservation_ttl_max_ms = (uint32_t)srv->cfg.reservation_ttl_max_ms,
+        .max_reserved_bytes = server_max_reserved(srv),
         .flush_timeout_ms = (uint32_t)srv->cfg.flush_timeout_ms,
         .verify_commits = srv->cfg.verify_commits,
         .tenant_max_leased_bytes = srv->cfg.tenant_max_leased_bytes,

@@ -149,6 +149,16 @@ static const kvd_config_field_t server_fields[] = {
      "reservation lifetime when Reserve asks for 0",
      kvd_config_parse_duration_ms, SRV_OFF(reservation_ttl_ms), 1,
      KVD_PROTO_MAX_TTL_MS, NULL},
+    {"server.reservation_ttl_max", "60s",
+     "longest reservation lifetime granted: a Reserve asking for more gets "
+     "this (the reply says what it got)",
+     kvd_config_parse_duration_ms, SRV_OFF(reservation_ttl_max_ms), 1,
+     KVD_PROTO_MAX_TTL_MS, NULL},
+    {"server.max_reserved_bytes", "0",
+     "bytes one caller (a tenant; without tenants, one client session) may "
+     "hold reserved at once; beyond it Reserve answers KVD_ERR_NOSPACE for "
+     "its blocks (0: a quarter of store.arena_size)",
+     kvd_config_parse_size, SRV_OFF(max_reserved_bytes), 0, INT64_MAX, NULL},
     {"server.flush_timeout", "30s", "Admin flush deadline when it asks for 0",
      kvd_config_parse_duration_ms, SRV_OFF(flush_timeout_ms), 1,
      KVD_PROTO_MAX_TTL_MS, NULL},

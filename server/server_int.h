@@ -57,6 +57,8 @@ typedef struct kvd_server_settings {
     uint64_t tenant_max_leased_bytes;
     int64_t max_sessions_per_uid; /* live hand-off sessions of one uid */
     uint64_t reservation_ttl_ms;
+    uint64_t reservation_ttl_max_ms;
+    uint64_t max_reserved_bytes;
     uint64_t flush_timeout_ms;
     uint64_t shutdown_grace_ms;
     uint64_t tick_ms;

@@ -70,8 +70,17 @@ typedef struct kvd_service_config {
     const char *node_id;         /* PingReply.node_id, copied */
     uint32_t lease_ttl_ms;       /* Get's lease when the request says 0 */
     uint32_t reservation_ttl_ms; /* Reserve's when the request says 0 */
-    uint32_t flush_timeout_ms;   /* Admin flush when the request says 0 */
-    bool verify_commits;         /* check a whole-object checksum on Commit */
+    /* The longest reservation granted (0: no cap): a longer request gets
+     * this, and the reply's ttl_ms says so. */
+    uint32_t reservation_ttl_max_ms;
+    /* Object bytes one caller may hold reserved at once (0: no limit),
+     * quarantined reservations included. The caller is its tenant when
+     * bound to one, else its hand-off session, else every unbound caller
+     * without a session together. Blocks beyond it are REJECTED with
+     * KVD_ERR_NOSPACE, before the store is asked (no eviction for them). */
+    uint64_t max_reserved_bytes;
+    uint32_t flush_timeout_ms; /* Admin flush when the request says 0 */
+    bool verify_commits;       /* check a whole-object checksum on Commit */
     /* Bytes of objects one tenant may hold leased at once (callers bound
      * to no tenant count as one); 0: no limit. A Lookup beyond it matches
      * a shorter prefix, a Get's new block fails with KVD_ERR_QUOTA. Checked

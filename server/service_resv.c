@@ -8,6 +8,10 @@
  * (service_quarantine.c): then its Commit answers KVD_ERR_TIMEOUT and
  * publishes nothing, and Commit or Abort gives its slots back.
  * While the service drains (Admin drain) Reserve refuses every block.
+ * Two caps keep one caller from pinning the arena: no deadline is later
+ * than server.reservation_ttl_max, and a caller's blocks past
+ * server.max_reserved_bytes are refused (KVD_ERR_NOSPACE) before the store
+ * is asked, so they evict nothing.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -71,6 +75,109 @@ static Kvdepot__V1__ReserveOutcome svc_outcome(kvd_status_t s)
     return KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_REJECTED;
 }
 
+/* How many of `n` blocks of `object_bytes` this thread's caller may ask
+ * the store for under server.max_reserved_bytes. Takes `mu`. */
+static size_t resv_cap_blocks(kvd_service_t *svc, size_t n,
+                              uint64_t object_bytes)
+{
+    pthread_mutex_lock(&svc->mu);
+    uint64_t room = svc_reserved_room(svc);
+    pthread_mutex_unlock(&svc->mu);
+    if (room == UINT64_MAX || object_bytes == 0) {
+        return n;
+    }
+    uint64_t fit = room / object_bytes;
+    return fit < n ? (size_t)fit : n;
+}
+
+/* Gives back the slots in `res` that would take this thread's caller past
+ * server.max_reserved_bytes now (another Reserve of the same caller took
+ * the room since resv_cap_blocks), marking them KVD_ERR_NOSPACE. `mu`
+ * held, until the reservation is in the table. */
+static void resv_trim_to_cap(kvd_service_t *svc, const kvd_namespace_t *ns,
+                             const kvd_block_hash_t *hashes,
+                             kvd_store_reservation_t *res, size_t n,
+                             uint64_t object_bytes)
+{
+    uint64_t room = svc_reserved_room(svc);
+    if (room == UINT64_MAX) {
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (res[i].status != KVD_OK) {
+            continue;
+        }
+        if (room >= object_bytes) {
+            room -= object_bytes;
+            continue;
+        }
+        kvd_store_key_t k = {.ns = *ns, .hash = hashes[i]};
+        (void)kvd_store_abort(svc->store, &k, 1, NULL);
+        res[i].status = KVD_ERR_NOSPACE;
+    }
+}
+
+/* Fills the reply's blocks from the store's answers and records the
+ * reserved ones in `rec`; returns whether any was reserved. */
+static bool resv_blocks(const kvd_pb_reserve_request_t *rq,
+                        const kvd_block_hash_t *hashes,
+                        const kvd_store_reservation_t *res,
+                        kvd_pb_block_reservation_t *blocks,
+                        kvd_pb_block_reservation_t **bp, svc_resv_t *rec)
+{
+    bool reserved_any = false;
+    for (size_t i = 0; i < rq->n_block_hashes; i++) {
+        kvdepot__v1__block_reservation__init(&blocks[i]);
+        blocks[i].block_hash = rq->block_hashes[i];
+        blocks[i].outcome = svc_outcome(res[i].status);
+        if (blocks[i].outcome ==
+            KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_REJECTED) {
+            blocks[i].status = (int32_t)res[i].status;
+        }
+        if (res[i].status == KVD_OK) {
+            blocks[i].arena_offset = res[i].arena_offset;
+            svc_resv_key_t *k = &rec->keys[rec->n++];
+            k->hash = hashes[i];
+            k->offset = res[i].arena_offset;
+            k->state = SVC_RESERVED;
+            reserved_any = true;
+        }
+        bp[i] = &blocks[i];
+    }
+    rec->open = rec->n;
+    return reserved_any;
+}
+
+/* The store's answers for a Reserve of `n` blocks: every block refused
+ * while draining; blocks past the caller's server.max_reserved_bytes
+ * KVD_ERR_NOSPACE without asking the store (which would evict for them). */
+static kvd_status_t resv_store(kvd_service_t *svc,
+                               const kvd_pb_reserve_request_t *rq,
+                               const kvd_namespace_t *ns,
+                               const kvd_block_hash_t *hashes, size_t n,
+                               svc_resv_t *rec, kvd_store_reservation_t *res)
+{
+    if (__atomic_load_n(&svc->draining, __ATOMIC_ACQUIRE)) {
+        /* Draining for a restart: no new saves (REJECTED = skip). */
+        for (size_t i = 0; i < n; i++) {
+            res[i].status = KVD_ERR_BUSY;
+        }
+        return KVD_OK;
+    }
+    const char *tenant =
+        svc_caller_tenant != NULL ? svc_caller_tenant : rq->tenant;
+    rec->store_tenant = svc_tenant_id(tenant);
+    size_t fit = resv_cap_blocks(svc, n, rq->object_size_bytes);
+    for (size_t i = fit; i < n; i++) {
+        res[i].status = KVD_ERR_NOSPACE;
+    }
+    if (fit == 0) {
+        return KVD_OK;
+    }
+    return kvd_store_reserve(svc->store, ns, hashes, fit, rq->object_size_bytes,
+                             rec->store_tenant, res);
+}
+
 kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req, size_t len,
                          uint8_t **out, size_t *out_len, char *reason,
                          size_t reason_len)
@@ -96,24 +203,12 @@ kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req, size_t len,
     if (rec != NULL) {
         rec->keys = calloc(n, sizeof *rec->keys);
     }
-    bool reserved_any = false;
     if (hashes == NULL || res == NULL || blocks == NULL || bp == NULL ||
         rec == NULL || rec->keys == NULL) {
         s = KVD_ERR_NOMEM;
         goto out;
     }
-    if (__atomic_load_n(&svc->draining, __ATOMIC_ACQUIRE)) {
-        /* Draining for a restart: no new saves (REJECTED = skip). */
-        for (size_t i = 0; i < n; i++) {
-            res[i].status = KVD_ERR_BUSY;
-        }
-    } else {
-        const char *tenant =
-            svc_caller_tenant != NULL ? svc_caller_tenant : rq->tenant;
-        rec->store_tenant = svc_tenant_id(tenant);
-        s = kvd_store_reserve(svc->store, &ns, hashes, n, rq->object_size_bytes,
-                              rec->store_tenant, res);
-    }
+    s = resv_store(svc, rq, &ns, hashes, n, rec, res);
     if (s != KVD_OK) {
         kvd_config_err(reason, reason_len, "object_size_bytes %llu: %s",
                        (unsigned long long)rq->object_size_bytes,
@@ -121,34 +216,21 @@ kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req, size_t len,
         goto out;
     }
     uint32_t ttl = svc_ttl(rq->ttl_ms, svc->cfg.reservation_ttl_ms);
+    if (svc->cfg.reservation_ttl_max_ms != 0 &&
+        ttl > svc->cfg.reservation_ttl_max_ms) {
+        ttl = svc->cfg.reservation_ttl_max_ms; /* the reply says so */
+    }
     rec->ns = ns;
     rec->object_bytes = rq->object_size_bytes;
     rec->deadline_ns = kvd_time_now_ns() + (uint64_t)ttl * 1000000u;
     kvd_pb_reserve_response_t rsp = KVDEPOT__V1__RESERVE_RESPONSE__INIT;
-    for (size_t i = 0; i < n; i++) {
-        kvdepot__v1__block_reservation__init(&blocks[i]);
-        blocks[i].block_hash = rq->block_hashes[i];
-        blocks[i].outcome = svc_outcome(res[i].status);
-        if (blocks[i].outcome ==
-            KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_REJECTED) {
-            blocks[i].status = (int32_t)res[i].status;
-        }
-        if (res[i].status == KVD_OK) {
-            blocks[i].arena_offset = res[i].arena_offset;
-            svc_resv_key_t *k = &rec->keys[rec->n++];
-            k->hash = hashes[i];
-            k->offset = res[i].arena_offset;
-            k->state = SVC_RESERVED;
-            reserved_any = true;
-        }
-        bp[i] = &blocks[i];
-    }
-    rec->open = rec->n;
     rsp.n_blocks = n;
     rsp.blocks = bp;
-    if (reserved_any) {
+    /* The cap's check and the insertion happen under one hold of `mu`. */
+    pthread_mutex_lock(&svc->mu);
+    resv_trim_to_cap(svc, &ns, hashes, res, n, rq->object_size_bytes);
+    if (resv_blocks(rq, hashes, res, blocks, bp, rec)) {
         rsp.ttl_ms = ttl;
-        pthread_mutex_lock(&svc->mu);
         rec->id = svc_id_new(svc);
         rec->tenant = svc_caller_id;
         rec->session = svc_caller_session;
@@ -164,12 +246,12 @@ kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req, size_t len,
             svc_resv_abort_open(svc, rec);
             svc_resv_free(rec);
         }
-        pthread_mutex_unlock(&svc->mu);
         rec = NULL;
     } else {
         s = svc_pack(KVD_PROTO_MSG_RESERVE_RESPONSE, &rsp.base, out, out_len,
                      reason, reason_len);
     }
+    pthread_mutex_unlock(&svc->mu);
 out:
     if (rec != NULL && rec->n > 0) {
         pthread_mutex_lock(&svc->mu);

@@ -3,7 +3,10 @@
  * set by kvd_service_call for the handler on this thread), the tenant's
  * own copy of every namespace, who may use a lease or reservation, and the
  * object bytes each tenant holds leased, which server.tenant_max_leased
- * caps (the cap is checked by Lookup and Get against svc_held_room).
+ * caps (the cap is checked by Lookup and Get against svc_held_room), and
+ * the bytes each caller holds reserved, which server.max_reserved_bytes
+ * caps (checked by Reserve against svc_reserved_room: counted by walking
+ * the reservation table, which Reserve alone pays for).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +86,35 @@ uint64_t svc_held_room(kvd_service_t *svc, uint32_t tenant)
     }
     svc_held_t *h = held_of(svc, tenant, false);
     uint64_t used = h != NULL ? h->bytes : 0;
+    return used < cap ? cap - used : 0;
+}
+
+/* Whether reservation `r` was made by this thread's caller, as
+ * server.max_reserved_bytes counts callers: its tenant when bound, else
+ * its hand-off session (0: every unbound caller without one). */
+static bool resv_is_callers(const svc_resv_t *r)
+{
+    if (svc_caller_tenant != NULL) {
+        return r->tenant == svc_caller_id;
+    }
+    return r->tenant == 0 && r->session == svc_caller_session;
+}
+
+uint64_t svc_reserved_room(kvd_service_t *svc)
+{
+    uint64_t cap = svc->cfg.max_reserved_bytes;
+    if (cap == 0) {
+        return UINT64_MAX;
+    }
+    uint64_t used = 0;
+    for (size_t b = 0; b < SVC_BUCKETS; b++) {
+        for (const svc_resv_t *r = svc->resvs[b]; r != NULL; r = r->next) {
+            used += resv_is_callers(r) ? r->open * r->object_bytes : 0;
+        }
+    }
+    for (const svc_resv_t *r = svc->q_resvs; r != NULL; r = r->next) {
+        used += resv_is_callers(r) ? r->open * r->object_bytes : 0;
+    }
     return used < cap ? cap - used : 0;
 }
 

@@ -204,6 +204,11 @@ void svc_held_add(kvd_service_t *svc, uint32_t tenant, uint64_t bytes,
  * (UINT64_MAX: no limit). `mu` held. */
 uint64_t svc_held_room(kvd_service_t *svc, uint32_t tenant);
 
+/* Object bytes this thread's caller may still reserve under
+ * server.max_reserved_bytes (UINT64_MAX: no limit): the cap less what its
+ * open and quarantined reservations hold. `mu` held. */
+uint64_t svc_reserved_room(kvd_service_t *svc);
+
 /* ---- service_lease.c ---------------------------------------------------- */
 
 /* A lease by id, if this thread's caller may use it. `mu` held. */

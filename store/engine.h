@@ -17,8 +17,10 @@
  *
  * A remembered checksum describes the bytes as they were checked: a
  * process that writes into a committed slot afterwards (a broken client
- * mapping the arena) makes the object fail a peer's verification instead
- * of travelling with a checksum of the damaged bytes.
+ * mapping the arena, or a co-tenant sharing it) makes the object fail a
+ * peer's verification instead of travelling with a checksum of the damaged
+ * bytes, and the NVMe write checks the slot against it first: such an
+ * object is dropped, never written to disk (counted in checksum_errors).
  *
  * Embedded stores only (a daemon-mode store has no L1 here). Threading:
  * any thread, as the other store calls.

@@ -101,9 +101,11 @@ struct store_job {
                         release, not an evicted slot to free */
     /* XXH3-64 of the bytes. A write whose entry remembers the checksum a
      * writer checked at commit (store/engine.h) takes it from there
-     * (has_checksum) instead of reading the object again; bytes changed
-     * since then fail the NVMe read's check instead of being indexed with a
-     * checksum of the damaged bytes. */
+     * (has_checksum) and checks the slot against it before the NVMe write:
+     * bytes changed since the commit are dropped, never written or indexed
+     * (store_io.c); a change racing the write itself fails the NVMe read's
+     * check instead of being indexed with a checksum of the damaged
+     * bytes. */
     bool has_checksum;
     uint64_t checksum;
     kvd_status_t io_status;

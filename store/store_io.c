@@ -4,8 +4,10 @@
  * order (store_int.h describes the queues).
  *
  * Write (write-back of an evicted object, or write-through of a commit):
- *   extent alloc (evicting NVMe objects when the disk is full) -> reserve the
- *   key in `l2` (invisible) -> XXH3 of the bytes -> NVMe write -> ... ->
+ *   bytes still match the checksum verified at commit, if one was? (else
+ *   dropped, see store_write_bytes_match) -> extent alloc (evicting NVMe
+ *   objects when the disk is full) -> reserve the key in `l2` (invisible)
+ *   -> XXH3 of the bytes, unless verified at commit -> NVMe write -> ... ->
  *   completion -> index put (one LMDB transaction for every write that
  *   completed in the same round) -> commit in `l2` -> free the arena slot
  *   (write-back) or drop the store's lease on it (write-through).
@@ -122,8 +124,38 @@ static bool store_l2_make_room(kvd_embedded_t *st, uint64_t bytes)
     return n > 0;
 }
 
-/* Extent and `l2` reservation for a write. KVD_ERR_EXISTS: the key is on
- * NVMe already (or being written there). */
+/* Whether the slot of a write whose entry remembers the checksum verified
+ * at commit still holds those bytes. A mismatch means the slot was written
+ * after the commit (through a client's read-write mapping of the arena: a
+ * co-tenant or a broken client). Such an object is dropped, not persisted:
+ * never written to NVMe, never indexed, counted in checksum_errors (not in
+ * dropped_writes: a flush does not fail for it, as nothing that was
+ * committed is lost that a reader could have had). A write-through object also
+ * stays in the arena: it is doomed there, so no lookup serves the changed bytes
+ * again. */
+static bool store_write_bytes_match(kvd_embedded_t *st, store_job_t *job)
+{
+    const void *p = kvd_arena_slot_ptr(st->arena, job->slot);
+    if (kvd_xxh3_64(p, job->size_bytes) == job->checksum) {
+        return true;
+    }
+    KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_ERROR, 1000,
+                        "store: arena object (%llu bytes) changed after "
+                        "its verified commit; dropped, not written to NVMe",
+                        (unsigned long long)job->size_bytes);
+    store_count(&st->n.checksum_errors, 1);
+    if (job->leased) {
+        kvd_store_key_t lk;
+        lk = job->key;
+        (void)kvd_l1_doom(st->l1, &lk);
+    }
+    return false;
+}
+
+/* Extent and `l2` reservation for a write, after checking the bytes against
+ * the checksum verified at commit (store_write_bytes_match). KVD_ERR_EXISTS:
+ * the key is on NVMe already (or being written there). KVD_ERR_CHECKSUM:
+ * the bytes changed since the commit; nothing is reserved. */
 static kvd_status_t store_write_prepare(kvd_embedded_t *st, store_job_t *job)
 {
     kvd_store_key_t lk;
@@ -131,6 +163,9 @@ static kvd_status_t store_write_prepare(kvd_embedded_t *st, store_job_t *job)
     kvd_l1_entry_info_t info;
     if (kvd_l1_peek(st->l2, &lk, &info) == KVD_OK) {
         return KVD_ERR_EXISTS;
+    }
+    if (job->has_checksum && !store_write_bytes_match(st, job)) {
+        return KVD_ERR_CHECKSUM;
     }
     uint64_t len = store_round_block(job->size_bytes);
     kvd_status_t status;
@@ -226,7 +261,7 @@ static store_job_t *store_writes_start(kvd_embedded_t *st, store_job_t *list)
             store_job_t *job = list;
             list = job->next;
             kvd_status_t s = store_write_prepare(st, job);
-            if (s == KVD_ERR_EXISTS) {
+            if (s == KVD_ERR_EXISTS || s == KVD_ERR_CHECKSUM) {
                 store_write_finish(st, job);
             } else if (s != KVD_OK) {
                 store_write_drop(st, job, s);

@@ -270,7 +270,9 @@ KVD_API kvd_status_t kvd_store_arena_export(kvd_store_t *store,
 typedef struct kvd_store_reservation {
     /* KVD_OK: write size_bytes at arena_offset, then commit or abort.
      * KVD_ERR_EXISTS: stored already (either tier) or being written: skip.
-     * KVD_ERR_NOSPACE: no slot could be freed (everything leased/pinned).
+     * KVD_ERR_NOSPACE: no slot could be freed (everything leased/pinned);
+     *   daemon mode also: the caller (its tenant, or its client's session)
+     *   holds server.max_reserved_bytes reserved already.
      * KVD_ERR_QUOTA: the tenant's quota cannot fit it.
      * Daemon mode also: KVD_ERR_NOMEM / KVD_ERR_BUSY (the daemon's cause,
      * e.g. draining), or the failed call's status (KVD_ERR_UNREACHABLE,

@@ -30,12 +30,15 @@ typedef struct kvd_test_svc {
 } kvd_test_svc_t;
 
 /* What the service is created with; zeros take the helpers' defaults
- * (TTLs 30 s, tick 10 ms, no tenant cap, no config entries). */
+ * (TTLs 30 s, tick 10 ms, no tenant or reservation caps, no config
+ * entries). */
 typedef struct kvd_test_svc_opts {
     uint32_t lease_ttl_ms;
     uint32_t reservation_ttl_ms;
     uint32_t tick_ms;
     uint64_t tenant_max_leased_bytes;
+    uint32_t reservation_ttl_max_ms; /* 0: no cap */
+    uint64_t max_reserved_bytes;     /* 0: no cap */
     const kvd_service_config_entry_t *config_entries;
     size_t n_config_entries;
 } kvd_test_svc_opts_t;
@@ -74,6 +77,8 @@ static inline void kvd_test_svc_open(kvd_test_svc_t *t,
         .flush_timeout_ms = 1000,
         .verify_commits = true,
         .tenant_max_leased_bytes = o->tenant_max_leased_bytes,
+        .reservation_ttl_max_ms = o->reservation_ttl_max_ms,
+        .max_reserved_bytes = o->max_reserved_bytes,
         .tick_ms = o->tick_ms ? o->tick_ms : 10,
         .config_entries = o->config_entries,
         .n_config_entries = o->n_config_entries,

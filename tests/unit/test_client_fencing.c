@@ -13,7 +13,10 @@
  *     committed meanwhile reads back byte for byte, after the write-back
  *     to NVMe too) and its own key is never published;
  *   - the quarantine ends when the holding client closes its store (its
- *     hand-off session ends with it).
+ *     hand-off session ends with it);
+ *   - with the daemon's defaults, a client holding a quarter of the arena
+ *     reserved is refused more (KVD_ERR_NOSPACE) while another client's
+ *     save goes on (server.max_reserved_bytes, counted per session).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -244,6 +247,67 @@ static void test_quarantine_ends_with_the_session(void **state)
     WAIT_SVC(t, s_.sessions == sessions);
 }
 
+/* ---- reserved bytes per caller ------------------------------------------ */
+
+#define BIG ((uint64_t)1 << 20)
+
+static int setup_defaults(void **state)
+{
+    static kvd_test_cl_t t;
+    kvd_test_cl_start(&t, "client_caps", false, (const char *)NULL);
+    *state = &t;
+    return 0;
+}
+
+/* Reserves `n` objects of BIG under keys of `seed` on `st`; returns how
+ * many were granted, the others must be KVD_ERR_NOSPACE. */
+static size_t reserve_big(kvd_store_t *st, uint8_t seed, size_t n,
+                          kvd_store_key_t *keys)
+{
+    kvd_block_hash_t h[8];
+    kvd_store_reservation_t r[8];
+    assert_true(n <= 8);
+    kvd_test_cl_keys(&ns, 9, h, n, seed);
+    assert_int_equal(kvd_store_reserve(st, &ns, h, n, BIG, 0, r), KVD_OK);
+    size_t granted = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (r[i].status == KVD_OK) {
+            keys[granted++] = (kvd_store_key_t){.ns = ns, .hash = h[i]};
+        } else {
+            assert_int_equal(r[i].status, KVD_ERR_NOSPACE);
+        }
+    }
+    return granted;
+}
+
+/* With the daemon's defaults (a 16 MiB arena: server.max_reserved_bytes is
+ * a quarter, 4 MiB) a client holding 4 MiB reserved is refused more with
+ * KVD_ERR_NOSPACE while another client's save goes on: callers bound to
+ * no tenant are counted by hand-off session. */
+static void test_reserved_bytes_capped_per_session(void **state)
+{
+    kvd_test_cl_t *t = *state;
+    kvd_store_t *a = NULL, *b = NULL;
+    assert_int_equal(kvd_test_cl_open(t, &a, (const char *)NULL), KVD_OK);
+    assert_int_equal(kvd_test_cl_open(t, &b, (const char *)NULL), KVD_OK);
+    kvd_store_key_t ka[8], kb[8];
+    assert_int_equal(reserve_big(a, 1, 6, ka), 4);
+    assert_int_equal(reserve_big(a, 2, 1, ka + 4), 0);
+
+    assert_int_equal(reserve_big(b, 3, 4, kb), 4);
+    kvd_status_t cs[8];
+    assert_int_equal(kvd_store_commit(b, kb, 4, cs), KVD_OK);
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(cs[i], KVD_OK);
+    }
+    /* Giving its slots back gives A its room back. */
+    assert_int_equal(kvd_store_abort(a, ka, 4, cs), KVD_OK);
+    assert_int_equal(reserve_big(a, 2, 1, ka), 1);
+    assert_int_equal(kvd_store_abort(a, ka, 1, cs), KVD_OK);
+    kvd_store_close(a);
+    kvd_store_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -253,6 +317,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_quarantine_ends_with_the_session,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reserved_bytes_capped_per_session,
+                                        setup_defaults, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

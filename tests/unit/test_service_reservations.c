@@ -5,13 +5,16 @@
  * publishes a block whose bytes match its checksum and refuses one that
  * does not (counted); Abort gives slots back, wholly or by hash; the id
  * ends when nothing is left open; the deadline aborts what a client left;
- * while draining, Reserve refuses every block.
+ * while draining, Reserve refuses every block; a TTL beyond
+ * server.reservation_ttl_max is cut to it, and a caller past its
+ * server.max_reserved_bytes is refused while others still save.
  */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -289,10 +292,90 @@ static void test_drain_refuses_reserve(void **state)
     kvd_test_svc_save(t, NS, 5, 2, NULL);
 }
 
+/* ---- caps: TTL and reserved bytes per caller ---------------------------- */
+
+#define CAP_BLOCKS 4u
+
+static int setup_caps(void **state)
+{
+    static kvd_test_svc_t t;
+    kvd_test_svc_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.reservation_ttl_max_ms = 60000;
+    o.max_reserved_bytes = CAP_BLOCKS * KVD_TEST_SVC_OBJ;
+    kvd_test_svc_open(&t, &o);
+    *state = &t;
+    return 0;
+}
+
+/* A Reserve asking for an hour gets server.reservation_ttl_max, and the
+ * reply says so (the client's deadline is the reply's TTL); a shorter
+ * request gets what it asked for. */
+static void test_reservation_ttl_capped(void **state)
+{
+    kvd_test_svc_t *t = *state;
+    kvd_pb_reserve_response_t *res =
+        kvd_test_svc_reserve(t, NS, 0, 1, 3600000, NULL);
+    assert_int_not_equal(res->reservation_id, 0);
+    assert_int_equal(res->ttl_ms, 60000);
+    kvd_proto_reserve_response_free(res);
+    res = kvd_test_svc_reserve(t, NS, 1, 1, 1000, NULL);
+    assert_int_equal(res->ttl_ms, 1000);
+    kvd_proto_reserve_response_free(res);
+}
+
+/* How many blocks of `res` were RESERVED; every other one must be
+ * REJECTED with KVD_ERR_NOSPACE. */
+static size_t reserved_else_nospace(const kvd_pb_reserve_response_t *res)
+{
+    size_t reserved = 0;
+    for (size_t i = 0; i < res->n_blocks; i++) {
+        if (res->blocks[i]->outcome ==
+            KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_RESERVED) {
+            reserved++;
+            continue;
+        }
+        assert_int_equal(
+            res->blocks[i]->outcome,
+            KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_REJECTED);
+        assert_int_equal(res->blocks[i]->status, KVD_ERR_NOSPACE);
+    }
+    return reserved;
+}
+
+/* One tenant holding its server.max_reserved_bytes is refused more
+ * (KVD_ERR_NOSPACE, the rest of its batch too) while another tenant's
+ * save succeeds; committing gives the tenant its room back. */
+static void test_reserved_bytes_capped_per_caller(void **state)
+{
+    kvd_test_svc_t *t = *state;
+    kvd_pb_reserve_response_t *a =
+        kvd_test_svc_reserve(t, NS, 0, CAP_BLOCKS + 2, 0, "a");
+    assert_int_equal(reserved_else_nospace(a), CAP_BLOCKS);
+    kvd_pb_reserve_response_t *more =
+        kvd_test_svc_reserve(t, NS, 100, 1, 0, "a");
+    assert_int_equal(more->reservation_id, 0);
+    assert_int_equal(reserved_else_nospace(more), 0);
+    kvd_proto_reserve_response_free(more);
+
+    kvd_test_svc_save(t, NS, 0, CAP_BLOCKS, "b");
+    kvd_test_svc_save(t, NS, 50, 2, NULL);
+
+    kvd_pb_commit_response_t *c = kvd_test_svc_commit(t, a, false, "a");
+    assert_int_equal(c->num_committed, CAP_BLOCKS);
+    kvd_proto_commit_response_free(c);
+    kvd_proto_reserve_response_free(a);
+    kvd_test_svc_save(t, NS, 100, CAP_BLOCKS, "a");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_reserve_commit, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reservation_ttl_capped, setup_caps,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_reserved_bytes_capped_per_caller,
+                                        setup_caps, teardown),
         cmocka_unit_test_setup_teardown(test_reserve_exists, setup, teardown),
         cmocka_unit_test_setup_teardown(test_commit_checksum, setup, teardown),
         cmocka_unit_test_setup_teardown(test_commit_unknown_block, setup,
