@@ -44,12 +44,8 @@ static void server_free(kvd_server_t *srv)
     }
     srv_handoff_conns_close(srv);
     kvd_service_destroy(srv->svc);
-    if (srv->store != NULL) {
-        kvd_status_t s = kvd_store_flush(srv->store, 10000);
-        if (s != KVD_OK) {
-            KVD_LOG_WARN("kvdepotd: final flush: %s", kvd_status_str(s));
-        }
-    }
+    /* The store's close writes the arena's objects to NVMe, within
+     * store.stop_flush_timeout, and logs how many it wrote and left. */
     kvd_store_close(srv->store);
     for (int i = 0; i < 3; i++) {
         free(srv->tls_pem[i]);

@@ -87,6 +87,10 @@ static const kvd_config_field_t store_own_fields[] = {
      "how often NVMe files and index are synced (0: after every batch)",
      kvd_config_parse_duration_ms, STORE_OFF(sync_interval_ms), 0, 3600000,
      NULL},
+    {"store.stop_flush_timeout", "30s",
+     "close: how long writing the arena's objects to NVMe may take, so a "
+     "restart finds them (0: not written)",
+     kvd_config_parse_duration_ms, STORE_OFF(stop_flush_ms), 0, 3600000, NULL},
     {"store.reserve_timeout", "100ms",
      "how long reserve waits for write-back to free arena slots",
      kvd_config_parse_duration_ms, STORE_OFF(reserve_timeout_ms), 0, 60000,
@@ -509,9 +513,38 @@ err:
     return status;
 }
 
+/* The graceful stop's write-back of the arena (store.stop_flush_timeout),
+ * so that a store reopened on the same directory finds its objects. */
+static void store_stop_flush(kvd_embedded_t *st)
+{
+    if (st->nvme == NULL || st->cfg.stop_flush_ms == 0) {
+        return;
+    }
+    uint64_t t0 = kvd_time_now_ns();
+    uint64_t before = store_host_only_count(st);
+    int ms = st->cfg.stop_flush_ms > INT32_MAX ? INT32_MAX
+                                               : (int)st->cfg.stop_flush_ms;
+    kvd_status_t s = store_flush(st, ms, NULL);
+    uint64_t left = store_host_only_count(st);
+    uint64_t took = (kvd_time_now_ns() - t0) / KVD_NSEC_PER_MSEC;
+    uint64_t written = before > left ? before - left : 0;
+    if (s == KVD_OK && left == 0) {
+        KVD_LOG_INFO("store: stop: %llu objects written to NVMe in %llu ms; "
+                     "none left in the arena only",
+                     (unsigned long long)written, (unsigned long long)took);
+    } else {
+        KVD_LOG_WARN("store: stop: %llu objects written to NVMe in %llu ms; "
+                     "%llu left in the arena only, lost (%s)",
+                     (unsigned long long)written, (unsigned long long)took,
+                     (unsigned long long)left, kvd_status_str(s));
+    }
+}
+
 static void emb_close(kvd_store_t *base)
 {
-    store_free(store_embedded(base));
+    kvd_embedded_t *st = store_embedded(base);
+    store_stop_flush(st);
+    store_free(st);
 }
 
 /* ---- arena access ------------------------------------------------------- */

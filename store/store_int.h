@@ -75,6 +75,7 @@ typedef struct store_settings {
     int disk_admission;       /* enum store_admission */
     uint64_t index_map_bytes;
     uint64_t sync_interval_ms;   /* 0: sync after every index batch */
+    uint64_t stop_flush_ms;      /* close: flush for this long (0: not) */
     uint64_t reserve_timeout_ms; /* wait for write-back to free slots */
     int64_t get_queue;           /* gets accepted and not yet polled */
 } store_settings_t;
@@ -261,6 +262,18 @@ void store_forget_corrupt(kvd_embedded_t *st, const kvd_store_key_t *key);
 
 /* I/O thread body (store_io.c), started by kvd_store_open. */
 void *store_io_main(void *arg);
+
+/* Flush (store_manage.c): queues the write-back of every arena object with
+ * no NVMe copy (each pinned by a lease until written; objects evicted or
+ * deleted meanwhile are skipped), waits for every queued write, then syncs
+ * the NVMe files and the index. `timeout_ms` -1: no deadline. Returns as
+ * kvd_store_flush; *queued_out (may be NULL) counts the write-backs it
+ * queued itself. Any thread, `mu` not held. */
+kvd_status_t store_flush(kvd_embedded_t *store, int timeout_ms,
+                         uint64_t *queued_out);
+
+/* Arena objects with no NVMe copy now (0 without a disk tier). */
+uint64_t store_host_only_count(kvd_embedded_t *st);
 
 /* Index records of L2 victims are deleted (and synced) before their
  * extents are freed. KVD_ERR_IO when some records could not be removed

@@ -2,7 +2,7 @@
  * The embedded store's management calls: delete (both tiers; index records
  * are removed and synced before an extent is reused, so a restarted store
  * never finds a record pointing at reused bytes), scan, tenant quotas,
- * flush (durability of queued NVMe writes) and stats.
+ * flush (every object of the arena written to NVMe, synced) and stats.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -162,13 +162,14 @@ kvd_status_t store_op_tenant_set_quota(kvd_store_t *base, uint32_t tenant,
     return kvd_l1_tenant_set_quota(store_embedded(base)->l1, tenant, max_bytes);
 }
 
-kvd_status_t store_op_flush(kvd_store_t *base, int timeout_ms)
+/* Waits until at most `most` NVMe writes are queued or in flight, or the
+ * deadline passes (KVD_ERR_TIMEOUT). */
+static kvd_status_t store_writes_wait(kvd_embedded_t *store, uint64_t most,
+                                      uint64_t deadline)
 {
-    kvd_embedded_t *store = store_embedded(base);
-    uint64_t deadline = kvd_time_deadline_ns(timeout_ms);
     kvd_status_t status = KVD_OK;
     pthread_mutex_lock(&store->mu);
-    while (store->writes_pending > 0) {
+    while (store->writes_pending > most) {
         if (deadline == KVD_DEADLINE_NEVER) {
             pthread_cond_wait(&store->idle_cv, &store->mu);
             continue;
@@ -177,12 +178,120 @@ kvd_status_t store_op_flush(kvd_store_t *base, int timeout_ms)
                               .tv_nsec = (long)(deadline % KVD_NSEC_PER_SEC)};
         if (pthread_cond_timedwait(&store->idle_cv, &store->mu, &ts) ==
                 ETIMEDOUT &&
-            store->writes_pending > 0) {
+            store->writes_pending > most) {
             status = KVD_ERR_TIMEOUT;
             break;
         }
     }
     pthread_mutex_unlock(&store->mu);
+    return status;
+}
+
+/* Queues the write-back of one host-only object, pinned by a lease of its
+ * own that the write job releases. Returns whether a job was queued: an
+ * object evicted, deleted or written to NVMe meanwhile is skipped. */
+static bool store_write_back_one(kvd_embedded_t *st, const kvd_store_key_t *key)
+{
+    kvd_store_key_t lk;
+    lk = *key;
+    kvd_l1_entry_info_t info;
+    uint32_t slot;
+    if (kvd_l1_peek(st->l2, &lk, &info) == KVD_OK ||
+        kvd_l1_acquire(st->l1, &lk, &slot) != KVD_OK) {
+        return false;
+    }
+    store_job_t *job = NULL;
+    if (kvd_l1_peek(st->l1, &lk, &info) == KVD_OK && info.slot == slot) {
+        job = calloc(1, sizeof *job);
+    }
+    if (job == NULL) {
+        (void)kvd_l1_release(st->l1, &lk);
+        return false;
+    }
+    job->store = st;
+    job->kind = STORE_JOB_WRITE;
+    job->key = *key;
+    job->tenant = info.tenant;
+    job->size_bytes = info.size_bytes;
+    job->slot = slot;
+    job->extent = KVD_NVME_EXTENT_INVALID;
+    job->leased = true;
+    job->has_checksum = info.has_checksum;
+    job->checksum = info.checksum;
+    pthread_mutex_lock(&st->mu);
+    store_queue_push(&st->wq, job);
+    st->writes_pending++;
+    pthread_cond_signal(&st->work_cv);
+    pthread_mutex_unlock(&st->mu);
+    return true;
+}
+
+/* Write-backs the flush keeps queued at once: enough to keep the NVMe
+ * queue busy, few enough that a flush past its deadline leaves little
+ * behind for the I/O thread. */
+#define STORE_FLUSH_WINDOW (2u * STORE_KEY_CHUNK)
+
+/* Walks the arena's objects and queues the write-back of every one with no
+ * NVMe copy, STORE_FLUSH_WINDOW at a time; *queued_out counts them. */
+static kvd_status_t store_write_back_all(kvd_embedded_t *st, uint64_t deadline,
+                                         uint64_t *queued_out)
+{
+    kvd_l1_scan_entry_t chunk[STORE_KEY_CHUNK];
+    uint64_t cursor = 0;
+    size_t got = STORE_KEY_CHUNK;
+    while (got == STORE_KEY_CHUNK) {
+        kvd_status_t s =
+            kvd_l1_scan(st->l1, &cursor, chunk, STORE_KEY_CHUNK, &got);
+        if (s != KVD_OK) {
+            return s;
+        }
+        for (size_t i = 0; i < got; i++) {
+            *queued_out += store_write_back_one(st, &chunk[i].key) ? 1 : 0;
+        }
+        s = store_writes_wait(st, STORE_FLUSH_WINDOW - STORE_KEY_CHUNK,
+                              deadline);
+        if (s != KVD_OK) {
+            return s;
+        }
+    }
+    return KVD_OK;
+}
+
+uint64_t store_host_only_count(kvd_embedded_t *st)
+{
+    kvd_l1_scan_entry_t chunk[STORE_KEY_CHUNK];
+    uint64_t cursor = 0, n = 0;
+    size_t got = STORE_KEY_CHUNK;
+    while (st->l2 != NULL && got == STORE_KEY_CHUNK) {
+        if (kvd_l1_scan(st->l1, &cursor, chunk, STORE_KEY_CHUNK, &got) !=
+            KVD_OK) {
+            break;
+        }
+        for (size_t i = 0; i < got; i++) {
+            kvd_store_key_t lk;
+            lk = chunk[i].key;
+            kvd_l1_entry_info_t info;
+            n += kvd_l1_peek(st->l2, &lk, &info) == KVD_OK ? 0 : 1;
+        }
+    }
+    return n;
+}
+
+kvd_status_t store_flush(kvd_embedded_t *store, int timeout_ms,
+                         uint64_t *queued_out)
+{
+    uint64_t deadline = kvd_time_deadline_ns(timeout_ms);
+    uint64_t queued = 0;
+    kvd_status_t status = KVD_OK;
+    if (store->nvme != NULL) {
+        status = store_write_back_all(store, deadline, &queued);
+    }
+    if (status == KVD_OK) {
+        status = store_writes_wait(store, 0, deadline);
+    }
+    if (queued_out != NULL) {
+        *queued_out = queued;
+    }
     if (status == KVD_OK && store->nvme != NULL) {
         status = kvd_nvme_sync(store->nvme);
         if (status == KVD_OK) {
@@ -208,6 +317,11 @@ kvd_status_t store_op_flush(kvd_store_t *base, int timeout_ms)
                      (unsigned long long)(dropped - seen), kvd_status_str(why));
     }
     return status;
+}
+
+kvd_status_t store_op_flush(kvd_store_t *base, int timeout_ms)
+{
+    return store_flush(store_embedded(base), timeout_ms, NULL);
 }
 
 kvd_status_t store_op_stats(kvd_store_t *base, kvd_store_stats_t *out)

@@ -148,10 +148,13 @@ KVD_API kvd_status_t kvd_store_open(const kvd_config_t *config,
 /*
  * Clean stop, then frees the store; every pointer it gave out (arena,
  * lease and reservation pointers, kvd_store_fd) is invalid afterwards.
- * Embedded mode: cancels gets not yet completed (they are not polled any
+ * Embedded mode: with a disk tier, first writes the arena's objects to
+ * NVMe as kvd_store_flush does, for at most store.stop_flush_timeout
+ * (default 30 s; 0: not at all), and logs how many it wrote and how many
+ * it left; then cancels gets not yet completed (they are not polled any
  * more), finishes the NVMe writes already queued and indexes them, syncs
- * the NVMe files and the index. Objects only in the arena are lost (the
- * arena is memory). Leases still held are dropped.
+ * the NVMe files and the index. Objects still only in the arena are lost
+ * (the arena is memory). Leases still held are dropped.
  * Daemon mode: stops the get thread, gives the daemon back the leases
  * still held (reservations are left to the daemon's reservation TTL) and
  * unmaps the arena; the daemon's objects stay.
@@ -521,8 +524,14 @@ KVD_API kvd_status_t kvd_store_tenant_set_quota(kvd_store_t *store,
                                                 uint64_t max_bytes);
 
 /*
- * Waits until every NVMe write queued before the call has finished and is
- * indexed, then syncs the files and the index (durable against power loss).
+ * The durability point: writes every committed object that is in the arena
+ * only (whatever store.disk_write says; the admission filter does not
+ * apply) to NVMe, waits for those and every NVMe write queued before the
+ * call to finish and be indexed, then syncs the files and the index
+ * (durable against power loss). Each object being written is pinned by a
+ * lease of the flush's own; objects evicted or deleted meanwhile are
+ * skipped, objects committed during the call may or may not be written. A
+ * disk smaller than the arena evicts its own objects to take the arena's.
  * `timeout_ms` -1 waits forever. KVD_OK, KVD_ERR_TIMEOUT, an I/O error
  * from the sync, or the cause of the latest NVMe write dropped since the
  * previous flush (KVD_ERR_IO, KVD_ERR_NOSPACE, ...: those objects stay in

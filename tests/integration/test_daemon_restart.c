@@ -1,6 +1,7 @@
 /*
  * kvdepotd end to end, a daemon that goes away under its clients: a
- * restart keeps the NVMe tier, and a client that outlives the daemon maps
+ * restart keeps the NVMe tier, and a graceful stop writes the arena's
+ * objects there first, and a client that outlives the daemon maps
  * the new arena by itself and loads from disk; the offsets a client holds
  * (a lease, a reservation, a hold) stay in the arena they were given in;
  * a dead daemon: calls fail within store.timeout (lookups find nothing,
@@ -75,6 +76,57 @@ static void test_restart_keeps_disk_tier(void **state)
     }
     assert_int_equal(kvd_store_release(st, got, 4), KVD_OK);
     assert_int_equal(daemon_leases(st), 0);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
+/*
+ * With the default store.disk_write=back, objects saved to a daemon live in
+ * its arena only until a graceful stop (SIGTERM) writes them to NVMe
+ * (store.stop_flush_timeout): a daemon restarted on the same directory
+ * finds every one on its disk tier, byte for byte. Before, the stop wrote
+ * nothing back and the restarted daemon found none.
+ */
+static void test_sigterm_keeps_host_tier(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_stop_flush");
+    char disk[300];
+    snprintf(disk, sizeof disk, "store.disk_path=%s/nvme", d.path);
+    char nvme[300];
+    snprintf(nvme, sizeof nvme, "%s/nvme", d.path);
+    assert_int_equal(mkdir(nvme, 0700), 0);
+    pid_t dpid =
+        daemon_start(&d, disk, "store.disk_size=32m", (const char *)NULL);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[NKEYS];
+    keys_make(&ns, h, NKEYS, 6);
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    assert_int_equal(save_objects(st, &ns, h, NKEYS), NKEYS);
+    kvd_store_stats_t stats;
+    assert_int_equal(kvd_store_stats(st, &stats), KVD_OK);
+    assert_int_equal(stats.disk.objects, 0); /* the arena only, so far */
+    kvd_store_close(st);
+    uint64_t t0 = now_ms();
+    daemon_stop(dpid);
+    printf("# SIGTERM with %u objects in the arena only: stopped in %llu ms\n",
+           NKEYS, (unsigned long long)(now_ms() - t0));
+
+    dpid = daemon_start(&d, disk, "store.disk_size=32m", (const char *)NULL);
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    kvd_store_lease_t l[NKEYS];
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, &ns, h, NKEYS, l, &m), KVD_OK);
+    assert_int_equal(m, NKEYS);
+    kvd_store_lease_t got[NKEYS];
+    get_from_disk(st, l, NKEYS, got);
+    for (size_t i = 0; i < NKEYS; i++) {
+        check_bytes(st, &got[i]);
+    }
+    assert_int_equal(kvd_store_release(st, got, NKEYS), KVD_OK);
     kvd_store_close(st);
     daemon_stop(dpid);
     kvd_test_dir_remove(&d);
@@ -255,6 +307,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_restart_keeps_disk_tier),
+        cmocka_unit_test(test_sigterm_keeps_host_tier),
         cmocka_unit_test(test_restart_keeps_offsets_in_their_arena),
         cmocka_unit_test(test_dead_daemon_no_hang),
     };
