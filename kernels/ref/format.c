@@ -63,11 +63,8 @@ kvd_status_t kvd_codec_parse(const char *name, kvd_codec_t *codec_out)
     return KVD_ERR_INVALID;
 }
 
-/* Writes a reason into err (if any) and returns `status`, so checks read as
- * one line each. */
-__attribute__((format(printf, 4, 5))) static kvd_status_t
-kvd_format_fail(kvd_status_t status, char *err, size_t err_len, const char *fmt,
-                ...)
+kvd_status_t kvd_format_fail(kvd_status_t status, char *err, size_t err_len,
+                             const char *fmt, ...)
 {
     if (err != NULL && err_len > 0) {
         va_list ap;

@@ -26,7 +26,6 @@
  * plane, tq_seed without a TurboQuant plane) so two equal formats always
  * give equal headers.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -40,18 +39,6 @@ size_t kvd_object_stored_bytes(const kvd_object_format_t *fmt)
 {
     size_t payload = kvd_object_bytes(fmt);
     return payload == 0 ? 0 : payload + KVD_OBJECT_HEADER_BYTES;
-}
-
-__attribute__((format(printf, 4, 5))) static kvd_status_t
-hdr_fail(kvd_status_t status, char *err, size_t err_len, const char *fmt, ...)
-{
-    if (err != NULL && err_len > 0) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return status;
 }
 
 /* The format as the header records it: unused fields zero. */
@@ -122,21 +109,21 @@ kvd_status_t kvd_object_header_unpack(const void *buf, size_t len,
     const uint8_t *h = buf;
     if (len < KVD_OBJECT_HEADER_BYTES || memcmp(h, HDR_MAGIC, 4) != 0 ||
         kvd_get_le16(h + 6) != KVD_OBJECT_HEADER_BYTES) {
-        return hdr_fail(KVD_ERR_CORRUPT, err, err_len,
-                        "no object header (%zu bytes, magic or size wrong)",
-                        len);
+        return kvd_format_fail(
+            KVD_ERR_CORRUPT, err, err_len,
+            "no object header (%zu bytes, magic or size wrong)", len);
     }
     if (kvd_get_le64(h + HDR_SUM_AT) != kvd_xxh3_64(h, HDR_SUM_AT)) {
-        return hdr_fail(KVD_ERR_CORRUPT, err, err_len,
-                        "object header checksum mismatch");
+        return kvd_format_fail(KVD_ERR_CORRUPT, err, err_len,
+                               "object header checksum mismatch");
     }
     kvd_object_header_t o;
     memset(&o, 0, sizeof o);
     o.version = kvd_get_le16(h + 4);
     if (o.version != KVD_OBJECT_FORMAT_V) {
-        return hdr_fail(KVD_ERR_CORRUPT, err, err_len,
-                        "object format version %u, this build reads %u",
-                        o.version, KVD_OBJECT_FORMAT_V);
+        return kvd_format_fail(KVD_ERR_CORRUPT, err, err_len,
+                               "object format version %u, this build reads %u",
+                               o.version, KVD_OBJECT_FORMAT_V);
     }
     o.format.dtype = (kvd_dtype_t)h[8];
     o.format.num_planes = h[9];
@@ -152,18 +139,18 @@ kvd_status_t kvd_object_header_unpack(const void *buf, size_t len,
     memcpy(o.hash.bytes, h + 64, KVD_SHA256_BYTES);
     char why[160] = "";
     if (!zero_bytes(h + 28, 4) || !zero_bytes(h + 96, 24)) {
-        return hdr_fail(KVD_ERR_CORRUPT, err, err_len,
-                        "object header: reserved bytes set");
+        return kvd_format_fail(KVD_ERR_CORRUPT, err, err_len,
+                               "object header: reserved bytes set");
     }
     if (kvd_object_format_check(&o.format, why, sizeof why) != KVD_OK) {
-        return hdr_fail(KVD_ERR_CORRUPT, err, err_len,
-                        "object header: bad format: %s", why);
+        return kvd_format_fail(KVD_ERR_CORRUPT, err, err_len,
+                               "object header: bad format: %s", why);
     }
     if (o.payload_bytes != kvd_object_bytes(&o.format)) {
-        return hdr_fail(KVD_ERR_CORRUPT, err, err_len,
-                        "object header: payload %llu bytes, its format %zu",
-                        (unsigned long long)o.payload_bytes,
-                        kvd_object_bytes(&o.format));
+        return kvd_format_fail(
+            KVD_ERR_CORRUPT, err, err_len,
+            "object header: payload %llu bytes, its format %zu",
+            (unsigned long long)o.payload_bytes, kvd_object_bytes(&o.format));
     }
     *out = o;
     return KVD_OK;
@@ -208,9 +195,9 @@ kvd_status_t kvd_object_header_check(const kvd_object_format_t *fmt,
         return KVD_ERR_INVALID;
     }
     if (size_bytes != payload + KVD_OBJECT_HEADER_BYTES) {
-        return hdr_fail(KVD_ERR_CORRUPT, err, err_len,
-                        "object has %zu bytes, the format %zu", size_bytes,
-                        payload + KVD_OBJECT_HEADER_BYTES);
+        return kvd_format_fail(KVD_ERR_CORRUPT, err, err_len,
+                               "object has %zu bytes, the format %zu",
+                               size_bytes, payload + KVD_OBJECT_HEADER_BYTES);
     }
     kvd_object_header_t h;
     kvd_status_t st =
@@ -222,16 +209,17 @@ kvd_status_t kvd_object_header_check(const kvd_object_format_t *fmt,
     kvd_object_format_t want = hdr_canonical(fmt);
     const char *diff = hdr_diff(&h, &want);
     if (diff != NULL) {
-        return hdr_fail(KVD_ERR_CORRUPT, err, err_len,
-                        "object header: %s differs from the reader's", diff);
+        return kvd_format_fail(KVD_ERR_CORRUPT, err, err_len,
+                               "object header: %s differs from the reader's",
+                               diff);
     }
     if (memcmp(h.ns.bytes, ns->bytes, KVD_NAMESPACE_BYTES) != 0) {
-        return hdr_fail(KVD_ERR_CORRUPT, err, err_len,
-                        "object header: saved in another namespace");
+        return kvd_format_fail(KVD_ERR_CORRUPT, err, err_len,
+                               "object header: saved in another namespace");
     }
     if (memcmp(h.hash.bytes, hash->bytes, KVD_SHA256_BYTES) != 0) {
-        return hdr_fail(KVD_ERR_CORRUPT, err, err_len,
-                        "object header: saved under another block hash");
+        return kvd_format_fail(KVD_ERR_CORRUPT, err, err_len,
+                               "object header: saved under another block hash");
     }
     return KVD_OK;
 }

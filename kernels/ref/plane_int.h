@@ -5,7 +5,8 @@
  * object and allocate their scratch once, so a failure can never happen
  * after the first byte was written; the public kvd_ref_plane_encode/decode
  * are these two steps plus a malloc. Also the codec properties that
- * format.c and plane.c both need.
+ * format.c and plane.c both need, and the reason writer of the format and
+ * header checks.
  */
 #ifndef KVD_KERNELS_REF_PLANE_INT_H
 #define KVD_KERNELS_REF_PLANE_INT_H
@@ -13,6 +14,12 @@
 #include <stddef.h>
 
 #include "kernels/ref/ref.h"
+
+/* Writes a reason into err (if any, at most err_len bytes) and returns
+ * `status`, so checks read as one line each (format.c, header.c). */
+__attribute__((format(printf, 4, 5))) kvd_status_t
+kvd_format_fail(kvd_status_t status, char *err, size_t err_len, const char *fmt,
+                ...);
 
 /* Codec properties shared by format.c (region sizes) and plane.c. */
 static inline int kvd_codec_is_kivi(kvd_codec_t c)
