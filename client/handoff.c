@@ -201,6 +201,34 @@ static kvd_status_t handoff_wait(int sock, uint64_t deadline_ns)
     }
 }
 
+kvd_status_t kvd_handoff_read(int sock, uint8_t *data, size_t len,
+                              kvd_handoff_piece_t *out)
+{
+    out->n = 0;
+    out->fd = -1;
+    out->num_fds = 0;
+    out->truncated = false;
+    struct iovec iov = {.iov_base = data, .iov_len = len};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(4 * sizeof(int))];
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof ctl.buf};
+    ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0) {
+        return errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK
+                   ? KVD_AGAIN
+                   : kvd_status_from_errno(errno);
+    }
+    out->n = (size_t)n;
+    out->num_fds = handoff_take_fds(&msg, &out->fd);
+    out->truncated = (msg.msg_flags & MSG_CTRUNC) != 0;
+    return KVD_OK;
+}
+
 kvd_status_t kvd_handoff_recv(int sock, uint8_t *data, size_t len,
                               int timeout_ms, int *fd_out)
 {
@@ -218,35 +246,26 @@ kvd_status_t kvd_handoff_recv(int sock, uint8_t *data, size_t len,
         if (s != KVD_OK) {
             break;
         }
-        struct iovec iov = {.iov_base = data + got, .iov_len = len - got};
-        union {
-            struct cmsghdr align;
-            char buf[CMSG_SPACE(4 * sizeof(int))];
-        } ctl;
-        struct msghdr msg = {.msg_iov = &iov,
-                             .msg_iovlen = 1,
-                             .msg_control = ctl.buf,
-                             .msg_controllen = sizeof ctl.buf};
-        ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-        if (n < 0) {
-            if (errno != EINTR && errno != EAGAIN && errno != EWOULDBLOCK) {
-                s = kvd_status_from_errno(errno);
-            }
+        kvd_handoff_piece_t piece;
+        s = kvd_handoff_read(sock, data + got, len - got, &piece);
+        if (s == KVD_AGAIN) {
+            s = KVD_OK;
             continue;
         }
-        int more = -1;
-        int k = handoff_take_fds(&msg, &more);
-        if (fd < 0) {
-            fd = more;
-        } else if (more >= 0) {
-            close(more);
+        if (s != KVD_OK) {
+            break;
         }
-        count += k;
-        trunc = trunc || (msg.msg_flags & MSG_CTRUNC);
-        if (n == 0) {
+        if (fd < 0) {
+            fd = piece.fd;
+        } else if (piece.fd >= 0) {
+            close(piece.fd);
+        }
+        count += piece.num_fds;
+        trunc = trunc || piece.truncated;
+        if (piece.n == 0) {
             s = got == 0 ? KVD_ERR_PEER : KVD_ERR_PROTO;
         }
-        got += (size_t)n;
+        got += piece.n;
     }
     if (s == KVD_OK && (count > 1 || trunc)) {
         s = KVD_ERR_PROTO;

@@ -34,6 +34,7 @@
 #ifndef KVD_CLIENT_HANDOFF_H
 #define KVD_CLIENT_HANDOFF_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -86,6 +87,24 @@ kvd_status_t kvd_handoff_reply_decode(const uint8_t *data, size_t len,
  * is >= 0. KVD_OK or a translated errno. */
 kvd_status_t kvd_handoff_send(int sock, const uint8_t *data, size_t len,
                               int fd);
+
+/* What one read of a hand-off socket got: `n` bytes (0: the peer closed
+ * it), the first descriptor attached (-1: none; O_CLOEXEC; any others are
+ * closed), how many were attached, and whether the kernel cut the control
+ * data (then descriptors may have been lost). */
+typedef struct kvd_handoff_piece {
+    size_t n;
+    int fd;
+    int num_fds;
+    bool truncated;
+} kvd_handoff_piece_t;
+
+/* One non-blocking read of at most `len` bytes into `data`: KVD_OK with
+ * *out filled, KVD_AGAIN when nothing is there yet (or a signal came
+ * first), else a translated errno (*out then has fd -1). The caller owns
+ * out->fd. */
+kvd_status_t kvd_handoff_read(int sock, uint8_t *data, size_t len,
+                              kvd_handoff_piece_t *out);
 
 /* Receives exactly `len` bytes (one message, in any number of pieces)
  * within `timeout_ms` for the whole of it; an

@@ -257,44 +257,29 @@ static void handoff_conn_end(kvd_server_t *srv, size_t i)
 static bool handoff_pending_read(kvd_server_t *srv, size_t i)
 {
     srv_handoff_conn_t *c = &srv->conns[i];
-    struct iovec iov = {.iov_base = c->hello + c->got,
-                        .iov_len = sizeof c->hello - c->got};
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(4 * sizeof(int))];
-    } ctl;
-    struct msghdr msg = {.msg_iov = &iov,
-                         .msg_iovlen = 1,
-                         .msg_control = ctl.buf,
-                         .msg_controllen = sizeof ctl.buf};
-    ssize_t n = recvmsg(c->fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-    if (n < 0) {
-        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+    kvd_handoff_piece_t piece;
+    kvd_status_t s = kvd_handoff_read(c->fd, c->hello + c->got,
+                                      sizeof c->hello - c->got, &piece);
+    if (s == KVD_AGAIN) {
+        return true;
     }
-    bool fds = false;
-    for (struct cmsghdr *h = CMSG_FIRSTHDR(&msg); h != NULL;
-         h = CMSG_NXTHDR(&msg, h)) {
-        if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
-            size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-            for (size_t j = 0; j < k; j++) {
-                int fd;
-                memcpy(&fd, CMSG_DATA(h) + j * sizeof(int), sizeof fd);
-                close(fd);
-            }
-            fds = true;
-        }
+    if (s != KVD_OK) {
+        return false;
     }
-    if (fds || (msg.msg_flags & MSG_CTRUNC)) {
+    if (piece.fd >= 0) {
+        close(piece.fd);
+    }
+    if (piece.num_fds > 0 || piece.truncated) {
         KVD_LOG_WARN("kvdepotd: hand-off from uid %u refused: hello carried "
                      "a descriptor",
                      (unsigned)c->uid);
         handoff_refuse(srv, c->fd, KVD_ERR_PROTO);
         return false;
     }
-    if (n == 0) {
+    if (piece.n == 0) {
         return false; /* closed before its HELLO was complete */
     }
-    c->got = (uint8_t)(c->got + n);
+    c->got = (uint8_t)(c->got + piece.n);
     if (c->got < sizeof c->hello) {
         return true;
     }
