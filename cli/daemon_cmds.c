@@ -57,8 +57,11 @@ void kvd_cli_stats_usage(FILE *out)
                  "NVMe disk):\n"
                  "capacity, bytes used, objects, lookup hits and misses, "
                  "evictions, bytes\n"
-                 "read and written, I/O and checksum errors; and the leases "
-                 "held now.\n"
+                 "read and written, I/O and checksum errors; the leases "
+                 "held now, and\n"
+                 "the disk writes dropped and pending. A caller bound to a "
+                 "tenant sees its\n"
+                 "tenant's figures only.\n"
                  "\n"
                  "      --json               one JSON object instead of "
                  "the table\n" KVD_CLI_CONN_HELP
@@ -251,7 +254,9 @@ static void stats_print_json(const char *address, const kvd_store_stats_t *s)
     stats_json_tier("host", &s->host);
     putchar(',');
     stats_json_tier("disk", &s->disk);
-    printf(",\"active_leases\":%" PRIu64 "}\n", s->leases);
+    printf(",\"active_leases\":%" PRIu64 ",\"dropped_writes\":%" PRIu64
+           ",\"writes_pending\":%" PRIu64 "}\n",
+           s->leases, s->dropped_writes, s->writes_pending);
 }
 
 /* One table row: a count per tier; the disk column is "-" without one. */
@@ -305,6 +310,10 @@ static void stats_print_table(const char *address, const kvd_store_stats_t *s)
                     has_disk);
     stats_row("errors", h->errors, d->errors, has_disk);
     printf("\nactive leases: %" PRIu64 "\n", s->leases);
+    if (has_disk) {
+        printf("disk writes dropped: %" PRIu64 ", pending: %" PRIu64 "\n",
+               s->dropped_writes, s->writes_pending);
+    }
     if (!has_disk) {
         printf("disk tier: not configured (store.disk_path)\n");
     }

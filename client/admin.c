@@ -35,10 +35,16 @@ kvd_status_t kvd_client_stats(kvd_client_t *c, kvd_store_stats_t *out)
         d->evictions = t->evictions;
         d->bytes_read = t->bytes_read;
         d->bytes_written = t->bytes_written;
-        d->errors = t->checksum_errors;
+        /* A daemon before revision 5 sends no `errors`: its checksum
+         * errors are the ones it knows of. */
+        d->errors =
+            t->errors > t->checksum_errors ? t->errors : t->checksum_errors;
         out->checksum_errors += t->checksum_errors;
     }
     out->leases = rsp->active_leases;
+    out->dropped_writes = rsp->dropped_writes;
+    out->writes_pending = rsp->writes_pending;
+    out->admission_rejects = rsp->admission_rejects;
     kvd_proto_stats_response_free(rsp);
     return KVD_OK;
 }

@@ -148,6 +148,7 @@ static const kvd_proto_rule_t rules[] = {
     {D(delete_response), "num_deleted", RNG, 0, KVD_PROTO_MAX_HASHES, 0},
     {D(tier_stats), "tier", REQ, 0, 0, 0},
     {D(stats_response), "tiers", 0, 0, 0, KVD_PROTO_MAX_TIERS},
+    {D(stats_response), "tenant", RNG, 0, ID_MAX, 0},
     {D(ping_reply), "version", REQ | RNG, 1, ID_MAX, 0},
     {D(ping_reply), "protocol_major", RNG, KVD_PROTO_MAJOR, KVD_PROTO_MAJOR, 0},
     {D(ping_reply), "node_id", RNG, 0, NODE_MAX, 0},

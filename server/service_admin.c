@@ -1,6 +1,7 @@
 /*
  * The operator's methods: Stats (tier counters, active leases and
- * reservations), Admin (ping, flush, list and drop namespaces, drop a
+ * reservations; a caller bound to a tenant gets its tenant's figures
+ * only), Admin (ping, flush, list and drop namespaces, drop a
  * tenant, drain, config dump) and Delete by key. A caller bound to a
  * tenant sees and drops its own tenant's objects only; drain, config_dump
  * and Delete need an operator's credentials. Listing and dropping scan the
@@ -201,6 +202,27 @@ static void svc_tier_stats(kvd_pb_tier_stats_t *t, Kvdepot__V1__Tier tier,
     t->bytes_read = s->bytes_read;
     t->bytes_written = s->bytes_written;
     t->checksum_errors = checksum;
+    t->errors = s->errors;
+}
+
+/* The figures a caller bound to a tenant may see: its tenant's objects,
+ * bytes, evictions (the store's per-tenant counts), lookups and open
+ * records (the service's), the capacity it may fill. Daemon-wide figures
+ * (other tenants' usage, errors, the write queue) stay 0. */
+static kvd_status_t svc_stats_tenant(kvd_service_t *svc, kvd_store_stats_t *st,
+                                     uint64_t *leases, uint64_t *resvs)
+{
+    kvd_status_t s = kvd_store_tenant_stats(svc->store, svc_caller_id, st);
+    if (s != KVD_OK) {
+        return s;
+    }
+    uint64_t hits[2], misses[2];
+    svc_tenant_figures(svc, svc_caller_id, hits, misses, leases, resvs);
+    st->host.hits = hits[0];
+    st->host.misses = misses[0];
+    st->disk.hits = hits[1];
+    st->disk.misses = misses[1];
+    return KVD_OK;
 }
 
 kvd_status_t svc_stats(kvd_service_t *svc, const uint8_t *req, size_t len,
@@ -215,7 +237,18 @@ kvd_status_t svc_stats(kvd_service_t *svc, const uint8_t *req, size_t len,
     }
     kvd_proto_stats_request_free(rq);
     kvd_store_stats_t st;
-    s = kvd_store_stats(svc->store, &st);
+    kvd_pb_stats_response_t rsp = KVDEPOT__V1__STATS_RESPONSE__INIT;
+    if (svc_caller_tenant != NULL) {
+        s = svc_stats_tenant(svc, &st, &rsp.active_leases,
+                             &rsp.active_reservations);
+        rsp.tenant = (char *)svc_caller_tenant;
+    } else {
+        s = kvd_store_stats(svc->store, &st);
+        pthread_mutex_lock(&svc->mu);
+        rsp.active_leases = svc->n_leases;
+        rsp.active_reservations = svc->n_resvs;
+        pthread_mutex_unlock(&svc->mu);
+    }
     if (s != KVD_OK) {
         return s;
     }
@@ -224,14 +257,12 @@ kvd_status_t svc_stats(kvd_service_t *svc, const uint8_t *req, size_t len,
     svc_tier_stats(&tiers[0], KVDEPOT__V1__TIER__TIER_HOST, &st.host, 0);
     svc_tier_stats(&tiers[1], KVDEPOT__V1__TIER__TIER_DISK, &st.disk,
                    st.checksum_errors);
-    kvd_pb_stats_response_t rsp = KVDEPOT__V1__STATS_RESPONSE__INIT;
     rsp.n_tiers = st.disk.capacity_bytes > 0 ? 2 : 1;
     rsp.tiers = tp;
     rsp.uptime_ms = (kvd_time_now_ns() - svc->started_ns) / 1000000u;
-    pthread_mutex_lock(&svc->mu);
-    rsp.active_leases = svc->n_leases;
-    rsp.active_reservations = svc->n_resvs;
-    pthread_mutex_unlock(&svc->mu);
+    rsp.dropped_writes = st.dropped_writes;
+    rsp.writes_pending = st.writes_pending;
+    rsp.admission_rejects = st.admission_rejects;
     return svc_pack(KVD_PROTO_MSG_STATS_RESPONSE, &rsp.base, out, out_len,
                     reason, reason_len);
 }

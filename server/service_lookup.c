@@ -181,6 +181,7 @@ kvd_status_t svc_lookup(kvd_service_t *svc, const uint8_t *req, size_t len,
     if (s != KVD_OK) {
         goto out;
     }
+    svc_tenant_count_lookup(svc, leases, m, n);
     if (m > 0 && rq->lease_ttl_ms > 0 && svc->cfg.tenant_max_leased_bytes) {
         m = lookup_trim(svc, leases, m);
     }

@@ -6,7 +6,9 @@
  * caps (the cap is checked by Lookup and Get against svc_held_room), and
  * the bytes each caller holds reserved, which server.max_reserved_bytes
  * caps (checked by Reserve against svc_reserved_room: counted by walking
- * the reservation table, which Reserve alone pays for).
+ * the reservation table, which Reserve alone pays for). Stats for a bound
+ * caller takes its tenant's lookup hits and misses from here too: the
+ * store counts them for everyone, the service knows who asked.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -151,4 +153,72 @@ kvd_status_t svc_ns(const ProtobufCBinaryData *src, kvd_namespace_t *ns,
     }
     memcpy(ns->bytes, digest, sizeof ns->bytes);
     return KVD_OK;
+}
+
+void svc_tenant_count_lookup(kvd_service_t *svc,
+                             const kvd_store_lease_t *leases, size_t m,
+                             size_t n)
+{
+    if (svc_caller_tenant == NULL || n == 0) {
+        return;
+    }
+    /* The store's walk (store_load.c): a run of host hits, then a host
+     * miss and a run of disk hits, until the chain ends or a disk run
+     * finds nothing (a disk miss). */
+    uint64_t hits[2] = {0, 0}, misses[2] = {0, 0};
+    size_t i = 0;
+    while (i < n) {
+        while (i < m && leases[i].tier == KVD_STORE_TIER_HOST) {
+            hits[0]++;
+            i++;
+        }
+        if (i == n) {
+            break;
+        }
+        misses[0]++;
+        size_t b = 0;
+        while (i < m && leases[i].tier == KVD_STORE_TIER_DISK) {
+            b++;
+            i++;
+        }
+        hits[1] += b;
+        if (b == 0) {
+            misses[1]++;
+            break;
+        }
+    }
+    pthread_mutex_lock(&svc->mu);
+    svc_held_t *h = held_of(svc, svc_caller_id, true);
+    if (h != NULL) {
+        for (int t = 0; t < 2; t++) {
+            h->hits[t] += hits[t];
+            h->misses[t] += misses[t];
+        }
+    }
+    pthread_mutex_unlock(&svc->mu);
+}
+
+void svc_tenant_figures(kvd_service_t *svc, uint32_t tenant,
+                        uint64_t hits_out[2], uint64_t misses_out[2],
+                        uint64_t *leases_out, uint64_t *resvs_out)
+{
+    uint64_t nl = 0, nr = 0;
+    pthread_mutex_lock(&svc->mu);
+    const svc_held_t *h = held_of(svc, tenant, false);
+    for (int t = 0; t < 2; t++) {
+        hits_out[t] = h != NULL ? h->hits[t] : 0;
+        misses_out[t] = h != NULL ? h->misses[t] : 0;
+    }
+    /* Stats is rare: walking the tables beats a count per record. */
+    for (size_t b = 0; b < SVC_BUCKETS; b++) {
+        for (const svc_lease_t *l = svc->leases[b]; l != NULL; l = l->next) {
+            nl += l->tenant == tenant;
+        }
+        for (const svc_resv_t *r = svc->resvs[b]; r != NULL; r = r->next) {
+            nr += r->tenant == tenant;
+        }
+    }
+    pthread_mutex_unlock(&svc->mu);
+    *leases_out = nl;
+    *resvs_out = nr;
 }

@@ -100,10 +100,13 @@ typedef struct svc_resv {
     uint64_t session;      /* the creator's hand-off session (0: none) */
 } svc_resv_t;
 
-/* Object bytes one tenant holds leased (records in the table). */
+/* Object bytes one tenant holds leased (records in the table), and what
+ * its lookups found, per tier ([0] host, [1] disk), for its Stats. */
 typedef struct svc_held {
     uint32_t tenant;
     uint64_t bytes;
+    uint64_t hits[2];
+    uint64_t misses[2];
 } svc_held_t;
 
 struct kvd_service {
@@ -203,6 +206,19 @@ void svc_held_add(kvd_service_t *svc, uint32_t tenant, uint64_t bytes,
 /* Bytes `tenant` may still lease under server.tenant_max_leased
  * (UINT64_MAX: no limit). `mu` held. */
 uint64_t svc_held_room(kvd_service_t *svc, uint32_t tenant);
+
+/* Counts a lookup of this thread's caller, when it is bound to a tenant,
+ * in its tenant's hits and misses, as the store counts its own: `leases`
+ * the m found of n looked for, in chain order. Takes `mu`. */
+void svc_tenant_count_lookup(kvd_service_t *svc,
+                             const kvd_store_lease_t *leases, size_t m,
+                             size_t n);
+
+/* `tenant`'s lookup hits and misses per tier ([0] host, [1] disk), and
+ * the leases and reservations its callers hold open now. Takes `mu`. */
+void svc_tenant_figures(kvd_service_t *svc, uint32_t tenant,
+                        uint64_t hits_out[2], uint64_t misses_out[2],
+                        uint64_t *leases_out, uint64_t *resvs_out);
 
 /* Object bytes this thread's caller may still reserve under
  * server.max_reserved_bytes (UINT64_MAX: no limit): the cap less what its

@@ -93,6 +93,22 @@ bool kvd_store_lease_checksum(kvd_store_t *store,
                               const kvd_store_lease_t *lease,
                               uint64_t *xxh3_out);
 
+/*
+ * One tenant's share of kvd_store_stats(), for a caller that may see that
+ * tenant's figures only (kvdepotd's Stats for a caller bound to a tenant).
+ * Per tier: objects and bytes the tenant's saves hold (reserved included)
+ * and the evictions of its objects; host capacity_bytes is what the
+ * tenant may fill (its own arena partition, else the main one, capped by
+ * its quota); disk capacity_bytes is the disk tier's configured size,
+ * which every tenant shares. Every other field reads 0: hits, misses and
+ * bytes moved are not counted per tenant here, and errors, leases and the
+ * write queue are the store's, not the tenant's. A tenant the store never
+ * saw holds nothing (zeros, KVD_OK). KVD_ERR_INVALID for a NULL argument
+ * or a store in daemon mode. Thread: any.
+ */
+kvd_status_t kvd_store_tenant_stats(kvd_store_t *store, uint32_t tenant,
+                                    kvd_store_stats_t *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -316,8 +316,11 @@ static void store_writes_complete(kvd_embedded_t *st, store_job_t *list)
         free(entries);
     }
     if (put != KVD_OK) {
-        KVD_LOG_ERROR("store: index put of %zu NVMe objects failed: %s", n,
-                      kvd_status_str(put));
+        /* A full file system fails every batch until space comes back:
+         * one line a second, the rest counted (dropped_writes). */
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_ERROR, 1000,
+                            "store: index put of %zu NVMe objects failed: %s",
+                            n, kvd_status_str(put));
     }
     for (store_job_t *j = list, *next; j != NULL; j = next) {
         next = j->next;

@@ -365,3 +365,53 @@ kvd_status_t store_op_stats(kvd_store_t *base, kvd_store_stats_t *out)
     out->dropped_writes = store_read(&store->n.dropped_writes);
     return KVD_OK;
 }
+
+/* The host capacity a tenant may fill: its own partition's size, or the
+ * main partition's (shared with every tenant without one), capped by its
+ * quota when it has one. */
+static uint64_t store_tenant_capacity(kvd_embedded_t *store, uint32_t tenant,
+                                      uint64_t quota_bytes)
+{
+    uint64_t cap = store->arena_info.size_bytes;
+    kvd_arena_stats_t *as = malloc(sizeof *as);
+    uint32_t part = store_part_of(store, tenant);
+    if (as != NULL && kvd_arena_stats(store->arena, as) == KVD_OK &&
+        part < as->num_parts) {
+        cap = as->parts[part].bytes_total;
+    }
+    free(as);
+    return quota_bytes != 0 && quota_bytes < cap ? quota_bytes : cap;
+}
+
+kvd_status_t kvd_store_tenant_stats(kvd_store_t *base, uint32_t tenant,
+                                    kvd_store_stats_t *out)
+{
+    kvd_embedded_t *store = store_embedded(base);
+    if (store == NULL || out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_store_stats_t s;
+    memset(&s, 0, sizeof s);
+    kvd_l1_tenant_stats_t t;
+    uint64_t quota = 0;
+    /* A tenant the store never saw holds nothing: zeros, not an error. */
+    if (kvd_l1_tenant_stats(store->l1, tenant, &t) == KVD_OK) {
+        s.host.objects = t.objects;
+        s.host.bytes = t.bytes;
+        s.host.evictions = t.evictions;
+        quota = t.quota_bytes;
+    }
+    s.host.capacity_bytes = store_tenant_capacity(store, tenant, quota);
+    if (store->l2 != NULL) {
+        kvd_nvme_info_t info;
+        (void)kvd_nvme_query(store->nvme, &info);
+        s.disk.capacity_bytes = info.total_bytes;
+        if (kvd_l1_tenant_stats(store->l2, tenant, &t) == KVD_OK) {
+            s.disk.objects = t.objects;
+            s.disk.bytes = t.bytes;
+            s.disk.evictions = t.evictions;
+        }
+    }
+    *out = s;
+    return KVD_OK;
+}

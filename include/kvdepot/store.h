@@ -572,10 +572,15 @@ typedef struct kvd_store_stats {
  * Embedded: every field, for this process's store. Daemon mode: the
  * daemon's figures for its whole store (all its clients): per tier the
  * capacity, bytes, objects, hits, misses, evictions, bytes read and
- * written and `errors` (its checksum errors), `leases` held at the daemon
- * and `checksum_errors`; writes_pending, admission_rejects and
- * dropped_writes read 0 (the daemon's /metrics reports its dropped
- * writes). Errors:
+ * written and `errors`, `leases` held at the daemon, checksum_errors,
+ * writes_pending, admission_rejects and dropped_writes (a daemon older
+ * than protocol revision 5 sends only its checksum errors as `errors`
+ * and 0 for the last three). A client bound to a tenant (a tenant token,
+ * certificate or local uid mapping) gets its tenant's figures only: per
+ * tier its objects, bytes, evictions, hits and misses, host
+ * capacity_bytes what it may fill (its partition, capped by its quota),
+ * disk capacity_bytes the shared disk tier's size, `leases` its own; the
+ * rest reads 0 (docs/daemon.md, "Stats"). Errors:
  * KVD_ERR_INVALID (NULL argument); daemon mode: the failed call's status.
  * Thread: any.
  */

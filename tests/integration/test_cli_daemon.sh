@@ -112,6 +112,7 @@ assert h["used_bytes"] >= 102400, h
 assert h["capacity_bytes"] == 256 << 20, h
 assert h["hits"] >= 2, h
 assert s["active_leases"] == 0, s
+assert s["dropped_writes"] == 0 and s["writes_pending"] == 0, s
 assert s["disk"]["capacity_bytes"] == 0, s
 ' "$WORK/out" || fail "stats --json: unexpected figures: $(cat "$WORK/out")"
 else

@@ -8,7 +8,9 @@
  *     completes with KVD_ERR_IO, never with wrong bytes, and the other
  *     objects (and the same one, once the fault is gone) still load;
  *   - ENOSPC in every LMDB put transaction: writes to disk are dropped
- *     cleanly, the arena keeps serving;
+ *     cleanly, the arena keeps serving; batch after batch, each flush
+ *     says KVD_ERR_NOSPACE and the log gets at most a line a second per
+ *     call site; the client's kvd_store_stats shows the drops and errors;
  *   - ENOMEM growing the tenant table: exactly that reserve is refused, the
  *     next one succeeds; ENOMEM in the allocations made at start-up stops
  *     the start with exit code 1 and the reason, without hanging.
@@ -135,6 +137,23 @@ static bool daemon_log_has(const kvd_test_dir_t *d, const char *what)
     fclose(f);
     buf[n] = '\0';
     return strstr(buf, what) != NULL;
+}
+
+/* How many lines of the daemon's log contain `what`. */
+static unsigned daemon_log_count(const kvd_test_dir_t *d, const char *what)
+{
+    char path[300], line[1024];
+    snprintf(path, sizeof path, "%s/daemon.log", d->path);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    unsigned n = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        n += strstr(line, what) != NULL;
+    }
+    fclose(f);
+    return n;
 }
 
 /* The metrics port the daemon wrote into its ready file. */
@@ -333,6 +352,15 @@ static void assert_writes_dropped(const kvd_test_dir_t *d, kvd_store_t *st,
     assert_true(errors >= n && errors <= 2 * n);
     assert_true(dropped >= n && dropped <= 2 * n);
     assert_int_equal(leases, 0);
+    /* The client's kvd_store_stats carries the same figures (Stats,
+     * protocol revision 5), not zeros. */
+    fprintf(stderr,
+            "  kvd_store_stats: disk errors %llu, dropped writes %llu\n",
+            (unsigned long long)s.disk.errors,
+            (unsigned long long)s.dropped_writes);
+    assert_true(s.disk.errors >= n && s.disk.errors <= 2 * n);
+    assert_true(s.dropped_writes >= n && s.dropped_writes <= 2 * n);
+    assert_int_equal(s.writes_pending, 0);
 }
 
 /* Completes one get per key in g[0..n) and writes each status into
@@ -554,6 +582,50 @@ static void test_index_put_enospc(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* A full file system under the index, batch after batch: each of
+ * FULL_BATCHES saves is flushed alone, so each is one failed LMDB put.
+ * Every flush says KVD_ERR_NOSPACE (not KVD_ERR_IO), and the log stays
+ * quiet: each call site that reports the failure writes at most one line
+ * a second (plus the first), with the count of those suppressed. */
+#define FULL_BATCHES 24
+static void test_index_full_log_throttled(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "faults_full");
+    char disk[300];
+    disk_settings(&d, disk, sizeof disk);
+    pid_t dpid = daemon_start(&d, "index.put=ENOSPC@1+", disk,
+                              "store.disk_size=32m", "store.disk_write=through",
+                              "store.sync_interval=0", (const char *)NULL);
+    kvd_store_t *st = client_open(&d);
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[1];
+    uint64_t t0 = now_ms();
+    for (unsigned i = 0; i < FULL_BATCHES; i++) {
+        keys_make(&ns, h, 1, (uint8_t)(0x80 + i));
+        assert_int_equal(save_objects(st, &ns, h, 1, 0), 1);
+        assert_int_equal(kvd_store_flush(st, (int)TIMEOUT_MS), KVD_ERR_NOSPACE);
+    }
+    uint64_t took = now_ms() - t0;
+    kvd_store_stats_t s;
+    assert_int_equal(kvd_store_stats(st, &s), KVD_OK);
+    assert_true(s.dropped_writes >= FULL_BATCHES);
+    kvd_store_close(st);
+    daemon_stop(dpid);
+    unsigned store_lines = daemon_log_count(&d, "store: index put");
+    unsigned index_lines = daemon_log_count(&d, "index: put batch");
+    unsigned allowed = 2u + (unsigned)(took / 1000u);
+    fprintf(stderr,
+            "%u failed batches in %llu ms: %u + %u log lines (at most %u "
+            "each), %llu dropped writes\n",
+            FULL_BATCHES, (unsigned long long)took, store_lines, index_lines,
+            allowed, (unsigned long long)s.dropped_writes);
+    assert_true(store_lines >= 1 && store_lines <= allowed);
+    assert_true(index_lines >= 1 && index_lines <= allowed);
+    kvd_test_dir_remove(&d);
+}
+
 /* index.delete failing (the LMDB transaction that removes NVMe objects'
  * records): a Delete of flushed objects says so (KVD_ERR_IO) instead of
  * reporting them deleted, since their records survive and a restart finds
@@ -745,6 +817,7 @@ int main(void)
         cmocka_unit_test(test_nvme_write_enospc),
         cmocka_unit_test(test_nvme_read_eio),
         cmocka_unit_test(test_index_put_enospc),
+        cmocka_unit_test(test_index_full_log_throttled),
         cmocka_unit_test(test_index_delete_eio),
         cmocka_unit_test(test_tenant_alloc_nomem),
         cmocka_unit_test(test_tenant_namespace_sha256_fails),

@@ -1,13 +1,15 @@
 /*
  * kvdepotd end to end, its tenants: server.tenant_max_leased caps what one
  * tenant holds leased, and server.tenants binds a client to the tenant of
- * its unix user whatever its requests say (as root: a child as uid 65534).
+ * its unix user whatever its requests say (as root: a child as uid 65534),
+ * and such a client's Stats are its tenant's figures only.
  * The tenants' own arenas are test_daemon_arenas.c; tenants over TCP
  * tokens and certificates are tested from Python
  * (tests/python/test_daemon_grpc.py).
  */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -143,12 +145,123 @@ static void test_tenant_of_user(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* Team B's process (uid 65534): saves and looks up its 4 objects when
+ * `save`, then checks its Stats show those 4 objects and 4 hits, nothing
+ * of team A's. Returns 0 when all holds. */
+static int stats_team_b(const kvd_test_dir_t *d, const kvd_namespace_t *ns,
+                        const kvd_block_hash_t *h, bool save)
+{
+    kvd_store_t *cs = NULL;
+    if (setgid(65534) != 0 || setuid(65534) != 0 ||
+        client_open(d, "30s", "2s", &cs) != KVD_OK) {
+        return 1;
+    }
+    int rc = 0;
+    kvd_store_lease_t l[4];
+    size_t m = 0;
+    if (save && (save_objects(cs, ns, h, 4) != 4 ||
+                 kvd_store_lookup(cs, ns, h, 4, l, &m) != KVD_OK || m != 4 ||
+                 kvd_store_release(cs, l, m) != KVD_OK)) {
+        rc = 2;
+    }
+    kvd_store_stats_t s;
+    if (rc == 0 && kvd_store_stats(cs, &s) != KVD_OK) {
+        rc = 3;
+    }
+    if (rc == 0) {
+        fprintf(
+            stderr, "  team-b Stats: %llu objects, %llu hits, %llu misses\n",
+            (unsigned long long)s.host.objects, (unsigned long long)s.host.hits,
+            (unsigned long long)s.host.misses);
+        rc = s.host.objects == 4 && s.host.bytes == 4 * OBJ_BYTES &&
+                     s.host.hits == 4 && s.host.misses == 0 && s.leases == 0
+                 ? 0
+                 : 4;
+    }
+    kvd_store_close(cs);
+    return rc;
+}
+
+static void stats_team_b_run(const kvd_test_dir_t *d, const kvd_namespace_t *ns,
+                             const kvd_block_hash_t *h, bool save)
+{
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        _exit(stats_team_b(d, ns, h, save));
+    }
+    int cst = 0;
+    assert_int_equal(waitpid(child, &cst, 0), child);
+    assert_true(WIFEXITED(cst));
+    assert_int_equal(WEXITSTATUS(cst), 0);
+}
+
+/* Stats of a client bound to a tenant are its tenant's: team A (this
+ * process's uid, its own 4 MiB arena) saves 3 objects and finds 3 of 4;
+ * its Stats show exactly that and its arena's size as capacity, not the
+ * daemon's totals. As root, team B (uid 65534) saves and reads 4 objects
+ * of its own before, and its Stats show none of team A's, before and
+ * after. */
+static void test_tenant_stats(void **state)
+{
+    (void)state;
+    bool root = geteuid() == 0;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_tenant_stats");
+    assert_int_equal(chmod(d.path, 0755), 0);
+    char tenants[96];
+    snprintf(tenants, sizeof tenants, "server.tenants=%u=team-a%s",
+             (unsigned)getuid(), root ? ",65534=team-b" : "");
+    pid_t dpid = daemon_start(&d, tenants, "server.tenant_arenas=team-a=4m",
+                              "server.unix_mode=0666", (const char *)NULL);
+    kvd_namespace_t ns;
+    kvd_block_hash_t hb[4], ha[4];
+    keys_make(&ns, hb, 4, 0xB1);
+    keys_make(&ns, ha, 4, 0xA1);
+    /* Children fork while this process has no client open (a gRPC client
+     * does not survive a fork). */
+    if (root) {
+        stats_team_b_run(&d, &ns, hb, true);
+    } else {
+        fprintf(stderr, "not root: team B's side not tested\n");
+    }
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
+    assert_int_equal(save_objects(st, &ns, ha, 3), 3);
+    kvd_store_lease_t l[4];
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, &ns, ha, 4, l, &m), KVD_OK);
+    assert_int_equal(m, 3);
+    assert_int_equal(kvd_store_release(st, l, m), KVD_OK);
+    kvd_store_stats_t s;
+    assert_int_equal(kvd_store_stats(st, &s), KVD_OK);
+    fprintf(stderr,
+            "  team-a Stats: %llu objects, %llu hits, %llu misses, "
+            "capacity %llu\n",
+            (unsigned long long)s.host.objects, (unsigned long long)s.host.hits,
+            (unsigned long long)s.host.misses,
+            (unsigned long long)s.host.capacity_bytes);
+    assert_int_equal(s.host.objects, 3);
+    assert_int_equal(s.host.bytes, 3 * OBJ_BYTES);
+    assert_int_equal(s.host.hits, 3);
+    assert_int_equal(s.host.misses, 1);
+    assert_int_equal(s.host.capacity_bytes, 4u << 20);
+    assert_int_equal(s.leases, 0);
+    kvd_store_close(st);
+    if (root) {
+        stats_team_b_run(&d, &ns, hb, false);
+    }
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tenant_lease_cap),
         cmocka_unit_test(test_tenant_of_user),
+        cmocka_unit_test(test_tenant_stats),
     };
     return cmocka_run_group_tests(tests, skip_without_daemon, NULL);
 }

@@ -151,7 +151,7 @@ def test_grpc_client_over_tcp(tmp_path, stubs):
         assert out["unknown_method"] == ["UNIMPLEMENTED", "-6"]
         assert out["unknown_lease"] == ["OK", None]  # nothing to release
         assert out["stale_instance"] == ["FAILED_PRECONDITION", "-7"]
-        assert out["ping"][1:] == [1, 4]
+        assert out["ping"][1:] == [1, 5]
         assert out["after"] == 1
 
         status, body = get(mport, "/metrics")
@@ -431,6 +431,12 @@ try:
         r = admin(pb.AdminRequest(config_dump=pb.ConfigDump()), timeout=5,
                   metadata=md)
         out = {e.key: [e.value, e.source] for e in r.config_dump.entries}
+    elif op == "stats":
+        r = method("Stats", pb.StatsRequest, pb.StatsResponse)(
+            pb.StatsRequest(), timeout=5, metadata=md)
+        host = r.tiers[0]  # the daemon answers the host tier first
+        out = [r.tenant, host.num_objects, host.hits, host.misses,
+               r.active_leases]
     elif op == "delete":
         out = method("Delete", pb.DeleteRequest, pb.DeleteResponse)(
             pb.DeleteRequest(namespace_id=ns, block_hashes=[h]), timeout=5,
@@ -446,7 +452,8 @@ def test_tenants_bound_to_tcp_tokens(tmp_path, stubs):
     the tenant's whatever the request says, in the tenant's own copy of the
     namespace (another tenant knowing the namespace and the hashes finds
     nothing and saves its own object), its leases are its own, it lists and
-    drops only its tenant's objects, and the daemon-wide admin calls (drain,
+    drops only its tenant's objects, its Stats are its tenant's figures
+    only, and the daemon-wide admin calls (drain,
     config dump) and delete-by-key need the operator's token. The config
     dump shows every setting with server.token redacted."""
     pytest.importorskip("grpc")
@@ -489,6 +496,10 @@ def test_tenants_bound_to_tcp_tokens(tmp_path, stubs):
         assert call("lookup", TOKEN)["ok"][0] == 0
         hits, lease = call("lookup", ta)["ok"]
         assert hits == 1 and lease != 0
+        # Stats: each tenant its own figures, the operator everyone's.
+        assert call("stats", tb) == {"ok": ["team-b", 0, 0, 1, 0]}
+        assert call("stats", ta) == {"ok": ["team-a", 1, 1, 0, 1]}
+        assert call("stats", TOKEN)["ok"][:2] == ["", 1]
         assert call("release", tb, str(lease)) == {"ok": 0}   # not its lease
         assert call("release", ta, str(lease)) == {"ok": 1}
         assert call("save", tb) == {"ok": 1}
