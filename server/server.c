@@ -318,8 +318,9 @@ static kvd_status_t server_start_listeners(kvd_server_t *srv, unsigned mode,
         }
     }
     if (srv->cfg.metrics_address[0] != '\0') {
-        s = kvd_metrics_start(srv, srv->cfg.metrics_address, &srv->metrics,
-                              &srv->metrics_port, err, err_len);
+        s = kvd_metrics_start(srv, srv->cfg.metrics_address,
+                              (int)srv->cfg.metrics_max_connections,
+                              &srv->metrics, &srv->metrics_port, err, err_len);
     }
     return s;
 }

@@ -50,6 +50,11 @@ static const kvd_config_field_t server_fields[] = {
     {"server.metrics_address", "",
      "HTTP listener for /metrics, /healthz, /readyz, host:port (\"\": none)",
      kvd_config_parse_string, SRV_OFF(metrics_address), 0, 0, NULL},
+    {"server.metrics_max_connections", "32",
+     "HTTP connections the metrics listener holds at once (1-1024): one "
+     "past it is closed at accept, so idle or slow clients cannot take "
+     "the daemon's file descriptors",
+     kvd_config_parse_int, SRV_OFF(metrics_max_connections), 1, 1024, NULL},
     {"server.tenants", "",
      "uid=tenant pairs, comma-separated (\"1001=team-a,1002=team-b\"): a "
      "local client's saves count against the tenant of its user, whatever "
