@@ -54,6 +54,7 @@ typedef struct kvd_server_settings {
     int64_t threads;
     uint64_t max_message_bytes;
     int64_t max_streams;
+    uint64_t handshake_timeout_ms; /* TCP connection's handshake */
     uint64_t lease_ttl_ms;
     uint64_t tenant_max_leased_bytes;
     int64_t max_sessions_per_uid; /* live hand-off sessions of one uid */
