@@ -31,6 +31,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -167,7 +168,7 @@ typedef struct honest {
     kvd_store_t *st;
     kvd_namespace_t ns;
     kvd_block_hash_t h[NKEYS];
-    volatile bool stop;
+    atomic_bool stop;
     uint32_t lat_us[LAT_MAX];
     size_t n, failed;
     pthread_t t;
@@ -176,7 +177,7 @@ typedef struct honest {
 static void *honest_run(void *arg)
 {
     honest_t *c = arg;
-    while (!c->stop && c->n < LAT_MAX) {
+    while (!atomic_load(&c->stop) && c->n < LAT_MAX) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         kvd_store_lease_t l[NKEYS];
@@ -199,6 +200,7 @@ static void *honest_run(void *arg)
 static void honest_start(honest_t *c, const kvd_test_dir_t *d)
 {
     memset(c, 0, sizeof *c);
+    atomic_init(&c->stop, false);
     assert_int_equal(client_open(d, "30s", "5s", &c->st), KVD_OK);
     keys_make(&c->ns, c->h, NKEYS, 7);
     assert_int_equal(save_objects(c->st, &c->ns, c->h, NKEYS), NKEYS);
@@ -214,7 +216,7 @@ static int cmp_u32(const void *a, const void *b)
 /* Stops the engine; its p99 round time in µs (fails on any failed call). */
 static uint32_t honest_stop(honest_t *c, const char *what)
 {
-    c->stop = true;
+    atomic_store(&c->stop, true);
     assert_int_equal(pthread_join(c->t, NULL), 0);
     kvd_store_close(c->st);
     assert_true(c->n > 10);
