@@ -12,7 +12,10 @@
  *     no longer connect);
  *   - 8 scrapers reading /metrics as fast as they can: every scrape 200;
  *   - request lines and headers of 1 MiB: refused with an error status,
- *     the daemon's memory and descriptors back where they were.
+ *     the daemon's memory and descriptors back where they were;
+ *   - 1,100 idle HTTP/2 connections on the gRPC TCP port, which gRPC does
+ *     not bound: the daemon raises its soft descriptor limit to the hard
+ *     one at start, so they leave new engines served.
  * Each prints its figures (docs/reliability.md, "The daemon").
  */
 #include <errno.h>
@@ -412,12 +415,98 @@ static void test_huge_requests_refused(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* The soft descriptor limit of process `pid` (/proc/pid/limits). */
+static long nofile_soft(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/limits", (int)pid);
+    FILE *f = fopen(path, "re");
+    assert_non_null(f);
+    long soft = -1;
+    while (fgets(line, sizeof line, f) != NULL) {
+        (void)sscanf(line, "Max open files %ld", &soft);
+    }
+    fclose(f);
+    return soft;
+}
+
+static int tcp_port_of(const kvd_test_dir_t *d)
+{
+    char path[300], line[128];
+    snprintf(path, sizeof path, "%s/ready", d->path);
+    FILE *f = fopen(path, "re");
+    assert_non_null(f);
+    int port = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        (void)sscanf(line, "tcp_port=%d", &port);
+    }
+    fclose(f);
+    assert_true(port > 0);
+    return port;
+}
+
+/*
+ * A daemon started from a shell with a soft limit of 1,024 (the hard one
+ * higher) raises it, so 1,100 idle HTTP/2 connections on its TCP port
+ * (preface and SETTINGS, then nothing; no token needed for that) do not
+ * stop new engines. Before, its descriptors ran out and a new engine's
+ * hand-off was never accepted.
+ */
+static void test_idle_grpc_connections(void **state)
+{
+    (void)state;
+    struct rlimit own;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &own), 0);
+    if (own.rlim_max < 2 * SLOW_CONNS + 200) {
+        skip();
+    }
+    struct rlimit low = {.rlim_cur = DAEMON_NOFILE, .rlim_max = own.rlim_max};
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "http_idle_h2");
+    pid_t pid = daemon_start(&d, "server.tcp_address=127.0.0.1:0",
+                             "server.token=0123456789abcdef0123456789abcdef",
+                             (const char *)NULL);
+    own.rlim_cur = own.rlim_max;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &own), 0);
+    long soft = nofile_soft(pid);
+    printf("daemon started with a soft limit of %d: now %ld\n", DAEMON_NOFILE,
+           soft);
+    int port = tcp_port_of(&d);
+    honest_t *c = malloc(sizeof *c);
+    assert_non_null(c);
+    honest_start(c, &d);
+    int fds0 = fd_count(pid);
+    static const char preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+                                  "\0\0\0\4\0\0\0\0\0"; /* + SETTINGS */
+    static int s[SLOW_CONNS];
+    for (int i = 0; i < SLOW_CONNS; i++) {
+        s[i] = tcp_connect(port, 1000);
+        assert_true(s[i] >= 0);
+        assert_true(send_all(s[i], preface, sizeof preface - 1));
+    }
+    usleep(1000000);
+    printf("1,100 idle HTTP/2 connections: daemon fds %d -> %d\n", fds0,
+           fd_count(pid));
+    new_engine_served(&d);
+    uint32_t p99 = honest_stop(c, "1,100 idle HTTP/2 connections");
+    free(c);
+    assert_true(p99 < 500000);
+    assert_true(soft > 2 * SLOW_CONNS);
+    for (int i = 0; i < SLOW_CONNS; i++) {
+        close(s[i]);
+    }
+    daemon_stop(pid);
+    kvd_test_dir_remove(&d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slowloris_bounded),
         cmocka_unit_test(test_concurrent_scrapes),
         cmocka_unit_test(test_huge_requests_refused),
+        cmocka_unit_test(test_idle_grpc_connections),
     };
     return cmocka_run_group_tests(tests, skip_without_daemon, NULL);
 }
