@@ -16,11 +16,18 @@
  * --ready-file: once every listener is up, PATH is written (atomically)
  * with `pid=`, `tcp_port=` and `metrics_port=` lines, for tests and for
  * supervisors that pick ports at run time.
+ * File descriptors: the soft RLIMIT_NOFILE is raised to the hard limit (at
+ * most 1,048,576) before anything opens, because the hand-off socket, gRPC
+ * and the metrics listener share them and a client can hold one per
+ * connection (the shipped systemd unit sets both to 65,536; a bare shell or
+ * container often starts at a soft 1,024). Nothing in the daemon uses
+ * select(), so descriptors above 1,023 are fine.
  */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/config_int.h"
@@ -36,6 +43,29 @@ static const kvd_config_field_t main_fields[] = {
      "error, warn, info or debug (SIGHUP applies a new value)",
      kvd_config_parse_string, offsetof(main_settings_t, log_level), 0, 0, NULL},
 };
+
+/* Raises the soft descriptor limit to the hard one (see the top). */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        return;
+    }
+    rlim_t want = rl.rlim_max < (rlim_t)1 << 20 ? rl.rlim_max : (rlim_t)1 << 20;
+    if (rl.rlim_cur >= want) {
+        return;
+    }
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = want;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        KVD_LOG_INFO("kvdepotd: file descriptor limit raised from %llu to %llu",
+                     (unsigned long long)was, (unsigned long long)want);
+    } else {
+        KVD_LOG_WARN("kvdepotd: file descriptor limit stays %llu (cannot "
+                     "raise it to %llu)",
+                     (unsigned long long)was, (unsigned long long)want);
+    }
+}
 
 static void usage(FILE *out)
 {
@@ -192,6 +222,7 @@ int main(int argc, char **argv)
     sigaddset(&set, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
+    raise_nofile();
 
     kvd_server_t *srv = NULL;
     char err[512] = "";

@@ -4,6 +4,17 @@
  *   /healthz  200 while the process serves HTTP at all;
  *   /readyz   200 when the daemon takes calls, 503 otherwise.
  * Anything else is 404; any method but GET/HEAD is 405.
+ *
+ * The listener shares the process's file descriptors with the hand-off
+ * socket and gRPC, so it is bounded: server.metrics_max_connections
+ * connections at once (MHD closes one more as it accepts it), 5 s of
+ * idleness, 16 KiB for a request's line and headers (MHD answers a longer
+ * one with 414 or 431), and poll rather than select so a descriptor above
+ * 1023 still works (not epoll: libmicrohttpd 0.9.75's epoll loop never
+ * accepted again once the connection limit had been reached). Without the
+ * bound, 1,000 idle connections took every descriptor of a daemon with the
+ * usual soft limit of 1,024 and new engines could no longer hand off or call.
+ * MHD's own messages go through the rate-limited log.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -383,9 +394,20 @@ static enum MHD_Result metrics_handler(void *cls, struct MHD_Connection *conn,
                          text);
 }
 
+/* MHD's error messages (a refused connection, a request too large) at
+ * warn, at most one a second. */
+static void metrics_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[256];
+    (void)vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = '\0';
+    KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000, "kvdepotd: metrics: %s", msg);
+}
+
 kvd_status_t kvd_metrics_start(kvd_server_t *server, const char *address,
-                               kvd_metrics_t **metrics_out, int *port_out,
-                               char *err, size_t err_len)
+                               int max_connections, kvd_metrics_t **metrics_out,
+                               int *port_out, char *err, size_t err_len)
 {
     char host[64];
     const char *colon = strrchr(address, ':');
@@ -413,10 +435,13 @@ kvd_status_t kvd_metrics_start(kvd_server_t *server, const char *address,
         return KVD_ERR_NOMEM;
     }
     m->server = server;
-    m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG,
-                            0, NULL, NULL, metrics_handler, m,
-                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+    m->d = MHD_start_daemon(
+        MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
+        metrics_handler, m, MHD_OPTION_EXTERNAL_LOGGER, metrics_log, NULL,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, 5u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)16384, MHD_OPTION_END);
     if (m->d == NULL) {
         kvd_config_err(err, err_len, "server.metrics_address %s: cannot listen",
                        address);

@@ -17,7 +17,9 @@
  * UNIMPLEMENTED without reading anything. Each thread owns a completion queue
  * with RPC_PENDING calls of each kind requested on it, so a burst never waits
  * for a thread to ask for the next call. Connections are capped at
- * server.max_streams concurrent calls (GRPC_ARG_MAX_CONCURRENT_STREAMS).
+ * server.max_streams concurrent calls (GRPC_ARG_MAX_CONCURRENT_STREAMS), and
+ * a TCP connection must finish its handshake within server.handshake_timeout
+ * (GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS).
  * Bearer tokens are compared by SHA-256 digest (kvd_rpc_token_match), so
  * the comparison's time says nothing of the token's bytes or length.
  */
@@ -50,6 +52,8 @@
 #define RPC_TOKEN_MAX 256
 #define RPC_LOOKAHEAD_BYTES 65536
 #define RPC_MAX_STREAMS 64 /* server.max_streams when the config says 0 */
+/* server.handshake_timeout when the config says 0 (gRPC's own is 120 s) */
+#define RPC_HANDSHAKE_TIMEOUT_MS 10000
 
 enum rpc_stage { RPC_NEW = 0, RPC_RECV = 1, RPC_DONE = 2 };
 
@@ -691,7 +695,10 @@ static kvd_status_t rpc_grpc_create(kvd_rpc_server_t *srv, char *err,
     grpc_init();
     int streams =
         srv->cfg.max_streams > 0 ? srv->cfg.max_streams : RPC_MAX_STREAMS;
-    grpc_arg args[5] = {
+    int handshake_ms = srv->cfg.handshake_timeout_ms > 0
+                           ? srv->cfg.handshake_timeout_ms
+                           : RPC_HANDSHAKE_TIMEOUT_MS;
+    grpc_arg args[6] = {
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          .value.integer = srv->cfg.max_message_bytes},
@@ -707,8 +714,13 @@ static kvd_status_t rpc_grpc_create(kvd_rpc_server_t *srv, char *err,
         {.type = GRPC_ARG_INTEGER,
          .key = (char *)GRPC_ARG_HTTP2_BDP_PROBE,
          .value.integer = 0},
+        /* A client stalled in the TLS handshake holds a descriptor until
+         * this deadline (gRPC's default was 120 s). */
+        {.type = GRPC_ARG_INTEGER,
+         .key = (char *)GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+         .value.integer = handshake_ms},
     };
-    grpc_channel_args cargs = {.num_args = 5, .args = args};
+    grpc_channel_args cargs = {.num_args = 6, .args = args};
     srv->server = grpc_server_create(&cargs, NULL);
     for (int i = 0; i < srv->nthreads; i++) {
         srv->threads[i].srv = srv;

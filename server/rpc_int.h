@@ -65,9 +65,10 @@ typedef struct kvd_rpc_config {
     const char *tls_cert_pem;
     const char *tls_key_pem;
     const char *tls_ca_pem;
-    int threads;           /* completion-queue threads, >= 1 */
-    int max_message_bytes; /* gRPC receive/send limit */
-    int max_streams;       /* concurrent calls per connection; 0: 64 */
+    int threads;              /* completion-queue threads, >= 1 */
+    int max_message_bytes;    /* gRPC receive/send limit */
+    int max_streams;          /* concurrent calls per connection; 0: 64 */
+    int handshake_timeout_ms; /* TCP/TLS handshake deadline; 0: 10 s */
     uint64_t instance_id;
     /* Sessions of unix callers; with sessions_required a unix call without
      * a valid session is UNAUTHENTICATED (tenants are mapped to users). */

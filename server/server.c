@@ -284,6 +284,7 @@ static kvd_status_t server_start_rpc(kvd_server_t *srv, unsigned mode,
         .threads = (int)srv->cfg.threads,
         .max_message_bytes = (int)srv->cfg.max_message_bytes,
         .max_streams = (int)srv->cfg.max_streams,
+        .handshake_timeout_ms = (int)srv->cfg.handshake_timeout_ms,
         .instance_id = srv->instance_id,
         .session = srv_session_tenant,
         .session_ctx = srv,
@@ -318,8 +319,9 @@ static kvd_status_t server_start_listeners(kvd_server_t *srv, unsigned mode,
         }
     }
     if (srv->cfg.metrics_address[0] != '\0') {
-        s = kvd_metrics_start(srv, srv->cfg.metrics_address, &srv->metrics,
-                              &srv->metrics_port, err, err_len);
+        s = kvd_metrics_start(srv, srv->cfg.metrics_address,
+                              (int)srv->cfg.metrics_max_connections,
+                              &srv->metrics, &srv->metrics_port, err, err_len);
     }
     return s;
 }

@@ -50,6 +50,11 @@ static const kvd_config_field_t server_fields[] = {
     {"server.metrics_address", "",
      "HTTP listener for /metrics, /healthz, /readyz, host:port (\"\": none)",
      kvd_config_parse_string, SRV_OFF(metrics_address), 0, 0, NULL},
+    {"server.metrics_max_connections", "32",
+     "HTTP connections the metrics listener holds at once (1-1024): one "
+     "past it is closed at accept, so idle or slow clients cannot take "
+     "the daemon's file descriptors",
+     kvd_config_parse_int, SRV_OFF(metrics_max_connections), 1, 1024, NULL},
     {"server.tenants", "",
      "uid=tenant pairs, comma-separated (\"1001=team-a,1002=team-b\"): a "
      "local client's saves count against the tenant of its user, whatever "
@@ -129,6 +134,12 @@ static const kvd_config_field_t server_fields[] = {
      "concurrent gRPC calls one connection may have open (HTTP/2 "
      "MAX_CONCURRENT_STREAMS; more wait at the client)",
      kvd_config_parse_int, SRV_OFF(max_streams), 1, 65536, NULL},
+    {"server.handshake_timeout", "10s",
+     "how long a TCP connection may take to finish its handshake (TLS) "
+     "before it is closed; stalled clients hold a file descriptor until "
+     "then",
+     kvd_config_parse_duration_ms, SRV_OFF(handshake_timeout_ms), 100, 120000,
+     NULL},
     {"server.lease_ttl", "30s",
      "lease lifetime when Get asks for 0 (a dead client's leases return "
      "after this)",

@@ -34,6 +34,7 @@ typedef struct kvd_server_settings {
     char tls_key[KVD_CONFIG_STRING_MAX];
     char tls_client_ca[KVD_CONFIG_STRING_MAX];
     char metrics_address[KVD_CONFIG_STRING_MAX];
+    int64_t metrics_max_connections; /* HTTP connections held at once */
     char node_id[KVD_CONFIG_STRING_MAX];
     char tenants[KVD_CONFIG_STRING_MAX];
     char token_tenants[KVD_CONFIG_STRING_MAX];
@@ -53,6 +54,7 @@ typedef struct kvd_server_settings {
     int64_t threads;
     uint64_t max_message_bytes;
     int64_t max_streams;
+    uint64_t handshake_timeout_ms; /* TCP connection's handshake */
     uint64_t lease_ttl_ms;
     uint64_t tenant_max_leased_bytes;
     int64_t max_sessions_per_uid; /* live hand-off sessions of one uid */
@@ -135,10 +137,16 @@ void kvd_server_stop(kvd_server_t *server);
 typedef struct kvd_metrics kvd_metrics_t;
 
 /* Serves /metrics (Prometheus text), /healthz and /readyz on `address`
- * ("127.0.0.1:9464"; port 0 picks one), writing the bound port. */
+ * ("127.0.0.1:9464"; port 0 picks one), writing the bound port. At most
+ * `max_connections` HTTP connections are held at once (one more is closed
+ * as it is accepted); a connection idle for 5 s is closed and a request
+ * whose line and headers pass 16 KiB is answered with an error. Errors:
+ * KVD_ERR_INVALID (address), KVD_ERR_UNREACHABLE (cannot listen),
+ * KVD_ERR_NOMEM. The endpoint has its own thread; stop it with
+ * kvd_metrics_stop before `server` goes. */
 kvd_status_t kvd_metrics_start(kvd_server_t *server, const char *address,
-                               kvd_metrics_t **metrics_out, int *port_out,
-                               char *err, size_t err_len);
+                               int max_connections, kvd_metrics_t **metrics_out,
+                               int *port_out, char *err, size_t err_len);
 void kvd_metrics_stop(kvd_metrics_t *metrics);
 
 /* The /metrics body into a malloc'd string (for the endpoint and tests). */
