@@ -46,6 +46,7 @@
 #include "common/config_int.h"
 #include "common/log_int.h"
 #include "common/time_int.h"
+#include "server/rpc_accept_int.h"
 #include "server/rpc_int.h"
 
 #define RPC_PENDING 8 /* request_call outstanding per thread */
@@ -97,6 +98,7 @@ struct kvd_rpc_server {
     size_t n_tenant_tokens, n_tenant_cns;
     char instance_hex[17];
     grpc_server *server;
+    rpc_accept_t *acceptor; /* plain TCP: ours, so a connection can be shut */
     void *registered[KVD_RPC_COUNT]; /* grpc_server_register_method */
     rpc_thread_t *threads;
     int nthreads;
@@ -392,12 +394,26 @@ static kvd_status_t rpc_admit(kvd_rpc_server_t *srv, rpc_call_t *c,
     return s;
 }
 
+/* A call its connection wasted (refused, or cancelled before its message):
+ * a plain-TCP connection that wastes too many is shut (rpc_accept_int.h). */
+static void rpc_strike(rpc_call_t *c)
+{
+    kvd_rpc_server_t *srv = c->t->srv;
+    if (srv->acceptor == NULL) {
+        return;
+    }
+    char *peer = grpc_call_get_peer(c->call);
+    (void)rpc_accept_strike(srv->acceptor, peer);
+    gpr_free(peer);
+}
+
 /* Serves the request read after admission (c->recv) and replies. */
 static void rpc_serve(rpc_call_t *c)
 {
     kvd_rpc_server_t *srv = c->t->srv;
     char reason[256] = "";
     if (c->recv == NULL) {
+        rpc_strike(c);
         rpc_finish(c, KVD_ERR_PROTO, "no request message", NULL, 0);
         return;
     }
@@ -449,6 +465,7 @@ static void rpc_on_new(rpc_call_t *c)
         kvd_status_t s = rpc_admit(srv, c, reason, sizeof reason);
         if (s != KVD_OK) {
             kvd_service_count_refused(srv->cfg.svc, s);
+            rpc_strike(c);
             rpc_finish(c, s, reason, NULL, 0);
             return;
         }
@@ -460,6 +477,7 @@ static void rpc_on_new(rpc_call_t *c)
                    (int)GRPC_SLICE_LENGTH(c->details.method),
                    (const char *)GRPC_SLICE_START_PTR(c->details.method));
     kvd_service_count_refused(srv->cfg.svc, KVD_ERR_UNSUPPORTED);
+    rpc_strike(c);
     rpc_finish(c, KVD_ERR_UNSUPPORTED, reason, NULL, 0);
 }
 
@@ -563,11 +581,18 @@ static kvd_status_t rpc_bind(kvd_rpc_server_t *srv, int *tcp_port, char *err,
                 GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY,
                 NULL);
         }
+        if (!srv->tls) {
+            /* Plain TCP: our own acceptor (rpc_accept_int.h). */
+            s = rpc_accept_open(srv->cfg.tcp_address, &srv->acceptor, tcp_port,
+                                err, err_len);
+            grpc_server_credentials_release(creds);
+            return s;
+        }
         *tcp_port = tcp_creds == NULL
                         ? 0
                         : grpc_server_add_http2_port(
                               srv->server, srv->cfg.tcp_address, tcp_creds);
-        if (srv->tls && tcp_creds != NULL) {
+        if (tcp_creds != NULL) {
             grpc_server_credentials_release(tcp_creds);
         }
         if (*tcp_port == 0) {
@@ -792,6 +817,14 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
     }
     grpc_server_start(srv->server);
     srv->started = true;
+    if (srv->acceptor != NULL) {
+        s = rpc_accept_start(srv->acceptor, srv->server);
+        if (s != KVD_OK) {
+            kvd_config_err(err, err_len, "TCP accept thread: %s",
+                           kvd_status_str(s));
+            goto err_started;
+        }
+    }
     if (has_unix && chmod(srv->unix_path, cfg->unix_mode) != 0) {
         s = kvd_status_from_errno(errno);
         kvd_config_err(err, err_len, "server.unix_socket %s: chmod: %s",
@@ -822,6 +855,7 @@ void kvd_rpc_server_stop(kvd_rpc_server_t *srv, int grace_ms)
         return;
     }
     __atomic_store_n(&srv->stopping, true, __ATOMIC_RELEASE);
+    rpc_accept_stop(srv->acceptor); /* no new connections from here */
     if (!srv->started) {
         goto destroy;
     }
@@ -882,6 +916,7 @@ void kvd_rpc_server_stop(kvd_rpc_server_t *srv, int grace_ms)
     }
 destroy:
     grpc_server_destroy(srv->server);
+    rpc_accept_free(srv->acceptor);
     for (int i = 0; i < srv->nthreads; i++) {
         grpc_completion_queue_shutdown(srv->threads[i].cq);
         if (srv->threads[i].started) {

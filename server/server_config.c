@@ -82,6 +82,14 @@ static const kvd_config_field_t server_fields[] = {
      "cannot read any other tenant's bytes, and its objects evict only each "
      "other (at most 16 tenants; sizes whole store.arena_chunk multiples)",
      kvd_config_parse_string, SRV_OFF(tenant_arenas), 0, 0, NULL},
+    {"server.tenant_arena_size", "auto",
+     "the arena of each tenant of server.tenants that server.tenant_arenas "
+     "does not size: auto (an equal share carved out of store.arena_size: "
+     "with n such tenants, 1 / (n + 1) each, the main arena keeping the "
+     "rest) | a size (in addition to store.arena_size) | shared (no arena "
+     "of its own: tenants in the main arena can read and overwrite each "
+     "other's objects through their read-write mapping)",
+     kvd_config_parse_string, SRV_OFF(tenant_arena_size), 0, 0, NULL},
     {"cluster.etcd", "",
      "etcd endpoint host:port of the cluster (\"\": this daemon is alone); "
      "the daemon registers there and keeps the view of the others",

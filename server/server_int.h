@@ -41,6 +41,7 @@ typedef struct kvd_server_settings {
     char tls_tenants[KVD_CONFIG_STRING_MAX];
     char tenant_quotas[KVD_CONFIG_STRING_MAX];
     char tenant_arenas[KVD_CONFIG_STRING_MAX];
+    char tenant_arena_size[KVD_CONFIG_STRING_MAX];
     char cluster_etcd[KVD_CONFIG_STRING_MAX];
     char cluster_name[KVD_CONFIG_STRING_MAX];
     char cluster_advertise[KVD_CONFIG_STRING_MAX];

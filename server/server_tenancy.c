@@ -18,6 +18,7 @@
 
 #include "common/config_int.h"
 #include "server/srv_int.h"
+#include "store/arena.h"
 
 static bool srv_tenant_name_ok(const char *name, size_t len)
 {
@@ -218,6 +219,59 @@ static bool srv_arena_pair(srv_tenancy_t *t, const char *left, size_t left_len,
 
 #define SRV_NAMES "tenant names of letters, digits, . _ -"
 
+/* server.tenant_arena_size: every tenant of server.tenants without an
+ * entry in server.tenant_arenas gets an arena of its own, of that size or
+ * (auto, 0 bytes here) an equal share the store carves out of the main
+ * arena; "shared" leaves them in the main arena. */
+static kvd_status_t srv_default_arenas(const char *size, srv_tenancy_t *t,
+                                       char *err, size_t err_len)
+{
+    static const kvd_config_field_t size_field = {"server.tenant_arena_size",
+                                                  "",
+                                                  "",
+                                                  kvd_config_parse_size,
+                                                  0,
+                                                  0,
+                                                  0,
+                                                  NULL};
+    uint64_t bytes = 0;
+    if (strcmp(size, "shared") == 0) {
+        return KVD_OK;
+    }
+    if (strcmp(size, "auto") != 0 &&
+        (kvd_config_parse_size(&size_field, size, &bytes, NULL, 0) != KVD_OK ||
+         bytes == 0)) {
+        kvd_config_err(err, err_len,
+                       "server.tenant_arena_size \"%s\": want auto, shared or "
+                       "a size above 0",
+                       size);
+        return KVD_ERR_INVALID;
+    }
+    for (size_t i = 0; i < t->n_uids; i++) {
+        bool sized = false;
+        for (size_t j = 0; j < t->n_arenas && !sized; j++) {
+            sized = strcmp(t->arenas[j].tenant, t->uids[i].name) == 0;
+        }
+        if (sized) {
+            continue;
+        }
+        if (t->n_arenas == KVD_ARENA_PARTS_MAX) {
+            kvd_config_err(err, err_len,
+                           "server.tenants: more than %d tenants would have "
+                           "an arena of their own; set "
+                           "server.tenant_arena_size=shared to keep the "
+                           "others in the main arena (they can then read and "
+                           "overwrite each other's objects)",
+                           (int)KVD_ARENA_PARTS_MAX);
+            return KVD_ERR_INVALID;
+        }
+        struct srv_tenant_bytes *a = &t->arenas[t->n_arenas++];
+        snprintf(a->tenant, sizeof a->tenant, "%s", t->uids[i].name);
+        a->bytes = bytes;
+    }
+    return KVD_OK;
+}
+
 kvd_status_t srv_tenancy_parse(const kvd_server_settings_t *cfg,
                                srv_tenancy_t *tenancy, char *err,
                                size_t err_len)
@@ -246,6 +300,9 @@ kvd_status_t srv_tenancy_parse(const kvd_server_settings_t *cfg,
                        "tenant=size pairs such as team-a=8g, each tenant "
                        "once, sizes above 0",
                        srv_arena_pair, tenancy, err, err_len);
+    }
+    if (ts == KVD_OK) {
+        ts = srv_default_arenas(cfg->tenant_arena_size, tenancy, err, err_len);
     }
     if (ts != KVD_OK) {
         return ts;

@@ -42,7 +42,8 @@ extern "C" {
 /* One tenant's arena partition (kvdepotd's server.tenant_arenas). */
 typedef struct kvd_store_tenant_arena {
     uint32_t tenant; /* non-zero */
-    uint64_t bytes;  /* whole arena chunks */
+    uint64_t bytes;  /* whole arena chunks; 0: an equal share carved out of
+                        store.arena_size (see kvd_store_open_partitioned) */
 } kvd_store_tenant_arena_t;
 
 /*
@@ -50,9 +51,12 @@ typedef struct kvd_store_tenant_arena {
  * live in partition i + 1 of arenas[i].bytes (its own memfd), every other
  * tenant's in the main one (store.arena_size). Evicting for one partition
  * takes only objects of it, so tenants never evict each other's data, and
- * kvd_store_arena_export_tenant() hands out one partition only. Embedded
- * mode only (KVD_ERR_INVALID in daemon mode, for a tenant 0, a tenant
- * given twice, or more than KVD_ARENA_PARTS_MAX).
+ * kvd_store_arena_export_tenant() hands out one partition only. A
+ * partition of 0 bytes takes an equal share of store.arena_size: with n
+ * such partitions and c whole chunks, c / (n + 1) chunks each, the main
+ * arena keeping the rest (KVD_ERR_RANGE when a share is under one chunk).
+ * Embedded mode only (KVD_ERR_INVALID in daemon mode, for a tenant 0, a
+ * tenant given twice, or more than KVD_ARENA_PARTS_MAX).
  */
 kvd_status_t kvd_store_open_partitioned(const kvd_config_t *config,
                                         const kvd_store_tenant_arena_t *arenas,

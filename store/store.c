@@ -380,6 +380,41 @@ static size_t store_pow2_at_least(size_t n)
     return p;
 }
 
+/* Partitions of 0 bytes take an equal share of store.arena_size: with n
+ * of them and c whole chunks, each gets c / (n + 1) chunks and the main
+ * arena keeps the rest, so the arena's memory stays store.arena_size.
+ * KVD_ERR_RANGE when a share would be under one chunk. */
+static kvd_status_t store_share_parts(kvd_arena_config_t *a, char *err,
+                                      size_t err_len)
+{
+    uint32_t n_share = 0;
+    for (uint32_t i = 0; i < a->num_parts; i++) {
+        n_share += a->part_bytes[i] == 0;
+    }
+    if (n_share == 0) {
+        return KVD_OK;
+    }
+    uint64_t chunks = a->chunk_bytes == 0 ? 0 : a->size_bytes / a->chunk_bytes;
+    uint64_t share = chunks / (n_share + 1u);
+    if (share == 0) {
+        kvd_config_err(err, err_len,
+                       "store.arena_size: %llu whole chunks of "
+                       "store.arena_chunk cannot give %u tenants and the main "
+                       "arena one chunk each (server.tenant_arena_size=auto); "
+                       "give a larger arena, a tenant_arena_size, or "
+                       "tenant_arena_size=shared",
+                       (unsigned long long)chunks, n_share);
+        return KVD_ERR_RANGE;
+    }
+    for (uint32_t i = 0; i < a->num_parts; i++) {
+        if (a->part_bytes[i] == 0) {
+            a->part_bytes[i] = share * a->chunk_bytes;
+        }
+    }
+    a->size_bytes = (chunks - share * n_share) * a->chunk_bytes;
+    return KVD_OK;
+}
+
 /* Checks the partitions and sets them in the arena's settings. */
 static kvd_status_t store_set_parts(kvd_embedded_t *st,
                                     const kvd_store_tenant_arena_t *arenas,
@@ -422,7 +457,7 @@ static kvd_status_t store_set_parts(kvd_embedded_t *st,
     }
     st->num_part_tenants = (uint32_t)n;
     st->cfg.arena.num_parts = (uint32_t)n;
-    return KVD_OK;
+    return store_share_parts(&st->cfg.arena, err, err_len);
 }
 
 kvd_status_t kvd_store_open_partitioned(const kvd_config_t *config,

@@ -5,7 +5,9 @@
  * tenant's bytes nor another tenant its bytes, and its saves evict only
  * its own objects (as root: the other tenant is a child as uid 65534);
  * after a restart a tenant arena's objects come back from NVMe into the
- * same tenant's arena.
+ * same tenant's arena. By default (server.tenant_arena_size=auto) every
+ * tenant of server.tenants has an arena of its own: a co-tenant that
+ * overwrites all it maps changes none of another tenant's objects.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,6 +29,7 @@
 #include <unistd.h>
 
 #include "kvdepot/store.h"
+#include "common/time_int.h"
 #include "tests/unit/kvd_testdir_int.h"
 #include "tests/integration/kvd_testdaemon_int.h"
 #include "tests/integration/kvd_testdaemonclient_int.h"
@@ -137,6 +140,147 @@ static void team_b_run(const kvd_test_dir_t *d, const kvd_namespace_t *ns,
     assert_int_equal(WEXITSTATUS(cst), 0);
 }
 
+/* In a child as uid 65534 (tenant team-b): looks for team-a's bytes in
+ * every page it maps, then overwrites every page it maps with 0xEE, as a
+ * hostile co-tenant would. Exit code 0 when the mapping held none of
+ * team-a's bytes. */
+static int overwrite_child(const kvd_test_dir_t *d)
+{
+    kvd_store_t *cs = NULL;
+    if (setgid(65534) != 0 || setuid(65534) != 0 ||
+        client_open(d, "30s", "2s", &cs) != KVD_OK) {
+        return 1;
+    }
+    kvd_store_arena_export_t exp;
+    if (kvd_store_arena_export(cs, &exp) != KVD_OK) {
+        kvd_store_close(cs);
+        return 2;
+    }
+    close(exp.fd);
+    int rc = mapping_has_run(cs, 0xA7) ? 3 : 0;
+    for (uint64_t off = 0; off < exp.size_bytes; off += 4096) {
+        uint8_t *p = kvd_store_arena_ptr(cs, exp.offset + off, 4096);
+        if (p == NULL) {
+            rc = 4;
+            break;
+        }
+        memset(p, 0xEE, 4096);
+    }
+    kvd_store_close(cs);
+    return rc;
+}
+
+/* team-a (this process) saves 8 objects of 0xA7, a team-b child scans and
+ * overwrites its whole mapping, team-a reads its objects back: returns how
+ * many came back with any byte that is not 0xA7. `child_rc` gets the
+ * child's exit code. */
+static size_t overwrite_attack(const kvd_test_dir_t *d, int *child_rc)
+{
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[NKEYS];
+    keys_make(&ns, h, NKEYS, 0x5A);
+    kvd_store_t *st = NULL;
+    assert_int_equal(client_open(d, "30s", "2s", &st), KVD_OK);
+    uint64_t t0 = kvd_time_now_ns();
+    assert_int_equal(save_filled(st, &ns, h, NKEYS, 0xA7), NKEYS);
+    uint64_t t_save = kvd_time_now_ns() - t0;
+    kvd_store_close(st); /* no gRPC client across the fork */
+
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        _exit(overwrite_child(d));
+    }
+    int cst = 0;
+    assert_int_equal(waitpid(child, &cst, 0), child);
+    assert_true(WIFEXITED(cst));
+    *child_rc = WEXITSTATUS(cst);
+
+    assert_int_equal(client_open(d, "30s", "2s", &st), KVD_OK);
+    kvd_store_lease_t l[NKEYS];
+    size_t m = 0, wrong = 0;
+    t0 = kvd_time_now_ns();
+    assert_int_equal(kvd_store_lookup(st, &ns, h, NKEYS, l, &m), KVD_OK);
+    assert_int_equal(m, NKEYS);
+    for (size_t i = 0; i < m; i++) {
+        const uint8_t *p = kvd_store_lease_ptr(st, &l[i]);
+        assert_non_null(p);
+        size_t k = 0;
+        while (k < OBJ_BYTES && p[k] == 0xA7) {
+            k++;
+        }
+        wrong += k != OBJ_BYTES;
+    }
+    uint64_t t_read = kvd_time_now_ns() - t0;
+    assert_int_equal(kvd_store_release(st, l, m), KVD_OK);
+    kvd_store_close(st);
+    fprintf(stderr,
+            "  team-a: %d objects of %u KiB saved in %.2f ms, looked up and "
+            "checked in %.2f ms; %zu with team-b's bytes\n",
+            NKEYS, OBJ_BYTES >> 10, (double)t_save / 1e6, (double)t_read / 1e6,
+            wrong);
+    return wrong;
+}
+
+/* server.tenant_arena_size (default auto): every tenant of server.tenants
+ * gets an arena of its own, an equal share of store.arena_size, so a
+ * hostile co-tenant's process that overwrites every page it maps changes
+ * none of another tenant's objects. With tenant_arena_size=shared both map
+ * the main arena and the same attack changes every object: the exposure
+ * the default closes. Needs root (team-b is a child as uid 65534). */
+static void test_tenants_get_own_arenas(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        fprintf(stderr, "not root: a second tenant's uid is not available\n");
+        return;
+    }
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "daemon_own_arenas");
+    assert_int_equal(chmod(d.path, 0755), 0);
+    char tenants[96];
+    snprintf(tenants, sizeof tenants, "server.tenants=%u=team-a,65534=team-b",
+             (unsigned)getuid());
+    /* 16 MiB of 2 MiB chunks: 2 + 2 for the tenants, 4 for the main. */
+    pid_t dpid =
+        daemon_start(&d, tenants, "server.unix_mode=0666",
+                     "server.metrics_address=127.0.0.1:0", (const char *)NULL);
+    assert_int_equal(
+        kvd_test_daemon_metric(&d, "kvdepot_arena_bytes{arena=\"main\"}"),
+        8u << 20);
+    assert_int_equal(
+        kvd_test_daemon_metric(&d, "kvdepot_arena_bytes{arena=\"team-a\"}"),
+        4u << 20);
+    assert_int_equal(
+        kvd_test_daemon_metric(&d, "kvdepot_arena_bytes{arena=\"team-b\"}"),
+        4u << 20);
+    int rc = -1;
+    fprintf(stderr, "server.tenant_arena_size=auto (the default):\n");
+    assert_int_equal(overwrite_attack(&d, &rc), 0);
+    assert_int_equal(rc, 0);
+    daemon_stop(dpid);
+
+    dpid = daemon_start(&d, tenants, "server.unix_mode=0666",
+                        "server.tenant_arena_size=shared", (const char *)NULL);
+    fprintf(stderr, "server.tenant_arena_size=shared:\n");
+    assert_int_equal(overwrite_attack(&d, &rc), NKEYS);
+    assert_int_equal(rc, 3); /* team-b saw team-a's bytes, too */
+    daemon_stop(dpid);
+
+    /* A size: each tenant's arena is that size, besides the main one. */
+    dpid =
+        daemon_start(&d, tenants, "server.tenant_arena_size=2m",
+                     "server.metrics_address=127.0.0.1:0", (const char *)NULL);
+    assert_int_equal(
+        kvd_test_daemon_metric(&d, "kvdepot_arena_bytes{arena=\"main\"}"),
+        16u << 20);
+    assert_int_equal(
+        kvd_test_daemon_metric(&d, "kvdepot_arena_bytes{arena=\"team-b\"}"),
+        2u << 20);
+    daemon_stop(dpid);
+    kvd_test_dir_remove(&d);
+}
+
 /* /metrics says what backs the arena: 4 KiB pages and nothing else with
  * store.arena_hugepages=off; exactly one backing with the default (auto),
  * whatever this host offers. */
@@ -184,9 +328,10 @@ static void test_tenant_arenas(void **state)
     snprintf(tenants, sizeof tenants, "server.tenants=%u=team-a%s",
              (unsigned)getuid(), root ? ",65534=team-b" : "");
     /* 4 MiB: 2 chunks of 2 MiB, 64 objects of 64 KiB. */
-    pid_t dpid = daemon_start(
-        &d, tenants, "server.tenant_arenas=team-a=4m", "server.unix_mode=0666",
-        "server.metrics_address=127.0.0.1:0", (const char *)NULL);
+    pid_t dpid =
+        daemon_start(&d, tenants, "server.tenant_arenas=team-a=4m",
+                     "server.unix_mode=0666", "server.tenant_arena_size=shared",
+                     "server.metrics_address=127.0.0.1:0", (const char *)NULL);
     assert_int_equal(
         kvd_test_daemon_metric(&d, "kvdepot_arena_bytes{arena=\"main\"}"),
         16u << 20);
@@ -311,6 +456,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arena_pages_metric),
         cmocka_unit_test(test_tenant_arenas),
+        cmocka_unit_test(test_tenants_get_own_arenas),
         cmocka_unit_test(test_tenant_arena_after_restart),
     };
     return cmocka_run_group_tests(tests, skip_without_daemon, NULL);

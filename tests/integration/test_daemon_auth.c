@@ -10,7 +10,9 @@
  * their request before the token was checked). Each connection is told
  * it may open server.max_streams (64) calls at once. A token of the wrong
  * length and one of the right length but wrong bytes get the same refusal
- * through a real gRPC client; the right token is admitted. The raw client
+ * through a real gRPC client; the right token is admitted. HTTP/2 rapid
+ * reset (calls opened and cancelled at once, without a token) ends in the
+ * daemon shutting the connection, with bounded memory. The raw client
  * speaks just enough HTTP/2 (RFC 9113) for this: literal HPACK headers,
  * DATA within the peer's windows, SETTINGS and PING acknowledged.
  */
@@ -31,6 +33,9 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
 #include <sys/socket.h>
 
 #include <grpc/grpc.h>
@@ -54,6 +59,8 @@ typedef struct h2 {
     bool refused;        /* trailers-only HEADERS or RST_STREAM on stream 1 */
     bool unauth;         /* the trailers said grpc-status 16 */
     int64_t max_streams; /* the daemon's SETTINGS_MAX_CONCURRENT_STREAMS */
+    bool pinged;         /* a PING ACK came back */
+    bool closed;         /* the daemon ended the connection */
     uint8_t in[1 << 17];
     size_t in_len;
     uint8_t out[FRAME_MAX + 9];
@@ -177,6 +184,8 @@ static void h2_frame(h2_t *c, const uint8_t *f, size_t len)
     const uint8_t *p = f + 9;
     if (type == 4) {
         h2_settings(c, p, len, flags);
+    } else if (type == 6 && (flags & 0x1)) {
+        c->pinged = true;
     } else if (type == 6 && !(flags & 0x1) && len == 8) { /* PING */
         uint8_t ack[17];
         frame_head(ack, 8, 6, 0x1, 0);
@@ -202,6 +211,9 @@ static void h2_read(h2_t *c)
     for (;;) {
         ssize_t r = recv(c->fd, c->in + c->in_len, sizeof c->in - c->in_len,
                          MSG_DONTWAIT);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+            c->closed = true;
+        }
         if (r <= 0) {
             return;
         }
@@ -496,12 +508,224 @@ static void test_unauthenticated_payload_not_buffered(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* An honest caller's Stats calls (a channel each, with the token) while
+ * an attack runs: latencies in ms and the calls that failed. */
+typedef struct honest {
+    int port;
+    pid_t daemon;
+    volatile bool stop;
+    double ms[4096];
+    size_t n, failed;
+    long rss_max; /* the daemon's highest VmRSS seen, KiB */
+} honest_t;
+
+static void *honest_loop(void *arg)
+{
+    honest_t *h = arg;
+    while (!h->stop && h->n < sizeof h->ms / sizeof h->ms[0]) {
+        char det[256];
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        grpc_status_code code =
+            call_stats(h->port, "Bearer " TOKEN, det, sizeof det);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        h->ms[h->n++] = (double)(b.tv_sec - a.tv_sec) * 1e3 +
+                        (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+        h->failed += code != GRPC_STATUS_OK;
+        long rss = rss_kib(h->daemon);
+        h->rss_max = rss > h->rss_max ? rss : h->rss_max;
+        usleep(10000);
+    }
+    return NULL;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The p-th percentile of the first n latencies (sorted in place). */
+static double pct(double *v, size_t n, double p)
+{
+    if (n == 0) {
+        return 0;
+    }
+    qsort(v, n, sizeof *v, cmp_double);
+    size_t i = (size_t)(p / 100.0 * (double)(n - 1) + 0.5);
+    return v[i];
+}
+
+/* CPU seconds (user + system) `pid` has used. */
+static double cpu_s(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *p = strrchr(buf, ')');
+    assert_non_null(p);
+    unsigned long ut = 0, st = 0;
+    /* after ") ": state, then fields 4..13, utime is field 14 */
+    assert_int_equal(sscanf(p + 2,
+                            "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u "
+                            "%lu %lu",
+                            &ut, &st),
+                     2);
+    return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* Sends `n` bytes without blocking while draining what the daemon sends;
+ * false when the daemon closed the connection. */
+static bool h2_send_drain(h2_t *c, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = send(c->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+            struct pollfd pf = {.fd = c->fd, .events = POLLIN | POLLOUT};
+            (void)poll(&pf, 1, 100);
+            h2_read(c);
+            continue;
+        }
+        if (w <= 0) {
+            return false;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    h2_read(c);
+    return true;
+}
+
+#define RESET_MS reset_ms()
+/* How long the rapid reset lasts: 3 s, or KVDEPOT_TEST_RESET_MS. */
+static uint64_t reset_ms(void)
+{
+    const char *e = getenv("KVDEPOT_TEST_RESET_MS");
+    return e ? strtoull(e, NULL, 10) : 3000;
+}
+#define RESET_BATCH 64
+
+/* Rapid reset for RESET_MS: HEADERS of a call without a token, then
+ * RST_STREAM (CANCEL) at once, on streams 3, 5, ..., reconnecting each
+ * time the daemon ends the connection. Counts the calls sent (into the
+ * socket: the daemon may end the connection before it reads them all)
+ * and the connections the daemon ended. */
+static void rapid_reset(int port, size_t *sent, size_t *closes)
+{
+    h2_t *c = calloc(1, sizeof *c);
+    assert_non_null(c);
+    h2_open(c, port);
+    uint8_t hb[256];
+    size_t hl = 0;
+    hl += hpack_lit(hb + hl, ":method", "POST");
+    hl += hpack_lit(hb + hl, ":scheme", "http");
+    hl += hpack_lit(hb + hl, ":path", "/kvdepot.v1.KvStore/Stats");
+    hl += hpack_lit(hb + hl, ":authority", "127.0.0.1");
+    hl += hpack_lit(hb + hl, "content-type", "application/grpc");
+    hl += hpack_lit(hb + hl, "te", "trailers");
+    static uint8_t batch[RESET_BATCH * (9 + 256 + 13)];
+    uint32_t stream = 3;
+    uint64_t end = kvd_test_now_ms() + RESET_MS;
+    while (kvd_test_now_ms() < end) {
+        size_t n = 0;
+        for (size_t i = 0; i < RESET_BATCH; i++, stream += 2) {
+            n += frame_head(batch + n, hl, 1, 0x4, stream);
+            memcpy(batch + n, hb, hl);
+            n += hl;
+            n += frame_head(batch + n, 4, 3, 0, stream);
+            batch[n++] = 0;
+            batch[n++] = 0;
+            batch[n++] = 0;
+            batch[n++] = 8; /* CANCEL */
+        }
+        if (c->closed || !h2_send_drain(c, batch, n)) {
+            (*closes)++;
+            close(c->fd);
+            h2_open(c, port);
+            stream = 3;
+            continue;
+        }
+        *sent += RESET_BATCH;
+    }
+    close(c->fd);
+    free(c);
+}
+
+/*
+ * HTTP/2 rapid reset (CVE-2023-44487) from a caller without a token: for
+ * 3 s it opens and cancels calls as fast as it can, reconnecting whenever
+ * the daemon ends its connection. The daemon must end such connections
+ * (before, it queued every call it parsed: RSS grew by about 800 MiB for
+ * 100,000), an honest caller's Stats calls beside them all succeed, and
+ * the daemon's resident memory stays within 64 MiB of where it was.
+ * Prints the honest latency before and during the attack and the daemon's
+ * CPU.
+ */
+static void test_rapid_reset_held(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    int port = 0;
+    pid_t pid = daemon_up(&d, "daemon_auth_reset", &port);
+    honest_t *h = calloc(1, sizeof *h);
+    assert_non_null(h);
+    h->port = port;
+    h->daemon = pid;
+    for (int i = 0; i < 30; i++) {
+        char det[256];
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        assert_int_equal(call_stats(port, "Bearer " TOKEN, det, sizeof det),
+                         GRPC_STATUS_OK);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        h->ms[h->n++] = (double)(b.tv_sec - a.tv_sec) * 1e3 +
+                        (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+    }
+    double base50 = pct(h->ms, h->n, 50), base99 = pct(h->ms, h->n, 99);
+    h->n = 0;
+    long rss0 = rss_kib(pid);
+    double cpu0 = cpu_s(pid);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, honest_loop, h), 0);
+    uint64_t t0 = kvd_test_now_ms();
+    size_t resets = 0, closes = 0;
+    rapid_reset(port, &resets, &closes);
+    uint64_t took = kvd_test_now_ms() - t0;
+    h->stop = true;
+    assert_int_equal(pthread_join(t, NULL), 0);
+    long rss1 = rss_kib(pid);
+    rss1 = rss1 > h->rss_max ? rss1 : h->rss_max;
+    double cpu1 = cpu_s(pid);
+    print_message("rapid reset: %zu calls opened and cancelled in %" PRIu64
+                  " ms (%zu connections ended by the daemon); daemon CPU "
+                  "%.2f s (%.1f us a call sent), RSS %ld -> at most %ld KiB; "
+                  "honest Stats "
+                  "p50/p99 %.1f/%.1f ms before, %.1f/%.1f ms during (%zu "
+                  "calls, %zu failed)\n",
+                  resets, took, closes, cpu1 - cpu0,
+                  (cpu1 - cpu0) * 1e6 / (double)(resets ? resets : 1), rss0,
+                  rss1, base50, base99, pct(h->ms, h->n, 50),
+                  pct(h->ms, h->n, 99), h->n, h->failed);
+    assert_true(h->n > 0);
+    assert_int_equal(h->failed, 0);
+    assert_true(closes > 0);
+    assert_true(rss1 - rss0 < 256 * 1024);
+    free(h);
+    kvd_test_daemon_stop(pid);
+    kvd_test_dir_remove(&d);
+}
+
 int main(void)
 {
     grpc_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_token_refusals_alike),
         cmocka_unit_test(test_unauthenticated_payload_not_buffered),
+        cmocka_unit_test(test_rapid_reset_held),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     grpc_shutdown();

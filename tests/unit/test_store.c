@@ -485,6 +485,48 @@ static void test_export_maps_same_bytes(void **state)
 /* Tenant arenas: tenant 7's objects live in a partition of their own,
  * evict only each other, and its export maps that partition alone; the
  * main arena's tenants never evict tenant 7's objects either. */
+/* Partitions of 0 bytes share store.arena_size equally with the main
+ * arena: 7 chunks and two of them give 2 + 2 and leave 3 to the main one
+ * (the memory stays 7 chunks); 2 chunks cannot give two tenants one
+ * each besides the main arena (KVD_ERR_RANGE, the setting named). */
+static void test_tenant_arenas_shared_out(void **state)
+{
+    (void)state;
+    kvd_config_t *cfg = NULL;
+    assert_int_equal(kvd_config_create(&cfg), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.arena_size", "7m"), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.arena_chunk", "1m"), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.arena_hugepages", "off"),
+                     KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.arena_prefault", "false"),
+                     KVD_OK);
+    const kvd_store_tenant_arena_t arenas[] = {{.tenant = 5, .bytes = 0},
+                                               {.tenant = 6, .bytes = MIB},
+                                               {.tenant = 9, .bytes = 0}};
+    kvd_store_t *st = NULL;
+    char err[256] = "";
+    assert_int_equal(
+        kvd_store_open_partitioned(cfg, arenas, 3, &st, err, sizeof err),
+        KVD_OK);
+    kvd_arena_part_stats_t parts[4];
+    size_t n = 0;
+    assert_int_equal(kvd_store_arena_partitions(st, parts, 4, &n), KVD_OK);
+    assert_int_equal(n, 4);
+    assert_int_equal(parts[0].bytes_total, 3 * MIB); /* main */
+    assert_int_equal(parts[1].bytes_total, 2 * MIB); /* tenant 5: a share */
+    assert_int_equal(parts[2].bytes_total, MIB);     /* tenant 6: its size */
+    assert_int_equal(parts[3].bytes_total, 2 * MIB); /* tenant 9: a share */
+    kvd_store_close(st);
+    st = NULL;
+    assert_int_equal(kvd_config_set(cfg, "store.arena_size", "2m"), KVD_OK);
+    assert_int_equal(
+        kvd_store_open_partitioned(cfg, arenas, 3, &st, err, sizeof err),
+        KVD_ERR_RANGE);
+    assert_null(st);
+    assert_non_null(strstr(err, "store.arena_size"));
+    kvd_config_destroy(cfg);
+}
+
 static void test_tenant_arenas(void **state)
 {
     (void)state;
@@ -652,6 +694,7 @@ int main(void)
         cmocka_unit_test(test_delete),
         cmocka_unit_test(test_export_maps_same_bytes),
         cmocka_unit_test(test_tenant_arenas),
+        cmocka_unit_test(test_tenant_arenas_shared_out),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
