@@ -469,6 +469,11 @@ static void rpc_on_new(rpc_call_t *c)
             rpc_finish(c, s, reason, NULL, 0);
             return;
         }
+        if (srv->acceptor != NULL) {
+            char *peer = grpc_call_get_peer(c->call);
+            rpc_accept_admit(srv->acceptor, peer);
+            gpr_free(peer);
+        }
         rpc_recv(c);
         return;
     }
@@ -818,7 +823,10 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
     grpc_server_start(srv->server);
     srv->started = true;
     if (srv->acceptor != NULL) {
-        s = rpc_accept_start(srv->acceptor, srv->server);
+        s = rpc_accept_start(srv->acceptor, srv->server,
+                             srv->cfg.handshake_timeout_ms > 0
+                                 ? srv->cfg.handshake_timeout_ms
+                                 : RPC_HANDSHAKE_TIMEOUT_MS);
         if (s != KVD_OK) {
             kvd_config_err(err, err_len, "TCP accept thread: %s",
                            kvd_status_str(s));

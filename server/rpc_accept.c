@@ -8,7 +8,11 @@
  * is gRPC's) makes the core see the connection end, cancel its calls and
  * free them. A record is checked against getpeername() before the shut, so
  * a strike that arrives after gRPC closed the descriptor and the number was
- * reused for another socket shuts nothing.
+ * reused for another socket shuts nothing. A connection that has made no
+ * admitted call within server.handshake_timeout of its accept (a caller
+ * that stalls before or inside the HTTP/2 preface, idles, or has every
+ * call refused) is shut too: gRPC's own handshake deadline does not apply
+ * to connections handed over this way.
  */
 #include <errno.h>
 #include <netdb.h>
@@ -34,9 +38,13 @@
 
 /* Descriptors tracked at most (above: handed over, never shut). */
 #define ACCEPT_TRACK_MAX 65536
+/* How often connections without an admitted call are checked. */
+#define ACCEPT_SWEEP_MS 200
 
 typedef struct accept_conn {
-    bool open; /* accepted by us, not shut yet */
+    bool open;     /* accepted by us, not shut yet */
+    bool admitted; /* one of its calls was admitted */
+    uint64_t accepted_ms;
     uint64_t window_s;
     uint32_t strikes;
     socklen_t peer_len;
@@ -50,9 +58,12 @@ struct rpc_accept {
     grpc_server_credentials *creds;
     pthread_t thread;
     bool started;
-    pthread_mutex_t mu; /* conns and shut */
+    int deadline_ms;    /* for a connection's first admitted call */
+    pthread_mutex_t mu; /* conns, waiting and shut */
     accept_conn_t *conns;
     size_t n_conns;
+    int *waiting; /* descriptors without an admitted call yet */
+    size_t n_waiting;
     unsigned long shut;
 };
 
@@ -134,7 +145,11 @@ kvd_status_t rpc_accept_open(const char *address, rpc_accept_t **out,
                        rl.rlim_cur < ACCEPT_TRACK_MAX
                    ? (size_t)rl.rlim_cur
                    : ACCEPT_TRACK_MAX;
-    if (a == NULL || (a->conns = calloc(n, sizeof *a->conns)) == NULL) {
+    if (a == NULL || (a->conns = calloc(n, sizeof *a->conns)) == NULL ||
+        (a->waiting = calloc(n, sizeof *a->waiting)) == NULL) {
+        if (a != NULL) {
+            free(a->conns);
+        }
         free(a);
         return KVD_ERR_NOMEM;
     }
@@ -170,27 +185,82 @@ static void accept_one(rpc_accept_t *a, int fd)
     if ((size_t)fd < a->n_conns) {
         pthread_mutex_lock(&a->mu);
         accept_conn_t *c = &a->conns[fd];
-        *c = (accept_conn_t){.open = true};
+        *c = (accept_conn_t){.open = true, .accepted_ms = kvd_time_now_ms()};
         c->peer_len = sizeof c->peer;
         if (getpeername(fd, (struct sockaddr *)&c->peer, &c->peer_len) != 0) {
             c->open = false; /* gone already: gRPC will see it end */
+        } else if (a->n_waiting < a->n_conns) {
+            a->waiting[a->n_waiting++] = fd;
         }
         pthread_mutex_unlock(&a->mu);
     }
     grpc_server_add_channel_from_fd(a->server, fd, a->creds);
 }
 
+/* Whether `fd` is still the socket connected to c->peer. */
+static bool accept_same_peer(int fd, const accept_conn_t *c)
+{
+    struct sockaddr_storage now;
+    socklen_t len = sizeof now;
+    return getpeername(fd, (struct sockaddr *)&now, &len) == 0 &&
+           len == c->peer_len && memcmp(&now, &c->peer, len) == 0;
+}
+
+/* Shuts the connections that made no admitted call within deadline_ms of
+ * their accept (a stalled or idle caller without credentials holds a
+ * descriptor no longer than that); forgets those that did. */
+static void accept_sweep(rpc_accept_t *a)
+{
+    uint64_t now = kvd_time_now_ms();
+    unsigned long shut = 0;
+    pthread_mutex_lock(&a->mu);
+    size_t keep = 0;
+    for (size_t i = 0; i < a->n_waiting; i++) {
+        int fd = a->waiting[i];
+        accept_conn_t *c = &a->conns[fd];
+        if (!c->open || c->admitted) {
+            continue;
+        }
+        if (now - c->accepted_ms < (uint64_t)a->deadline_ms) {
+            a->waiting[keep++] = fd;
+            continue;
+        }
+        if (accept_same_peer(fd, c) && shutdown(fd, SHUT_RDWR) == 0) {
+            shut++;
+        }
+        c->open = false;
+    }
+    a->n_waiting = keep;
+    a->shut += shut;
+    pthread_mutex_unlock(&a->mu);
+    if (shut > 0) {
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
+                            "kvdepotd: closed %lu TCP connections without an "
+                            "admitted call within %d ms",
+                            shut, a->deadline_ms);
+    }
+}
+
 static void *accept_main(void *arg)
 {
     rpc_accept_t *a = arg;
+    uint64_t next_sweep = kvd_time_now_ms() + ACCEPT_SWEEP_MS;
     for (;;) {
         struct pollfd p[2] = {{.fd = a->listen_fd, .events = POLLIN},
                               {.fd = a->stop_fd, .events = POLLIN}};
-        if (poll(p, 2, -1) < 0 && errno != EINTR) {
+        int rc = poll(p, 2, ACCEPT_SWEEP_MS);
+        if (kvd_time_now_ms() >= next_sweep) {
+            accept_sweep(a);
+            next_sweep = kvd_time_now_ms() + ACCEPT_SWEEP_MS;
+        }
+        if (rc < 0 && errno != EINTR) {
             KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_ERROR, 1000,
                                 "kvdepotd: TCP accept poll: %s",
                                 strerror(errno));
             usleep(10000);
+            continue;
+        }
+        if (rc <= 0) {
             continue;
         }
         if (p[1].revents != 0) {
@@ -215,9 +285,11 @@ static void *accept_main(void *arg)
     }
 }
 
-kvd_status_t rpc_accept_start(rpc_accept_t *a, grpc_server *server)
+kvd_status_t rpc_accept_start(rpc_accept_t *a, grpc_server *server,
+                              int deadline_ms)
 {
     a->server = server;
+    a->deadline_ms = deadline_ms;
     a->creds = grpc_insecure_server_credentials_create();
     if (a->creds == NULL) {
         return KVD_ERR_NOMEM;
@@ -230,21 +302,33 @@ kvd_status_t rpc_accept_start(rpc_accept_t *a, grpc_server *server)
     return KVD_OK;
 }
 
-/* Whether `fd` is still the socket connected to c->peer. */
-static bool accept_same_peer(int fd, const accept_conn_t *c)
-{
-    struct sockaddr_storage now;
-    socklen_t len = sizeof now;
-    return getpeername(fd, (struct sockaddr *)&now, &len) == 0 &&
-           len == c->peer_len && memcmp(&now, &c->peer, len) == 0;
-}
-
-bool rpc_accept_strike(rpc_accept_t *a, const char *peer)
+/* The descriptor of `peer` ("fd:N") if this acceptor tracks it, else -1. */
+static int accept_peer_fd(const rpc_accept_t *a, const char *peer)
 {
     int fd = -1;
     char tail = '\0';
     if (a == NULL || peer == NULL || sscanf(peer, "fd:%d%c", &fd, &tail) != 1 ||
         fd < 0 || (size_t)fd >= a->n_conns) {
+        return -1;
+    }
+    return fd;
+}
+
+void rpc_accept_admit(rpc_accept_t *a, const char *peer)
+{
+    int fd = accept_peer_fd(a, peer);
+    if (fd < 0) {
+        return;
+    }
+    pthread_mutex_lock(&a->mu);
+    a->conns[fd].admitted = true;
+    pthread_mutex_unlock(&a->mu);
+}
+
+bool rpc_accept_strike(rpc_accept_t *a, const char *peer)
+{
+    int fd = accept_peer_fd(a, peer);
+    if (fd < 0) {
         return false;
     }
     uint64_t now_s = kvd_time_now_ms() / 1000;
@@ -310,6 +394,7 @@ void rpc_accept_free(rpc_accept_t *a)
         grpc_server_credentials_release(a->creds);
     }
     pthread_mutex_destroy(&a->mu);
+    free(a->waiting);
     free(a->conns);
     free(a);
 }

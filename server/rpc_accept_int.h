@@ -9,7 +9,8 @@
  * so its calls carry the peer "fd:N"; rpc.c reports each call that a
  * connection wastes (refused, or cancelled before its message arrived) and
  * a connection that wastes more than RPC_CONN_STRIKES in one second is shut
- * down, which frees what the core holds for it.
+ * down, which frees what the core holds for it. So is a connection that
+ * makes no admitted call within server.handshake_timeout of its accept.
  *
  * Threading: one thread accepts; rpc_accept_strike() may be called from any
  * thread. Lifetimes: rpc_accept_open() before grpc_server_start(),
@@ -38,8 +39,14 @@ typedef struct rpc_accept rpc_accept_t;
 kvd_status_t rpc_accept_open(const char *address, rpc_accept_t **out,
                              int *port_out, char *err, size_t err_len);
 
-/* Starts the thread that hands every accepted connection to `server`. */
-kvd_status_t rpc_accept_start(rpc_accept_t *a, grpc_server *server);
+/* Starts the thread that hands every accepted connection to `server`; a
+ * connection with no admitted call `deadline_ms` after its accept is shut. */
+kvd_status_t rpc_accept_start(rpc_accept_t *a, grpc_server *server,
+                              int deadline_ms);
+
+/* The connection of `peer` made an admitted call: the deadline of
+ * rpc_accept_start() no longer applies to it. Other peers are ignored. */
+void rpc_accept_admit(rpc_accept_t *a, const char *peer);
 
 /* One wasted call on the connection of `peer` (a call's
  * grpc_call_get_peer); true when it was the one that shut the connection.

@@ -59,7 +59,6 @@ typedef struct h2 {
     bool refused;        /* trailers-only HEADERS or RST_STREAM on stream 1 */
     bool unauth;         /* the trailers said grpc-status 16 */
     int64_t max_streams; /* the daemon's SETTINGS_MAX_CONCURRENT_STREAMS */
-    bool pinged;         /* a PING ACK came back */
     bool closed;         /* the daemon ended the connection */
     uint8_t in[1 << 17];
     size_t in_len;
@@ -184,8 +183,6 @@ static void h2_frame(h2_t *c, const uint8_t *f, size_t len)
     const uint8_t *p = f + 9;
     if (type == 4) {
         h2_settings(c, p, len, flags);
-    } else if (type == 6 && (flags & 0x1)) {
-        c->pinged = true;
     } else if (type == 6 && !(flags & 0x1) && len == 8) { /* PING */
         uint8_t ack[17];
         frame_head(ack, 8, 6, 0x1, 0);
@@ -579,10 +576,14 @@ static double cpu_s(pid_t pid)
 }
 
 /* Sends `n` bytes without blocking while draining what the daemon sends;
- * false when the daemon closed the connection. */
-static bool h2_send_drain(h2_t *c, const uint8_t *p, size_t n)
+ * false when the daemon closed the connection or `deadline_ms` passed. */
+static bool h2_send_drain(h2_t *c, const uint8_t *p, size_t n,
+                          uint64_t deadline_ms)
 {
     while (n > 0) {
+        if (kvd_test_now_ms() >= deadline_ms) {
+            return false;
+        }
         ssize_t w = send(c->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
             struct pollfd pf = {.fd = c->fd, .events = POLLIN | POLLOUT};
@@ -642,7 +643,10 @@ static void rapid_reset(int port, size_t *sent, size_t *closes)
             batch[n++] = 0;
             batch[n++] = 8; /* CANCEL */
         }
-        if (c->closed || !h2_send_drain(c, batch, n)) {
+        if (c->closed || !h2_send_drain(c, batch, n, end)) {
+            if (!c->closed && kvd_test_now_ms() >= end) {
+                break; /* time is up, not a close */
+            }
             (*closes)++;
             close(c->fd);
             h2_open(c, port);
