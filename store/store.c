@@ -302,7 +302,10 @@ out:
     return status;
 }
 
-/* fsyncs directory `path`, and its parent when `parent` is set. */
+/* fsyncs directory `path`, and its parent when `parent` is set. Only an
+ * I/O error fails: a directory this process may not open (a parent without
+ * read permission) or a file system that cannot sync directories is logged
+ * and left as it was before this sync existed. */
 static kvd_status_t store_dir_sync(const char *path, bool parent)
 {
     char dir[KVD_CONFIG_STRING_MAX + 4];
@@ -310,11 +313,17 @@ static kvd_status_t store_dir_sync(const char *path, bool parent)
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0 || fsync(fd) != 0) {
         int e = errno;
-        KVD_LOG_ERROR("store: fsync of directory %s: %s", dir, strerror(e));
         if (fd >= 0) {
             close(fd);
         }
-        return kvd_status_from_errno(e);
+        if (e == EIO) {
+            KVD_LOG_ERROR("store: fsync of directory %s: %s", dir, strerror(e));
+            return KVD_ERR_IO;
+        }
+        KVD_LOG_WARN("store: cannot fsync directory %s (%s): the names of "
+                     "files created there may not survive a power loss",
+                     dir, strerror(e));
+        return KVD_OK;
     }
     close(fd);
     return KVD_OK;
