@@ -1,13 +1,15 @@
 /*
- * Power loss under an embedded store with a disk tier (write-back, the
- * threads engine): SIGKILL alone keeps the page cache, so this test also
- * drops what was not made durable. A writer child (this program with
+ * Power loss under an embedded store with a disk tier (the threads
+ * engine, which the model sees; io_uring it would not): SIGKILL alone keeps the
+ * page cache, so this test also drops what was not made durable. A writer child
+ * (this program with
  * --writer, under the LD_PRELOAD model of tests/support/kvd_powercut.c)
- * saves objects, deletes the oldest (so extents are reused) and flushes at
- * random; the parent kills it at a random moment, rewrites the store's
- * files as a power loss could have left them (kvd_powercut_cut: the last
- * synced image plus a seeded random subset of the later 4 KiB writes;
- * unsynced file names may vanish), reopens the store and checks:
+ * saves objects (write-back and write-through, by turns), deletes the
+ * oldest (so extents are reused) and flushes at random; the parent kills it at
+ * a random moment, rewrites the store's files as a power loss could have left
+ * them (kvd_powercut_cut: the last synced image plus a seeded random subset of
+ * the later 4 KiB writes; unsynced file names may vanish), reopens the store
+ * and checks:
  *   1. it opens;
  *   2. every object a returned flush covered is found, byte for byte;
  *   3. every object found at all has exactly the bytes saved under its key;
@@ -40,7 +42,10 @@
 #define WINDOW 160u   /* live objects per writer: more than the arena holds */
 #define PER_GEN 4000u /* keys of one writer run, at most */
 
-static kvd_status_t open_store(const char *disk, kvd_store_t **st)
+/* Opens the store on `disk` with store.disk_write=`write` ("back" or
+ * "through"). */
+static kvd_status_t open_store(const char *disk, const char *write,
+                               kvd_store_t **st)
 {
     kvd_config_t *cfg = NULL;
     if (kvd_config_create(&cfg) != KVD_OK) {
@@ -57,6 +62,7 @@ static kvd_status_t open_store(const char *disk, kvd_store_t **st)
         (void)kvd_config_set(cfg, base[i], base[i + 1]);
     }
     (void)kvd_config_set(cfg, "store.disk_path", disk);
+    (void)kvd_config_set(cfg, "store.disk_write", write);
     char err[256] = "";
     kvd_status_t s = kvd_store_open(cfg, st, err, sizeof err);
     if (s != KVD_OK) {
@@ -152,7 +158,9 @@ static void progress(int fd, char tag, int nums, uint32_t a, uint32_t b)
     }
 }
 
-/* argv: --writer DISK PROGRESS FIRST OLD_LO OLD_HI SEED. Deletes the keys
+/* argv: --writer DISK PROGRESS FIRST OLD_LO OLD_HI SEED WRITE (back or
+ * through: every other cut writes through, so that many extents and
+ * records are in flight, unsynced, when the power goes). Deletes the keys
  * [OLD_LO, OLD_HI] the last writer left, then saves FIRST, FIRST+1, ...
  * deleting key i-WINDOW after saving i and flushing every 1..24 saves;
  * PROGRESS gets "D" once the old keys are being deleted, "I bound" before
@@ -167,7 +175,7 @@ static int writer_main(char **argv)
     uint64_t rng = strtoull(argv[7], NULL, 10) | 1u;
     int pfd = open(argv[3], O_WRONLY | O_APPEND | O_CREAT, 0600);
     kvd_store_t *st = NULL;
-    if (pfd < 0 || open_store(argv[2], &st) != KVD_OK) {
+    if (pfd < 0 || open_store(argv[2], argv[8], &st) != KVD_OK) {
         return 2;
     }
     progress(pfd, 'D', 0, 0, 0);
@@ -331,7 +339,7 @@ static void one_cut(const kvd_test_dir_t *d, uint32_t gen, uint64_t seed,
         setenv("KVD_POWERCUT_DIR", disk, 1);
         setenv("KVD_POWERCUT_SHADOW", shadow, 1);
         execl("/proc/self/exe", "writer", "--writer", disk, prog, a[0], a[1],
-              a[2], a[3], (char *)NULL);
+              a[2], a[3], gen % 2 == 0 ? "back" : "through", (char *)NULL);
         _exit(127);
     }
     /* Kill 0-600 ms after the first flush returned (or after 10 s). */
@@ -350,7 +358,7 @@ static void one_cut(const kvd_test_dir_t *d, uint32_t gen, uint64_t seed,
     read_progress(prog, first, g);
     g->next_first = first + PER_GEN;
     kvd_store_t *st = NULL;
-    kvd_status_t os = open_store(disk, &st);
+    kvd_status_t os = open_store(disk, "back", &st);
     if (os != KVD_OK) {
         t->open_failures++;
         fprintf(stderr, "cut %u (seed %llu): the store does not open: %s\n",
@@ -479,7 +487,7 @@ static void test_power_cuts(void **state)
 
 int main(int argc, char **argv)
 {
-    if (argc == 8 && strcmp(argv[1], "--writer") == 0) {
+    if (argc == 9 && strcmp(argv[1], "--writer") == 0) {
         return writer_main(argv);
     }
     const struct CMUnitTest tests[] = {
