@@ -38,7 +38,7 @@
 #include "tests/support/kvd_powercut.h"
 #include "tests/unit/kvd_testdir_int.h"
 
-#define OBJ (64u * 1024u)
+#define OBJ 65536u    /* 64 KiB */
 #define WINDOW 160u   /* live objects per writer: more than the arena holds */
 #define PER_GEN 4000u /* keys of one writer run, at most */
 
@@ -335,7 +335,8 @@ static void one_cut(const kvd_test_dir_t *d, uint32_t gen, uint64_t seed,
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        setenv("LD_PRELOAD", getenv("KVDEPOT_POWERCUT_LIB"), 1);
+        const char *lib = getenv("KVDEPOT_POWERCUT_LIB");
+        setenv("LD_PRELOAD", lib != NULL ? lib : "", 1);
         setenv("KVD_POWERCUT_DIR", disk, 1);
         setenv("KVD_POWERCUT_SHADOW", shadow, 1);
         execl("/proc/self/exe", "writer", "--writer", disk, prog, a[0], a[1],

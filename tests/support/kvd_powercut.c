@@ -53,7 +53,8 @@ static const char *pc_watched(const char *path)
 {
     const char *dir = getenv("KVD_POWERCUT_DIR");
     size_t n = dir != NULL ? strlen(dir) : 0;
-    if (n == 0 || path == NULL || strncmp(path, dir, n) != 0) {
+    if (n == 0 || getenv("KVD_POWERCUT_SHADOW") == NULL || path == NULL ||
+        strncmp(path, dir, n) != 0) {
         return NULL;
     }
     if (path[n] == '\0') {
@@ -140,7 +141,8 @@ static void pc_sync(const pc_fd_t *f)
 /* Dir fsync: every name created so far is durable. */
 static void pc_sync_dir(void)
 {
-    DIR *d = opendir(getenv("KVD_POWERCUT_SHADOW"));
+    const char *shadow = getenv("KVD_POWERCUT_SHADOW");
+    DIR *d = shadow != NULL ? opendir(shadow) : NULL;
     struct dirent *e;
     while (d != NULL && (e = readdir(d)) != NULL) {
         size_t n = strlen(e->d_name);
