@@ -479,10 +479,14 @@ kvd_status_t kvd_index_open(const char *dir, const kvd_index_config_t *cfg,
         c.map_size_max_bytes > (uint64_t)SIZE_MAX) {
         return KVD_ERR_INVALID;
     }
-    /* Without MDB_WRITEMAP, NOSYNC keeps the file consistent across a
-     * kernel crash (index.h, durability contract). */
+    /* NOMETASYNC, not NOSYNC: each commit fdatasyncs its pages before its
+     * meta page is written, so whatever subset of unsynced writes a power
+     * loss keeps, the newest meta on disk points at durable pages. NOSYNC
+     * kept that only if the file system wrote in order; under a power-loss
+     * model the reopened index read pages past its end (SIGBUS) or pages a
+     * later commit overwrote (index.h, durability contract). */
     if (!c.sync_commits) {
-        flags |= MDB_NOSYNC;
+        flags |= MDB_NOMETASYNC;
     }
 
     idx = calloc(1, sizeof(*idx));

@@ -22,9 +22,12 @@
  *     that were reused.
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/config_int.h"
 #include "common/log_int.h"
@@ -299,6 +302,43 @@ out:
     return status;
 }
 
+/* fsyncs directory `path`, and its parent when `parent` is set. Only an
+ * I/O error fails: a directory this process may not open (a parent without
+ * read permission) or a file system that cannot sync directories is logged
+ * and left as it was before this sync existed. */
+static kvd_status_t store_dir_sync(const char *path, bool parent)
+{
+    char dir[KVD_CONFIG_STRING_MAX + 4];
+    snprintf(dir, sizeof dir, "%s%s", path, parent ? "/.." : "");
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || fsync(fd) != 0) {
+        int e = errno;
+        if (fd >= 0) {
+            close(fd);
+        }
+        if (e == EIO) {
+            KVD_LOG_ERROR("store: fsync of directory %s: %s", dir, strerror(e));
+            return KVD_ERR_IO;
+        }
+        KVD_LOG_WARN("store: cannot fsync directory %s (%s): the names of "
+                     "files created there may not survive a power loss",
+                     dir, strerror(e));
+        return KVD_OK;
+    }
+    close(fd);
+    return KVD_OK;
+}
+
+/* Makes the names of the tier's files (and of its directory) durable: a
+ * file's own fdatasync does not, so after a power loss the data files or
+ * the index created by this open could vanish with every object flushed
+ * into them. */
+static kvd_status_t store_disk_names_sync(kvd_embedded_t *st)
+{
+    kvd_status_t status = store_dir_sync(st->cfg.nvme.path, false);
+    return status == KVD_OK ? store_dir_sync(st->cfg.nvme.path, true) : status;
+}
+
 static kvd_status_t store_disk_open(kvd_embedded_t *st, char *err,
                                     size_t err_len)
 {
@@ -327,6 +367,11 @@ static kvd_status_t store_disk_open(kvd_embedded_t *st, char *err,
     status = kvd_index_open(st->cfg.nvme.path, &icfg, &st->index);
     if (status != KVD_OK) {
         store_err(err, err_len, "store.disk_path: index", status);
+        return status;
+    }
+    status = store_disk_names_sync(st);
+    if (status != KVD_OK) {
+        store_err(err, err_len, "store.disk_path: directory sync", status);
         return status;
     }
     kvd_l1_config_t l2cfg = {.capacity =
