@@ -82,6 +82,11 @@ typedef struct kvd_peer_config {
      * (clamped to KVD_PEER_PART_MIN..MAX by the server; 0: whole objects
      * by rendezvous). See the wire format below. */
     uint32_t part_bytes;
+    /* A peer this node sends objects to that takes none of them for this
+     * long (its receive stalled, a rendezvous left unanswered) has its
+     * endpoint closed: what was going to it fails, its leases go back and
+     * its queued FETCHes are dropped (0: 10 s). */
+    uint32_t stall_ms;
 } kvd_peer_config_t;
 
 /* One node's part of a batch call. */
@@ -111,6 +116,7 @@ typedef struct kvd_peer_stats {
     uint64_t auth_rejected;   /* messages with the wrong token digest */
     uint64_t malformed;       /* messages that did not decode */
     uint64_t offers_sent, offers_received;
+    uint64_t stalled; /* endpoints closed for taking nothing for stall_ms */
 } kvd_peer_stats_t;
 
 /* Creates the UCX context and worker and starts the progress thread.

@@ -3,10 +3,14 @@
  * once from the store's index; an OFFER goes to cfg.on_offer. A FETCH is
  * queued and served one object per progress-loop turn, so one large
  * FETCH does not hold up the loop: each object goes out from the arena
- * under a store lease (whole by rendezvous, or in eager parts, at most
- * PEER_XFER_WINDOW objects in parts at once), or after a store get has
- * read it from NVMe into the arena (disk_gets), or as a status when it is
- * gone or the server is busy.
+ * under a store lease (whole by rendezvous, or in eager parts), or after a
+ * store get has read it from NVMe into the arena (disk_gets), or as a
+ * status when it is gone or the server is busy. Each requester has a
+ * window: PEER_XFER_WINDOW objects in parts, or PEER_RNDV_WINDOW whole
+ * objects, on their way to it at once; a FETCH whose requester's window
+ * is full waits while the FETCHes of others are served, so a requester
+ * that reads slowly, or not at all, holds up no one else and pins no more
+ * than its window.
  *
  * Threading: the progress thread, but for kvd_peer_store_completion (any
  * thread) and kvd_peer_forget_completion (after kvd_peer_stop).
@@ -23,10 +27,16 @@
 
 #define PEER_SERVE_MAX 1024u
 #define PEER_DISK_MAX 256u
-/* Objects a server sends in parts at once: the next one's parts queue
- * behind the current one's, so the socket never waits for a turn of the
- * progress loop, and no more. */
+/* Objects a server sends in parts to one requester at once: the next
+ * one's parts queue behind the current one's, so the socket never waits
+ * for a turn of the progress loop, and no more. */
 #define PEER_XFER_WINDOW 2u
+/* Whole objects (rendezvous) on their way to one requester at once. */
+#define PEER_RNDV_WINDOW 16u
+/* Objects in parts on their way at once, every requester together. */
+#define PEER_XFER_MAX 64u
+/* Queued FETCHes looked at per turn for one whose requester has room. */
+#define PEER_SCAN_MAX 64u
 
 /* A FETCH being served, one object per progress-loop turn. */
 struct peer_serve {
@@ -116,6 +126,7 @@ static void send_parts(kvd_peer_t *p, ucp_ep_h ep, kvd_peer_hdr_t *h,
     }
     x->lease = *lease;
     x->parts = n;
+    x->pe = kvd_peer_ep_serving(p, ep);
     p->xfers++;
     h->op = KVD_PEER_OP_DATA_PART;
     /* Stand-ins for a transport that reorders or repeats messages: the
@@ -361,28 +372,46 @@ void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
     p->serve_count++;
 }
 
-/* Serves the next object of the oldest queued FETCH; false when none or
- * when PEER_XFER_WINDOW objects are going out in parts. */
-bool kvd_peer_serve_step(kvd_peer_t *p)
+/* Room for one more object of a FETCH with parts of `part` bytes (0:
+ * whole) in the window of the requester at `ep`. */
+static bool serve_room(kvd_peer_t *p, ucp_ep_h ep, uint32_t part)
 {
-    peer_serve_t *job = p->serve_head;
-    if (job == NULL || p->xfers >= PEER_XFER_WINDOW) {
+    if (part != 0 && p->xfers >= PEER_XFER_MAX) {
         return false;
     }
-    ucp_ep_h ep =
-        job->dead ? NULL : kvd_peer_ep_get(p, job->addr, job->addr_len);
-    if (ep != NULL) {
-        serve_one(p, ep, job, job->next_entry);
-    }
-    if (ep == NULL || ++job->next_entry == job->n) {
-        p->serve_head = job->next;
-        if (p->serve_head == NULL) {
-            p->serve_tail = NULL;
+    peer_ep_t *e = kvd_peer_ep_find(p, ep);
+    return e == NULL ||
+           e->serving < (part != 0 ? PEER_XFER_WINDOW : PEER_RNDV_WINDOW);
+}
+
+/* Serves the next object of the oldest queued FETCH whose requester has
+ * room in its window; false when none. */
+bool kvd_peer_serve_step(kvd_peer_t *p)
+{
+    peer_serve_t **pp = &p->serve_head, *prev = NULL;
+    for (unsigned k = 0; *pp != NULL && k < PEER_SCAN_MAX; k++) {
+        peer_serve_t *job = *pp;
+        ucp_ep_h ep =
+            job->dead ? NULL : kvd_peer_ep_get(p, job->addr, job->addr_len);
+        if (ep != NULL && !serve_room(p, ep, job->part)) {
+            prev = job;
+            pp = &job->next;
+            continue;
         }
-        p->serve_count--;
-        serve_free(job);
+        if (ep != NULL) {
+            serve_one(p, ep, job, job->next_entry);
+        }
+        if (ep == NULL || ++job->next_entry == job->n) {
+            *pp = job->next;
+            if (p->serve_tail == job) {
+                p->serve_tail = prev;
+            }
+            p->serve_count--;
+            serve_free(job);
+        }
+        return true;
     }
-    return true;
+    return false;
 }
 
 /* Drops every queued FETCH (stopping). */
