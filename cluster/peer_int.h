@@ -304,6 +304,9 @@ ucp_ep_h kvd_peer_ep_get(kvd_peer_t *p, const uint8_t *addr, size_t len);
  * it still has bytes to write is later closed by its peer). */
 void kvd_peer_eps_close_dead(kvd_peer_t *p, bool all);
 
+/* Whether the cache holds a live endpoint to `addr`. */
+bool kvd_peer_ep_known(const kvd_peer_t *p, const uint8_t *addr, size_t len);
+
 /* The cache's entry for `ep` (NULL when it is not one of the cache's). */
 peer_ep_t *kvd_peer_ep_find(kvd_peer_t *p, ucp_ep_h ep);
 
@@ -364,7 +367,9 @@ void kvd_peer_serve_lookup(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *rq,
                            const uint8_t *body);
 
 /* Queues a FETCH; the progress loop serves it one object at a time
- * (kvd_peer_serve_step). A full queue answers every key "busy" at once. */
+ * (kvd_peer_serve_step). A full queue, or a requester's address that is
+ * neither cached nor accepted by cfg.address_ok, answers every key "busy"
+ * at once. */
 void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
                           const kvd_peer_hdr_t *rq, const uint8_t *body,
                           size_t len);

@@ -23,6 +23,7 @@
 #include "common/endian_int.h"
 #include "common/failpoint_int.h"
 #include "common/hash_int.h"
+#include "common/log_int.h"
 #include "store/engine.h"
 
 #define PEER_SERVE_MAX 1024u
@@ -334,8 +335,19 @@ void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
         kvd_peer_stat_add(p, &p->stats.malformed, 1);
         return;
     }
-    peer_serve_t *job =
-        p->serve_count < PEER_SERVE_MAX ? calloc(1, sizeof *job) : NULL;
+    /* UCX unpacks the address without checking it: only a member's. */
+    bool trusted = p->cfg.address_ok == NULL ||
+                   kvd_peer_ep_known(p, addr, alen) ||
+                   p->cfg.address_ok(p->cfg.address_ctx, addr, alen);
+    if (!trusted) {
+        kvd_peer_stat_add(p, &p->stats.address_refused, 1);
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
+                            "cluster: a FETCH named a worker address of no "
+                            "member of the view; refused");
+    }
+    peer_serve_t *job = trusted && p->serve_count < PEER_SERVE_MAX
+                            ? calloc(1, sizeof *job)
+                            : NULL;
     if (job != NULL) {
         job->addr = malloc(alen);
         job->entries = malloc((size_t)rq->count * 40);

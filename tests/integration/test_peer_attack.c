@@ -45,6 +45,38 @@ typedef struct node {
     kvd_peer_t *peer;
 } node_t;
 
+/* The worker addresses FETCHes may name (kvdepotd: its view's members):
+ * every node and hostile worker this program starts. */
+#define TRUSTED_MAX 16
+static struct {
+    pthread_mutex_t mu;
+    uint8_t addr[TRUSTED_MAX][KVD_PEER_MAX_ADDRESS];
+    size_t len[TRUSTED_MAX];
+    size_t next;
+} g_trusted = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void trust(const uint8_t *addr, size_t len)
+{
+    pthread_mutex_lock(&g_trusted.mu);
+    size_t i = g_trusted.next++ % TRUSTED_MAX;
+    memcpy(g_trusted.addr[i], addr, len);
+    g_trusted.len[i] = len;
+    pthread_mutex_unlock(&g_trusted.mu);
+}
+
+static bool trusted_address(void *ctx, const uint8_t *addr, size_t len)
+{
+    (void)ctx;
+    bool ok = false;
+    pthread_mutex_lock(&g_trusted.mu);
+    for (size_t i = 0; i < TRUSTED_MAX && !ok; i++) {
+        ok = g_trusted.len[i] == len &&
+             memcmp(g_trusted.addr[i], addr, len) == 0;
+    }
+    pthread_mutex_unlock(&g_trusted.mu);
+    return ok;
+}
+
 static void node_start(node_t *nd, const char *id, uint32_t part_bytes)
 {
     memset(nd, 0, sizeof *nd);
@@ -64,12 +96,16 @@ static void node_start(node_t *nd, const char *id, uint32_t part_bytes)
                             .node_id = id,
                             .token = TOKEN,
                             .part_bytes = part_bytes,
-                            .stall_ms = STALL_MS};
+                            .stall_ms = STALL_MS,
+                            .address_ok = trusted_address};
     kvd_status_t s = kvd_peer_start(&pc, &nd->peer, err, sizeof err);
     if (s != KVD_OK) {
         fprintf(stderr, "%s\n", err);
     }
     assert_int_equal(s, KVD_OK);
+    size_t len = 0;
+    const uint8_t *addr = kvd_peer_address(nd->peer, &len);
+    trust(addr, len);
 }
 
 static void node_stop(node_t *nd)
@@ -256,6 +292,7 @@ static void evil_start(evil_t *e, const char *token)
     memcpy(e->addr, wa.address, wa.address_length);
     e->addr_len = wa.address_length;
     ucp_worker_release_address(e->worker, wa.address);
+    trust(e->addr, e->addr_len);
     ucp_am_handler_param_t hp;
     memset(&hp, 0, sizeof hp);
     hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
@@ -485,6 +522,13 @@ static void shoot_op(attack_t *at, uint16_t op)
         m.body[4] = '/';
         shoot(at, &m, UCP_AM_SEND_FLAG_EAGER);
     }
+    /* The worker address the objects are to go to, damaged byte by byte
+     * (the server creates an endpoint from it). */
+    for (size_t i = 0; op == KVD_PEER_OP_FETCH && i < at->e->addr_len; i++) {
+        m = v;
+        m.body[2 + i] ^= 0xff;
+        shoot(at, &m, UCP_AM_SEND_FLAG_EAGER);
+    }
 }
 
 /* Random headers (valid ones with 1 to 4 random bytes, then pure noise). */
@@ -552,13 +596,17 @@ static void test_malformed_with_token(void **state)
     kvd_peer_stats_t ps = peer_stats(&b);
     fprintf(stderr,
             "# malformed: %zu inputs in %.1f s, %llu malformed, %llu "
-            "auth_rejected, %llu served; honest lookup max %llu us before, "
-            "%llu us during, %llu us after\n",
+            "auth_rejected, %llu addresses refused, %llu served; honest "
+            "lookup max %llu us before, %llu us during, %llu us after\n",
             at.inputs, secs, (unsigned long long)ps.malformed,
             (unsigned long long)ps.auth_rejected,
+            (unsigned long long)ps.address_refused,
             (unsigned long long)ps.requests_served, (unsigned long long)base_us,
             (unsigned long long)at.worst_us, (unsigned long long)after_us);
     assert_true(ps.malformed > at.inputs / 2);
+    /* Each FETCH naming a damaged worker address was refused (UCX would
+     * have aborted on some when creating an endpoint to them). */
+    assert_true(ps.address_refused >= e.addr_len);
     assert_true(settles(&b, SMALL + BIG, 2000));
     evil_ep_close(&e, at.ep);
     evil_stop(&e);
