@@ -367,9 +367,9 @@ void kvd_peer_serve_lookup(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *rq,
                            const uint8_t *body);
 
 /* Queues a FETCH; the progress loop serves it one object at a time
- * (kvd_peer_serve_step). A full queue, or a requester's address that is
- * neither cached nor accepted by cfg.address_ok, answers every key "busy"
- * at once. */
+ * (kvd_peer_serve_step). A full queue (or the requester's share of it),
+ * or a requester's address that is neither cached nor accepted by
+ * cfg.address_ok, answers every key "busy" at once. */
 void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
                           const kvd_peer_hdr_t *rq, const uint8_t *body,
                           size_t len);

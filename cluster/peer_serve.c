@@ -10,7 +10,8 @@
  * objects, on their way to it at once; a FETCH whose requester's window
  * is full waits while the FETCHes of others are served, so a requester
  * that reads slowly, or not at all, holds up no one else and pins no more
- * than its window.
+ * than its window. One requester has PEER_SERVE_PER_ADDR FETCHes queued
+ * at most (of PEER_SERVE_MAX for all).
  *
  * Threading: the progress thread, but for kvd_peer_store_completion (any
  * thread) and kvd_peer_forget_completion (after kvd_peer_stop).
@@ -36,8 +37,8 @@
 #define PEER_RNDV_WINDOW 16u
 /* Objects in parts on their way at once, every requester together. */
 #define PEER_XFER_MAX 64u
-/* Queued FETCHes looked at per turn for one whose requester has room. */
-#define PEER_SCAN_MAX 64u
+/* FETCHes of one requester queued at once (beyond: answered busy). */
+#define PEER_SERVE_PER_ADDR 64u
 
 /* A FETCH being served, one object per progress-loop turn. */
 struct peer_serve {
@@ -322,6 +323,17 @@ static void serve_free(peer_serve_t *job)
     free(job);
 }
 
+/* FETCHes queued for the requester at `addr`. */
+static size_t queued_for(const kvd_peer_t *p, const uint8_t *addr, size_t len)
+{
+    size_t n = 0;
+    for (const peer_serve_t *job = p->serve_head; job != NULL;
+         job = job->next) {
+        n += job->addr_len == len && memcmp(job->addr, addr, len) == 0;
+    }
+    return n;
+}
+
 /* Queues a FETCH; the progress loop serves it one object at a time
  * (kvd_peer_serve_step). A full queue answers every key "busy" at once. */
 void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
@@ -345,7 +357,8 @@ void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
                             "cluster: a FETCH named a worker address of no "
                             "member of the view; refused");
     }
-    peer_serve_t *job = trusted && p->serve_count < PEER_SERVE_MAX
+    peer_serve_t *job = trusted && p->serve_count < PEER_SERVE_MAX &&
+                                queued_for(p, addr, alen) < PEER_SERVE_PER_ADDR
                             ? calloc(1, sizeof *job)
                             : NULL;
     if (job != NULL) {
@@ -401,7 +414,7 @@ static bool serve_room(kvd_peer_t *p, ucp_ep_h ep, uint32_t part)
 bool kvd_peer_serve_step(kvd_peer_t *p)
 {
     peer_serve_t **pp = &p->serve_head, *prev = NULL;
-    for (unsigned k = 0; *pp != NULL && k < PEER_SCAN_MAX; k++) {
+    while (*pp != NULL) {
         peer_serve_t *job = *pp;
         ucp_ep_h ep =
             job->dead ? NULL : kvd_peer_ep_get(p, job->addr, job->addr_len);

@@ -732,7 +732,8 @@ static void test_truncated_transfers(void **state)
 /* ---- (c) a requester that stalls mid-transfer ---------------------------- */
 
 /* The hostile peer FETCHes keys 100..107 (2 MiB each) from `b`, in parts
- * of `part` bytes (0: whole, by rendezvous), and then never takes them:
+ * of `part` bytes (0: whole, by rendezvous), then key 100 in 99 more
+ * FETCHes, and then never takes them:
  * with parts it stops progressing its worker; by rendezvous it keeps the
  * announcements unreceived. An honest fetch from `b` must go on, and `b`
  * must give its leases back within its stall limit. */
@@ -760,6 +761,13 @@ static void stalled_requester(node_t *a, node_t *b, uint64_t b_bytes,
     size_t hl = evil_hdr(&e, hdr, KVD_PEER_OP_FETCH, 77, N, part, 0);
     evil_send(&e, ep, hdr, hl, body, 2 + e.addr_len + N * 40,
               UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER);
+    /* And 99 more FETCHes (one key each) queued in front of the honest
+     * one: the server must look past them. */
+    for (unsigned k = 0; k < 99; k++) {
+        hl = evil_hdr(&e, hdr, KVD_PEER_OP_FETCH, 78 + k, 1, part, 0);
+        evil_send(&e, ep, hdr, hl, body, 2 + e.addr_len + 40,
+                  UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER);
+    }
     /* Connected, and the first bytes taken (rendezvous: announced and
      * held); then it stalls. */
     uint64_t up = kvd_time_deadline_ns(2000);
@@ -804,6 +812,7 @@ static void stalled_requester(node_t *a, node_t *b, uint64_t b_bytes,
             (unsigned long long)gone_ms, e.data_msgs);
     assert_int_equal(r, KVD_OK);
     assert_int_equal(st, KVD_OK);
+    assert_true(fetch_ms < STALL_MS); /* not held up until the stall ends */
     assert_true(found);
     assert_true(pinned <= 2); /* the window of objects in parts */
     assert_true(freed);
