@@ -83,6 +83,17 @@ bool kvd_peer_ep_known(const kvd_peer_t *p, const uint8_t *addr, size_t len)
     return false;
 }
 
+bool kvd_peer_ep_wedged(const kvd_peer_t *p, const uint8_t *addr, size_t len)
+{
+    for (const peer_ep_t *e = p->eps; e != NULL; e = e->next) {
+        if (e->dead && e->parts > 0 && e->addr_len == len &&
+            memcmp(e->addr, addr, len) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 peer_ep_t *kvd_peer_ep_find(kvd_peer_t *p, ucp_ep_h ep)
 {
     if (ep == NULL) {

@@ -307,6 +307,10 @@ void kvd_peer_eps_close_dead(kvd_peer_t *p, bool all);
 /* Whether the cache holds a live endpoint to `addr`. */
 bool kvd_peer_ep_known(const kvd_peer_t *p, const uint8_t *addr, size_t len);
 
+/* Whether an endpoint to `addr` failed (a stall) with parts still stuck
+ * on it: that requester's new FETCHes are answered busy meanwhile. */
+bool kvd_peer_ep_wedged(const kvd_peer_t *p, const uint8_t *addr, size_t len);
+
 /* The cache's entry for `ep` (NULL when it is not one of the cache's). */
 peer_ep_t *kvd_peer_ep_find(kvd_peer_t *p, ucp_ep_h ep);
 
@@ -368,7 +372,8 @@ void kvd_peer_serve_lookup(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *rq,
 
 /* Queues a FETCH; the progress loop serves it one object at a time
  * (kvd_peer_serve_step). A full queue (or the requester's share of it),
- * or a requester's address that is neither cached nor accepted by
+ * a requester whose stalled endpoint still has parts stuck on it, or a
+ * requester's address that is neither cached nor accepted by
  * cfg.address_ok, answers every key "busy" at once. */
 void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
                           const kvd_peer_hdr_t *rq, const uint8_t *body,

@@ -357,10 +357,12 @@ void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
                             "cluster: a FETCH named a worker address of no "
                             "member of the view; refused");
     }
-    peer_serve_t *job = trusted && p->serve_count < PEER_SERVE_MAX &&
-                                queued_for(p, addr, alen) < PEER_SERVE_PER_ADDR
-                            ? calloc(1, sizeof *job)
-                            : NULL;
+    /* A requester that stalled keeps what is stuck on its way (its
+     * window), and no more, until it reads again or goes. */
+    bool room = p->serve_count < PEER_SERVE_MAX &&
+                queued_for(p, addr, alen) < PEER_SERVE_PER_ADDR &&
+                !kvd_peer_ep_wedged(p, addr, alen);
+    peer_serve_t *job = trusted && room ? calloc(1, sizeof *job) : NULL;
     if (job != NULL) {
         job->addr = malloc(alen);
         job->entries = malloc((size_t)rq->count * 40);

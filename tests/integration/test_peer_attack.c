@@ -796,6 +796,23 @@ static void stalled_requester(node_t *a, node_t *b, uint64_t b_bytes,
         found = peer_stats(b).stalled > stalled0 && (part != 0 || pinned == 0);
     }
     uint64_t found_ms = (kvd_time_now_ns() - t0) / KVD_NSEC_PER_MSEC;
+    if (part != 0) {
+        /* Found, with parts stuck: the staller asks again (without
+         * reading) and gets nothing more pinned for it. */
+        ucp_request_param_t prm;
+        memset(&prm, 0, sizeof prm);
+        prm.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        prm.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+        hl = evil_hdr(&e, hdr, KVD_PEER_OP_FETCH, 300, N, part, 0);
+        ucs_status_ptr_t again = ucp_am_send_nbx(ep, PEER_AM_ID, hdr, hl, body,
+                                                 2 + e.addr_len + N * 40, &prm);
+        usleep(300 * 1000);
+        size_t now_pinned = store_stats(b).leases;
+        pinned = now_pinned > pinned ? now_pinned : pinned;
+        if (UCS_PTR_IS_PTR(again)) {
+            ucp_request_free(again);
+        }
+    }
     uint64_t us = honest_lookups(a, b, 1, 16);
     evil_ep_close(&e, ep);
     evil_stop(&e);
