@@ -8,7 +8,9 @@
  *
  * The progress thread, each turn: sends what callers queued, sends what
  * reads from NVMe brought in, serves one object of a queued FETCH, drives
- * UCX until it has nothing more to do, and closes failed endpoints. While
+ * UCX until it has nothing more to do, fails the endpoints of peers that
+ * took none of the objects sent to them for stall_ms, and closes failed
+ * endpoints. While
  * transfers are under way it polls; when idle it sleeps on the worker's
  * event fd (callers wake it with ucp_worker_signal).
  */
@@ -30,6 +32,7 @@
 
 #define PEER_SPIN_NS (200 * KVD_NSEC_PER_USEC)
 #define PEER_DRAIN_QUIET_NS (50 * KVD_NSEC_PER_MSEC)
+#define PEER_STALL_DEFAULT_MS 10000u
 
 static void *peer_main(void *arg)
 {
@@ -42,6 +45,7 @@ static void *peer_main(void *arg)
         while (ucp_worker_progress(p->worker) != 0) {
             progressed = true;
         }
+        kvd_peer_eps_check_stalled(p);
         kvd_peer_eps_close_dead(p, false);
         /* While transfers are under way, poll instead of sleeping: over
          * TCP each wake-up costs a context switch per socket buffer. */
@@ -168,6 +172,9 @@ kvd_status_t kvd_peer_start(const kvd_peer_config_t *cfg, kvd_peer_t **out,
     snprintf(p->node_id, sizeof p->node_id, "%s", cfg->node_id);
     p->cfg.node_id = p->node_id;
     p->cfg.token = NULL;
+    p->stall_ns =
+        (uint64_t)(cfg->stall_ms != 0 ? cfg->stall_ms : PEER_STALL_DEFAULT_MS) *
+        KVD_NSEC_PER_MSEC;
     p->efd = -1;
     pthread_mutex_init(&p->mu, NULL);
     if (getrandom(&p->next_id, sizeof p->next_id, 0) !=

@@ -82,6 +82,20 @@ typedef struct kvd_peer_config {
      * (clamped to KVD_PEER_PART_MIN..MAX by the server; 0: whole objects
      * by rendezvous). See the wire format below. */
     uint32_t part_bytes;
+    /* A peer this node sends objects to that takes none of them for this
+     * long (its receive stalled, a rendezvous left unanswered) has its
+     * endpoint closed: what was going to it fails, its leases go back and
+     * its queued FETCHes are dropped (0: 10 s). */
+    uint32_t stall_ms;
+    /* Whether a FETCH may have its objects sent to the worker address
+     * `addr`. UCX trusts the worker addresses it is given (a damaged one
+     * aborts the process in ucp_ep_create), so a FETCH naming an address
+     * this node has no endpoint to yet is served only when this says yes
+     * (kvdepotd: a member of the current view); else each key is answered
+     * busy and stats.address_refused counts it. NULL: every address (two
+     * data planes of one test). Called on the progress thread. */
+    bool (*address_ok)(void *ctx, const uint8_t *addr, size_t len);
+    void *address_ctx;
 } kvd_peer_config_t;
 
 /* One node's part of a batch call. */
@@ -111,6 +125,8 @@ typedef struct kvd_peer_stats {
     uint64_t auth_rejected;   /* messages with the wrong token digest */
     uint64_t malformed;       /* messages that did not decode */
     uint64_t offers_sent, offers_received;
+    uint64_t stalled; /* endpoints failed for moving nothing for stall_ms */
+    uint64_t address_refused; /* FETCHes naming an address not trusted */
 } kvd_peer_stats_t;
 
 /* Creates the UCX context and worker and starts the progress thread.

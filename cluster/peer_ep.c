@@ -16,14 +16,14 @@
 #include "common/log_int.h"
 #include "common/time_int.h"
 
-static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+#define PEER_STALL_CHECK_NS (50 * KVD_NSEC_PER_MSEC)
+
+/* `e` failed: its operations fail, its queued FETCHes are dropped; the
+ * progress loop closes it after its turn. */
+static void ep_fail(kvd_peer_t *p, peer_ep_t *e)
 {
-    peer_ep_t *e = arg;
-    kvd_peer_t *p = e->p;
-    KVD_LOG_WARN("cluster: peer endpoint failed: %s",
-                 ucs_status_string(status));
+    ucp_ep_h ep = e->ep;
     e->dead = true;
-    kvd_peer_stat_add(p, &p->stats.peer_errors, 1);
     kvd_peer_serve_drop_addr(p, e->addr, e->addr_len);
     pthread_mutex_lock(&p->mu);
     for (size_t b = 0; b < PEER_BUCKETS; b++) {
@@ -37,6 +37,121 @@ static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
         }
     }
     pthread_mutex_unlock(&p->mu);
+}
+
+static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    (void)ep;
+    peer_ep_t *e = arg;
+    kvd_peer_t *p = e->p;
+    KVD_LOG_WARN("cluster: peer endpoint failed: %s",
+                 ucs_status_string(status));
+    kvd_peer_stat_add(p, &p->stats.peer_errors, 1);
+    if (!e->dead) {
+        ep_fail(p, e);
+    }
+}
+
+void kvd_peer_eps_check_stalled(kvd_peer_t *p)
+{
+    uint64_t now = kvd_time_now_ns();
+    if (now < p->stall_check_ns) {
+        return;
+    }
+    p->stall_check_ns = now + PEER_STALL_CHECK_NS;
+    for (peer_ep_t *e = p->eps; e != NULL; e = e->next) {
+        if (!e->dead && e->objects > 0 && now - e->last_ns > p->stall_ns) {
+            KVD_LOG_RATELIMITED(
+                KVD_LOG_LEVEL_WARN, 1000,
+                "cluster: a peer moved none of the %u objects on their way "
+                "to or from it for %llu ms; its endpoint fails",
+                e->objects,
+                (unsigned long long)(p->stall_ns / KVD_NSEC_PER_MSEC));
+            kvd_peer_stat_add(p, &p->stats.stalled, 1);
+            ep_fail(p, e);
+        }
+    }
+}
+
+bool kvd_peer_ep_known(const kvd_peer_t *p, const uint8_t *addr, size_t len)
+{
+    for (const peer_ep_t *e = p->eps; e != NULL; e = e->next) {
+        if (!e->dead && e->addr_len == len && memcmp(e->addr, addr, len) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool kvd_peer_ep_wedged(const kvd_peer_t *p, const uint8_t *addr, size_t len)
+{
+    for (const peer_ep_t *e = p->eps; e != NULL; e = e->next) {
+        if (e->dead && e->parts > 0 && e->addr_len == len &&
+            memcmp(e->addr, addr, len) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+peer_ep_t *kvd_peer_ep_find(kvd_peer_t *p, ucp_ep_h ep)
+{
+    if (ep == NULL) {
+        return NULL;
+    }
+    for (peer_ep_t *e = p->eps; e != NULL; e = e->next) {
+        if (e->ep == ep) {
+            return e;
+        }
+    }
+    return NULL;
+}
+
+peer_ep_t *kvd_peer_ep_moving(kvd_peer_t *p, ucp_ep_h ep)
+{
+    peer_ep_t *e = kvd_peer_ep_find(p, ep);
+    if (e != NULL) {
+        if (e->objects++ == 0) {
+            e->last_ns = kvd_time_now_ns();
+        }
+        e->refs++;
+    }
+    return e;
+}
+
+void kvd_peer_ep_moved(peer_ep_t *e)
+{
+    if (e != NULL) {
+        e->objects--;
+        e->last_ns = kvd_time_now_ns();
+        kvd_peer_ep_unref(e);
+    }
+}
+
+peer_ep_t *kvd_peer_ep_serving(kvd_peer_t *p, ucp_ep_h ep)
+{
+    peer_ep_t *e = kvd_peer_ep_find(p, ep);
+    if (e != NULL) {
+        e->serving++;
+        e->refs++;
+    }
+    return e;
+}
+
+void kvd_peer_ep_served(peer_ep_t *e)
+{
+    if (e != NULL) {
+        e->serving--;
+        kvd_peer_ep_unref(e);
+    }
+}
+
+void kvd_peer_ep_unref(peer_ep_t *e)
+{
+    if (--e->refs == 0) {
+        free(e->addr);
+        free(e);
+    }
 }
 
 static void ep_close(kvd_peer_t *p, peer_ep_t *e)
@@ -54,8 +169,8 @@ static void ep_close(kvd_peer_t *p, peer_ep_t *e)
         }
         ucp_request_free(r);
     }
-    free(e->addr);
-    free(e);
+    e->ep = NULL; /* its objects still in flight (if any) hold `e` */
+    kvd_peer_ep_unref(e);
 }
 
 void kvd_peer_eps_close_dead(kvd_peer_t *p, bool all)
@@ -63,7 +178,7 @@ void kvd_peer_eps_close_dead(kvd_peer_t *p, bool all)
     peer_ep_t **pp = &p->eps;
     while (*pp != NULL) {
         peer_ep_t *e = *pp;
-        if (e->dead || all) {
+        if ((e->dead && e->parts == 0) || all) {
             *pp = e->next;
             ep_close(p, e);
         } else {
@@ -87,6 +202,7 @@ ucp_ep_h kvd_peer_ep_get(kvd_peer_t *p, const uint8_t *addr, size_t len)
     memcpy(e->addr, addr, len);
     e->addr_len = len;
     e->p = p;
+    e->refs = 1;
     ucp_ep_params_t ep_params;
     memset(&ep_params, 0, sizeof ep_params);
     ep_params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |

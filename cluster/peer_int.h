@@ -185,11 +185,23 @@ typedef struct peer_op {
     peer_rx_t **rx;       /* FETCH: entries in ENTRY_PARTS */
 } peer_op_t;
 
+/* An endpoint of the cache. `refs`: the cache's, and one per object in
+ * flight on it (its completion may come while it is being closed).
+ * `objects` are on their way to or from the peer (sends of objects and
+ * their parts, rendezvous receives of the objects this node FETCHed from
+ * it); `last_ns` is when the latest of them completed (or the first
+ * started): a peer that moves none of them for stall_ms is closed
+ * (kvd_peer_eps_check_stalled). */
 typedef struct peer_ep {
     uint8_t *addr;
     size_t addr_len;
     ucp_ep_h ep;
     bool dead;
+    int refs;
+    uint32_t objects;
+    uint32_t serving; /* objects served to it not yet sent (its window) */
+    uint32_t parts;   /* parts of objects on their way to it */
+    uint64_t last_ns;
     struct peer_ep *next;
     kvd_peer_t *p;
 } peer_ep_t;
@@ -198,7 +210,8 @@ typedef struct peer_ep {
  * the last part. Progress thread only. */
 typedef struct peer_xfer {
     kvd_store_lease_t lease;
-    uint32_t parts; /* not completed yet */
+    uint32_t parts;     /* not completed yet */
+    struct peer_ep *pe; /* its requester's window (NULL: none) */
 } peer_xfer_t;
 
 /* One reply or request on its way out, alive until UCX is done with it. */
@@ -210,7 +223,9 @@ typedef struct peer_send {
     void *owned; /* freed with it */
     kvd_store_lease_t lease;
     bool has_lease;
+    peer_ep_t *window; /* a whole object's place in its requester's window */
     peer_xfer_t *xfer; /* a part of this object */
+    peer_ep_t *pe;     /* an object send counted on its endpoint */
 } peer_send_t;
 
 struct kvd_peer {
@@ -232,6 +247,7 @@ struct kvd_peer {
     peer_op_t *table[PEER_BUCKETS];
     uint64_t next_id;
     peer_ep_t *eps;                        /* progress thread only */
+    uint64_t stall_ns, stall_check_ns;     /* ditto */
     peer_serve_t *serve_head, *serve_tail; /* progress thread only */
     size_t serve_count;
     size_t disk_inflight;      /* progress thread only */
@@ -282,8 +298,45 @@ void kvd_peer_op_fail(kvd_peer_t *p, peer_op_t *op, kvd_status_t s);
  * kvd_peer_eps_close_dead closes it. */
 ucp_ep_h kvd_peer_ep_get(kvd_peer_t *p, const uint8_t *addr, size_t len);
 
-/* Closes the endpoints that failed (every endpoint when `all`). */
+/* Closes the endpoints that failed (every endpoint when `all`). A failed
+ * endpoint with parts still on their way stays open until they end (UCX
+ * 1.13's TCP transport can crash when a connection closed by force while
+ * it still has bytes to write is later closed by its peer). */
 void kvd_peer_eps_close_dead(kvd_peer_t *p, bool all);
+
+/* Whether the cache holds a live endpoint to `addr`. */
+bool kvd_peer_ep_known(const kvd_peer_t *p, const uint8_t *addr, size_t len);
+
+/* Whether an endpoint to `addr` failed (a stall) with parts still stuck
+ * on it: that requester's new FETCHes are answered busy meanwhile. */
+bool kvd_peer_ep_wedged(const kvd_peer_t *p, const uint8_t *addr, size_t len);
+
+/* The cache's entry for `ep` (NULL when it is not one of the cache's). */
+peer_ep_t *kvd_peer_ep_find(kvd_peer_t *p, ucp_ep_h ep);
+
+/* Drops a reference to `e`; the last frees it. */
+void kvd_peer_ep_unref(peer_ep_t *e);
+
+/* An object starts its way to or from the peer of `ep` (a send or a
+ * rendezvous receive): counted on its cache entry, which is returned with
+ * a reference (NULL when `ep` is not the cache's). kvd_peer_ep_moved
+ * counts it done and drops the reference. */
+peer_ep_t *kvd_peer_ep_moving(kvd_peer_t *p, ucp_ep_h ep);
+void kvd_peer_ep_moved(peer_ep_t *e);
+
+/* An object served to the peer of `ep` takes a place in its window
+ * (`serving`); the entry is returned with a reference, NULL when `ep` is
+ * not the cache's. kvd_peer_ep_served gives the place back. */
+peer_ep_t *kvd_peer_ep_serving(kvd_peer_t *p, ucp_ep_h ep);
+void kvd_peer_ep_served(peer_ep_t *e);
+
+/* Every 50 ms at most: an endpoint with objects on their way that moved
+ * none of them for stall_ms fails as if UCX had failed it (its operations
+ * fail, its queued FETCHes are dropped, stats.stalled counts it);
+ * kvd_peer_eps_close_dead then closes it, which ends those transfers, or,
+ * when parts are stuck on it, once they end (the peer reads again, or
+ * its connection fails). */
+void kvd_peer_eps_check_stalled(kvd_peer_t *p);
 
 /* ---- sending (peer_send.c; progress thread) ----------------------------- */
 
@@ -318,7 +371,10 @@ void kvd_peer_serve_lookup(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *rq,
                            const uint8_t *body);
 
 /* Queues a FETCH; the progress loop serves it one object at a time
- * (kvd_peer_serve_step). A full queue answers every key "busy" at once. */
+ * (kvd_peer_serve_step). A full queue (or the requester's share of it),
+ * a requester whose stalled endpoint still has parts stuck on it, or a
+ * requester's address that is neither cached nor accepted by
+ * cfg.address_ok, answers every key "busy" at once. */
 void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
                           const kvd_peer_hdr_t *rq, const uint8_t *body,
                           size_t len);
@@ -327,8 +383,9 @@ void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
 void kvd_peer_serve_offer(kvd_peer_t *p, const kvd_peer_hdr_t *rq,
                           const uint8_t *body, size_t len);
 
-/* Serves the next object of the oldest queued FETCH; false when none or
- * when PEER_XFER_WINDOW objects are going out in parts. */
+/* Serves the next object of the oldest queued FETCH whose requester has
+ * room in its window (PEER_XFER_WINDOW objects in parts, or
+ * PEER_RNDV_WINDOW whole objects, on their way to it); false when none. */
 bool kvd_peer_serve_step(kvd_peer_t *p);
 
 /* Drops every queued FETCH (stopping). */

@@ -30,6 +30,7 @@ typedef struct peer_recv {
     kvd_peer_t *p;
     peer_op_t *op;
     size_t idx;
+    peer_ep_t *pe; /* counted on the endpoint the FETCH went out on */
 } peer_recv_t;
 
 static bool auth_ok(const kvd_peer_t *p, const kvd_peer_hdr_t *h)
@@ -90,6 +91,7 @@ static void recv_cb(void *request, ucs_status_t st, size_t length,
     kvd_peer_t *p = r->p;
     __atomic_fetch_sub(&p->active, 1, __ATOMIC_RELAXED);
     ucp_request_free(request);
+    kvd_peer_ep_moved(r->pe);
     pthread_mutex_lock(&p->mu);
     if (st == UCS_OK && length == r->op->sizes[r->idx]) {
         data_arrived(p, r->op, r->idx);
@@ -149,6 +151,9 @@ static ucs_status_t got_data(kvd_peer_t *p, const kvd_peer_hdr_t *h, void *data,
     r->p = p;
     r->op = op;
     r->idx = i;
+    /* A server that announces an object and never sends its bytes is
+     * found by the endpoint's stall check. */
+    r->pe = kvd_peer_ep_moving(p, op->ep);
     op->state[i] = ENTRY_RECV;
     op->receiving++;
     op->refs++;
@@ -166,10 +171,12 @@ static ucs_status_t got_data(kvd_peer_t *p, const kvd_peer_hdr_t *h, void *data,
     if (rq == NULL) {
         data_arrived(p, op, i);
         kvd_peer_op_unref(op);
+        kvd_peer_ep_moved(r->pe);
         free(r);
     } else if (UCS_PTR_IS_ERR(rq)) {
         kvd_peer_entry_done(p, op, i, KVD_ERR_PEER);
         kvd_peer_op_unref(op);
+        kvd_peer_ep_moved(r->pe);
         free(r);
     } else {
         __atomic_fetch_add(&p->active, 1, __ATOMIC_RELAXED);

@@ -5,6 +5,8 @@
  * owns what UCX reads until UCX is done with it: its header, an owned
  * body, a store lease on the arena bytes it sends, or its share of an
  * object going out in parts. A failed request send fails its operation.
+ * Object sends in flight are counted on their endpoint, so that a peer
+ * that stops taking them is found (kvd_peer_eps_check_stalled).
  *
  * Threading: the progress thread only (and kvd_peer_stop once it is gone).
  */
@@ -20,6 +22,7 @@ void kvd_peer_xfer_put(kvd_peer_t *p, peer_xfer_t *x, uint32_t done)
     x->parts -= done;
     if (x->parts == 0) {
         (void)kvd_store_release(p->cfg.store, &x->lease, 1);
+        kvd_peer_ep_served(x->pe);
         p->xfers--;
         free(x);
     }
@@ -28,9 +31,14 @@ void kvd_peer_xfer_put(kvd_peer_t *p, peer_xfer_t *x, uint32_t done)
 static void send_finish(peer_send_t *s, ucs_status_t st)
 {
     kvd_peer_t *p = s->p;
+    if (s->pe != NULL && s->xfer != NULL) {
+        s->pe->parts--;
+    }
+    kvd_peer_ep_moved(s->pe); /* an object the peer took (or its end) */
     if (s->has_lease) {
         (void)kvd_store_release(p->cfg.store, &s->lease, 1);
     }
+    kvd_peer_ep_served(s->window);
     if (s->xfer != NULL) {
         kvd_peer_xfer_put(p, s->xfer, 1);
     }
@@ -75,6 +83,13 @@ void kvd_peer_send_msg(kvd_peer_t *p, ucp_ep_h ep, peer_send_t *s,
         send_finish(s, UCS_PTR_STATUS(r));
     } else {
         __atomic_fetch_add(&p->active, 1, __ATOMIC_RELAXED);
+        if (s->has_lease || s->xfer != NULL) {
+            /* An object (or a part) waits for the peer to take it. */
+            s->pe = kvd_peer_ep_moving(p, ep);
+            if (s->pe != NULL && s->xfer != NULL) {
+                s->pe->parts++;
+            }
+        }
     }
 }
 
@@ -95,6 +110,9 @@ void kvd_peer_reply(kvd_peer_t *p, ucp_ep_h ep, const kvd_peer_hdr_t *h,
                     const kvd_store_lease_t *lease, uint32_t flags)
 {
     peer_send_t *s = calloc(1, sizeof *s);
+    if (s != NULL && lease != NULL) { /* a whole object: its window */
+        s->window = kvd_peer_ep_serving(p, ep);
+    }
     if (s == NULL) {
         if (lease != NULL) {
             (void)kvd_store_release(p->cfg.store, lease, 1);

@@ -3,10 +3,15 @@
  * once from the store's index; an OFFER goes to cfg.on_offer. A FETCH is
  * queued and served one object per progress-loop turn, so one large
  * FETCH does not hold up the loop: each object goes out from the arena
- * under a store lease (whole by rendezvous, or in eager parts, at most
- * PEER_XFER_WINDOW objects in parts at once), or after a store get has
- * read it from NVMe into the arena (disk_gets), or as a status when it is
- * gone or the server is busy.
+ * under a store lease (whole by rendezvous, or in eager parts), or after a
+ * store get has read it from NVMe into the arena (disk_gets), or as a
+ * status when it is gone or the server is busy. Each requester has a
+ * window: PEER_XFER_WINDOW objects in parts, or PEER_RNDV_WINDOW whole
+ * objects, on their way to it at once; a FETCH whose requester's window
+ * is full waits while the FETCHes of others are served, so a requester
+ * that reads slowly, or not at all, holds up no one else and pins no more
+ * than its window. One requester has PEER_SERVE_PER_ADDR FETCHes queued
+ * at most (of PEER_SERVE_MAX for all).
  *
  * Threading: the progress thread, but for kvd_peer_store_completion (any
  * thread) and kvd_peer_forget_completion (after kvd_peer_stop).
@@ -19,14 +24,21 @@
 #include "common/endian_int.h"
 #include "common/failpoint_int.h"
 #include "common/hash_int.h"
+#include "common/log_int.h"
 #include "store/engine.h"
 
 #define PEER_SERVE_MAX 1024u
 #define PEER_DISK_MAX 256u
-/* Objects a server sends in parts at once: the next one's parts queue
- * behind the current one's, so the socket never waits for a turn of the
- * progress loop, and no more. */
+/* Objects a server sends in parts to one requester at once: the next
+ * one's parts queue behind the current one's, so the socket never waits
+ * for a turn of the progress loop, and no more. */
 #define PEER_XFER_WINDOW 2u
+/* Whole objects (rendezvous) on their way to one requester at once. */
+#define PEER_RNDV_WINDOW 16u
+/* Objects in parts on their way at once, every requester together. */
+#define PEER_XFER_MAX 64u
+/* FETCHes of one requester queued at once (beyond: answered busy). */
+#define PEER_SERVE_PER_ADDR 64u
 
 /* A FETCH being served, one object per progress-loop turn. */
 struct peer_serve {
@@ -116,6 +128,7 @@ static void send_parts(kvd_peer_t *p, ucp_ep_h ep, kvd_peer_hdr_t *h,
     }
     x->lease = *lease;
     x->parts = n;
+    x->pe = kvd_peer_ep_serving(p, ep);
     p->xfers++;
     h->op = KVD_PEER_OP_DATA_PART;
     /* Stand-ins for a transport that reorders or repeats messages: the
@@ -310,6 +323,17 @@ static void serve_free(peer_serve_t *job)
     free(job);
 }
 
+/* FETCHes queued for the requester at `addr`. */
+static size_t queued_for(const kvd_peer_t *p, const uint8_t *addr, size_t len)
+{
+    size_t n = 0;
+    for (const peer_serve_t *job = p->serve_head; job != NULL;
+         job = job->next) {
+        n += job->addr_len == len && memcmp(job->addr, addr, len) == 0;
+    }
+    return n;
+}
+
 /* Queues a FETCH; the progress loop serves it one object at a time
  * (kvd_peer_serve_step). A full queue answers every key "busy" at once. */
 void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
@@ -323,8 +347,22 @@ void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
         kvd_peer_stat_add(p, &p->stats.malformed, 1);
         return;
     }
-    peer_serve_t *job =
-        p->serve_count < PEER_SERVE_MAX ? calloc(1, sizeof *job) : NULL;
+    /* UCX unpacks the address without checking it: only a member's. */
+    bool trusted = p->cfg.address_ok == NULL ||
+                   kvd_peer_ep_known(p, addr, alen) ||
+                   p->cfg.address_ok(p->cfg.address_ctx, addr, alen);
+    if (!trusted) {
+        kvd_peer_stat_add(p, &p->stats.address_refused, 1);
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
+                            "cluster: a FETCH named a worker address of no "
+                            "member of the view; refused");
+    }
+    /* A requester that stalled keeps what is stuck on its way (its
+     * window), and no more, until it reads again or goes. */
+    bool room = p->serve_count < PEER_SERVE_MAX &&
+                queued_for(p, addr, alen) < PEER_SERVE_PER_ADDR &&
+                !kvd_peer_ep_wedged(p, addr, alen);
+    peer_serve_t *job = trusted && room ? calloc(1, sizeof *job) : NULL;
     if (job != NULL) {
         job->addr = malloc(alen);
         job->entries = malloc((size_t)rq->count * 40);
@@ -361,28 +399,46 @@ void kvd_peer_serve_fetch(kvd_peer_t *p, ucp_ep_h reply_ep,
     p->serve_count++;
 }
 
-/* Serves the next object of the oldest queued FETCH; false when none or
- * when PEER_XFER_WINDOW objects are going out in parts. */
-bool kvd_peer_serve_step(kvd_peer_t *p)
+/* Room for one more object of a FETCH with parts of `part` bytes (0:
+ * whole) in the window of the requester at `ep`. */
+static bool serve_room(kvd_peer_t *p, ucp_ep_h ep, uint32_t part)
 {
-    peer_serve_t *job = p->serve_head;
-    if (job == NULL || p->xfers >= PEER_XFER_WINDOW) {
+    if (part != 0 && p->xfers >= PEER_XFER_MAX) {
         return false;
     }
-    ucp_ep_h ep =
-        job->dead ? NULL : kvd_peer_ep_get(p, job->addr, job->addr_len);
-    if (ep != NULL) {
-        serve_one(p, ep, job, job->next_entry);
-    }
-    if (ep == NULL || ++job->next_entry == job->n) {
-        p->serve_head = job->next;
-        if (p->serve_head == NULL) {
-            p->serve_tail = NULL;
+    peer_ep_t *e = kvd_peer_ep_find(p, ep);
+    return e == NULL ||
+           e->serving < (part != 0 ? PEER_XFER_WINDOW : PEER_RNDV_WINDOW);
+}
+
+/* Serves the next object of the oldest queued FETCH whose requester has
+ * room in its window; false when none. */
+bool kvd_peer_serve_step(kvd_peer_t *p)
+{
+    peer_serve_t **pp = &p->serve_head, *prev = NULL;
+    while (*pp != NULL) {
+        peer_serve_t *job = *pp;
+        ucp_ep_h ep =
+            job->dead ? NULL : kvd_peer_ep_get(p, job->addr, job->addr_len);
+        if (ep != NULL && !serve_room(p, ep, job->part)) {
+            prev = job;
+            pp = &job->next;
+            continue;
         }
-        p->serve_count--;
-        serve_free(job);
+        if (ep != NULL) {
+            serve_one(p, ep, job, job->next_entry);
+        }
+        if (ep == NULL || ++job->next_entry == job->n) {
+            *pp = job->next;
+            if (p->serve_tail == job) {
+                p->serve_tail = prev;
+            }
+            p->serve_count--;
+            serve_free(job);
+        }
+        return true;
     }
-    return true;
+    return false;
 }
 
 /* Drops every queued FETCH (stopping). */

@@ -80,6 +80,21 @@ ptrdiff_t kvd_remote_view_find(const remote_view_t *v, const char *node_id)
     return -1;
 }
 
+/* Whether `addr` is the UCX worker address of a member of the view (the
+ * data plane serves FETCHes to such addresses only). Progress thread. */
+static bool remote_address_ok(void *ctx, const uint8_t *addr, size_t len)
+{
+    kvd_remote_t *r = ctx;
+    remote_view_t *v = kvd_remote_view_get(r);
+    bool ok = false;
+    for (size_t i = 0; v != NULL && i < v->n && !ok; i++) {
+        ok = v->m[i].ucx_address_len == len &&
+             memcmp(v->m[i].ucx_address, addr, len) == 0;
+    }
+    kvd_remote_view_put(r, v);
+    return ok;
+}
+
 /* The homes of (ns, hash) other than this node, best first. */
 size_t kvd_remote_homes(kvd_remote_t *r, const remote_view_t *v,
                         const kvd_namespace_t *ns, const kvd_block_hash_t *h,
@@ -182,6 +197,8 @@ kvd_status_t kvd_remote_start(const kvd_remote_config_t *cfg,
         return KVD_ERR_NOMEM;
     }
     kvd_peer_config_t pc = {
+        .address_ok = remote_address_ok,
+        .address_ctx = r,
         .store = cfg->store,
         .node_id = r->self_id,
         .token = cfg->token,
