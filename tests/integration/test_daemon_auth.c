@@ -81,20 +81,6 @@ static size_t frame_head(uint8_t *p, size_t len, uint8_t type, uint8_t flags,
     return 9;
 }
 
-static void write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    while (n > 0) {
-        ssize_t w = send(fd, b, n, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) {
-            continue;
-        }
-        assert_true(w > 0);
-        b += w;
-        n -= (size_t)w;
-    }
-}
-
 /* HPACK literal header field without indexing, new name, no Huffman. */
 static size_t hpack_lit(uint8_t *p, const char *k, const char *v)
 {
@@ -108,9 +94,9 @@ static size_t hpack_lit(uint8_t *p, const char *k, const char *v)
     return n + vl;
 }
 
-/* Connects, sends the preface, SETTINGS and the call's HEADERS (no token),
- * then the 5-byte gRPC message prefix announcing MSG_BYTES. */
-static void h2_open(h2_t *c, int port)
+/* Connects, sends the preface, SETTINGS and the call's HEADERS (no token);
+ * false (c->closed) when the daemon ended the connection first. */
+static bool h2_open_try(h2_t *c, int port)
 {
     memset(c, 0, sizeof *c);
     c->conn_window = c->stream_window = 65535;
@@ -136,7 +122,15 @@ static void h2_open(h2_t *c, int port)
     hl += hpack_lit(h + hl, "te", "trailers");
     frame_head(h, hl - 9, 1, 0x4, 1); /* HEADERS, END_HEADERS */
     n += hl;
-    write_all(c->fd, buf, n);
+    if (send(c->fd, buf, n, MSG_NOSIGNAL) != (ssize_t)n) {
+        c->closed = true;
+    }
+    return !c->closed;
+}
+
+static void h2_open(h2_t *c, int port)
+{
+    assert_true(h2_open_try(c, port));
 }
 
 static void h2_settings(h2_t *c, const uint8_t *p, size_t len, uint8_t flags)
@@ -157,7 +151,7 @@ static void h2_settings(h2_t *c, const uint8_t *p, size_t len, uint8_t flags)
     }
     uint8_t ack[9];
     frame_head(ack, 0, 4, 0x1, 0);
-    write_all(c->fd, ack, sizeof ack);
+    (void)send(c->fd, ack, sizeof ack, MSG_NOSIGNAL); /* may be closed */
 }
 
 /* Whether a header block says grpc-status 16 (the daemon's encoder writes
@@ -187,7 +181,7 @@ static void h2_frame(h2_t *c, const uint8_t *f, size_t len)
         uint8_t ack[17];
         frame_head(ack, 8, 6, 0x1, 0);
         memcpy(ack + 9, p, 8);
-        write_all(c->fd, ack, sizeof ack);
+        (void)send(c->fd, ack, sizeof ack, MSG_NOSIGNAL);
     } else if (type == 8 && len == 4) { /* WINDOW_UPDATE */
         int64_t inc = (int64_t)(((uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 |
                                  (uint32_t)p[2] << 8 | p[3]) &
@@ -649,7 +643,7 @@ static void rapid_reset(int port, size_t *sent, size_t *closes)
             }
             (*closes)++;
             close(c->fd);
-            h2_open(c, port);
+            (void)h2_open_try(c, port); /* refused: counted at the next turn */
             stream = 3;
             continue;
         }
@@ -717,7 +711,11 @@ static void test_rapid_reset_held(void **state)
     assert_true(h->n > 0);
     assert_int_equal(h->failed, 0);
     assert_true(closes > 0);
+#if !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+    /* A sanitizer daemon is several times slower (more calls queue before
+     * the shut) and keeps freed memory in quarantine: its RSS says little. */
     assert_true(rss1 - rss0 < 256 * 1024);
+#endif
     free(h);
     kvd_test_daemon_stop(pid);
     kvd_test_dir_remove(&d);
