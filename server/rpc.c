@@ -924,7 +924,6 @@ void kvd_rpc_server_stop(kvd_rpc_server_t *srv, int grace_ms)
     }
 destroy:
     grpc_server_destroy(srv->server);
-    rpc_accept_free(srv->acceptor);
     for (int i = 0; i < srv->nthreads; i++) {
         grpc_completion_queue_shutdown(srv->threads[i].cq);
         if (srv->threads[i].started) {
@@ -945,6 +944,7 @@ destroy:
         }
         grpc_completion_queue_destroy(srv->threads[i].cq);
     }
+    rpc_accept_free(srv->acceptor); /* no thread reports to it any more */
     if (srv->unix_bound) {
         (void)unlink(srv->unix_path);
     }
