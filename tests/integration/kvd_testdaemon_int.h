@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -134,6 +135,49 @@ static inline double kvd_test_daemon_metric(const kvd_test_dir_t *d,
     char ready[300];
     snprintf(ready, sizeof ready, "%s/ready", d->path);
     return kvd_metric_read(ready, name);
+}
+
+/* The number after `prefix` on the line of /proc/<pid>/<file> that starts
+ * with it, or -1: (pid, "limits", "Max open files") is the soft descriptor
+ * limit. */
+static inline long kvd_test_proc_long(pid_t pid, const char *file,
+                                      const char *prefix)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, file);
+    FILE *f = fopen(path, "re");
+    assert_non_null(f);
+    long v = -1;
+    size_t n = strlen(prefix);
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, prefix, n) == 0) {
+            v = strtol(line + n, NULL, 10);
+        }
+    }
+    fclose(f);
+    return v;
+}
+
+/* The resident set of `pid` in KiB (VmRSS). */
+static inline long kvd_test_rss_kib(pid_t pid)
+{
+    return kvd_test_proc_long(pid, "status", "VmRSS:");
+}
+
+/* The TCP port the daemon in `d` wrote to its ready file (tcp_port=). */
+static inline int kvd_test_daemon_tcp_port(const kvd_test_dir_t *d)
+{
+    char path[300], line[128];
+    snprintf(path, sizeof path, "%s/ready", d->path);
+    FILE *f = fopen(path, "re");
+    assert_non_null(f);
+    int port = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        (void)sscanf(line, "tcp_port=%d", &port);
+    }
+    fclose(f);
+    assert_true(port > 0);
+    return port;
 }
 
 #endif /* KVD_TESTS_TESTDAEMON_INT_H */

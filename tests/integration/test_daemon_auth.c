@@ -262,35 +262,6 @@ static bool h2_push(h2_t *c)
     return true;
 }
 
-/* VmRSS of `pid` in KiB. */
-static long rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "re");
-    assert_non_null(f);
-    long kib = -1;
-    while (fgets(line, sizeof line, f) != NULL) {
-        (void)sscanf(line, "VmRSS: %ld kB", &kib);
-    }
-    fclose(f);
-    return kib;
-}
-
-static int ready_port(const kvd_test_dir_t *d)
-{
-    char path[300], line[128];
-    snprintf(path, sizeof path, "%s/ready", d->path);
-    FILE *f = fopen(path, "re");
-    assert_non_null(f);
-    int port = 0;
-    while (fgets(line, sizeof line, f) != NULL) {
-        (void)sscanf(line, "tcp_port=%d", &port);
-    }
-    fclose(f);
-    return port;
-}
-
 static pid_t daemon_spawn_l(const kvd_test_dir_t *d, ...)
 {
     va_list ap;
@@ -310,7 +281,7 @@ static pid_t daemon_up(kvd_test_dir_t *d, const char *name, int *port)
     pid_t pid = daemon_spawn_l(d, "server.tcp_address=127.0.0.1:0",
                                "server.token=" TOKEN, (const char *)NULL);
     kvd_test_daemon_wait_ready(d, pid);
-    *port = ready_port(d);
+    *port = kvd_test_daemon_tcp_port(d);
     assert_true(*port > 0);
     return pid;
 }
@@ -471,14 +442,14 @@ static void test_unauthenticated_payload_not_buffered(void **state)
     char det[256];
     assert_int_equal(call_stats(port, "Bearer " TOKEN, det, sizeof det),
                      GRPC_STATUS_OK);
-    long before = rss_kib(pid);
+    long before = kvd_test_rss_kib(pid);
     h2_t *c = calloc(NCONN, sizeof *c);
     assert_non_null(c);
     for (size_t i = 0; i < NCONN; i++) {
         h2_open(&c[i], port);
     }
     h2_drive(c, NCONN);
-    long after = rss_kib(pid);
+    long after = kvd_test_rss_kib(pid);
     uint64_t sent = 0;
     for (size_t i = 0; i < NCONN; i++) {
         sent += c[i].sent;
@@ -524,7 +495,7 @@ static void *honest_loop(void *arg)
         h->ms[h->n++] = (double)(b.tv_sec - a.tv_sec) * 1e3 +
                         (double)(b.tv_nsec - a.tv_nsec) / 1e6;
         h->failed += code != GRPC_STATUS_OK;
-        long rss = rss_kib(h->daemon);
+        long rss = kvd_test_rss_kib(h->daemon);
         h->rss_max = rss > h->rss_max ? rss : h->rss_max;
         usleep(10000);
     }
@@ -686,7 +657,7 @@ static void test_rapid_reset_held(void **state)
     }
     double base50 = pct(h->ms, h->n, 50), base99 = pct(h->ms, h->n, 99);
     h->n = 0;
-    long rss0 = rss_kib(pid);
+    long rss0 = kvd_test_rss_kib(pid);
     double cpu0 = cpu_s(pid);
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, honest_loop, h), 0);
@@ -696,7 +667,7 @@ static void test_rapid_reset_held(void **state)
     uint64_t took = kvd_test_now_ms() - t0;
     __atomic_store_n(&h->stop, true, __ATOMIC_RELEASE);
     assert_int_equal(pthread_join(t, NULL), 0);
-    long rss1 = rss_kib(pid);
+    long rss1 = kvd_test_rss_kib(pid);
     rss1 = rss1 > h->rss_max ? rss1 : h->rss_max;
     double cpu1 = cpu_s(pid);
     print_message("rapid reset: %zu calls opened and cancelled in %" PRIu64

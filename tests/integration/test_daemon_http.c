@@ -82,20 +82,6 @@ static int fd_count(pid_t pid)
     return n;
 }
 
-static long rss_kib(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "re");
-    assert_non_null(f);
-    long kib = -1;
-    while (fgets(line, sizeof line, f) != NULL) {
-        (void)sscanf(line, "VmRSS: %ld kB", &kib);
-    }
-    fclose(f);
-    return kib;
-}
-
 /* A TCP connection to 127.0.0.1:port whose reads give up after
  * `timeout_ms`; -1 when the connect fails. */
 static int tcp_connect(int port, int timeout_ms)
@@ -275,7 +261,7 @@ static void test_slowloris_bounded(void **state)
     assert_non_null(c);
     honest_start(c, &d);
     int fds0 = fd_count(pid);
-    long rss0 = rss_kib(pid);
+    long rss0 = kvd_test_rss_kib(pid);
     static int s[SLOW_CONNS];
     static const char head[] = "GET /metrics HTTP/1.1\r\nX";
     for (int i = 0; i < SLOW_CONNS; i++) {
@@ -300,7 +286,7 @@ static void test_slowloris_bounded(void **state)
      * connection it holds is taken, one more is closed at accept. */
     printf("daemon fds %d before, at most %d during; RSS %+ld KiB; /healthz "
            "during: %d\n",
-           fds0, fds_max, rss_kib(pid) - rss0,
+           fds0, fds_max, kvd_test_rss_kib(pid) - rss0,
            http_get(port, "/healthz", 1000));
     assert_true(fds_max <= fds0 + MAX_CONNS + 8);
     new_engine_served(&d);
@@ -342,7 +328,7 @@ static void test_concurrent_scrapes(void **state)
     honest_t *c = malloc(sizeof *c);
     assert_non_null(c);
     honest_start(c, &d);
-    long rss0 = rss_kib(pid);
+    long rss0 = kvd_test_rss_kib(pid);
     scraper_t sc[SCRAPERS];
     uint64_t t0 = now_ms();
     for (int i = 0; i < SCRAPERS; i++) {
@@ -359,7 +345,7 @@ static void test_concurrent_scrapes(void **state)
     printf("%d scrapers: %d /metrics 200, %d other, in %llu ms (%.0f/s); "
            "RSS %+ld KiB\n",
            SCRAPERS, ok, bad, (unsigned long long)ms,
-           ms ? ok * 1000.0 / (double)ms : 0.0, rss_kib(pid) - rss0);
+           ms ? ok * 1000.0 / (double)ms : 0.0, kvd_test_rss_kib(pid) - rss0);
     uint32_t p99 = honest_stop(c, "8 concurrent scrapers");
     free(c);
     assert_int_equal(bad, 0);
@@ -393,7 +379,7 @@ static void test_huge_requests_refused(void **state)
     int port = metrics_port(&d);
     assert_int_equal(http_get(port, "/metrics", 2000), 200);
     int fds0 = fd_count(pid);
-    long rss0 = rss_kib(pid);
+    long rss0 = kvd_test_rss_kib(pid);
     int codes[2] = {0, 0};
     for (int i = 0; i < 20; i++) {
         int line = huge_request(port, 1u << 20, false);
@@ -407,42 +393,13 @@ static void test_huge_requests_refused(void **state)
     usleep(200000);
     printf("40 requests with a 1 MiB line or header: answered %d / %d; "
            "RSS %+ld KiB, fds %d -> %d\n",
-           codes[0], codes[1], rss_kib(pid) - rss0, fds0, fd_count(pid));
-    assert_true(rss_kib(pid) - rss0 < 8192);
+           codes[0], codes[1], kvd_test_rss_kib(pid) - rss0, fds0,
+           fd_count(pid));
+    assert_true(kvd_test_rss_kib(pid) - rss0 < 8192);
     assert_int_equal(http_get(port, "/healthz", 2000), 200);
     assert_true(fd_count(pid) <= fds0 + 1);
     daemon_stop(pid);
     kvd_test_dir_remove(&d);
-}
-
-/* The soft descriptor limit of process `pid` (/proc/pid/limits). */
-static long nofile_soft(pid_t pid)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/limits", (int)pid);
-    FILE *f = fopen(path, "re");
-    assert_non_null(f);
-    long soft = -1;
-    while (fgets(line, sizeof line, f) != NULL) {
-        (void)sscanf(line, "Max open files %ld", &soft);
-    }
-    fclose(f);
-    return soft;
-}
-
-static int tcp_port_of(const kvd_test_dir_t *d)
-{
-    char path[300], line[128];
-    snprintf(path, sizeof path, "%s/ready", d->path);
-    FILE *f = fopen(path, "re");
-    assert_non_null(f);
-    int port = 0;
-    while (fgets(line, sizeof line, f) != NULL) {
-        (void)sscanf(line, "tcp_port=%d", &port);
-    }
-    fclose(f);
-    assert_true(port > 0);
-    return port;
 }
 
 /*
@@ -469,10 +426,10 @@ static void test_idle_grpc_connections(void **state)
                              (const char *)NULL);
     own.rlim_cur = own.rlim_max;
     assert_int_equal(setrlimit(RLIMIT_NOFILE, &own), 0);
-    long soft = nofile_soft(pid);
+    long soft = kvd_test_proc_long(pid, "limits", "Max open files");
     printf("daemon started with a soft limit of %d: now %ld\n", DAEMON_NOFILE,
            soft);
-    int port = tcp_port_of(&d);
+    int port = kvd_test_daemon_tcp_port(&d);
     honest_t *c = malloc(sizeof *c);
     assert_non_null(c);
     honest_start(c, &d);

@@ -27,6 +27,7 @@
 #include "common/failpoint_int.h"
 #include "common/time_int.h"
 #include "kvdepot/store.h"
+#include "tests/integration/kvd_testpeer_int.h"
 #include "store/engine.h"
 
 #define SMALL 4096u
@@ -66,18 +67,8 @@ static void on_offer(void *ctx, const char *node_id, const kvd_namespace_t *ns,
 static void node_start(node_t *nd, const char *id, const char *token)
 {
     memset(nd, 0, sizeof *nd);
-    kvd_config_t *cfg = NULL;
-    assert_int_equal(kvd_config_create(&cfg), KVD_OK);
-    static const char *const kv[] = {
-        "store.arena_size",      "32m", "store.arena_chunk",    "4m",
-        "store.arena_hugepages", "off", "store.arena_prefault", "false",
-        "store.reserve_timeout", "0"};
-    for (size_t i = 0; i < sizeof kv / sizeof *kv; i += 2) {
-        assert_int_equal(kvd_config_set(cfg, kv[i], kv[i + 1]), KVD_OK);
-    }
+    nd->store = kvd_test_peer_store("32m");
     char err[256] = "";
-    assert_int_equal(kvd_store_open(cfg, &nd->store, err, sizeof err), KVD_OK);
-    kvd_config_destroy(cfg);
     kvd_peer_config_t pc = {
         .store = nd->store,
         .node_id = id,
@@ -101,12 +92,7 @@ static void node_stop(node_t *nd)
 
 static kvd_block_hash_t key_hash(unsigned i)
 {
-    kvd_block_hash_t h;
-    memset(&h, 0, sizeof h);
-    h.bytes[0] = (uint8_t)i;
-    h.bytes[1] = (uint8_t)(i >> 8);
-    h.bytes[31] = 0x5a;
-    return h;
+    return kvd_test_peer_key(i, 0x5a);
 }
 
 static void fill(uint8_t *p, size_t n, unsigned seed)

@@ -31,6 +31,7 @@
 #include "common/endian_int.h"
 #include "common/time_int.h"
 #include "kvdepot/store.h"
+#include "tests/integration/kvd_testpeer_int.h"
 
 #define TOKEN "attack-test-token"
 #define SMALL 4096u
@@ -80,18 +81,8 @@ static bool trusted_address(void *ctx, const uint8_t *addr, size_t len)
 static void node_start(node_t *nd, const char *id, uint32_t part_bytes)
 {
     memset(nd, 0, sizeof *nd);
-    kvd_config_t *cfg = NULL;
-    assert_int_equal(kvd_config_create(&cfg), KVD_OK);
-    static const char *const kv[] = {
-        "store.arena_size",      "64m", "store.arena_chunk",    "4m",
-        "store.arena_hugepages", "off", "store.arena_prefault", "false",
-        "store.reserve_timeout", "0"};
-    for (size_t i = 0; i < sizeof kv / sizeof *kv; i += 2) {
-        assert_int_equal(kvd_config_set(cfg, kv[i], kv[i + 1]), KVD_OK);
-    }
+    nd->store = kvd_test_peer_store("64m");
     char err[256] = "";
-    assert_int_equal(kvd_store_open(cfg, &nd->store, err, sizeof err), KVD_OK);
-    kvd_config_destroy(cfg);
     kvd_peer_config_t pc = {.store = nd->store,
                             .node_id = id,
                             .token = TOKEN,
@@ -116,12 +107,7 @@ static void node_stop(node_t *nd)
 
 static kvd_block_hash_t key_hash(unsigned i)
 {
-    kvd_block_hash_t h;
-    memset(&h, 0, sizeof h);
-    h.bytes[0] = (uint8_t)i;
-    h.bytes[1] = (uint8_t)(i >> 8);
-    h.bytes[31] = 0xa5;
-    return h;
+    return kvd_test_peer_key(i, 0xa5);
 }
 
 static void put(node_t *nd, unsigned i, size_t size)

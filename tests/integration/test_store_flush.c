@@ -25,41 +25,23 @@
 
 #include "tests/unit/kvd_testdir_int.h"
 #include "kvdepot/store.h"
+#include "tests/integration/kvd_teststore_int.h"
 
 #define OBJ (256u * 1024u)
 /* The 8 MiB arena holds 32 objects: N fit without any eviction, so before
  * a flush every one of them is in the arena only. */
 #define N 24u
 
-/* Opens a store in `d` (8 MiB arena, 32 MiB disk, write-back) with one
- * more setting `k`=`v` (k may be NULL). */
+/* Opens a store in `d` (the base of kvd_teststore_int.h) with one more
+ * setting `k`=`v` (k may be NULL). */
 static kvd_status_t open_store(const kvd_test_dir_t *d, const char *k,
                                const char *v, kvd_store_t **st)
 {
-    kvd_config_t *cfg = NULL;
-    if (kvd_config_create(&cfg) != KVD_OK) {
-        return KVD_ERR_NOMEM;
-    }
-    static const char *const base[] = {
-        "store.arena_size",      "8m",  "store.arena_chunk",     "2m",
-        "store.arena_hugepages", "off", "store.arena_prefault",  "false",
-        "store.disk_size",       "32m", "store.disk_write",      "back",
-        "store.sync_interval",   "1s",  "store.reserve_timeout", "2s",
-        "store.disk_admission",  "all"};
-    for (size_t i = 0; i < sizeof base / sizeof base[0]; i += 2) {
-        (void)kvd_config_set(cfg, base[i], base[i + 1]);
-    }
-    (void)kvd_config_set(cfg, "store.disk_path", d->path);
-    if (k != NULL) {
+    kvd_config_t *cfg = kvd_test_store_config(d->path);
+    if (cfg != NULL && k != NULL) {
         (void)kvd_config_set(cfg, k, v);
     }
-    char err[256] = "";
-    kvd_status_t s = kvd_store_open(cfg, st, err, sizeof err);
-    if (s != KVD_OK) {
-        fprintf(stderr, "kvd_store_open: %s (%s)\n", kvd_status_str(s), err);
-    }
-    kvd_config_destroy(cfg);
-    return s;
+    return kvd_test_store_open_config(cfg, st);
 }
 
 static kvd_namespace_t test_ns(void)

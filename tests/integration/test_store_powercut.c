@@ -35,6 +35,7 @@
 
 #include "kvdepot/store.h"
 #include "store/index.h"
+#include "tests/integration/kvd_teststore_int.h"
 #include "tests/support/kvd_powercut.h"
 #include "tests/unit/kvd_testdir_int.h"
 
@@ -43,33 +44,21 @@
 #define PER_GEN 4000u /* keys of one writer run, at most */
 
 /* Opens the store on `disk` with store.disk_write=`write` ("back" or
- * "through"). */
+ * "through"): the base of kvd_teststore_int.h with a 96 MiB disk tier, the
+ * pread/pwrite engine (io_uring's writes are not seen by the model) and no
+ * write-back at close (a cut is a cut). */
 static kvd_status_t open_store(const char *disk, const char *write,
                                kvd_store_t **st)
 {
-    kvd_config_t *cfg = NULL;
-    if (kvd_config_create(&cfg) != KVD_OK) {
-        return KVD_ERR_NOMEM;
+    kvd_config_t *cfg = kvd_test_store_config(disk);
+    static const char *const more[] = {
+        "store.disk_size",  "96m", "store.disk_engine",        "threads",
+        "store.disk_write", NULL,  "store.stop_flush_timeout", "0"};
+    for (size_t i = 0; cfg != NULL && i < sizeof more / sizeof more[0];
+         i += 2) {
+        (void)kvd_config_set(cfg, more[i], more[i + 1] ? more[i + 1] : write);
     }
-    static const char *const base[] = {
-        "store.arena_size",         "8m",  "store.arena_chunk",     "2m",
-        "store.arena_hugepages",    "off", "store.arena_prefault",  "false",
-        "store.disk_size",          "96m", "store.disk_write",      "back",
-        "store.sync_interval",      "1s",  "store.reserve_timeout", "2s",
-        "store.disk_admission",     "all", "store.disk_engine",     "threads",
-        "store.stop_flush_timeout", "0"};
-    for (size_t i = 0; i < sizeof base / sizeof base[0]; i += 2) {
-        (void)kvd_config_set(cfg, base[i], base[i + 1]);
-    }
-    (void)kvd_config_set(cfg, "store.disk_path", disk);
-    (void)kvd_config_set(cfg, "store.disk_write", write);
-    char err[256] = "";
-    kvd_status_t s = kvd_store_open(cfg, st, err, sizeof err);
-    if (s != KVD_OK) {
-        fprintf(stderr, "kvd_store_open: %s (%s)\n", kvd_status_str(s), err);
-    }
-    kvd_config_destroy(cfg);
-    return s;
+    return kvd_test_store_open_config(cfg, st);
 }
 
 static kvd_namespace_t test_ns(void)

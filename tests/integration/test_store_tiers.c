@@ -35,6 +35,7 @@
 #include "tests/unit/kvd_testdir_int.h"
 #include "kvdepot/store.h"
 #include "store/engine.h"
+#include "tests/integration/kvd_teststore_int.h"
 
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define TEST_SANITIZED 1
@@ -52,24 +53,15 @@
 #define KIB 1024ull
 #define OBJ (256 * KIB)
 
-/* Opens a store in `dir` with small sizes and the given extra settings
- * (pairs of strings, NULL-terminated). */
+/* Opens a store in `dir` (the base of kvd_teststore_int.h, syncing at
+ * once) with the given extra settings (pairs of strings, NULL-terminated). */
 static kvd_status_t store_open_kv(const kvd_test_dir_t *d, kvd_store_t **st,
                                   ...)
 {
-    kvd_config_t *cfg = NULL;
-    if (kvd_config_create(&cfg) != KVD_OK) {
-        return KVD_ERR_NOMEM;
+    kvd_config_t *cfg = kvd_test_store_config(d->path);
+    if (cfg != NULL) {
+        (void)kvd_config_set(cfg, "store.sync_interval", "0");
     }
-    static const char *const base[] = {
-        "store.arena_size",      "8m",  "store.arena_chunk",     "2m",
-        "store.arena_hugepages", "off", "store.arena_prefault",  "false",
-        "store.disk_size",       "32m", "store.disk_admission",  "all",
-        "store.sync_interval",   "0",   "store.reserve_timeout", "2s"};
-    for (size_t i = 0; i < sizeof base / sizeof base[0]; i += 2) {
-        (void)kvd_config_set(cfg, base[i], base[i + 1]);
-    }
-    (void)kvd_config_set(cfg, "store.disk_path", d->path);
     va_list ap;
     va_start(ap, st);
     for (;;) {
@@ -78,16 +70,12 @@ static kvd_status_t store_open_kv(const kvd_test_dir_t *d, kvd_store_t **st,
             break;
         }
         const char *v = va_arg(ap, const char *);
-        (void)kvd_config_set(cfg, k, v);
+        if (cfg != NULL) {
+            (void)kvd_config_set(cfg, k, v);
+        }
     }
     va_end(ap);
-    char err[256] = "";
-    kvd_status_t s = kvd_store_open(cfg, st, err, sizeof err);
-    if (s != KVD_OK) {
-        fprintf(stderr, "kvd_store_open: %s (%s)\n", kvd_status_str(s), err);
-    }
-    kvd_config_destroy(cfg);
-    return s;
+    return kvd_test_store_open_config(cfg, st);
 }
 
 static kvd_namespace_t test_ns(void)
