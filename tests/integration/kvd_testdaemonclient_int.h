@@ -62,6 +62,23 @@ static inline void daemon_kill9(pid_t pid)
     assert_int_equal(waitpid(pid, &st, 0), pid);
 }
 
+/* Runs fn(arg) in a child process (its return value is the child's exit
+ * code) and waits for it: the exit code, which the child must give by
+ * returning. The caller has no gRPC client open (one does not survive a
+ * fork). */
+static inline int run_in_child(int (*fn)(void *), void *arg)
+{
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        _exit(fn(arg));
+    }
+    int cst = 0;
+    assert_int_equal(waitpid(child, &cst, 0), child);
+    assert_true(WIFEXITED(cst));
+    return WEXITSTATUS(cst);
+}
+
 static inline kvd_status_t client_open(const kvd_test_dir_t *d, const char *ttl,
                                        const char *timeout, kvd_store_t **st)
 {

@@ -126,26 +126,33 @@ static int team_b_child(const kvd_test_dir_t *d, const kvd_namespace_t *ns,
     return rc;
 }
 
+typedef struct team_b_args {
+    const kvd_test_dir_t *d;
+    const kvd_namespace_t *ns;
+    const kvd_block_hash_t *h;
+    bool save;
+} team_b_args_t;
+
+static int team_b_main(void *arg)
+{
+    const team_b_args_t *a = arg;
+    return team_b_child(a->d, a->ns, a->h, a->save);
+}
+
 static void team_b_run(const kvd_test_dir_t *d, const kvd_namespace_t *ns,
                        const kvd_block_hash_t *h, bool save)
 {
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0) {
-        _exit(team_b_child(d, ns, h, save));
-    }
-    int cst = 0;
-    assert_int_equal(waitpid(child, &cst, 0), child);
-    assert_true(WIFEXITED(cst));
-    assert_int_equal(WEXITSTATUS(cst), 0);
+    team_b_args_t a = {.d = d, .ns = ns, .h = h, .save = save};
+    assert_int_equal(run_in_child(team_b_main, &a), 0);
 }
 
 /* In a child as uid 65534 (tenant team-b): looks for team-a's bytes in
  * every page it maps, then overwrites every page it maps with 0xEE, as a
  * hostile co-tenant would. Exit code 0 when the mapping held none of
  * team-a's bytes. */
-static int overwrite_child(const kvd_test_dir_t *d)
+static int overwrite_child(void *arg)
 {
+    const kvd_test_dir_t *d = arg;
     kvd_store_t *cs = NULL;
     if (setgid(65534) != 0 || setuid(65534) != 0 ||
         client_open(d, "30s", "2s", &cs) != KVD_OK) {
@@ -186,15 +193,7 @@ static size_t overwrite_attack(const kvd_test_dir_t *d, int *child_rc)
     uint64_t t_save = kvd_time_now_ns() - t0;
     kvd_store_close(st); /* no gRPC client across the fork */
 
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0) {
-        _exit(overwrite_child(d));
-    }
-    int cst = 0;
-    assert_int_equal(waitpid(child, &cst, 0), child);
-    assert_true(WIFEXITED(cst));
-    *child_rc = WEXITSTATUS(cst);
+    *child_rc = run_in_child(overwrite_child, (void *)d);
 
     assert_int_equal(client_open(d, "30s", "2s", &st), KVD_OK);
     kvd_store_lease_t l[NKEYS];

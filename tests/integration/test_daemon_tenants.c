@@ -86,6 +86,28 @@ static void test_tenant_lease_cap(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* What a child of another tenant is given. */
+typedef struct team_b_args {
+    const kvd_test_dir_t *d;
+    const kvd_namespace_t *ns;
+    const kvd_block_hash_t *h;
+    bool save;
+} team_b_args_t;
+
+/* As uid 65534: saves keys h[0..2). Exit code 0 when both were saved. */
+static int nobody_saves_two(void *arg)
+{
+    const team_b_args_t *a = arg;
+    kvd_store_t *cs = NULL;
+    int rc = setgid(65534) == 0 && setuid(65534) == 0 &&
+                     client_open(a->d, "30s", "2s", &cs) == KVD_OK &&
+                     save_objects(cs, a->ns, a->h, 2) == 2
+                 ? 0
+                 : 1;
+    kvd_store_close(cs);
+    return rc;
+}
+
 /* server.tenants: a client's saves count against the tenant of its user,
  * whatever its requests say. Needs root (a child switches to uid 65534). */
 static void test_tenant_of_user(void **state)
@@ -103,21 +125,8 @@ static void test_tenant_of_user(void **state)
     kvd_namespace_t ns;
     kvd_block_hash_t h[NKEYS];
     keys_make(&ns, h, NKEYS, 6);
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0) {
-        kvd_store_t *cs = NULL;
-        int rc = setgid(65534) == 0 && setuid(65534) == 0 &&
-                         client_open(&d, "30s", "2s", &cs) == KVD_OK &&
-                         save_objects(cs, &ns, h, 2) == 2
-                     ? 0
-                     : 1;
-        kvd_store_close(cs);
-        _exit(rc);
-    }
-    int cst = 0;
-    assert_int_equal(waitpid(child, &cst, 0), child);
-    assert_true(WIFEXITED(cst) && WEXITSTATUS(cst) == 0);
+    team_b_args_t a = {.d = &d, .ns = &ns, .h = h, .save = true};
+    assert_int_equal(run_in_child(nobody_saves_two, &a), 0);
     kvd_store_t *st = NULL;
     assert_int_equal(client_open(&d, "30s", "2s", &st), KVD_OK);
     assert_int_equal(save_objects(st, &ns, h + 2, 3), 3);
@@ -182,18 +191,17 @@ static int stats_team_b(const kvd_test_dir_t *d, const kvd_namespace_t *ns,
     return rc;
 }
 
+static int stats_team_b_main(void *arg)
+{
+    const team_b_args_t *a = arg;
+    return stats_team_b(a->d, a->ns, a->h, a->save);
+}
+
 static void stats_team_b_run(const kvd_test_dir_t *d, const kvd_namespace_t *ns,
                              const kvd_block_hash_t *h, bool save)
 {
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0) {
-        _exit(stats_team_b(d, ns, h, save));
-    }
-    int cst = 0;
-    assert_int_equal(waitpid(child, &cst, 0), child);
-    assert_true(WIFEXITED(cst));
-    assert_int_equal(WEXITSTATUS(cst), 0);
+    team_b_args_t a = {.d = d, .ns = ns, .h = h, .save = save};
+    assert_int_equal(run_in_child(stats_team_b_main, &a), 0);
 }
 
 /* Stats of a client bound to a tenant are its tenant's: team A (this
