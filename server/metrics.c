@@ -166,6 +166,11 @@ static void metrics_cluster(mbuf_t *b, kvd_server_t *server)
         {"auth_rejected", "Peer messages with the wrong cluster token.",
          rs.peer.auth_rejected},
         {"malformed", "Peer messages that did not decode.", rs.peer.malformed},
+        {"stalled", "Peer endpoints failed for moving nothing for stall_ms.",
+         rs.peer.stalled},
+        {"address_refused",
+         "FETCHes refused for naming a reply address no member published.",
+         rs.peer.address_refused},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         mb(b,

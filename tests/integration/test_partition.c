@@ -307,6 +307,9 @@ static void test_partition_and_heal(void **state)
             (unsigned long long)took);
     assert_true(took < 500);
     assert_true(metric(n, 1, "kvdepot_cluster_suspect_skips_total") >= 1);
+    /* The peer's attack counters are exported too (-1: missing). */
+    assert_true(metric(n, 1, "kvdepot_cluster_stalled_total") >= 0);
+    assert_true(metric(n, 1, "kvdepot_cluster_address_refused_total") >= 0);
     assert_int_equal(load(n->client[1], x, NULL), CHAIN); /* B's copies */
     /* B sees A leave once A's lease ends; A's view goes stale. */
     wait_metric(n, 1, "kvdepot_cluster_nodes", 1, 15000);
