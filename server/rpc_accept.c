@@ -59,12 +59,11 @@ struct rpc_accept {
     pthread_t thread;
     bool started;
     int deadline_ms;    /* for a connection's first admitted call */
-    pthread_mutex_t mu; /* conns, waiting and shut */
+    pthread_mutex_t mu; /* conns and waiting */
     accept_conn_t *conns;
     size_t n_conns;
     int *waiting; /* descriptors without an admitted call yet */
     size_t n_waiting;
-    unsigned long shut;
 };
 
 /* Splits "host:port", "[v6]:port" or ":port" into its parts. */
@@ -231,7 +230,6 @@ static void accept_sweep(rpc_accept_t *a)
         c->open = false;
     }
     a->n_waiting = keep;
-    a->shut += shut;
     pthread_mutex_unlock(&a->mu);
     if (shut > 0) {
         KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
@@ -345,7 +343,6 @@ bool rpc_accept_strike(rpc_accept_t *a, const char *peer)
         if (strikes > RPC_CONN_STRIKES && accept_same_peer(fd, c)) {
             shut = shutdown(fd, SHUT_RDWR) == 0;
             c->open = false;
-            a->shut += shut;
         }
     }
     pthread_mutex_unlock(&a->mu);
@@ -356,15 +353,6 @@ bool rpc_accept_strike(rpc_accept_t *a, const char *peer)
                             peer, (unsigned)strikes);
     }
     return shut;
-}
-
-unsigned long rpc_accept_shut_count(const rpc_accept_t *a)
-{
-    rpc_accept_t *m = (rpc_accept_t *)a;
-    pthread_mutex_lock(&m->mu);
-    unsigned long n = m->shut;
-    pthread_mutex_unlock(&m->mu);
-    return n;
 }
 
 void rpc_accept_stop(rpc_accept_t *a)

@@ -53,9 +53,6 @@ void rpc_accept_admit(rpc_accept_t *a, const char *peer);
  * Peers that are not this acceptor's ("unix:...") are ignored. */
 bool rpc_accept_strike(rpc_accept_t *a, const char *peer);
 
-/* Connections shut for wasting calls, since the start. */
-unsigned long rpc_accept_shut_count(const rpc_accept_t *a);
-
 /* Stops accepting and joins the thread; the connections stay gRPC's. */
 void rpc_accept_stop(rpc_accept_t *a);
 
