@@ -157,6 +157,7 @@ static void req_free(lreq_t *r)
     free(r->mm);
     free(r->mm_text);
     free(r->mm_keys);
+    free(r->embeds);
     free(r->leases);
     free(r->block_ids);
     free(r);
@@ -204,8 +205,15 @@ bool kvd_leader_mm_ok(const kvd_leader_request_t *q)
             return false;
         }
     }
-    return true;
+    return q->num_prompt_embeds == 0 || q->prompt_embeds != NULL;
 }
+
+/* SHA-256 of no bytes: the digest vLLM gives a block past the prompt's
+ * embeddings (an empty slice). */
+static const uint8_t kvd_sha256_of_nothing[KVD_SHA256_BYTES] = {
+    0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4,
+    0xc8, 0x99, 0x6f, 0xb9, 0x24, 0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b,
+    0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
 
 /*
  * The keys of the multimodal inputs overlapping tokens [start, end) into
@@ -265,6 +273,11 @@ kvd_status_t kvd_lreq_extend_hashes(kvd_leader_t *ld, lreq_t *r)
         kvd_block_extras_t ex = {.lora_name = r->lora, .mm = r->mm_keys};
         ex.num_mm = mm_block_keys(r, start, start + bs, &idx);
         ex.cache_salt = b == 0 ? r->salt : NULL;
+        if (r->has_embeds) {
+            ex.prompt_embeds = b < r->num_embeds
+                                   ? r->embeds + b * KVD_SHA256_BYTES
+                                   : kvd_sha256_of_nothing;
+        }
         kvd_status_t s =
             kvd_block_hash(parent, r->tokens + b * bs, bs, &ex, &r->hashes[b]);
         if (s != KVD_OK) {
@@ -343,6 +356,16 @@ kvd_status_t kvd_lreq_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
             r->num_tokens = q->num_tokens;
         }
         ok = ok && mm_copy(r, q);
+        if (ok && q->prompt_embeds != NULL) {
+            size_t bytes = q->num_prompt_embeds * KVD_SHA256_BYTES;
+            r->has_embeds = true;
+            r->embeds = malloc(bytes > 0 ? bytes : 1);
+            ok = r->embeds != NULL;
+            if (ok && bytes > 0) {
+                memcpy(r->embeds, q->prompt_embeds, bytes);
+                r->num_embeds = q->num_prompt_embeds;
+            }
+        }
     }
     kvd_status_t s = ok ? kvd_lreq_extend_hashes(ld, r) : KVD_ERR_NOMEM;
     if (s != KVD_OK) {

@@ -47,6 +47,10 @@ struct lreq {
     size_t num_mm;
     char *mm_text;
     kvd_mm_extra_t *mm_keys;
+    /* Prompt embeddings: one digest per block (KVD_SHA256_BYTES each). */
+    bool has_embeds;
+    uint8_t *embeds;
+    size_t num_embeds;
 
     /* Lookup: blocks [first_block, first_block + num_leases) are leased.
      * The answer holds for answered_computed tokens held by the engine. */

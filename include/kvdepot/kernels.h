@@ -33,16 +33,21 @@
 extern "C" {
 #endif
 
-/* Element type of the engine's KV cache. fp8 caches pass through with the
- * raw codec only. */
+/* Element type of the engine's KV cache. fp8 caches (vLLM's
+ * --kv-cache-dtype fp8, fp8_e4m3, fp8_e5m2) pass through with the raw codec
+ * only: their bytes are already quantized with the engine's own scales. */
 typedef enum kvd_dtype {
     KVD_DTYPE_FP16 = 1,
     KVD_DTYPE_BF16 = 2,
-    KVD_DTYPE_FP8_E4M3 = 3
+    KVD_DTYPE_FP8_E4M3 = 3,
+    KVD_DTYPE_FP8_E5M2 = 4
 } kvd_dtype_t;
 
 /* Bytes per element of `dtype`, 0 for an unknown value. */
 KVD_API size_t kvd_dtype_size(kvd_dtype_t dtype);
+
+/* True for the one-byte fp8 dtypes (raw codec only). */
+KVD_API bool kvd_dtype_is_fp8(kvd_dtype_t dtype);
 
 /* Codecs, chosen separately for K and V (docs/codecs.md gives their
  * bytes). */

@@ -153,6 +153,17 @@ typedef struct kvd_leader_request {
      * fields. */
     const kvd_leader_mm_input_t *mm_inputs;
     size_t num_mm_inputs;
+    /* A prompt given as embeddings (vLLM prompt_embeds; its token ids are
+     * placeholders, 0 where an embedding stands): the SHA-256 of the raw
+     * bytes of each block's slice of the embeddings tensor, block 0 first,
+     * KVD_SHA256_BYTES each, as vLLM's _gen_prompt_embeds_extra_hash_keys
+     * computes them (the last slice may be shorter than a block). Every
+     * block's key then carries its digest; blocks past the given digests
+     * (completed by generated tokens) carry the SHA-256 of no bytes, as
+     * vLLM's empty slice does. NULL with num_prompt_embeds 0: the prompt
+     * is tokens. Token mode only; copied at the first call. */
+    const uint8_t *prompt_embeds;
+    size_t num_prompt_embeds;
 } kvd_leader_request_t;
 
 /*
@@ -172,10 +183,10 @@ typedef struct kvd_leader_request {
  * fails for the cache. `req` and what it points at are borrowed for the
  * call (the leader copies what it keeps at the first call). Errors:
  * KVD_ERR_INVALID (NULL, bad id, neither tokens nor hashes, mm_inputs NULL
- * with num_mm_inputs > 0, an input without identifier, inputs not sorted
- * by offset, offset + length past INT64_MAX),
- * KVD_ERR_EXISTS (the id is a finished request still kept for its saves),
- * KVD_ERR_STATE (asked again with another num_computed_tokens after
+ * with num_mm_inputs > 0, prompt_embeds NULL with num_prompt_embeds > 0, an
+ * input without identifier, inputs not sorted by offset, offset + length past
+ * INT64_MAX), KVD_ERR_EXISTS (the id is a finished request still kept for its
+ * saves), KVD_ERR_STATE (asked again with another num_computed_tokens after
  * update_state_after_alloc acted on the answer), KVD_ERR_NOMEM.
  */
 KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(

@@ -160,7 +160,7 @@ static kvd_status_t kvd_bench_setup(kvd_bench_res *r,
     if (st != KVD_OK) {
         return st;
     }
-    if (fmt->dtype == KVD_DTYPE_FP8_E4M3) {
+    if (kvd_dtype_is_fp8(fmt->dtype)) {
         st = kvd_cuda_status(cudaMemset(r->cache, 0x3c, cache_bytes),
                              "cudaMemset bench cache");
     } else {

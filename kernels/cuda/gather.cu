@@ -132,7 +132,10 @@ __global__ void __launch_bounds__(KVD_GS_THREADS, KVD_GS_MIN_CTAS)
     unsigned char *smem = reinterpret_cast<unsigned char *>(kvd_gs_smem);
     const int codec = a.codec[p];
     if (codec == KVD_CODEC_RAW) {
-        kvd_raw_dispatch<GATHER>(a, c, a.dtype == KVD_DTYPE_FP8_E4M3 ? 1 : 2);
+        kvd_raw_dispatch<GATHER>(
+            a, c,
+            a.dtype == KVD_DTYPE_FP8_E4M3 || a.dtype == KVD_DTYPE_FP8_E5M2 ? 1
+                                                                           : 2);
     } else if (a.dtype == KVD_DTYPE_BF16) {
         kvd_codec_cta<kvd_elt_bf16, GATHER>(a, c, codec, smem);
     } else {
@@ -495,7 +498,7 @@ static kvd_status_t kvd_ce_plane(kvd_ce_batch *b, const kvd_gs_args *a,
                                  bool gather, const int32_t *block_ids,
                                  size_t i, unsigned p)
 {
-    size_t elt = a->dtype == KVD_DTYPE_FP8_E4M3 ? 1 : 2;
+    size_t elt = kvd_dtype_size(a->dtype);
     size_t row = (size_t)a->head_dim * elt;
     size_t head_bytes = (size_t)a->block_size * row;
     uint32_t valid = i + 1 == a->num_blocks ? a->valid_last : a->block_size;

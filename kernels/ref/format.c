@@ -37,8 +37,14 @@ size_t kvd_dtype_size(kvd_dtype_t dtype)
     case KVD_DTYPE_FP16: return 2;
     case KVD_DTYPE_BF16: return 2;
     case KVD_DTYPE_FP8_E4M3: return 1;
+    case KVD_DTYPE_FP8_E5M2: return 1;
     }
     return 0;
+}
+
+bool kvd_dtype_is_fp8(kvd_dtype_t dtype)
+{
+    return dtype == KVD_DTYPE_FP8_E4M3 || dtype == KVD_DTYPE_FP8_E5M2;
 }
 
 const char *kvd_codec_name(kvd_codec_t codec)
@@ -84,7 +90,7 @@ static kvd_status_t kvd_codec_check(const kvd_object_format_t *fmt,
         return kvd_format_fail(KVD_ERR_INVALID, err, err_len,
                                "plane %u: unknown codec %d", plane, (int)c);
     }
-    if (fmt->dtype == KVD_DTYPE_FP8_E4M3 && c != KVD_CODEC_RAW) {
+    if (kvd_dtype_is_fp8(fmt->dtype) && c != KVD_CODEC_RAW) {
         return kvd_format_fail(KVD_ERR_UNSUPPORTED, err, err_len,
                                "plane %u: fp8 caches pass through raw only, "
                                "not %s",
@@ -370,7 +376,7 @@ kvd_status_t kvd_object_format_fallback(kvd_object_format_t *fmt, char *err,
         /* Only a shape a codec cannot serve falls back; anything else
          * (unknown codec, an fp8 cache) stays an error for the check. */
         if ((!kvd_codec_is_tq(c) && !kvd_codec_is_kivi(c)) ||
-            fmt->dtype == KVD_DTYPE_FP8_E4M3 ||
+            kvd_dtype_is_fp8(fmt->dtype) ||
             kvd_codec_check(fmt, plane, why, sizeof(why)) !=
                 KVD_ERR_UNSUPPORTED) {
             continue;

@@ -142,7 +142,9 @@ class LeaderRequest(ctypes.Structure):
                 ("lora_name", ctypes.c_char_p), ("cache_salt", ctypes.c_char_p),
                 ("source_node", ctypes.c_char_p),
                 ("mm_inputs", ctypes.POINTER(LeaderMmInput)),
-                ("num_mm_inputs", ctypes.c_size_t)]
+                ("num_mm_inputs", ctypes.c_size_t),
+                ("prompt_embeds", ctypes.POINTER(ctypes.c_uint8)),
+                ("num_prompt_embeds", ctypes.c_size_t)]
 
 
 class ObjectFormat(ctypes.Structure):
@@ -360,13 +362,23 @@ class Leader:
             ctypes.byref(self.handle)))
 
     def match(self, request_id, tokens, num_computed, lora_name=None,
-              cache_salt=None, source_node=None, mm_inputs=()):
+              cache_salt=None, source_node=None, mm_inputs=(),
+              prompt_embeds=None):
         """(matched, is_async), or None for "not yet". `source_node`: the
         node that computed the blocks (prefill -> decode), asked first.
         `mm_inputs`: the request's multimodal inputs as (identifier,
         offset, length) sorted by offset (leader.h kvd_leader_mm_input_t);
-        they enter the keys of the blocks they overlap."""
+        they enter the keys of the blocks they overlap. `prompt_embeds`: a
+        prompt given as embeddings, the 32-byte SHA-256 of each block's
+        slice of it (None: a prompt of tokens)."""
         toks = (ctypes.c_uint32 * len(tokens))(*tokens)
+        emb = None
+        if prompt_embeds is not None:
+            raw = b"".join(bytes(d) for d in prompt_embeds)
+            if any(len(d) != 32 for d in prompt_embeds):
+                raise ValueError("prompt_embeds: 32-byte digests")
+            emb = (ctypes.c_uint8 * max(1, len(raw))).from_buffer_copy(
+                raw or b"\0")
         mm = (LeaderMmInput * len(mm_inputs))(*[
             LeaderMmInput(None if i is None else i.encode(), o, n)
             for i, o, n in mm_inputs])
@@ -378,7 +390,9 @@ class Leader:
                           source_node=source_node.encode() if source_node
                           else None,
                           mm_inputs=mm if mm_inputs else None,
-                          num_mm_inputs=len(mm_inputs))
+                          num_mm_inputs=len(mm_inputs),
+                          prompt_embeds=emb,
+                          num_prompt_embeds=len(prompt_embeds or ()))
         m, a = ctypes.c_uint64(0), ctypes.c_bool(False)
         s = lib().kvd_leader_get_num_new_matched_tokens(
             self.handle, ctypes.byref(q), num_computed, ctypes.byref(m),

@@ -213,9 +213,10 @@ static void test_raw_round_trip_every_layout(void **state)
         {2, 6, 32, 4, 128}, {1, 4, 5, 8, 6},
     };
     static const kvd_dtype_t dtypes[] = {KVD_DTYPE_FP16, KVD_DTYPE_BF16,
-                                         KVD_DTYPE_FP8_E4M3};
+                                         KVD_DTYPE_FP8_E4M3,
+                                         KVD_DTYPE_FP8_E5M2};
     for (unsigned k = 0; k < LAYOUT_COUNT; k++) {
-        for (unsigned d = 0; d < 3; d++) {
+        for (unsigned d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
             for (unsigned i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
                 for (unsigned rep = 0; rep < 2; rep++) {
                     raw_round_trip((engine_layout_t)k, dtypes[d], shapes[i][0],
@@ -354,6 +355,9 @@ static void test_codec_names(void **state)
     assert_int_equal(kvd_dtype_size(KVD_DTYPE_FP16), 2);
     assert_int_equal(kvd_dtype_size(KVD_DTYPE_BF16), 2);
     assert_int_equal(kvd_dtype_size(KVD_DTYPE_FP8_E4M3), 1);
+    assert_int_equal(kvd_dtype_size(KVD_DTYPE_FP8_E5M2), 1);
+    assert_true(kvd_dtype_is_fp8(KVD_DTYPE_FP8_E5M2));
+    assert_false(kvd_dtype_is_fp8(KVD_DTYPE_BF16));
     assert_int_equal(kvd_dtype_size((kvd_dtype_t)0), 0);
     assert_int_equal(kvd_dtype_size((kvd_dtype_t)9), 0);
 }
@@ -386,7 +390,7 @@ static void test_format_check(void **state)
         expect_format(&f, want);                                               \
     } while (0)
     BAD(dtype, (kvd_dtype_t)0, KVD_ERR_INVALID);
-    BAD(dtype, (kvd_dtype_t)4, KVD_ERR_INVALID);
+    BAD(dtype, (kvd_dtype_t)5, KVD_ERR_INVALID);
     BAD(num_layers, 0, KVD_ERR_INVALID);
     BAD(num_layers, 1025, KVD_ERR_INVALID);
     BAD(num_planes, 0, KVD_ERR_INVALID);
@@ -400,6 +404,7 @@ static void test_format_check(void **state)
     BAD(codec[0], (kvd_codec_t)8, KVD_ERR_INVALID);
     BAD(codec[1], (kvd_codec_t)-1, KVD_ERR_INVALID);
     BAD(dtype, KVD_DTYPE_FP8_E4M3, KVD_ERR_UNSUPPORTED);
+    BAD(dtype, KVD_DTYPE_FP8_E5M2, KVD_ERR_UNSUPPORTED);
     f = good_fmt;
     f.head_dim = 48;
     f.codec[1] = KVD_CODEC_KIVI4;
@@ -419,6 +424,8 @@ static void test_format_check(void **state)
     f = good_fmt;
     f.dtype = KVD_DTYPE_FP8_E4M3;
     f.codec[0] = f.codec[1] = KVD_CODEC_RAW;
+    expect_format(&f, KVD_OK);
+    f.dtype = KVD_DTYPE_FP8_E5M2;
     expect_format(&f, KVD_OK);
     /* err may be NULL or tiny. */
     f = good_fmt;

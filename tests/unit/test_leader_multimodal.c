@@ -7,6 +7,8 @@
  * generate_block_hash_extra_keys builds them ((identifier, offset - block
  * start) per input overlapping the block), and hashed with kvd_block_hash;
  * the leader's keys are read from its lookups and its save plans.
+ * Prompts given as embeddings (vLLM prompt_embeds) have placeholder token
+ * ids, so each block's key carries the digest of its embeddings instead.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -218,12 +220,108 @@ static void test_bad_mm_inputs(void **state)
     kvd_leader_destroy(ld);
 }
 
+/* Prompt embeddings: the token ids are all 0, so without the digests two
+ * different embedded prompts would share every key. Each block's key
+ * carries its digest (a block past the given ones, completed by generated
+ * tokens, the digest of no bytes); the same embeddings match, others do
+ * not. */
+static void embeds_request(kvd_leader_request_t *q, const char *id,
+                           const uint32_t *tok, const uint8_t *dig, size_t n)
+{
+    *q = (kvd_leader_request_t){.request_id = id,
+                                .tokens = tok,
+                                .num_tokens = 72,
+                                .prompt_embeds = dig,
+                                .num_prompt_embeds = n};
+}
+
+static void test_prompt_embeds_key_their_blocks(void **state)
+{
+    (void)state;
+    fake_t f = {0};
+    kvd_leader_t *ld = leader_on(&f, 1);
+    uint32_t tok[80] = {0}, blocks[5];
+    uint8_t da[5 * 32], db[5 * 32];
+    for (size_t i = 0; i < sizeof da; i++) {
+        da[i] = (uint8_t)(i * 7 + 1);
+        db[i] = da[i];
+    }
+    db[2 * 32 + 5] ^= 1; /* b's embeddings differ from block 2 on */
+    static const uint8_t nothing[32] = {
+        0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14, 0x9a, 0xfb, 0xf4,
+        0xc8, 0x99, 0x6f, 0xb9, 0x24, 0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b,
+        0x93, 0x4c, 0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
+    kvd_leader_config_t c = config(1);
+    kvd_block_hash_t ha[5], hb[5];
+    for (size_t b = 0; b < 5; b++) {
+        /* The prompt's 72 tokens give 5 digests (the last for 8 tokens);
+         * block 4 is full only once 8 tokens are generated. */
+        kvd_block_extras_t ea = {.prompt_embeds = da + b * 32};
+        kvd_block_extras_t eb = {.prompt_embeds = db + b * 32};
+        assert_int_equal(kvd_block_hash(b == 0 ? &c.root : &ha[b - 1],
+                                        tok + b * BS, BS, &ea, &ha[b]),
+                         KVD_OK);
+        assert_int_equal(kvd_block_hash(b == 0 ? &c.root : &hb[b - 1],
+                                        tok + b * BS, BS, &eb, &hb[b]),
+                         KVD_OK);
+    }
+    fake_store(&f, ha, 4, KVD_STORE_TIER_HOST);
+    kvd_leader_request_t q;
+    uint64_t m = 0;
+    bool async = false;
+    embeds_request(&q, "a", tok, da, 5);
+    assert_int_equal(
+        kvd_leader_get_num_new_matched_tokens(ld, &q, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 64); /* the same embeddings: every stored block */
+    embeds_request(&q, "b", tok, db, 5);
+    assert_int_equal(
+        kvd_leader_get_num_new_matched_tokens(ld, &q, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 32); /* up to the block whose embeddings differ */
+    /* The same placeholder tokens as plain text match nothing. */
+    assert_int_equal(match(ld, "t", tok, 72, NULL, 0, &m, &async), KVD_OK);
+    assert_int_equal(m, 0);
+
+    /* Only 4 digests given: block 4 (generated tokens) gets the digest of
+     * no bytes, as vLLM's empty slice past the prompt. */
+    embeds_request(&q, "g", tok, da, 4);
+    q.num_tokens = 64;
+    assert_int_equal(
+        kvd_leader_get_num_new_matched_tokens(ld, &q, 0, &m, &async), KVD_OK);
+    ids(blocks, 5, 30);
+    assert_int_equal(kvd_leader_update_state_after_alloc(ld, "g", blocks, 5, m),
+                     KVD_OK);
+    assert_int_equal(kvd_leader_request_scheduled(ld, "g", NULL, 0, tok + 64,
+                                                  16, NULL, 0, 80),
+                     KVD_OK);
+    kvd_block_extras_t e4 = {.prompt_embeds = nothing};
+    kvd_block_hash_t h4;
+    assert_int_equal(kvd_block_hash(&ha[3], tok + 4 * BS, BS, &e4, &h4),
+                     KVD_OK);
+    kvd_pb_step_plan_t *p = plan_of(ld);
+    const kvd_pb_step_request_t *r = plan_req(p, "g");
+    assert_non_null(r);
+    assert_true(r->n_saves >= 1);
+    const kvd_pb_block_save_t *last = r->saves[r->n_saves - 1];
+    assert_int_equal(last->block_id, 34);
+    assert_memory_equal(last->key->block_hash.data, h4.bytes, 32);
+    kvd_proto_step_plan_free(p);
+
+    /* Digests promised but not given. */
+    embeds_request(&q, "bad", tok, NULL, 2);
+    assert_int_equal(
+        kvd_leader_get_num_new_matched_tokens(ld, &q, 0, &m, &async),
+        KVD_ERR_INVALID);
+    kvd_leader_destroy(ld);
+    assert_int_equal(f.leases, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_images_key_their_blocks),
         cmocka_unit_test(test_decode_block_after_an_image),
         cmocka_unit_test(test_bad_mm_inputs),
+        cmocka_unit_test(test_prompt_embeds_key_their_blocks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
