@@ -498,7 +498,7 @@ static kvd_status_t kvd_ce_plane(kvd_ce_batch *b, const kvd_gs_args *a,
                                  bool gather, const int32_t *block_ids,
                                  size_t i, unsigned p)
 {
-    size_t elt = kvd_dtype_size(a->dtype);
+    size_t elt = kvd_dtype_size((kvd_dtype_t)a->dtype);
     size_t row = (size_t)a->head_dim * elt;
     size_t head_bytes = (size_t)a->block_size * row;
     uint32_t valid = i + 1 == a->num_blocks ? a->valid_last : a->block_size;

@@ -7,9 +7,12 @@ import threading
 from kvdepot import _lib
 
 # kvdepot.v1.Dtype numbers for the namespace.
-_DTYPES = {"float16": 1, "bfloat16": 2, "float8_e4m3fn": 4}
+_DTYPES = {"float16": 1, "bfloat16": 2, "float8_e4m3fn": 4,
+           "float8_e5m2": 5}
 # kernels.h kvd_dtype_t for the object format.
-_KVD_DTYPES = {"float16": 1, "bfloat16": 2, "float8_e4m3fn": 3}
+_KVD_DTYPES = {"float16": 1, "bfloat16": 2, "float8_e4m3fn": 3,
+               "float8_e5m2": 4}
+_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")
 
 
 def _dtype_name(dtype):

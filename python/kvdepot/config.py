@@ -30,6 +30,7 @@ class Settings:
     #   ("" = the host name, kvdepotd's default): the node a prefill
     #   engine's kv_transfer_params name for the decode side
     store_settings: dict = field(default_factory=dict)  # raw store.* keys
+    allow_untested_vllm: bool = False  # run on a vLLM newer than tested
 
     @property
     def codecs(self):

@@ -28,16 +28,18 @@ module still imports, over minimal stand-ins for its base classes, so the
 logic can be tested without it.
 """
 
+import hashlib
 import json
 import logging
 import os
+import re
 import socket
 import sys
 
 from kvdepot import _lib, config
-from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _KVD_DTYPES, _dtype_name,
-                              _layout_of, _store_acquire, _store_release,
-                              _stream_of, _worker_device)
+from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _FP8_DTYPES, _KVD_DTYPES,
+                              _dtype_name, _layout_of, _store_acquire,
+                              _store_release, _stream_of, _worker_device)
 
 log = logging.getLogger("kvdepot.vllm")
 
@@ -136,6 +138,18 @@ def _kv_groups(kv_cache_config, block_size):
     """[(layer names, spec)] per KV-cache group when there are several (the
     hybrid allocator), or [None]: one group holding every layer."""
     groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or ())
+    for g, grp in enumerate(groups):
+        # Later vLLM releases mark groups that are not plain prefix KV:
+        # draft-model layers, sparse-attention pools, replicas rebuilt
+        # after a load. Storing or skipping them silently could restore a
+        # request without state it needs, so they are refused.
+        role = getattr(getattr(grp, "role", None), "value", "default")
+        if getattr(grp, "is_eagle_group", False) or role != "default" or \
+                getattr(grp, "enable_kv_transfer", True) is False:
+            raise ValueError(f"kvdepot: KV-cache group {g} holds draft-model, "
+                             f"sparse-attention or rebuilt KV (role "
+                             f"{role!r}); kvdepot stores plain attention K/V "
+                             f"only")
     if len(groups) <= 1:
         return [None]
     out = []
@@ -235,6 +249,181 @@ def _tp_rank(pc, tp):
         return getattr(pc, "rank", 0) % tp
 
 
+def _pp_rank(pc, tp, pp):
+    """This worker's pipeline stage."""
+    if pp == 1:
+        return 0
+    try:
+        from vllm.distributed.parallel_state import get_pp_group
+        return get_pp_group().rank_in_group
+    except (ImportError, AssertionError):  # no vLLM, or no PP group (tests)
+        return (getattr(pc, "rank", 0) // tp) % pp
+
+
+# ---- vLLM versions --------------------------------------------------------------
+
+# The vLLM releases `make test-vllm` runs the connector against (docs/vllm.md),
+# and the range the package declares (pyproject.toml, the `vllm` extra):
+# from the oldest tested release up to, not including, the next minor
+# release after the newest. The connector API is experimental and changes
+# between releases; a release past the range is refused unless the operator
+# says otherwise (allow_untested_vllm), since a changed call order could
+# serve wrong KV.
+VLLM_TESTED = ("0.19.1", "0.33.0")
+VLLM_MIN = "0.19.1"
+VLLM_BELOW = "0.34"
+
+
+def _version_tuple(v):
+    """(major, minor, patch) of a version string ("0.33.0", "0.19.1+cpu",
+    "0.34.0rc1", "0.20.0.dev12+g1234"): its leading numbers."""
+    m = re.match(r"\s*(\d+)(?:\.(\d+))?(?:\.(\d+))?", str(v))
+    if m is None:
+        raise ValueError(f"kvdepot: cannot read vLLM version {v!r}")
+    return tuple(int(x or 0) for x in m.groups())
+
+
+def check_vllm_version(version, allow_untested=False):
+    """Refuses a vLLM release outside the supported range with a message
+    that names the range; a newer one is run only with allow_untested (and
+    a WARNING). Returns the version."""
+    v = _version_tuple(version)
+    supported = (f"vLLM >={VLLM_MIN},<{VLLM_BELOW} (tested: "
+                 f"{', '.join(VLLM_TESTED)})")
+    if v < _version_tuple(VLLM_MIN):
+        raise ValueError(f"kvdepot: vLLM {version} is not supported: the "
+                         f"connector needs {supported}; upgrade vLLM")
+    if v >= _version_tuple(VLLM_BELOW):
+        if not allow_untested:
+            raise ValueError(
+                f"kvdepot: vLLM {version} is newer than this kvdepot is "
+                f"tested with ({supported}); its connector API may have "
+                f"changed in ways that serve wrong KV. Upgrade kvdepot, or "
+                f"set \"allow_untested_vllm\": true in "
+                f"kv_connector_extra_config to run it anyway")
+        log.warning("kvdepot: vLLM %s is untested (supported: %s); running "
+                    "it because allow_untested_vllm is set", version,
+                    supported)
+    return version
+
+
+# ---- what else makes KV differ -------------------------------------------------
+
+# --kv-cache-dtype values whose caches hold fp8 bytes (vLLM allocates them
+# as uint8): the raw codec moves them as they are.
+_FP8_CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
+                     "fp8_e5m2": "float8_e5m2"}
+
+# Speculative decoding methods that add no layers to the KV cache.
+_SPEC_WITHOUT_KV = ("ngram", "suffix")
+
+
+def _kv_dtype(vllm_config, codecs):
+    """The KV cache's element type: the model's dtype, or an fp8 type for
+    --kv-cache-dtype fp8*, which only the raw codec can carry (the bytes
+    are already quantized with the engine's scales)."""
+    mc, cc = vllm_config.model_config, vllm_config.cache_config
+    cd = str(getattr(cc, "cache_dtype", "auto") or "auto")
+    if cd == "auto":
+        dt = _dtype_name(mc.dtype)
+    elif cd in _FP8_CACHE_DTYPES:
+        dt = _FP8_CACHE_DTYPES[cd]
+        bad = [c for c in codecs if c != "raw"]
+        if bad:
+            raise ValueError(
+                f"kvdepot: codec {bad[0]} needs K/V in the model's dtype, "
+                f"but --kv-cache-dtype {cd} caches already hold fp8 bytes; "
+                f"use codec \"raw\" (the fp8 bytes are stored as they are)")
+        if getattr(cc, "calculate_kv_scales", False):
+            raise ValueError(
+                "kvdepot: calculate_kv_scales derives the fp8 KV scales from "
+                "the first batch, so the same tokens give other bytes in "
+                "another run and stored KV would be read with the wrong "
+                "scales; use the checkpoint's scales (the default)")
+    elif cd in _DTYPES:
+        dt = cd
+    else:
+        raise ValueError(f"kvdepot: --kv-cache-dtype {cd} is not supported "
+                         f"(auto, fp8, fp8_e4m3, fp8_e5m2, or the model's "
+                         f"float16 / bfloat16)")
+    if dt not in _DTYPES:
+        raise ValueError(f"kvdepot: KV dtype {dt} is not supported")
+    return dt
+
+
+def _check_engine(vllm_config):
+    """Refuses settings whose KV the connector cannot key or restore
+    whole, with the reason: speculative decoding with draft layers in the
+    KV cache, encoder-decoder models (cross-attention KV comes from the
+    encoder's input, not from the prompt's tokens)."""
+    sc = getattr(vllm_config, "speculative_config", None)
+    method = getattr(sc, "method", None) if sc is not None else None
+    if sc is not None and method not in _SPEC_WITHOUT_KV:
+        raise ValueError(
+            f"kvdepot: speculative decoding with method {method!r} keeps "
+            f"the draft model's layers in the KV cache, and their KV depends "
+            f"on tokens after each block (vLLM hashes those in too); kvdepot "
+            f"stores the target model's KV only. Use ngram or suffix "
+            f"speculation, or none")
+    if getattr(vllm_config.model_config, "is_encoder_decoder", False):
+        raise ValueError("kvdepot: encoder-decoder models are not supported: "
+                         "their cross-attention KV comes from the encoder's "
+                         "input, which the block keys do not cover")
+
+
+def _tensor_digest(t):
+    """SHA-256 of a tensor's raw bytes, as vLLM's tensor_data feeds its
+    prompt-embeds hash."""
+    import torch
+    return hashlib.sha256(t.flatten().cpu().contiguous().view(torch.uint8)
+                          .numpy().tobytes()).digest()
+
+
+def _prompt_embeds(request, block_size):
+    """For a prompt given as embeddings, the digest of each block's slice
+    of them (the last may be short), else None."""
+    pe = getattr(request, "prompt_embeds", None)
+    if pe is None:
+        return None
+    return [_tensor_digest(pe[i:i + block_size])
+            for i in range(0, int(pe.shape[0]), block_size)]
+
+
+def _prompt_tokens(request):
+    """The prompt's token ids as vLLM hashes them: all_token_ids, whose
+    positions given as embeddings hold 0 (prompt_token_ids is None for a
+    prompt of embeddings only)."""
+    n = getattr(request, "num_prompt_tokens", None)
+    all_ids = getattr(request, "all_token_ids", None)
+    if n is not None and all_ids is not None:
+        return list(all_ids[:n])
+    return list(request.prompt_token_ids)
+
+
+def _stage_layers(vllm_config, pp_rank, pp_size):
+    """[start, end) of the model layers pipeline stage pp_rank runs:
+    vLLM's own partition (get_pp_indices, VLLM_PP_LAYER_PARTITION
+    included), or its default split when vLLM is not importable."""
+    mc = vllm_config.model_config
+    get_total = getattr(mc, "get_total_num_hidden_layers", None)
+    total = get_total() if callable(get_total) else getattr(
+        getattr(mc, "hf_config", None), "num_hidden_layers", None)
+    if total is None:
+        if pp_size == 1:
+            return 0, mc.get_num_layers(vllm_config.parallel_config)
+        raise ValueError("kvdepot: pipeline parallelism: the model config "
+                         "does not say how many layers the model has")
+    try:
+        from vllm.distributed.utils import get_pp_indices
+        return tuple(get_pp_indices(total, pp_rank, pp_size))
+    except ImportError:
+        parts = [total // pp_size] * pp_size
+        for i in range(2, total % pp_size + 2):
+            parts[-i] += 1
+        start = sum(parts[:pp_rank])
+        return start, start + parts[pp_rank]
+
+
 # ---- the connector -------------------------------------------------------------
 
 class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
@@ -246,36 +435,51 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         ktc = vllm_config.kv_transfer_config
         self.settings = config.parse(
             getattr(ktc, "kv_connector_extra_config", None))
+        self.vllm_version = None
+        if HAVE_VLLM:
+            import vllm as _vllm
+            self.vllm_version = check_vllm_version(
+                getattr(_vllm, "__version__", "0"),
+                self.settings.allow_untested_vllm)
+        _check_engine(vllm_config)
         mc, pc = vllm_config.model_config, vllm_config.parallel_config
-        if getattr(pc, "pipeline_parallel_size", 1) != 1:
-            raise ValueError("kvdepot: pipeline parallelism is not supported "
-                             "(each stage would store its own layers); use "
-                             "tensor parallelism")
         self.tp = getattr(pc, "tensor_parallel_size", 1)
-        if self.tp != 1 and self.settings.store_mode != "daemon":
-            raise ValueError(f"kvdepot: tensor parallelism ({self.tp} "
-                             f"workers in their own processes) needs "
-                             f"store_mode \"daemon\": an embedded store "
-                             f"lives in one process")
+        self.pp = getattr(pc, "pipeline_parallel_size", 1)
+        if self.tp * self.pp != 1 and self.settings.store_mode != "daemon":
+            raise ValueError(f"kvdepot: tensor or pipeline parallelism "
+                             f"({self.tp * self.pp} workers in their own "
+                             f"processes) needs store_mode \"daemon\": an "
+                             f"embedded store lives in one process")
+        is_scheduler = role == KVConnectorRole.SCHEDULER or \
+            getattr(role, "name", "") == "SCHEDULER"
+        # With tensor parallelism each rank stores its shard of the heads,
+        # with pipeline parallelism each stage its layers, in a namespace
+        # of its own; the leader plans in rank 0's of stage 0 (plan_ns)
+        # and a block matches only when every shard holds it.
+        self.tp_rank = 0 if is_scheduler else _tp_rank(pc, self.tp)
+        self.pp_rank = 0 if is_scheduler else _pp_rank(pc, self.tp, self.pp)
+        self.stages = [_stage_layers(vllm_config, r, self.pp)
+                       for r in range(self.pp)]
         self.block_size = vllm_config.cache_config.block_size
-        self.num_layers = mc.get_num_layers(pc)
+        if self.pp > 1:
+            start, end = self.stages[self.pp_rank]
+            self.num_layers = end - start
+        else:
+            self.num_layers = mc.get_num_layers(pc)
         self.num_kv_heads = mc.get_num_kv_heads(pc)
         self.head_dim = mc.get_head_size()
         self.mla = bool(getattr(mc, "use_mla", False))
-        dt = _dtype_name(mc.dtype)
-        if dt not in _DTYPES:
-            raise ValueError(f"kvdepot: KV dtype {dt} is not supported")
-        self.dtype = dt
+        self.dtype = _kv_dtype(vllm_config, self.settings.codecs)
         ck, cv = (_lib.codec_id(c) for c in self.settings.codecs)
         self.codecs = (ck, cv)
         self.model_id = self.settings.model_id or str(mc.model)
         self._model_config = mc
         self.groups = _kv_groups(kv_cache_config, self.block_size)
-        is_scheduler = role == KVConnectorRole.SCHEDULER or \
-            getattr(role, "name", "") == "SCHEDULER"
-        # With tensor parallelism each rank stores its shard of the heads in
-        # its own namespace; the leader plans in rank 0's (plan_ns).
-        self.tp_rank = 0 if is_scheduler else _tp_rank(pc, self.tp)
+        if self.pp > 1 and self.groups != [None]:
+            raise ValueError("kvdepot: pipeline parallelism with several "
+                             "KV-cache groups (the hybrid allocator) is not "
+                             "supported; run it with one group "
+                             "(--disable-hybrid-kv-cache-manager)")
         self.generation = 0  # bumped by reset_cache
         self._set_namespaces()
         self._store_key, self.store = _store_acquire(
@@ -285,11 +489,15 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         if is_scheduler:
             for ns in self.group_ns:
                 self.leaders.append(_lib.Leader(
-                    self.store, self.block_size, ns, num_workers=self.tp,
+                    self.store, self.block_size, ns,
+                    num_workers=self.tp * self.pp,
                     layerwise=self.settings.layerwise,
                     lookup_timeout_ms=self.settings.lookup_timeout_ms,
                     node_id=self.settings.node_id or socket.gethostname()))
+            self._log_start(vllm_config)
             self._requests = {}   # id -> [request, tokens given, async]
+            self._embeds = {}     # id -> prompt-embeds digests, until answered
+            self._refused = set()  # reasons a request was not cached, logged
             self._delayed = []    # kept blocks, for the next plan
             self._async_loads = []  # vLLM waits for these, for the plan
         else:
@@ -300,11 +508,14 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self._loading = {}       # async load -> groups yet to report
             self._reports = []
             self._exc_at_bind = None  # the exception handled at bind, if any
+            self._registered = {}    # layer -> (tensor, address registered)
+            self._asleep = False     # sleep mode released the KV cache
 
     def _set_namespaces(self):
-        """Each group's namespace for this rank and for rank 0 (the plans'),
-        at the current generation: everything vLLM's model config says
-        that changes the KV bytes (docs/reliability.md)."""
+        """Each group's namespace for this rank and stage and for rank 0 of
+        stage 0 (the plans'), at the current generation: everything vLLM's
+        model config says that changes the KV bytes (docs/reliability.md).
+        A pipeline stage's namespace names its layers."""
         mc = self._model_config
         n = len(self.groups)
         self.group_ns, self.plan_ns = [], []
@@ -312,12 +523,18 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             heads = self.num_kv_heads if grp is None else grp[1].num_kv_heads
             dim = self.head_dim if grp is None else grp[1].head_size
 
-            def ns_of(rank):
+            def ns_of(rank, stage=0):
+                model = self.model_id if grp is None else \
+                    f"{self.model_id}#kv-group-{g}-of-{n}"
+                layers = self.num_layers if grp is None else len(grp[0])
+                if self.pp > 1:
+                    start, end = self.stages[stage]
+                    model = f"{model}#pp-layers-{start}-{end}"
+                    layers = end - start
                 return _lib.namespace(
-                    self.model_id if grp is None else
-                    f"{self.model_id}#kv-group-{g}-of-{n}",
+                    model,
                     _DTYPES[self.dtype], self.codecs[0], self.codecs[1],
-                    self.num_layers if grp is None else len(grp[0]),
+                    layers,
                     1 if self.mla else heads, dim, self.block_size,
                     tp_size=self.tp, tp_rank=rank, kv_combined=self.mla,
                     tq_seed=_lib.TQ_SEED,
@@ -327,9 +544,30 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                     sliding_window=_sliding_window(
                         mc, None if grp is None else grp[1]),
                     generation=self.generation)
-            self.group_ns.append(ns_of(self.tp_rank))
-            self.plan_ns.append(ns_of(0))
+            self.group_ns.append(ns_of(self.tp_rank, self.pp_rank))
+            self.plan_ns.append(ns_of(0, 0))
         self.ns = self.plan_ns[0]
+
+    def _log_start(self, vllm_config):
+        """One INFO line with what this engine's cache is, and a WARNING
+        when vLLM would fail requests the cache cannot serve."""
+        ktc = vllm_config.kv_transfer_config
+        policy = getattr(ktc, "kv_load_failure_policy", None)
+        if policy == "fail":
+            log.warning(
+                "kvdepot: kv_load_failure_policy is \"fail\": a block the "
+                "cache cannot deliver (a dead daemon, a checksum error, an "
+                "evicted copy) fails the user's request instead of being "
+                "recomputed; set \"kv_load_failure_policy\": \"recompute\"")
+        s = self.settings
+        store = (s.store_address if s.store_mode == "daemon" else
+                 f"arena {s.arena_size}" + (f", disk {s.store_dir}"
+                                             if s.store_dir else ""))
+        log.info("kvdepot: vLLM %s, mode %s, namespace %s, codec K %s V %s, "
+                 "KV %s, TP %d, PP %d, store %s",
+                 self.vllm_version or "stand-in", s.store_mode,
+                 bytes(self.ns.bytes).hex(), s.codecs[0], s.codecs[1],
+                 self.dtype, self.tp, self.pp, store)
 
     # ---- scheduler role ----------------------------------------------------
 
@@ -349,29 +587,48 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             return None
         return str(node)
 
+    def _embeds_of(self, request):
+        """The request's prompt-embeddings digests, hashed once per
+        request (a "not yet" answer brings it back)."""
+        rid = request.request_id
+        if rid not in self._embeds:
+            self._embeds[rid] = _prompt_embeds(request, self.block_size)
+        return self._embeds[rid]
+
+    def _not_cached(self, request, why):
+        """A request whose inputs cannot be keyed safely is computed and
+        not saved; each reason is logged once."""
+        if why not in self._refused:
+            self._refused.add(why)
+            log.warning("kvdepot: request %s is not cached: %s (later "
+                        "requests refused for the same reason are not "
+                        "logged)", request.request_id, why)
+        self._embeds.pop(request.request_id, None)
+        return 0, False
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        tokens = list(request.prompt_token_ids)
+        tokens = _prompt_tokens(request)
         lora_name = _lora_key(getattr(request, "lora_request", None))
         salt = getattr(request, "cache_salt", None)
         source = self._source_node(request)
         mm = _mm_inputs(request)
+        embeds = self._embeds_of(request)
         answers = []
         for leader in self.leaders:
             try:
                 answers.append(leader.match(
                     request.request_id, tokens, num_computed_tokens,
                     lora_name=lora_name, cache_salt=salt, source_node=source,
-                    mm_inputs=mm))
+                    mm_inputs=mm, prompt_embeds=embeds))
             except _lib.KvdepotError as e:
-                log.warning("kvdepot: request %s: %s; computing it",
-                            request.request_id, e)
-                return 0, False
+                return self._not_cached(request, str(e))
         if any(r is None for r in answers):
             return None, False  # a leader answers again with the same
         # Every group must hold a token for the engine to skip it.
         matched = min(m for m, _ in answers)
         is_async = matched > 0 and any(a for _, a in answers)
         self._requests[request.request_id] = [request, len(tokens), is_async]
+        self._embeds.pop(request.request_id, None)
         return matched, is_async
 
     def _group_ids(self, table, g):
@@ -445,6 +702,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         decode request's kv_transfer_params, and that engine's connector
         asks this node first (get_num_new_matched_tokens)."""
         self._requests.pop(request.request_id, None)
+        self._embeds.pop(request.request_id, None)
         p = getattr(request, "kv_transfer_params", None) or {}
         params = None
         rid = request.request_id
@@ -479,6 +737,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
     # ---- worker role -------------------------------------------------------
 
     def register_kv_caches(self, kv_caches):
+        self._registered = {n: (t, t.data_ptr())
+                            for n, t in kv_caches.items()}
         names = list(kv_caches)
         if len(names) != self.num_layers:
             raise ValueError(f"kvdepot: {len(names)} KV tensors for "
@@ -509,6 +769,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                                            for n in layers], g, heads, dim)
 
     def register_cross_layers_kv_cache(self, kv_cache, attn_backend=None):
+        self._registered = {"cross-layer": (kv_cache, kv_cache.data_ptr())}
         if self.groups != [None]:
             raise ValueError("kvdepot: one cross-layer KV tensor for several "
                              "KV-cache groups")
@@ -524,6 +785,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
     def _open_worker(self, t, lay, bases, g, want_heads, want_dim):
         num_blocks, strides, planes, heads, head_dim = lay
         dt = _dtype_name(t.dtype)
+        if dt == "uint8" and self.dtype in _FP8_DTYPES:
+            dt = self.dtype  # vLLM allocates fp8 caches as bytes
         if dt != self.dtype or head_dim != want_dim or \
                 (not self.mla and heads != want_heads):
             raise ValueError(f"kvdepot: KV tensor ({dt}, {heads} heads x "
@@ -540,9 +803,10 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         # compute (maybe_transfer_kv_layer): a step that stopped short is
         # aborted by wait_for_save, not committed with stale layers.
         worker = _lib.Worker(
-            self.store, self.group_ns[g], fmt, rank=self.tp_rank,
+            self.store, self.group_ns[g], fmt,
+            rank=self.pp_rank * self.tp + self.tp_rank,
             threads=self.settings.threads,
-            plan_ns=self.plan_ns[g] if self.tp > 1 else None,
+            plan_ns=self.plan_ns[g] if self.tp * self.pp > 1 else None,
             device=self._device, layerwise_saves=True)
         self.workers.append(worker)
         worker.register_kv_caches(bases, num_blocks, strides)
@@ -555,6 +819,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         return gi
 
     def bind_connector_metadata(self, connector_metadata):
+        if self._asleep:
+            raise RuntimeError("kvdepot: a step while the KV cache is "
+                               "released (sleep mode)")
         super().bind_connector_metadata(connector_metadata)
         m = connector_metadata
         if len(m.plans) != len(self.workers):
@@ -567,7 +834,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             for g, worker in enumerate(self.workers):
                 worker.clear_metadata()  # a step left bound ends here
                 worker.set_namespace(self.group_ns[g], self.plan_ns[g]
-                                     if self.tp > 1 else None)
+                                     if self.tp * self.pp > 1 else None)
         self._delayed.update(m.delayed)
         for rid in m.async_loads:
             self._loading[rid] = len(self.workers)
@@ -585,6 +852,27 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
 
     def handle_preemptions(self, kv_connector_metadata):
         pass  # saves never outlive their step (wait_for_save)
+
+    def unregister_kv_caches(self):
+        """vLLM's sleep mode is about to release the KV cache memory (its
+        transfers are drained): a step still bound is aborted, and the
+        registered addresses are remembered for restore_kv_caches."""
+        for worker in self.workers:
+            worker.clear_metadata()
+        self._asleep = True
+
+    def restore_kv_caches(self):
+        """After wake-up the KV tensors must be where they were registered
+        (vLLM's sleep allocator maps them back at the same addresses);
+        anything else would make the workers copy into freed memory, so it
+        is refused."""
+        moved = [n for n, (t, ptr) in self._registered.items()
+                 if t.data_ptr() != ptr]
+        if moved:
+            raise RuntimeError(f"kvdepot: after wake-up the KV cache of "
+                               f"layer {moved[0]} is at another address; "
+                               f"the connector cannot follow a moved cache")
+        self._asleep = False
 
     # With CUDA caches each call is ordered on torch's current stream, the
     # one the forward pass runs on (worker.h: the engine's stream waits for
