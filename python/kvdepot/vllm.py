@@ -283,9 +283,10 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self.leaders, self.workers = [], []
         self._device = _DEVICE_HOST  # the caches' (register_kv_caches)
         if is_scheduler:
-            for ns in self.group_ns:
+            for g, ns in enumerate(self.group_ns):
                 self.leaders.append(_lib.Leader(
                     self.store, self.block_size, ns, num_workers=self.tp,
+                    shard_ns=self.shard_ns[g],
                     layerwise=self.settings.layerwise,
                     lookup_timeout_ms=self.settings.lookup_timeout_ms,
                     node_id=self.settings.node_id or socket.gethostname()))
@@ -303,11 +304,13 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _set_namespaces(self):
         """Each group's namespace for this rank and for rank 0 (the plans'),
-        at the current generation: everything vLLM's model config says
-        that changes the KV bytes (docs/reliability.md)."""
+        and those of ranks 1..tp-1 (shard_ns: the leader matches a block
+        only when every rank holds its shard), at the current generation:
+        everything vLLM's model config says that changes the KV bytes
+        (docs/reliability.md)."""
         mc = self._model_config
         n = len(self.groups)
-        self.group_ns, self.plan_ns = [], []
+        self.group_ns, self.plan_ns, self.shard_ns = [], [], []
         for g, grp in enumerate(self.groups):
             heads = self.num_kv_heads if grp is None else grp[1].num_kv_heads
             dim = self.head_dim if grp is None else grp[1].head_size
@@ -329,6 +332,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                     generation=self.generation)
             self.group_ns.append(ns_of(self.tp_rank))
             self.plan_ns.append(ns_of(0))
+            self.shard_ns.append([ns_of(r) for r in range(1, self.tp)])
         self.ns = self.plan_ns[0]
 
     # ---- scheduler role ----------------------------------------------------
@@ -690,7 +694,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self.generation += 1
         self._set_namespaces()
         for g, leader in enumerate(self.leaders):
-            leader.set_namespace(self.group_ns[g])
+            leader.set_namespace(self.group_ns[g], self.shard_ns[g])
         log.info("kvdepot: cache reset: namespace generation %d",
                  self.generation)
         return True
