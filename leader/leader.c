@@ -108,15 +108,26 @@ static void loading_remove(kvd_leader_t *ld, const kvd_block_hash_t *h)
 
 /* ---- leases and loads --------------------------------------------------- */
 
+void kvd_lreq_release_tail(kvd_leader_t *ld, lreq_t *r, size_t keep)
+{
+    if (keep >= r->num_leases) {
+        return;
+    }
+    size_t n = r->num_leases - keep;
+    for (size_t row = 0; row < r->lease_rows; row++) {
+        (void)kvd_store_release(ld->store,
+                                r->leases + row * r->lease_stride + keep, n);
+    }
+    ld->st.leases -= (uint64_t)n * r->lease_rows;
+    r->num_leases = keep;
+}
+
 void kvd_lreq_release_leases(kvd_leader_t *ld, lreq_t *r)
 {
-    if (r->num_leases > 0) {
-        (void)kvd_store_release(ld->store, r->leases, r->num_leases);
-        ld->st.leases -= r->num_leases;
-    }
+    kvd_lreq_release_tail(ld, r, 0);
     free(r->leases);
     r->leases = NULL;
-    r->num_leases = 0;
+    r->lease_rows = r->lease_stride = 0;
 }
 
 /* Ends the request's loads (finished, failed or dropped). */
@@ -382,13 +393,29 @@ kvd_status_t kvd_lreq_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
 
 /* ---- create / destroy --------------------------------------------------- */
 
+static bool shards_ok(const kvd_namespace_t *shard_ns, uint32_t num)
+{
+    return (shard_ns != NULL || num == 0) && num <= KVD_LEADER_MAX_SHARD_NS;
+}
+
+/* Copies the shard namespaces into the leader's own array. */
+static void shards_set(kvd_leader_t *ld, const kvd_namespace_t *shard_ns,
+                       uint32_t num)
+{
+    if (num > 0) {
+        memmove(ld->shard_ns, shard_ns, num * sizeof *shard_ns);
+    }
+    ld->cfg.shard_ns = num > 0 ? ld->shard_ns : NULL;
+    ld->cfg.num_shard_ns = num;
+}
+
 KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
                                        kvd_store_t *store,
                                        kvd_leader_t **leader_out)
 {
     if (cfg == NULL || store == NULL || leader_out == NULL ||
         cfg->block_size == 0 || cfg->block_size > LEADER_BLOCK_SIZE_MAX ||
-        cfg->num_workers == 0) {
+        cfg->num_workers == 0 || !shards_ok(cfg->shard_ns, cfg->num_shard_ns)) {
         return KVD_ERR_INVALID;
     }
     kvd_leader_t *ld = calloc(1, sizeof *ld);
@@ -400,6 +427,7 @@ KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
     snprintf(ld->node_id, sizeof ld->node_id, "%s",
              cfg->node_id != NULL ? cfg->node_id : "");
     ld->cfg.node_id = ld->node_id;
+    shards_set(ld, cfg->shard_ns, cfg->num_shard_ns);
     if (ld->cfg.lookup_timeout_ms == 0) {
         ld->cfg.lookup_timeout_ms = KVD_LEADER_DEFAULT_LOOKUP_TIMEOUT_MS;
     }
@@ -414,6 +442,19 @@ KVD_API kvd_status_t kvd_leader_set_namespace(kvd_leader_t *leader,
         return KVD_ERR_INVALID;
     }
     leader->cfg.ns = *ns;
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_leader_set_namespaces(kvd_leader_t *leader,
+                                               const kvd_namespace_t *ns,
+                                               const kvd_namespace_t *shard_ns,
+                                               uint32_t num_shard_ns)
+{
+    if (leader == NULL || ns == NULL || !shards_ok(shard_ns, num_shard_ns)) {
+        return KVD_ERR_INVALID;
+    }
+    leader->cfg.ns = *ns;
+    shards_set(leader, shard_ns, num_shard_ns);
     return KVD_OK;
 }
 

@@ -52,14 +52,19 @@ struct lreq {
     uint8_t *embeds;
     size_t num_embeds;
 
-    /* Lookup: blocks [first_block, first_block + num_leases) are leased.
-     * The answer holds for answered_computed tokens held by the engine. */
+    /* Lookup: blocks [first_block, first_block + num_leases) are leased
+     * under every namespace the lookup asked: `leases` holds lease_rows
+     * rows of lease_stride leases, row 0 the plan's namespace (cfg.ns:
+     * plan.c reads its tiers), row 1 + s shard namespace s of the time of
+     * the lookup; the first num_leases of each row are held. The answer
+     * holds for answered_computed tokens held by the engine. */
     bool looked_up;
     bool allocated; /* update_state_after_alloc took the answer */
     uint64_t answered_computed;
     size_t first_block;
     kvd_store_lease_t *leases;
     size_t num_leases;
+    size_t lease_rows, lease_stride;
     bool async;
     uint64_t matched_tokens;
 
@@ -113,6 +118,8 @@ struct kvd_leader {
     char (*taken)[LEADER_ID_MAX + 1];
     size_t cap_taken;
     char node_id[LEADER_ID_MAX + 1];
+    /* cfg.shard_ns points here (cfg.num_shard_ns of them). */
+    kvd_namespace_t shard_ns[KVD_LEADER_MAX_SHARD_NS];
     kvd_block_hash_t *handoff; /* last hand-off's hashes */
     size_t cap_handoff;
     kvd_leader_stats_t st;
@@ -151,8 +158,11 @@ bool kvd_leader_loading_add(kvd_leader_t *ld, const kvd_block_hash_t *h);
 
 /* ---- leases, loads and the end of a request (leader.c) ------------------ */
 
-/* Gives the request's leases back to the store. */
+/* Gives the request's leases back to the store (every row). */
 void kvd_lreq_release_leases(kvd_leader_t *ld, lreq_t *r);
+/* Gives back the leases of blocks from `keep` on (first_block + keep on),
+ * in every row, keeping the first `keep` (<= num_leases) of each. */
+void kvd_lreq_release_tail(kvd_leader_t *ld, lreq_t *r, size_t keep);
 /* Ends the request's loads (finished, failed or dropped). */
 void kvd_lreq_end_loads(kvd_leader_t *ld, lreq_t *r);
 /* Ends the request's loads and forgets its answer. */

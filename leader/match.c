@@ -5,6 +5,12 @@
  * the same blocks), the engine's block table after allocation, and each
  * scheduled step's new blocks and tokens, which decide the saves. The
  * state it writes is drained by the plan (plan.c).
+ *
+ * Shards: with tensor parallelism every rank needs its own shard of each
+ * block it is promised (a rank that misses one fails the user's request
+ * under vLLM's default kv_load_failure_policy), so a lookup asks the
+ * plan's namespace and then every shard namespace, each up to the prefix
+ * found so far, and leases the common prefix in all of them.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -52,32 +58,96 @@ static kvd_status_t req_find_or_create(kvd_leader_t *ld,
     return KVD_OK;
 }
 
-/* Records a lookup that matched m leading blocks, with a lease on each in
- * leases (taken over: kept or freed here). */
+/* Gives back leases [from, to) of rows [0, rows) of a lookup's array. */
+static void rows_release(kvd_leader_t *ld, kvd_store_lease_t *leases,
+                         size_t rows, size_t stride, size_t from, size_t to)
+{
+    for (size_t row = 0; to > from && row < rows; row++) {
+        (void)kvd_store_release(ld->store, leases + row * stride + from,
+                                to - from);
+    }
+}
+
+/*
+ * Looks hashes [0, cap) up under cfg.ns (row 0 of `leases`, rows of `cap`
+ * leases) and then under each shard namespace (row 1 + s), each shard's
+ * cap shrunk to what every namespace before it holds: a block counts only
+ * when all shards hold it. On KVD_OK every row holds leases [0, *m_out)
+ * (whatever a row leased beyond the final prefix is given back). On any
+ * other status nothing stays leased: KVD_AGAIN (some namespace was not
+ * ready) or the first lookup's error, logged here.
+ */
+static kvd_status_t lookup_rows(kvd_leader_t *ld, lreq_t *r, size_t cap,
+                                size_t first, kvd_store_lease_t *leases,
+                                size_t *m_out)
+{
+    size_t rows = 1 + ld->cfg.num_shard_ns, m = cap, row = 0;
+    for (; row < rows && (row == 0 || m > first); row++) {
+        const kvd_namespace_t *ns =
+            row == 0 ? &ld->cfg.ns : &ld->cfg.shard_ns[row - 1];
+        size_t got = 0;
+        ld->st.lookups++;
+        kvd_status_t s = kvd_store_lookup_from(
+            ld->store, ns, r->hashes, m, r->source, leases + row * cap, &got);
+        if (s != KVD_OK) {
+            rows_release(ld, leases, row, cap, 0, m);
+            if (s != KVD_AGAIN) {
+                KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 5000,
+                                    "leader: lookup for request %s failed "
+                                    "(%s, namespace %zu of %zu): computed "
+                                    "instead",
+                                    r->id, kvd_status_str(s), row + 1, rows);
+            }
+            return s;
+        }
+        if (got < m) {
+            /* This shard stops earlier: the blocks past it are not
+             * stored, whatever the namespaces before it hold. */
+            rows_release(ld, leases, row, cap, got, m);
+            m = got;
+        }
+    }
+    if (m <= first) {
+        /* Nothing beyond what the engine has (the shards after `row` were
+         * not asked): what the rows asked hold goes back now. */
+        rows_release(ld, leases, row, cap, 0, m);
+        m = 0;
+    }
+    *m_out = m;
+    return KVD_OK;
+}
+
+/* Records a lookup that matched m leading blocks under every namespace,
+ * with a lease on each in `rows` rows of `stride` leases (taken over:
+ * kept or freed here). */
 static void req_answer_leases(kvd_leader_t *ld, lreq_t *r, size_t first,
-                              kvd_store_lease_t *leases, size_t m,
+                              kvd_store_lease_t *leases, size_t rows,
+                              size_t stride, size_t m,
                               uint64_t num_computed_tokens)
 {
     size_t bs = ld->cfg.block_size;
     /* Blocks the engine has already are not loaded: give them back. */
     size_t keep_from = first < m ? first : m;
-    if (keep_from > 0) {
-        (void)kvd_store_release(ld->store, leases, keep_from);
-    }
+    rows_release(ld, leases, rows, stride, 0, keep_from);
     r->looked_up = true;
     r->first_block = first;
     r->saved_upto = r->save_from = m > first ? m : first;
     r->num_leases = m - keep_from;
+    r->async = false;
     if (r->num_leases > 0) {
-        memmove(leases, leases + keep_from, r->num_leases * sizeof *leases);
+        for (size_t row = 0; row < rows; row++) {
+            kvd_store_lease_t *l = leases + row * stride;
+            memmove(l, l + keep_from, r->num_leases * sizeof *l);
+            for (size_t i = 0; i < r->num_leases; i++) {
+                r->async = r->async || l[i].tier != KVD_STORE_TIER_HOST ||
+                           ld->cfg.async_host_loads;
+            }
+        }
         r->leases = leases;
+        r->lease_rows = rows;
+        r->lease_stride = stride;
     } else {
         free(leases);
-    }
-    r->async = false;
-    for (size_t i = 0; i < r->num_leases; i++) {
-        r->async = r->async || leases[i].tier != KVD_STORE_TIER_HOST ||
-                   ld->cfg.async_host_loads;
     }
     r->matched_tokens = (uint64_t)r->num_leases * bs;
     if (r->matched_tokens > 0) {
@@ -87,7 +157,7 @@ static void req_answer_leases(kvd_leader_t *ld, lreq_t *r, size_t first,
         r->matched_tokens =
             (uint64_t)(first + r->num_leases) * bs - num_computed_tokens;
     }
-    ld->st.leases += r->num_leases;
+    ld->st.leases += (uint64_t)r->num_leases * rows;
     ld->st.matched_blocks += r->num_leases;
 }
 
@@ -167,14 +237,14 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     if (first >= cap) {
         return req_answer_miss(r, first, matched_out, async_out);
     }
-    kvd_store_lease_t *leases = calloc(cap, sizeof *leases);
+    /* One row of `cap` leases per namespace (leader_int.h). */
+    kvd_store_lease_t *leases =
+        calloc((1 + (size_t)ld->cfg.num_shard_ns) * cap, sizeof *leases);
     if (leases == NULL) {
         return KVD_ERR_NOMEM;
     }
     size_t m = 0;
-    ld->st.lookups++;
-    s = kvd_store_lookup_from(ld->store, &ld->cfg.ns, r->hashes, cap, r->source,
-                              leases, &m);
+    s = lookup_rows(ld, r, cap, first, leases, &m);
     if (s == KVD_AGAIN && !may_wait) {
         /* Not ready and the engine cannot wait: a miss, asked again only
          * if the request comes back (preemption). */
@@ -184,12 +254,8 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
     if (s != KVD_OK && s != KVD_AGAIN) {
         /* The cache failed (a dead daemon, a deadline): the engine
          * computes the prefix; it never waits on or fails for the cache. */
-        free(leases);
+        free(leases); /* lookup_rows logged it */
         ld->st.lookup_errors++;
-        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 5000,
-                            "leader: lookup for request %s failed (%s): "
-                            "computed instead",
-                            r->id, kvd_status_str(s));
         return req_answer_miss(r, first, matched_out, async_out);
     }
     if (s != KVD_OK) {
@@ -200,7 +266,8 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
         }
         return s;
     }
-    req_answer_leases(ld, r, first, leases, m, num_computed_tokens);
+    req_answer_leases(ld, r, first, leases, 1 + ld->cfg.num_shard_ns, cap, m,
+                      num_computed_tokens);
     *matched_out = r->matched_tokens;
     *async_out = r->async;
     return KVD_OK;
@@ -247,13 +314,8 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
         return KVD_OK;
     }
     r->allocated = true;
-    /* Leases beyond what the engine takes go back now. */
-    if (blocks < r->num_leases) {
-        (void)kvd_store_release(ld->store, r->leases + blocks,
-                                r->num_leases - blocks);
-        ld->st.leases -= r->num_leases - blocks;
-        r->num_leases = blocks;
-    }
+    /* Leases beyond what the engine takes go back now, in every shard. */
+    kvd_lreq_release_tail(ld, r, blocks);
     if (blocks == 0) {
         kvd_lreq_release_leases(ld, r);
     }

@@ -21,7 +21,8 @@
  * to the daemon, bounded by store.timeout).
  *
  * Leases: every block the leader promises the engine is leased in the store
- * by the lookup, so it cannot be evicted before the workers load it; the
+ * by the lookup (under every shard namespace, cfg.shard_ns), so no copy of
+ * it can be evicted before the workers load it; the
  * leader releases the leases when all workers report the request's loads
  * finished (or failed), when the engine allocates fewer blocks than
  * matched, or when the request is preempted, aborted or finished. Workers
@@ -67,9 +68,21 @@ typedef struct kvd_leader_config {
      * it is matched against what is ready, as with no_retry. 0: the
      * default, KVD_LEADER_DEFAULT_LOOKUP_TIMEOUT_MS. */
     uint32_t lookup_timeout_ms;
+    /* The other shards of every block: with tensor parallelism each rank
+     * stores its shard of a block under its own namespace, `ns` being the
+     * planning rank's (rank 0); shard_ns lists the other ranks'
+     * namespaces (later also the pipeline stages'). A block counts as
+     * stored only when it is stored under `ns` and under every shard
+     * namespace, and the leader leases every shard's copy, so no rank
+     * misses a block it was promised. NULL with 0: `ns` alone. At most
+     * KVD_LEADER_MAX_SHARD_NS; the array is copied at create. */
+    const kvd_namespace_t *shard_ns;
+    uint32_t num_shard_ns;
 } kvd_leader_config_t;
 
 #define KVD_LEADER_DEFAULT_LOOKUP_TIMEOUT_MS 2000u
+/* The most shard namespaces a leader checks besides its own. */
+#define KVD_LEADER_MAX_SHARD_NS 256u
 
 /* An engine block id meaning "the engine holds no block at this position"
  * (vLLM's null block in a sliding-window KV-cache group, for tokens that
@@ -88,7 +101,9 @@ typedef struct kvd_leader_config {
  * the leader then answers "not yet" to the engine; any other lookup error
  * is answered as a miss. On success *leader_out is the leader, valid until
  * kvd_leader_destroy. Errors (nothing created): KVD_ERR_INVALID (NULL,
- * block_size out of range, num_workers 0), KVD_ERR_NOMEM.
+ * block_size out of range, num_workers 0, shard_ns NULL with
+ * num_shard_ns > 0, num_shard_ns over KVD_LEADER_MAX_SHARD_NS),
+ * KVD_ERR_NOMEM.
  */
 KVD_API kvd_status_t kvd_leader_create(const kvd_leader_config_t *cfg,
                                        kvd_store_t *store,
@@ -105,11 +120,28 @@ KVD_API void kvd_leader_destroy(kvd_leader_t *leader);
  * saves and hand-offs use `ns`. Requests matched before keep their answer,
  * but their loads are planned under `ns`, where the workers (moved with
  * kvd_worker_set_namespace) miss them: load errors the engine recomputes,
- * never the old bytes. Errors: KVD_ERR_INVALID (NULL argument). Thread:
- * the leader's, like every other call.
+ * never the old bytes. The shard namespaces (cfg.shard_ns) stay as they
+ * are: a leader with shards moves them together with `ns` through
+ * kvd_leader_set_namespaces. Errors: KVD_ERR_INVALID (NULL argument).
+ * Thread: the leader's, like every other call.
  */
 KVD_API kvd_status_t kvd_leader_set_namespace(kvd_leader_t *leader,
                                               const kvd_namespace_t *ns);
+
+/*
+ * kvd_leader_set_namespace for a leader with shards: moves `ns` and
+ * replaces the shard namespaces with shard_ns[0..num_shard_ns) (copied;
+ * 0 leaves `ns` alone, as cfg.shard_ns does), so later lookups ask every
+ * shard's new namespace. Requests matched before keep the leases they
+ * hold (on the old namespaces) until their loads end, as with
+ * kvd_leader_set_namespace. Errors (nothing changed): KVD_ERR_INVALID
+ * (NULL leader or ns, shard_ns NULL with num_shard_ns > 0, num_shard_ns
+ * over KVD_LEADER_MAX_SHARD_NS). Thread: the leader's.
+ */
+KVD_API kvd_status_t kvd_leader_set_namespaces(kvd_leader_t *leader,
+                                               const kvd_namespace_t *ns,
+                                               const kvd_namespace_t *shard_ns,
+                                               uint32_t num_shard_ns);
 
 /* One multimodal input of a request (an image, an audio clip...): the
  * placeholder tokens [offset, offset + length) of the prompt stand for it,
@@ -168,17 +200,22 @@ typedef struct kvd_leader_request {
 
 /*
  * vLLM get_num_new_matched_tokens. Looks the request's prefix up (once: a
- * repeated call returns the same answer and takes nothing more) and writes
+ * repeated call returns the same answer and takes nothing more; with shard
+ * namespaces, under `ns` and then under each shard, the answer being the
+ * prefix all of them hold, leased in every one) and writes
  * the tokens the store can provide beyond `num_computed_tokens` (whole
  * blocks only, never the block holding the last prompt token) into
- * *matched_out and whether the load is asynchronous into *async_out.
+ * *matched_out and whether the load is asynchronous (some leased copy, in
+ * any shard, is not in the HOST tier) into *async_out.
  * Returns KVD_OK, or KVD_AGAIN for "not yet" (vLLM's None): a block of the
  * prefix is being loaded for another request right now, or the store's
  * lookup answered KVD_AGAIN. A request is answered "not yet" for at most
  * lookup_timeout_ms from the first such answer; after that it is matched
  * against what is ready (up to the first block another request is loading;
- * a store still not ready counts as a miss). A store lookup that fails
- * (the daemon is unreachable, a deadline passed) is answered as a miss and
+ * a store still not ready counts as a miss; KVD_AGAIN under any shard
+ * namespace counts as under `ns`). A store lookup that fails (under any
+ * namespace: the daemon is unreachable, a deadline passed) is answered as
+ * a miss and
  * counted in stats.lookup_errors: the engine computes, never waits on or
  * fails for the cache. `req` and what it points at are borrowed for the
  * call (the leader copies what it keeps at the first call). Errors:
@@ -312,8 +349,9 @@ KVD_API kvd_status_t kvd_leader_request_finished_transfer(
 
 typedef struct kvd_leader_stats {
     uint64_t requests;       /* tracked now */
-    uint64_t leases;         /* held now */
-    uint64_t lookups;        /* store lookups made */
+    uint64_t leases;         /* held now, every namespace's: a block
+                                leased with 3 shard namespaces counts 4 */
+    uint64_t lookups;        /* store lookups made (one per namespace) */
     uint64_t matched_blocks; /* blocks promised to the engine */
     uint64_t planned_loads;
     uint64_t planned_saves;

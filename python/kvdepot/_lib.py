@@ -88,6 +88,10 @@ class BlockHash(ctypes.Structure):
     _fields_ = [("bytes", ctypes.c_uint8 * 32)]
 
 
+class StoreKey(ctypes.Structure):
+    _fields_ = [("ns", Namespace), ("hash", BlockHash)]
+
+
 class NamespaceDesc(ctypes.Structure):
     _fields_ = [("model_id", ctypes.c_char_p), ("dtype", ctypes.c_uint32),
                 ("k_codec", ctypes.c_uint32), ("v_codec", ctypes.c_uint32),
@@ -118,7 +122,9 @@ class LeaderConfig(ctypes.Structure):
                 ("layerwise", ctypes.c_bool),
                 ("async_host_loads", ctypes.c_bool),
                 ("no_retry", ctypes.c_bool), ("node_id", ctypes.c_char_p),
-                ("lookup_timeout_ms", ctypes.c_uint32)]
+                ("lookup_timeout_ms", ctypes.c_uint32),
+                ("shard_ns", ctypes.POINTER(Namespace)),
+                ("num_shard_ns", ctypes.c_uint32)]
 
 
 class LeaderTransfer(ctypes.Structure):
@@ -210,12 +216,15 @@ def _declare(h):
         "kvd_store_open": (st, [vp, P(vp), cp, sz]),
         "kvd_store_close": (None, [vp]),
         "kvd_store_flush": (st, [vp, ctypes.c_int]),
+        "kvd_store_delete": (st, [vp, P(StoreKey), sz, P(sz)]),
         "kvd_codec_parse": (st, [cp, P(ctypes.c_int)]),
         "kvd_namespace_digest": (st, [P(NamespaceDesc), P(Namespace)]),
         "kvd_block_hash_seed": (st, [cp, P(BlockHash)]),
         "kvd_leader_create": (st, [P(LeaderConfig), vp, P(vp)]),
         "kvd_leader_destroy": (None, [vp]),
         "kvd_leader_set_namespace": (st, [vp, P(Namespace)]),
+        "kvd_leader_set_namespaces": (st, [vp, P(Namespace), P(Namespace),
+                                           u32]),
         "kvd_leader_get_num_new_matched_tokens": (
             st, [vp, P(LeaderRequest), u64, P(u64), P(ctypes.c_bool)]),
         "kvd_leader_update_state_after_alloc": (st, [vp, cp, P(u32), sz,
@@ -333,6 +342,24 @@ class Store:
     def flush(self, timeout_ms=10000):
         _check("store flush", lib().kvd_store_flush(self.handle, timeout_ms))
 
+    def delete(self, ns, hashes):
+        """Deletes the objects of `hashes` (hex strings or 32-byte values)
+        under Namespace `ns`, in both tiers (store.h kvd_store_delete; in
+        daemon mode an operator's call). Returns how many were deleted;
+        absent keys are no error, a leased one raises KvdepotError (BUSY)."""
+        keys = (StoreKey * len(hashes))()
+        for k, h in zip(keys, hashes):
+            raw = bytes.fromhex(h) if isinstance(h, str) else bytes(h)
+            if len(raw) != 32:
+                raise ValueError(f"kvdepot: a block hash has 32 bytes, "
+                                 f"not {len(raw)}")
+            k.ns = ns
+            ctypes.memmove(k.hash.bytes, raw, 32)
+        n = ctypes.c_size_t()
+        _check("store delete", lib().kvd_store_delete(
+            self.handle, keys, len(hashes), ctypes.byref(n)))
+        return n.value
+
     def close(self):
         if self.handle:
             lib().kvd_store_flush(self.handle, 10000)
@@ -342,17 +369,29 @@ class Store:
 
 # ---- the leader ------------------------------------------------------------
 
+def _namespaces(nss):
+    """A C array of the Namespaces in `nss`, or None (NULL) when empty; the
+    leader copies it in the call."""
+    nss = list(nss or ())
+    return (Namespace * len(nss))(*nss) if nss else None
+
+
 class Leader:
     """One kvd_leader_t over an embedded store (leader.h)."""
 
     def __init__(self, store, block_size, ns, num_workers=1, layerwise=True,
                  lookup_timeout_ms=0, no_retry=False, seed=b"kvdepot",
-                 node_id=""):
+                 node_id="", shard_ns=()):
+        """`shard_ns`: the namespaces of the block's other shards (the
+        tensor-parallel ranks other than rank 0, whose namespace is `ns`):
+        a block counts as stored only when every one holds it."""
         L = lib()
+        shards = _namespaces(shard_ns)
         cfg = LeaderConfig(block_size=block_size, ns=ns,
                            num_workers=num_workers, layerwise=layerwise,
                            no_retry=no_retry, node_id=node_id.encode(),
-                           lookup_timeout_ms=lookup_timeout_ms)
+                           lookup_timeout_ms=lookup_timeout_ms,
+                           shard_ns=shards, num_shard_ns=len(shard_ns or ()))
         _check("block hash seed", L.kvd_block_hash_seed(seed,
                                                         ctypes.byref(cfg.root)))
         self._store = store  # the leader borrows it: keep it open
@@ -484,10 +523,17 @@ class Leader:
             "num_tokens": t.num_tokens,
         }
 
-    def set_namespace(self, ns):
-        """A new namespace generation: nothing saved before is matched."""
-        _check("leader set_namespace", lib().kvd_leader_set_namespace(
-            self.handle, ctypes.byref(ns)))
+    def set_namespace(self, ns, shard_ns=None):
+        """A new namespace generation: nothing saved before is matched.
+        `shard_ns` (a list, possibly empty) replaces the shard namespaces
+        too; None leaves them as they are."""
+        if shard_ns is None:
+            _check("leader set_namespace", lib().kvd_leader_set_namespace(
+                self.handle, ctypes.byref(ns)))
+            return
+        _check("leader set_namespaces", lib().kvd_leader_set_namespaces(
+            self.handle, ctypes.byref(ns), _namespaces(shard_ns),
+            len(shard_ns)))
 
     def close(self):
         if self.handle:

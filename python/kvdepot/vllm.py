@@ -487,10 +487,11 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self.leaders, self.workers = [], []
         self._device = _DEVICE_HOST  # the caches' (register_kv_caches)
         if is_scheduler:
-            for ns in self.group_ns:
+            for g, ns in enumerate(self.group_ns):
                 self.leaders.append(_lib.Leader(
                     self.store, self.block_size, ns,
                     num_workers=self.tp * self.pp,
+                    shard_ns=self.shard_ns[g],
                     layerwise=self.settings.layerwise,
                     lookup_timeout_ms=self.settings.lookup_timeout_ms,
                     node_id=self.settings.node_id or socket.gethostname()))
@@ -512,13 +513,16 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self._asleep = False     # sleep mode released the KV cache
 
     def _set_namespaces(self):
-        """Each group's namespace for this rank and stage and for rank 0 of
-        stage 0 (the plans'), at the current generation: everything vLLM's
-        model config says that changes the KV bytes (docs/reliability.md).
-        A pipeline stage's namespace names its layers."""
+        """Each group's namespace for this rank and stage, for rank 0 of
+        stage 0 (the plans'), and those of every other rank and stage
+        (shard_ns: the leader matches a block only when every rank holds
+        its shard of every stage's layers), at the current generation:
+        everything vLLM's model config says that changes the KV bytes
+        (docs/reliability.md). A pipeline stage's namespace names its
+        layers."""
         mc = self._model_config
         n = len(self.groups)
-        self.group_ns, self.plan_ns = [], []
+        self.group_ns, self.plan_ns, self.shard_ns = [], [], []
         for g, grp in enumerate(self.groups):
             heads = self.num_kv_heads if grp is None else grp[1].num_kv_heads
             dim = self.head_dim if grp is None else grp[1].head_size
@@ -546,6 +550,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                     generation=self.generation)
             self.group_ns.append(ns_of(self.tp_rank, self.pp_rank))
             self.plan_ns.append(ns_of(0, 0))
+            self.shard_ns.append([ns_of(r, p) for p in range(self.pp)
+                                  for r in range(self.tp)
+                                  if (r, p) != (0, 0)])
         self.ns = self.plan_ns[0]
 
     def _log_start(self, vllm_config):
@@ -978,7 +985,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self.generation += 1
         self._set_namespaces()
         for g, leader in enumerate(self.leaders):
-            leader.set_namespace(self.group_ns[g])
+            leader.set_namespace(self.group_ns[g], self.shard_ns[g])
         log.info("kvdepot: cache reset: namespace generation %d",
                  self.generation)
         return True

@@ -292,6 +292,92 @@ def test_tensor_parallel_through_daemon(tmp_path):
 
 
 @pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
+def test_tensor_parallel_lost_shard(tmp_path):
+    """TP=2 over kvdepotd, and rank 1's shard of block 3 is gone (evicted,
+    or its disk was full when it saved): the scheduler matches only the
+    blocks both ranks hold, so no rank reports a load error (vLLM's default
+    kv_load_failure_policy would fail the request), and each rank loads
+    exactly the bytes it saved for those blocks."""
+    proc = start_daemon(tmp_path)[0]
+
+    def config(rank):
+        cfg = vllm_config("", store_mode="daemon",
+                          store_address=f"unix:{tmp_path}/d.sock")
+        cfg.parallel_config.tensor_parallel_size = 2
+        cfg.parallel_config.rank = rank
+        return cfg
+
+    def engine(fill):
+        s = kv.KvdepotConnector(config(0), kv.KVConnectorRole.SCHEDULER)
+        ranks = []
+        for rank in range(2):
+            torch.manual_seed(700 + rank)
+            kvs = caches("flash", fill=fill)
+            if fill:  # a different shard per rank
+                for t in kvs.values():
+                    t.copy_(torch.randn(t.shape).to(torch.float16))
+            w = kv.KvdepotConnector(config(rank), kv.KVConnectorRole.WORKER)
+            w.register_kv_caches(kvs)
+            ranks.append((w, kvs))
+        return s, ranks
+
+    def step(s, ranks, meta, finished=()):
+        outs = [worker_step(w, meta, kvs, list(kvs), finished=finished)
+                for w, kvs in ranks]
+        metas = [o.kv_connector_worker_meta for o in outs
+                 if o.kv_connector_worker_meta is not None]
+        agg = metas[0].aggregate(metas[1]) if len(metas) == 2 else \
+            (metas[0] if metas else None)
+        s.update_connector_output(NS(kv_connector_worker_meta=agg))
+        return set().union(*(o.invalid_block_ids for o in outs))
+
+    tokens = [(i * 37 + 5) % 32000 for i in range(PROMPT)]
+    a_blocks, b_blocks = [2, 8, 4, 14, 6, 16, 10], [1, 3, 5, 7, 9, 11, 13]
+    try:
+        s, ranks = engine(True)
+        req = Request("lost-a", tokens)
+        req.kv_transfer_params = {"do_remote_decode": True}  # keys, below
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, Blocks(a_blocks), 0)
+        step(s, ranks, s.build_connector_meta(
+            sched_output(new=[(req, 0)], tokens={"lost-a": PROMPT})))
+        delay, params = s.request_finished(req, a_blocks)
+        if delay:
+            step(s, ranks, s.build_connector_meta(sched_output()),
+                 finished={"lost-a"})
+        keys = params["kvdepot_hashes"]
+        assert len(keys) == 6
+        for w, _ in ranks:
+            assert w.kvdepot_stats()["blocks_saved"] == 6
+        saved = [[t[:, b].clone() for t in kvs.values() for b in a_blocks[:3]]
+                 for _, kvs in ranks]
+        rank1_ns = ranks[1][0].group_ns[0]
+        assert s.shard_ns[0][0].bytes[:] == rank1_ns.bytes[:]
+        # Rank 1's shard of block 3, through the daemon (a client call).
+        assert s.store.delete(rank1_ns, [keys[3]]) == 1
+        for obj in [s] + [w for w, _ in ranks]:
+            obj.shutdown()
+
+        s, ranks = engine(False)
+        req = Request("lost-b", tokens)
+        # Blocks 0..2 only: block 3 has no shard on rank 1.
+        assert s.get_num_new_matched_tokens(req, 0) == (48, False)
+        s.update_state_after_alloc(req, Blocks(b_blocks), 48)
+        invalid = step(s, ranks, s.build_connector_meta(sched_output(
+            new=[(req, 48)], tokens={"lost-b": PROMPT - 48})))
+        assert invalid == set()
+        for r, (w, kvs) in enumerate(ranks):
+            st = w.kvdepot_stats()
+            assert st["blocks_loaded"] == 3 and st["load_errors"] == 0
+            got = [t[:, b] for t in kvs.values() for b in b_blocks[:3]]
+            assert all(torch.equal(x, y) for x, y in zip(saved[r], got))
+        for obj in [s] + [w for w, _ in ranks]:
+            obj.shutdown()
+    finally:
+        stop_daemon(proc)
+
+
+@pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
 def test_dead_daemon_means_recompute(tmp_path):
     """The daemon dies under a running engine: lookups answer 0 tokens
     within store_timeout, saves are skipped, nothing raises; when a daemon
