@@ -67,12 +67,19 @@ test-tsan:
 	@cmake --build --preset tsan -j $(JOBS)
 	@$(CTEST) --test-dir build/tsan -LE 'gpu|python|fuzz|slow'
 
-# vLLM's real scheduler driving the connector (PyPI vLLM in a venv under
-# build/; not part of `make test`).
+# vLLM's real scheduler driving the connector, once per vLLM release of
+# VLLM_VERSIONS (PyPI vLLM, one venv per release under build/, reused; not
+# part of `make test`). The list is the oldest and the newest release
+# kvdepot.vllm supports (kvdepot/vllm.py VLLM_TESTED, docs/vllm.md).
+VLLM_VERSIONS ?= 0.19.1 0.33.0
 test-vllm: build
-	@scripts/install-engines.sh build/engines-venv
-	@PYTHONPATH=$(CURDIR)/python KVDEPOT_LIB=$(CURDIR)/build/dev/libkvdepot.so \
-	    build/engines-venv/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm
+	@set -e; for v in $(VLLM_VERSIONS); do \
+	    scripts/install-engines.sh --vllm $$v build/vllm-venv-$$v; \
+	    echo "test-vllm: vLLM $$v"; \
+	    PYTHONPATH=$(CURDIR)/python KVDEPOT_LIB=$(CURDIR)/build/dev/libkvdepot.so \
+	    KVDEPOTD=$(CURDIR)/build/dev/server/kvdepotd \
+	    build/vllm-venv-$$v/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm; \
+	done
 
 # kvdepot.hf on tiny random-initialised transformers models (PyPI torch and
 # transformers in a venv under build/; .ci/run runs it after make test).

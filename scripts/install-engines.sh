@@ -3,7 +3,11 @@
 # PyPI, for the engine tests (`make test-vllm`). Not part of `make test`:
 # the engines are large and come from PyPI, not Debian.
 #
-# Usage: scripts/install-engines.sh [VENV]   (default build/engines-venv)
+# Usage: scripts/install-engines.sh --vllm VERSION [VENV]
+#            (default build/vllm-venv-VERSION; `make test-vllm` makes one
+#            per release of its VLLM_VERSIONS)
+#        scripts/install-engines.sh [VENV]   (vLLM $VLLM_VERSION, default
+#            build/engines-venv)
 #        scripts/install-engines.sh --hf [VENV]   (default build/hf-venv)
 # The venv sees Debian's site-packages too, so /usr/lib/python3 stays the
 # base, and the pinned versions below are installed into it. --hf makes
@@ -11,7 +15,7 @@
 # at the versions of the GPU machine docs/hf.md names, plus pytest.
 set -euo pipefail
 
-VLLM_VERSION=0.19.1   # the API kvdepot.vllm is written against (docs/vllm.md)
+VLLM_VERSION=0.33.0   # the newest release kvdepot.vllm is tested with (docs/vllm.md)
 TORCH_VERSION=2.11.0  # kvdepot.hf's pins (docs/hf.md)
 TRANSFORMERS_VERSION=5.17.0
 
@@ -33,6 +37,10 @@ print("install-engines: torch", torch.__version__, "transformers", transformers.
     exit 0
 fi
 
+if [[ "${1:-}" == "--vllm" ]]; then
+    VLLM_VERSION=${2:?--vllm needs a version}
+    set -- "${3:-build/vllm-venv-$VLLM_VERSION}"
+fi
 venv=${1:-build/engines-venv}
 if [[ ! -x "$venv/bin/python" ]]; then
     /usr/bin/python3 -m venv "$venv"
