@@ -34,7 +34,7 @@ import os
 import socket
 import sys
 
-from kvdepot import _lib, config
+from kvdepot import _lib, _spawn, config
 from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _KVD_DTYPES, _dtype_name,
                               _layout_of, _store_acquire, _store_release,
                               _stream_of, _worker_device)
@@ -252,11 +252,10 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                              "(each stage would store its own layers); use "
                              "tensor parallelism")
         self.tp = getattr(pc, "tensor_parallel_size", 1)
-        if self.tp != 1 and self.settings.store_mode != "daemon":
-            raise ValueError(f"kvdepot: tensor parallelism ({self.tp} "
-                             f"workers in their own processes) needs "
-                             f"store_mode \"daemon\": an embedded store "
-                             f"lives in one process")
+        # Several processes share no embedded store: "auto" starts (or
+        # joins) the engine's own kvdepotd (_spawn.py).
+        store_mode = config.engine_store_mode(
+            self.settings, self.tp * getattr(pc, "pipeline_parallel_size", 1))
         self.block_size = vllm_config.cache_config.block_size
         self.num_layers = mc.get_num_layers(pc)
         self.num_kv_heads = mc.get_num_kv_heads(pc)
@@ -278,8 +277,15 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self.tp_rank = 0 if is_scheduler else _tp_rank(pc, self.tp)
         self.generation = 0  # bumped by reset_cache
         self._set_namespaces()
-        self._store_key, self.store = _store_acquire(
-            config.store_settings(self.settings))
+        self.daemon = None  # the _spawn.DaemonHandle, with "spawn"
+        if store_mode == "spawn":
+            self.daemon, (self._store_key, self.store) = _spawn.attach(
+                self.settings, _spawn.engine_key(
+                    getattr(vllm_config, "instance_id", ""), self.settings),
+                _store_acquire)
+        else:
+            self._store_key, self.store = _store_acquire(
+                config.store_settings(self.settings))
         self.leaders, self.workers = [], []
         self._device = _DEVICE_HOST  # the caches' (register_kv_caches)
         if is_scheduler:
