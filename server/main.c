@@ -15,7 +15,10 @@
  * changes are reported as needing a restart.
  * --ready-file: once every listener is up, PATH is written (atomically)
  * with `pid=`, `tcp_port=` and `metrics_port=` lines, for tests and for
- * supervisors that pick ports at run time.
+ * supervisors that pick ports at run time. It is removed as the stop
+ * begins, so "the file exists" means "the daemon is serving".
+ * server.exit_when_idle: the daemon stops as on SIGTERM (exit 0) once it
+ * has had no local client for that long (server/server_handoff.c).
  * File descriptors: the soft RLIMIT_NOFILE is raised to the hard limit (at
  * most 1,048,576) before anything opens, because the hand-off socket, gRPC
  * and the metrics listener share them and a client can hold one per
@@ -28,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/config_int.h"
@@ -241,8 +245,14 @@ int main(int argc, char **argv)
         return 1;
     }
     for (;;) {
-        int sig = 0;
-        if (sigwait(&set, &sig) != 0) {
+        /* Woken by a signal, or every 100 ms to see whether
+         * server.exit_when_idle has passed. */
+        struct timespec tick = {.tv_sec = 0, .tv_nsec = 100 * 1000 * 1000};
+        int sig = sigtimedwait(&set, NULL, &tick);
+        if (sig < 0) {
+            if (kvd_server_idle_expired(srv)) {
+                break;
+            }
             continue;
         }
         if (sig == SIGHUP) {
@@ -261,11 +271,11 @@ int main(int argc, char **argv)
         }
         break;
     }
-    kvd_server_stop(srv);
-    kvd_config_destroy(cfg);
-    free(sets);
     if (ready != NULL) {
         (void)unlink(ready);
     }
+    kvd_server_stop(srv);
+    kvd_config_destroy(cfg);
+    free(sets);
     return 0;
 }

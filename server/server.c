@@ -402,6 +402,12 @@ int kvd_server_metrics_port(const kvd_server_t *server)
     return server != NULL ? server->metrics_port : 0;
 }
 
+bool kvd_server_idle_expired(const kvd_server_t *server)
+{
+    return server != NULL &&
+           __atomic_load_n(&server->idle_expired, __ATOMIC_ACQUIRE);
+}
+
 bool kvd_server_ready(const kvd_server_t *server)
 {
     return server != NULL &&

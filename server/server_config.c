@@ -187,6 +187,12 @@ static const kvd_config_field_t server_fields[] = {
     {"server.tick", "50ms",
      "housekeeping period: lease and reservation expiry precision",
      kvd_config_parse_duration_ms, SRV_OFF(tick_ms), 1, 10000, NULL},
+    {"server.exit_when_idle", "0",
+     "stop gracefully (as on SIGTERM) once no local client (arena hand-off "
+     "session) has been connected for this long, counted from the start "
+     "or from the end of the last one; needs server.unix_socket (0: never)",
+     kvd_config_parse_duration_ms, SRV_OFF(exit_when_idle_ms), 0,
+     KVD_PROTO_MAX_TTL_MS, NULL},
     {"server.verify_commits", "true",
      "check each committed object's bytes against the client's checksum",
      kvd_config_parse_bool, SRV_OFF(verify_commits), 0, 0, NULL},
@@ -257,6 +263,12 @@ kvd_status_t srv_settings(const kvd_config_t *config,
         return KVD_ERR_INVALID;
     }
     *mode = (unsigned)m;
+    if (cfg->exit_when_idle_ms != 0 && cfg->unix_socket[0] == '\0') {
+        kvd_config_err(err, err_len,
+                       "server.exit_when_idle counts local clients: it needs "
+                       "server.unix_socket");
+        return KVD_ERR_INVALID;
+    }
     if (cfg->token_file[0] != '\0') {
         if (cfg->token[0] != '\0') {
             kvd_config_err(err, err_len,

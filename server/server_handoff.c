@@ -25,6 +25,16 @@
  * closes the connection at once and still calls with it) until the table
  * needs its slot: then the oldest such session is forgotten, and its
  * client, if it calls again, gets KVD_ERR_AUTH and hands off again.
+ *
+ * Idle exit (server.exit_when_idle, for a daemon started on demand by the
+ * engine's own processes): every engine process keeps one hand-off
+ * connection open for the life of its store, so "no connection, pending
+ * or kept, for that long" means no engine is left, however its processes
+ * ended (a kill -9 closes their sockets too). The clock runs from the
+ * start and from the end of the last connection. This thread is the only
+ * one that accepts, so it decides and closes the listening socket in one
+ * step: a client that connects after that finds no socket (or a reset on
+ * one that was queued), never a daemon that accepted it and then stops.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -350,6 +360,33 @@ static void handoff_conns_events(kvd_server_t *srv, const struct pollfd *p,
     }
 }
 
+/* server.exit_when_idle: true (the listener closed and removed) once
+ * this thread has held no connection for that long. */
+static bool handoff_idle_expired(kvd_server_t *srv)
+{
+    uint64_t now = kvd_time_now_ns();
+    if (srv->cfg.exit_when_idle_ms == 0) {
+        return false;
+    }
+    if (srv->n_conns > 0) {
+        srv->idle_since_ns = now;
+        return false;
+    }
+    if (now - srv->idle_since_ns <
+        srv->cfg.exit_when_idle_ms * KVD_NSEC_PER_MSEC) {
+        return false;
+    }
+    KVD_LOG_INFO("kvdepotd: no local client for %llu ms "
+                 "(server.exit_when_idle): stopping",
+                 (unsigned long long)srv->cfg.exit_when_idle_ms);
+    close(srv->handoff_fd);
+    srv->handoff_fd = -1;
+    (void)unlink(srv->handoff_path);
+    __atomic_store_n(&srv->ready, false, __ATOMIC_RELEASE);
+    __atomic_store_n(&srv->idle_expired, true, __ATOMIC_RELEASE);
+    return true;
+}
+
 static void *handoff_main(void *arg)
 {
     kvd_server_t *srv = arg;
@@ -379,6 +416,9 @@ static void *handoff_main(void *arg)
         handoff_conns_events(srv, p, n);
         if (p[0].revents & POLLIN) {
             handoff_accept(srv);
+        }
+        if (handoff_idle_expired(srv)) {
+            break;
         }
     }
     free(p);
@@ -422,6 +462,7 @@ kvd_status_t srv_handoff_open(kvd_server_t *srv, unsigned mode, char *err,
                        srv->handoff_path, strerror(e));
         return kvd_status_from_errno(e);
     }
+    srv->idle_since_ns = kvd_time_now_ns();
     int rc = pthread_create(&srv->handoff_thread, NULL, handoff_main, srv);
     if (rc != 0) {
         return kvd_status_from_errno(rc);

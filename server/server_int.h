@@ -65,6 +65,7 @@ typedef struct kvd_server_settings {
     uint64_t flush_timeout_ms;
     uint64_t shutdown_grace_ms;
     uint64_t tick_ms;
+    uint64_t exit_when_idle_ms; /* 0: never */
     bool verify_commits;
 } kvd_server_settings_t;
 
@@ -106,6 +107,11 @@ struct kvd_remote_stats;
  * NULL); false when the daemon is not in a cluster. */
 bool kvd_server_cluster(kvd_server_t *server, struct kvd_membership_stats *out,
                         struct kvd_remote_stats *remote_out);
+
+/* True once server.exit_when_idle has passed with no local client: the
+ * hand-off socket is closed and removed by then (a client connecting now
+ * finds no daemon), and the owner is to call kvd_server_stop. Any thread. */
+bool kvd_server_idle_expired(const kvd_server_t *server);
 
 /* Snapshot for /metrics. */
 void kvd_server_collect(kvd_server_t *server, kvd_store_stats_t *store_out,

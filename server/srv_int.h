@@ -9,7 +9,7 @@
  *   server_tenancy.c  the tenant mappings (uids, tokens, certificate names,
  *                     quotas, arenas) and the private files they come from;
  *   server_handoff.c  the shared-memory hand-off listener and the sessions
- *                     it gives unix callers.
+ *                     it gives unix callers, and server.exit_when_idle.
  *
  * Threading: the settings and tenancy are written by open only and read
  * by every thread afterwards; `sess_mu` guards the session table (the
@@ -132,6 +132,11 @@ struct kvd_server {
     int handoff_fd;
     pthread_t handoff_thread;
     bool handoff_started;
+    /* server.exit_when_idle: since when the hand-off thread has held no
+     * connection (its own), and whether that lasted long enough (atomic;
+     * the thread has closed the hand-off socket then). */
+    uint64_t idle_since_ns;
+    bool idle_expired;
     bool stopping; /* atomic */
     bool ready;    /* atomic */
 };

@@ -7,11 +7,15 @@ off. Store sizes take the C library's suffixes ("64g", "512m")."""
 from dataclasses import dataclass, field, fields
 
 KV_LAYOUTS = ("auto", "flash", "flashinfer", "cpu", "mla")
+STORE_MODES = ("auto", "embedded", "daemon", "spawn")
 
 
 @dataclass
 class Settings:
-    store_mode: str = "embedded"   # "embedded" (in-process) or "daemon"
+    store_mode: str = "auto"       # "auto", "embedded", "daemon", "spawn"
+    #   auto: embedded when the engine is one process, else spawn;
+    #   embedded: in this process; daemon: the kvdepotd at store_address;
+    #   spawn: a kvdepotd the engine's processes start (see _spawn.py)
     store_address: str = "unix:/run/kvdepot/kvdepotd.sock"  # daemon mode
     store_timeout: str = "2s"      # daemon mode: deadline of every call
     store_dir: str = ""            # NVMe tier directory; "" = host arena only
@@ -31,6 +35,8 @@ class Settings:
     #   engine's kv_transfer_params name for the decode side
     store_settings: dict = field(default_factory=dict)  # raw store.* keys
     allow_untested_vllm: bool = False  # run on a vLLM newer than tested
+    spawn_idle_exit: str = "10s"   # spawn: the started kvdepotd stops once
+    #   no engine process has had its store open for this long
 
     @property
     def codecs(self):
@@ -59,9 +65,9 @@ def parse(extra):
         if want is str and not isinstance(v, str):
             raise ValueError(f"kvdepot: {k} must be a string, not {v!r}")
         setattr(s, k, v)
-    if s.store_mode not in ("embedded", "daemon"):
+    if s.store_mode not in STORE_MODES:
         raise ValueError(f"kvdepot: store_mode {s.store_mode!r}: "
-                         "'embedded' or 'daemon'")
+                         "'auto', 'embedded', 'daemon' or 'spawn'")
     if s.kv_layout not in KV_LAYOUTS:
         raise ValueError(f"kvdepot: kv_layout {s.kv_layout!r}, one of "
                          f"{KV_LAYOUTS}")
@@ -75,9 +81,33 @@ def parse(extra):
     return s
 
 
+def engine_store_mode(s, processes):
+    """What store_mode means for an engine of `processes` processes (tensor
+    x pipeline parallel ranks): "embedded", "daemon" or "spawn". "auto" is
+    embedded for one process, else spawn; embedded with several is a
+    ValueError naming the fix (an embedded store lives in one process)."""
+    if s.store_mode == "auto":
+        return "embedded" if processes == 1 else "spawn"
+    if s.store_mode == "embedded" and processes != 1:
+        raise ValueError(
+            f"kvdepot: store_mode \"embedded\" with {processes} engine "
+            f"processes (tensor / pipeline parallel ranks): an embedded "
+            f"store lives in one process; use store_mode \"auto\" (the "
+            f"default: the engine starts its own kvdepotd) or \"daemon\" "
+            f"(a kvdepotd you run, at store_address)")
+    return s.store_mode
+
+
 def store_settings(s):
-    """The store.* settings: an embedded store's sizes and tiers, or the
-    daemon to use (whose own config sets its sizes and tiers)."""
+    """The store.* settings: an embedded store's sizes and tiers ("auto"
+    means embedded here: an engine of several processes resolves it first,
+    engine_store_mode), or the daemon to use (whose own config sets its
+    sizes and tiers). "spawn" must be resolved into a daemon first
+    (kvdepot._spawn): ValueError."""
+    if s.store_mode == "spawn":
+        raise ValueError("kvdepot: store_mode \"spawn\" is resolved by the "
+                         "vLLM connector (kvdepot._spawn); this engine "
+                         "takes \"embedded\" or \"daemon\"")
     if s.store_mode == "daemon":
         out = {"store.mode": "daemon", "store.address": s.store_address,
                "store.timeout": s.store_timeout}

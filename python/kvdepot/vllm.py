@@ -36,7 +36,7 @@ import re
 import socket
 import sys
 
-from kvdepot import _lib, config
+from kvdepot import _lib, _spawn, config
 from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _FP8_DTYPES, _KVD_DTYPES,
                               _dtype_name, _layout_of, _store_acquire,
                               _store_release, _stream_of, _worker_device)
@@ -445,11 +445,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         mc, pc = vllm_config.model_config, vllm_config.parallel_config
         self.tp = getattr(pc, "tensor_parallel_size", 1)
         self.pp = getattr(pc, "pipeline_parallel_size", 1)
-        if self.tp * self.pp != 1 and self.settings.store_mode != "daemon":
-            raise ValueError(f"kvdepot: tensor or pipeline parallelism "
-                             f"({self.tp * self.pp} workers in their own "
-                             f"processes) needs store_mode \"daemon\": an "
-                             f"embedded store lives in one process")
+        # Several processes share no embedded store: "auto" starts (or
+        # joins) the engine's own kvdepotd (_spawn.py).
+        store_mode = config.engine_store_mode(self.settings, self.tp * self.pp)
         is_scheduler = role == KVConnectorRole.SCHEDULER or \
             getattr(role, "name", "") == "SCHEDULER"
         # With tensor parallelism each rank stores its shard of the heads,
@@ -482,8 +480,16 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                              "(--disable-hybrid-kv-cache-manager)")
         self.generation = 0  # bumped by reset_cache
         self._set_namespaces()
-        self._store_key, self.store = _store_acquire(
-            config.store_settings(self.settings))
+        self.store_mode = store_mode  # "auto" resolved
+        self.daemon = None  # the _spawn.DaemonHandle, with "spawn"
+        if store_mode == "spawn":
+            self.daemon, (self._store_key, self.store) = _spawn.attach(
+                self.settings, _spawn.engine_key(
+                    getattr(vllm_config, "instance_id", ""), self.settings),
+                _store_acquire)
+        else:
+            self._store_key, self.store = _store_acquire(
+                config.store_settings(self.settings))
         self.leaders, self.workers = [], []
         self._device = _DEVICE_HOST  # the caches' (register_kv_caches)
         if is_scheduler:
@@ -567,12 +573,13 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                 "evicted copy) fails the user's request instead of being "
                 "recomputed; set \"kv_load_failure_policy\": \"recompute\"")
         s = self.settings
-        store = (s.store_address if s.store_mode == "daemon" else
+        store = (self.daemon.address if self.daemon is not None else
+                 s.store_address if s.store_mode == "daemon" else
                  f"arena {s.arena_size}" + (f", disk {s.store_dir}"
                                              if s.store_dir else ""))
         log.info("kvdepot: vLLM %s, mode %s, namespace %s, codec K %s V %s, "
                  "KV %s, TP %d, PP %d, store %s",
-                 self.vllm_version or "stand-in", s.store_mode,
+                 self.vllm_version or "stand-in", self.store_mode,
                  bytes(self.ns.bytes).hex(), s.codecs[0], s.codecs[1],
                  self.dtype, self.tp, self.pp, store)
 

@@ -772,7 +772,7 @@ def test_bad_settings_are_refused():
         with pytest.raises(ValueError, match="layerwise must be true"):
             kv.KvdepotConnector(vllm_config(d, layerwise="yes"),
                                 kv.KVConnectorRole.SCHEDULER)
-        with pytest.raises(ValueError, match="'embedded' or 'daemon'"):
+        with pytest.raises(ValueError, match="'embedded', 'daemon' or"):
             kv.KvdepotConnector(vllm_config(d, store_mode="demon"),
                                 kv.KVConnectorRole.SCHEDULER)
         # Daemon mode with no daemon: a clear error at start, not a hang.
@@ -784,9 +784,11 @@ def test_bad_settings_are_refused():
         with pytest.raises(_lib.KvdepotError, match="codec"):
             kv.KvdepotConnector(vllm_config(d, codec="fp7"),
                                 kv.KVConnectorRole.SCHEDULER)
-        cfg = vllm_config(d)
+        # An embedded store with several engine processes: the error names
+        # the fix ("auto", the default, or "daemon").
+        cfg = vllm_config(d, store_mode="embedded")
         cfg.parallel_config.tensor_parallel_size = 2
-        with pytest.raises(ValueError, match="needs store_mode \"daemon\""):
+        with pytest.raises(ValueError, match="store_mode \"auto\""):
             kv.KvdepotConnector(cfg, kv.KVConnectorRole.WORKER)
         # KV on a device neither worker backend can address (torch's
         # "meta" device): refused before any copy.
