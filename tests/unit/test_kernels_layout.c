@@ -212,9 +212,8 @@ static void test_raw_round_trip_every_layout(void **state)
         {2, 9, 16, 2, 64},  {3, 5, 4, 3, 40}, {1, 3, 1, 1, 8},
         {2, 6, 32, 4, 128}, {1, 4, 5, 8, 6},
     };
-    static const kvd_dtype_t dtypes[] = {KVD_DTYPE_FP16, KVD_DTYPE_BF16,
-                                         KVD_DTYPE_FP8_E4M3,
-                                         KVD_DTYPE_FP8_E5M2};
+    static const kvd_dtype_t dtypes[] = {
+        KVD_DTYPE_FP16, KVD_DTYPE_BF16, KVD_DTYPE_FP8_E4M3, KVD_DTYPE_FP8_E5M2};
     for (unsigned k = 0; k < LAYOUT_COUNT; k++) {
         for (unsigned d = 0; d < sizeof dtypes / sizeof dtypes[0]; d++) {
             for (unsigned i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
