@@ -365,6 +365,19 @@ def _check_engine(vllm_config):
             f"on tokens after each block (vLLM hashes those in too); kvdepot "
             f"stores the target model's KV only. Use ngram or suffix "
             f"speculation, or none")
+    pc = vllm_config.parallel_config
+    if getattr(pc, "enable_dbo", False) or \
+            getattr(pc, "ubatch_size", 1) > 1:
+        raise ValueError("kvdepot: micro-batching (--enable-dbo, "
+                         "ubatch_size) calls save_kv_layer once per "
+                         "micro-batch, and a layer would be copied before "
+                         "the later micro-batches wrote it; run without it")
+    for name in ("decode_context_parallel_size",
+                 "prefill_context_parallel_size"):
+        if getattr(pc, name, 1) > 1:
+            raise ValueError(f"kvdepot: {name} > 1 splits each block's "
+                             f"tokens across ranks, which kvdepot's blocks "
+                             f"do not describe yet; run without it")
     if getattr(vllm_config.model_config, "is_encoder_decoder", False):
         raise ValueError("kvdepot: encoder-decoder models are not supported: "
                          "their cross-attention KV comes from the encoder's "

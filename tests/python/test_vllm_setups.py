@@ -337,6 +337,21 @@ def test_speculative_decoding(method, ok):
             kv.KvdepotConnector(cfg, kv.KVConnectorRole.SCHEDULER)
 
 
+@pytest.mark.parametrize("field,value,message", [
+    ("enable_dbo", True, "micro-batching"),
+    ("ubatch_size", 2, "micro-batching"),
+    ("decode_context_parallel_size", 2, "splits each block"),
+    ("prefill_context_parallel_size", 2, "splits each block")])
+def test_split_steps_refused(field, value, message):
+    """Micro-batching saves a layer once per micro-batch (the first copy
+    would hold a half-written layer); context parallelism splits a block's
+    tokens across ranks. Both refused with the reason."""
+    cfg = vllm_config("")
+    setattr(cfg.parallel_config, field, value)
+    with pytest.raises(ValueError, match=message):
+        kv.KvdepotConnector(cfg, kv.KVConnectorRole.SCHEDULER)
+
+
 def test_encoder_decoder_refused():
     cfg = vllm_config("")
     cfg.model_config.is_encoder_decoder = True
