@@ -208,6 +208,57 @@ def test_save_restart_load_through_daemon(tmp_path):
         stop_daemon(proc[0])
 
 
+def tp_config(tmp_path, rank, tp=2):
+    """Rank `rank` of a TP engine over the test daemon in tmp_path."""
+    cfg = vllm_config("", store_mode="daemon",
+                      store_address=f"unix:{tmp_path}/d.sock")
+    cfg.parallel_config.tensor_parallel_size = tp
+    cfg.parallel_config.rank = rank
+    return cfg
+
+
+def tp_engine(tmp_path, fill, seed):
+    """A TP=2 engine: the scheduler-role connector and one worker-role
+    connector per rank over its own tensors (a different shard per rank
+    when filled)."""
+    s = kv.KvdepotConnector(tp_config(tmp_path, 0),
+                            kv.KVConnectorRole.SCHEDULER)
+    ranks = []
+    for rank in range(2):
+        torch.manual_seed(seed + rank)
+        kvs = caches("flash", fill=fill)
+        if fill:
+            for t in kvs.values():
+                t.copy_(torch.randn(t.shape).to(torch.float16))
+        w = kv.KvdepotConnector(tp_config(tmp_path, rank),
+                                kv.KVConnectorRole.WORKER)
+        w.register_kv_caches(kvs)
+        ranks.append((w, kvs))
+    return s, ranks
+
+
+def parallel_step(s, workers, meta, finished=()):
+    """Every worker (rank or stage) runs the step; their outputs are
+    aggregated as vLLM's executor does (a load is done when every worker
+    says so; the worker metadata of all reaches the leader). Returns the
+    requests done loading and the invalid block ids."""
+    outs = [worker_step(w, meta, kvs, list(kvs), finished=finished)
+            for w, kvs in workers]
+    agg = None
+    for o in outs:
+        m = o.kv_connector_worker_meta
+        if m is not None:
+            agg = m if agg is None else agg.aggregate(m)
+    s.update_connector_output(NS(kv_connector_worker_meta=agg))
+    done = set.intersection(*(set(o.finished_recving or ()) for o in outs))
+    return done, set().union(*(o.invalid_block_ids for o in outs))
+
+
+def shutdown_all(s, workers):
+    for obj in [s] + [w for w, _ in workers]:
+        obj.shutdown()
+
+
 @pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
 def test_tensor_parallel_through_daemon(tmp_path):
     """TP=2 over kvdepotd: one scheduler-role connector (its leader waits
@@ -217,51 +268,17 @@ def test_tensor_parallel_through_daemon(tmp_path):
     and the worker metadata of both ranks reaches the leader. After a
     restart each rank loads its own shard back, bit for bit."""
     proc = start_daemon(tmp_path)[0]
-
-    def config(rank):
-        cfg = vllm_config("", store_mode="daemon",
-                          store_address=f"unix:{tmp_path}/d.sock")
-        cfg.parallel_config.tensor_parallel_size = 2
-        cfg.parallel_config.rank = rank
-        return cfg
-
-    def engine(fill, seed):
-        s = kv.KvdepotConnector(config(0), kv.KVConnectorRole.SCHEDULER)
-        ranks = []
-        for rank in range(2):
-            torch.manual_seed(seed + rank)
-            kvs = caches("flash", fill=fill)
-            if fill:  # a different shard per rank
-                for t in kvs.values():
-                    t.copy_(torch.randn(t.shape).to(torch.float16))
-            w = kv.KvdepotConnector(config(rank), kv.KVConnectorRole.WORKER)
-            w.register_kv_caches(kvs)
-            ranks.append((w, kvs))
-        return s, ranks
-
-    def step(s, ranks, meta):
-        """Both ranks run the step; outputs aggregated as vLLM does."""
-        outs = [worker_step(w, meta, kvs, list(kvs)) for w, kvs in ranks]
-        both = [set(o.finished_recving or ()) for o in outs]
-        metas = [o.kv_connector_worker_meta for o in outs
-                 if o.kv_connector_worker_meta is not None]
-        agg = metas[0].aggregate(metas[1]) if len(metas) == 2 else \
-            (metas[0] if metas else None)
-        s.update_connector_output(NS(kv_connector_worker_meta=agg))
-        return both[0] & both[1], set().union(*(o.invalid_block_ids
-                                                for o in outs))
-
     tokens = [(i * 29 + 1) % 32000 for i in range(PROMPT)]
     a_blocks, b_blocks = [3, 9, 1, 12, 5, 20, 7], [11, 13, 15, 17, 19, 21, 23]
     try:
-        s, ranks = engine(True, 500)
+        s, ranks = tp_engine(tmp_path, True, 500)
         assert ranks[0][0].group_ns[0].bytes[:] != \
             ranks[1][0].group_ns[0].bytes[:]
         assert [w.tp_rank for w, _ in ranks] == [0, 1]
         req = Request("tp-a", tokens)
         assert s.get_num_new_matched_tokens(req, 0) == (0, False)
         s.update_state_after_alloc(req, Blocks(a_blocks), 0)
-        step(s, ranks, s.build_connector_meta(
+        parallel_step(s, ranks, s.build_connector_meta(
             sched_output(new=[(req, 0)], tokens={"tp-a": PROMPT})))
         assert s.request_finished(req, a_blocks) == (False, None)
         for w, _ in ranks:
@@ -269,15 +286,14 @@ def test_tensor_parallel_through_daemon(tmp_path):
         saved = [[t[:, b].clone() for t in kvs.values() for b in a_blocks[:6]]
                  for _, kvs in ranks]
         assert not torch.equal(saved[0][0], saved[1][0])
-        for obj in [s] + [w for w, _ in ranks]:
-            obj.shutdown()
+        shutdown_all(s, ranks)
 
-        s, ranks = engine(False, 0)
+        s, ranks = tp_engine(tmp_path, False, 0)
         req = Request("tp-b", tokens)
         # In the daemon's RAM: loaded in the step that runs the request.
         assert s.get_num_new_matched_tokens(req, 0) == (96, False)
         s.update_state_after_alloc(req, Blocks(b_blocks), 96)
-        done, invalid = step(s, ranks, s.build_connector_meta(sched_output(
+        done, invalid = parallel_step(s, ranks, s.build_connector_meta(sched_output(
             new=[(req, 96)], tokens={"tp-b": PROMPT - 96})))
         assert invalid == set() and done == set()
         for w, _ in ranks:
@@ -285,8 +301,7 @@ def test_tensor_parallel_through_daemon(tmp_path):
         for r, (_, kvs) in enumerate(ranks):
             got = [t[:, b] for t in kvs.values() for b in b_blocks[:6]]
             assert all(torch.equal(x, y) for x, y in zip(saved[r], got))
-        for obj in [s] + [w for w, _ in ranks]:
-            obj.shutdown()
+        shutdown_all(s, ranks)
     finally:
         stop_daemon(proc)
 
@@ -299,52 +314,20 @@ def test_tensor_parallel_lost_shard(tmp_path):
     kv_load_failure_policy would fail the request), and each rank loads
     exactly the bytes it saved for those blocks."""
     proc = start_daemon(tmp_path)[0]
-
-    def config(rank):
-        cfg = vllm_config("", store_mode="daemon",
-                          store_address=f"unix:{tmp_path}/d.sock")
-        cfg.parallel_config.tensor_parallel_size = 2
-        cfg.parallel_config.rank = rank
-        return cfg
-
-    def engine(fill):
-        s = kv.KvdepotConnector(config(0), kv.KVConnectorRole.SCHEDULER)
-        ranks = []
-        for rank in range(2):
-            torch.manual_seed(700 + rank)
-            kvs = caches("flash", fill=fill)
-            if fill:  # a different shard per rank
-                for t in kvs.values():
-                    t.copy_(torch.randn(t.shape).to(torch.float16))
-            w = kv.KvdepotConnector(config(rank), kv.KVConnectorRole.WORKER)
-            w.register_kv_caches(kvs)
-            ranks.append((w, kvs))
-        return s, ranks
-
-    def step(s, ranks, meta, finished=()):
-        outs = [worker_step(w, meta, kvs, list(kvs), finished=finished)
-                for w, kvs in ranks]
-        metas = [o.kv_connector_worker_meta for o in outs
-                 if o.kv_connector_worker_meta is not None]
-        agg = metas[0].aggregate(metas[1]) if len(metas) == 2 else \
-            (metas[0] if metas else None)
-        s.update_connector_output(NS(kv_connector_worker_meta=agg))
-        return set().union(*(o.invalid_block_ids for o in outs))
-
     tokens = [(i * 37 + 5) % 32000 for i in range(PROMPT)]
     a_blocks, b_blocks = [2, 8, 4, 14, 6, 16, 10], [1, 3, 5, 7, 9, 11, 13]
     try:
-        s, ranks = engine(True)
+        s, ranks = tp_engine(tmp_path, True, 700)
         req = Request("lost-a", tokens)
         req.kv_transfer_params = {"do_remote_decode": True}  # keys, below
         assert s.get_num_new_matched_tokens(req, 0) == (0, False)
         s.update_state_after_alloc(req, Blocks(a_blocks), 0)
-        step(s, ranks, s.build_connector_meta(
+        parallel_step(s, ranks, s.build_connector_meta(
             sched_output(new=[(req, 0)], tokens={"lost-a": PROMPT})))
         delay, params = s.request_finished(req, a_blocks)
         if delay:
-            step(s, ranks, s.build_connector_meta(sched_output()),
-                 finished={"lost-a"})
+            parallel_step(s, ranks, s.build_connector_meta(sched_output()),
+                          finished={"lost-a"})
         keys = params["kvdepot_hashes"]
         assert len(keys) == 6
         for w, _ in ranks:
@@ -355,24 +338,22 @@ def test_tensor_parallel_lost_shard(tmp_path):
         assert s.shard_ns[0][0].bytes[:] == rank1_ns.bytes[:]
         # Rank 1's shard of block 3, through the daemon (a client call).
         assert s.store.delete(rank1_ns, [keys[3]]) == 1
-        for obj in [s] + [w for w, _ in ranks]:
-            obj.shutdown()
+        shutdown_all(s, ranks)
 
-        s, ranks = engine(False)
+        s, ranks = tp_engine(tmp_path, False, 0)
         req = Request("lost-b", tokens)
         # Blocks 0..2 only: block 3 has no shard on rank 1.
         assert s.get_num_new_matched_tokens(req, 0) == (48, False)
         s.update_state_after_alloc(req, Blocks(b_blocks), 48)
-        invalid = step(s, ranks, s.build_connector_meta(sched_output(
-            new=[(req, 48)], tokens={"lost-b": PROMPT - 48})))
+        _, invalid = parallel_step(s, ranks, s.build_connector_meta(
+            sched_output(new=[(req, 48)], tokens={"lost-b": PROMPT - 48})))
         assert invalid == set()
         for r, (w, kvs) in enumerate(ranks):
             st = w.kvdepot_stats()
             assert st["blocks_loaded"] == 3 and st["load_errors"] == 0
             got = [t[:, b] for t in kvs.values() for b in b_blocks[:3]]
             assert all(torch.equal(x, y) for x, y in zip(saved[r], got))
-        for obj in [s] + [w for w, _ in ranks]:
-            obj.shutdown()
+        shutdown_all(s, ranks)
     finally:
         stop_daemon(proc)
 

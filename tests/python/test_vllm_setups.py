@@ -22,8 +22,8 @@ torch = pytest.importorskip("torch")
 from conftest import KVDEPOTD, require_lib, start_daemon, stop_daemon  # noqa: E402,E501
 from test_vllm_connector import (BS, DIM, HEADS, LAYERS, NB, PROMPT,  # noqa: E402,E501
                                  Blocks, ModelConfig, Request, caches,
-                                 connector_pair, sched_output, vllm_config,
-                                 worker_step)
+                                 connector_pair, parallel_step, sched_output,
+                                 shutdown_all, vllm_config, worker_step)
 from kvdepot import vllm as kv  # noqa: E402
 
 require_lib()
@@ -250,21 +250,6 @@ def test_pipeline_parallel_round_trip(tmp_path):
             stages.append((w, kvs))
         return s, stages
 
-    def step(s, stages, meta, finished=()):
-        outs = [worker_step(w, meta, kvs, list(kvs), finished=finished)
-                for w, kvs in stages]
-        metas = [o.kv_connector_worker_meta for o in outs
-                 if o.kv_connector_worker_meta is not None]
-        agg = None
-        for m in metas:
-            agg = m if agg is None else agg.aggregate(m)
-        s.update_connector_output(NS(kv_connector_worker_meta=agg))
-        return outs
-
-    def close(s, stages):
-        for obj in [s] + [w for w, _ in stages]:
-            obj.shutdown()
-
     tokens = [(i * 41 + 9) % 32000 for i in range(PROMPT)]
     a_blocks, b_blocks = [2, 8, 4, 14, 6, 16, 10], [1, 3, 5, 7, 9, 11, 13]
     try:
@@ -277,25 +262,25 @@ def test_pipeline_parallel_round_trip(tmp_path):
         req.kv_transfer_params = {"do_remote_decode": True}  # keys, below
         assert s.get_num_new_matched_tokens(req, 0) == (0, False)
         s.update_state_after_alloc(req, Blocks(a_blocks), 0)
-        step(s, stages, s.build_connector_meta(
+        parallel_step(s, stages, s.build_connector_meta(
             sched_output(new=[(req, 0)], tokens={"pp-a": PROMPT})))
         delay, params = s.request_finished(req, a_blocks)
         if delay:
-            step(s, stages, s.build_connector_meta(sched_output()),
-                 finished={"pp-a"})
+            parallel_step(s, stages, s.build_connector_meta(sched_output()),
+                          finished={"pp-a"})
         keys = params["kvdepot_hashes"]
         for w, _ in stages:
             assert w.kvdepot_stats()["blocks_saved"] == 6
         saved = [{n: t.clone() for n, t in kvs.items()} for _, kvs in stages]
-        close(s, stages)
+        shutdown_all(s, stages)
 
         s, stages = engine(False, 0)
         req = Request("pp-b", tokens)
         assert s.get_num_new_matched_tokens(req, 0) == (96, False)
         s.update_state_after_alloc(req, Blocks(b_blocks), 96)
-        outs = step(s, stages, s.build_connector_meta(sched_output(
-            new=[(req, 96)], tokens={"pp-b": PROMPT - 96})))
-        assert all(not o.invalid_block_ids for o in outs)
+        _, invalid = parallel_step(s, stages, s.build_connector_meta(
+            sched_output(new=[(req, 96)], tokens={"pp-b": PROMPT - 96})))
+        assert not invalid
         for r, (w, kvs) in enumerate(stages):
             assert w.kvdepot_stats()["blocks_loaded"] == 6
             for n, t in kvs.items():
@@ -303,19 +288,19 @@ def test_pipeline_parallel_round_trip(tmp_path):
                     assert torch.equal(saved[r][n][:, a], t[:, b])
         stage1_ns = stages[1][0].group_ns[0]
         assert s.store.delete(stage1_ns, [keys[4]]) == 1
-        close(s, stages)
+        shutdown_all(s, stages)
 
         s, stages = engine(False, 0)
         req = Request("pp-c", tokens)
         assert s.get_num_new_matched_tokens(req, 0) == (64, False)
         s.update_state_after_alloc(req, Blocks(b_blocks), 64)
-        outs = step(s, stages, s.build_connector_meta(sched_output(
-            new=[(req, 64)], tokens={"pp-c": PROMPT - 64})))
-        assert all(not o.invalid_block_ids for o in outs)
+        _, invalid = parallel_step(s, stages, s.build_connector_meta(
+            sched_output(new=[(req, 64)], tokens={"pp-c": PROMPT - 64})))
+        assert not invalid
         for w, _ in stages:
             st = w.kvdepot_stats()
             assert st["blocks_loaded"] == 4 and st["load_errors"] == 0
-        close(s, stages)
+        shutdown_all(s, stages)
     finally:
         stop_daemon(proc)
 

@@ -198,22 +198,32 @@ class Engine:
                        torch.randn((2, NB, BS, HEADS, DIM), generator=g)
                        .to(torch.float16) for i in range(LAYERS)}
         self.worker.register_kv_caches(self.kv)
+        self.workers, self.kvs = [self.worker], [self.kv]
         self.invalid = set()
 
     def step(self, token=7):
+        """One engine step: every worker (one, or one per rank and stage)
+        runs the model runner's connector cycle; their outputs are
+        aggregated as vLLM's executor does (done when every worker says
+        so, the worker metadata of all), and go to the scheduler."""
         so = self.sched.schedule()
-        w = self.worker
-        w.bind_connector_metadata(so.kv_connector_metadata)
-        w.start_load_kv(None)
-        for name in self.kv:
-            w.wait_for_layer_load(name)
-            w.save_kv_layer(name, self.kv[name], None)
-        w.wait_for_save()
-        sending, recving = w.get_finished(so.finished_req_ids)
-        invalid = w.get_block_ids_with_load_errors()
+        finished, wmeta, invalid = ([], []), None, set()
+        for w, kvs in zip(self.workers, self.kvs):
+            w.bind_connector_metadata(so.kv_connector_metadata)
+            w.start_load_kv(None)
+            for name in kvs:
+                w.wait_for_layer_load(name)
+                w.save_kv_layer(name, kvs[name], None)
+            w.wait_for_save()
+            for out, ids in zip(finished, w.get_finished(so.finished_req_ids)):
+                out.append(set(ids or ()))
+            invalid |= w.get_block_ids_with_load_errors()
+            m = w.build_connector_worker_meta()
+            if m is not None:
+                wmeta = m if wmeta is None else wmeta.aggregate(m)
+            w.clear_connector_metadata()
+        sending, recving = (set.intersection(*f) or None for f in finished)
         self.invalid |= invalid
-        wmeta = w.build_connector_worker_meta()
-        w.clear_connector_metadata()
         ids = list(so.num_scheduled_tokens)
         sampled = []
         for rid in ids:
@@ -244,7 +254,8 @@ class Engine:
 
     def close(self):
         self.sched.get_kv_connector().shutdown()
-        self.worker.shutdown()
+        for w in self.workers:
+            w.shutdown()
 
 
 PROMPT = [(i * 37 + 11) % 900 + 2 for i in range(100)]  # 6 full blocks

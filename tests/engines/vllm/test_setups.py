@@ -17,6 +17,7 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
+from test_real_scheduler import Engine as BaseEngine  # noqa: E402
 from test_real_scheduler import (BS, DIM, EOS, HEADS, LAYERS, NB,  # noqa: E402
                                  PROMPT, SamplingParams, Scheduler,
                                  StructuredOutputManager, kv_cache_config,
@@ -25,7 +26,6 @@ from vllm.config import ParallelConfig, VllmConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import \
     KVConnectorRole  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher  # noqa
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
 try:
@@ -53,9 +53,10 @@ def config(root, store, cache_dtype="auto", tp=1, pp=1, rank=0,
     return cfg
 
 
-class Engine:
+class Engine(BaseEngine):
     """vLLM's Scheduler plus one worker-role connector per rank (TP) or
-    stage (PP), each over its own CPU tensors."""
+    stage (PP), each over its own CPU tensors; the step, the runs and the
+    block tables are test_real_scheduler's Engine's."""
 
     def __init__(self, root, store, seed, cache_dtype="auto", tp=1, pp=1,
                  policy="fail"):
@@ -71,71 +72,21 @@ class Engine:
         stages = [kv._stage_layers(cfg, r, pp) for r in range(pp)]
         for rank in range(tp * pp):
             wcfg = config(root, store, cache_dtype, tp, pp, rank, policy)
-            stage = rank // tp
-            start, end = stages[stage]
-            names = NAMES[start:end]
+            start, end = stages[rank // tp]
             shape = (2, NB, BS, HEADS // tp, DIM)  # this rank's heads
             if cache_dtype.startswith("fp8"):  # vLLM allocates bytes
                 kvs = {n: torch.randint(0, 256, shape, generator=g,
-                                        dtype=torch.uint8) for n in names}
+                                        dtype=torch.uint8)
+                       for n in NAMES[start:end]}
             else:
                 kvs = {n: torch.randn(shape, generator=g).to(torch.float16)
-                       for n in names}
+                       for n in NAMES[start:end]}
             w = kv.KvdepotConnector(wcfg, KVConnectorRole.WORKER,
                                     kv_cache_config=kv_cache_config(NB))
             w.register_kv_caches(kvs)
             self.workers.append(w)
             self.kvs.append(kvs)
         self.invalid = set()
-
-    def step(self, token=7):
-        so = self.sched.schedule()
-        sending = recving = None
-        metas, outs = [], []
-        for w, kvs in zip(self.workers, self.kvs):
-            w.bind_connector_metadata(so.kv_connector_metadata)
-            w.start_load_kv(None)
-            for name in kvs:
-                w.wait_for_layer_load(name)
-                w.save_kv_layer(name, kvs[name], None)
-            w.wait_for_save()
-            outs.append(w.get_finished(so.finished_req_ids))
-            self.invalid |= w.get_block_ids_with_load_errors()
-            m = w.build_connector_worker_meta()
-            if m is not None:
-                metas.append(m)
-            w.clear_connector_metadata()
-        # vLLM's KVOutputAggregator: done when every worker says so.
-        sets = [set(o[0] or ()) for o in outs], [set(o[1] or ()) for o in outs]
-        sending = set.intersection(*sets[0]) or None
-        recving = set.intersection(*sets[1]) or None
-        wmeta = None
-        for m in metas:
-            wmeta = m if wmeta is None else wmeta.aggregate(m)
-        ids = list(so.num_scheduled_tokens)
-        sampled = []
-        for rid in ids:
-            req = self.sched.requests[rid]
-            done = req.num_computed_tokens + so.num_scheduled_tokens[rid]
-            sampled.append([token] if done >= req.num_prompt_tokens else [])
-        out = ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=sampled, logprobs=None,
-            prompt_logprobs_dict={}, pooler_output=None,
-            kv_connector_output=KVConnectorOutput(
-                finished_sending=sending, finished_recving=recving,
-                invalid_block_ids=set(self.invalid),
-                kv_connector_worker_meta=wmeta))
-        self.sched.update_from_output(so, out)
-        return so
-
-    def run_until_done(self, *rids, steps=400):
-        for _ in range(steps):
-            if not any(r in self.sched.requests for r in rids):
-                return
-            time.sleep(0.002)
-            self.step()
-        raise AssertionError(f"{rids} did not finish")
 
     def run_until_loaded(self, rid):
         req = self.sched.requests[rid]
@@ -147,15 +98,6 @@ class Engine:
             self.step()
         assert req.status != RequestStatus.WAITING_FOR_REMOTE_KVS
         return req
-
-    def blocks_of(self, rid):
-        mgr = self.sched.kv_cache_manager
-        return [b.block_id for b in mgr.get_blocks(rid).blocks[0]]
-
-    def close(self):
-        self.sched.get_kv_connector().shutdown()
-        for w in self.workers:
-            w.shutdown()
 
 
 def same_blocks(a, a_blocks, b, b_blocks):
