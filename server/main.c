@@ -6,15 +6,16 @@
  *   kvdepotd [--config FILE] [--set key=value ...] --check-config
  *   kvdepotd --version | --help
  *
- * --print-config prints every setting, then checks them all as a start
- * would (exit code 2, one line per error naming the key and the reason).
- * --check-config runs the same checks without printing the settings and
- * without starting, binding or creating anything: exit 0 when the start
- * would accept the configuration, else 1 with one line per error. Both
- * run kvd_server_check_config's checks, which kvd_server_open runs too, so
- * what they accept the start accepts, and what the start refuses for a
- * value they refuse. An unknown --set key is refused before anything else,
- * with the known key closest to it ("did you mean").
+ * --print-config prints every setting, then checks their values as a
+ * start would (exit code 2, one line per error naming the key and the
+ * reason). --check-config runs those checks and also looks at the
+ * directories the start writes in (the unix socket's, store.disk_path),
+ * without printing the settings and without starting, binding or creating
+ * anything: exit 0 when the start would accept the configuration, else 1
+ * with one line per error. kvd_server_open runs the same checks first, so
+ * what the start refuses for a value both refuse. An unknown --set key is
+ * refused before anything else, with the known key closest to it ("did you
+ * mean").
  *
  * Settings resolve as everywhere in kvdepot: --set > KVDEPOT_* environment >
  * the YAML file > defaults (--print-config shows each with its source). A
@@ -318,7 +319,8 @@ static int print_or_check(const kvd_config_t *cfg, main_mode_t mode)
             return MAIN_EXIT_FAIL;
         }
     }
-    size_t n = kvd_server_check_config_each(cfg, report_error, NULL);
+    size_t n = kvd_server_check_config_each(cfg, mode == MAIN_CHECK,
+                                            report_error, NULL);
     if (mode == MAIN_CHECK && n == 0) {
         printf("kvdepotd: configuration OK\n");
     }

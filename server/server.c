@@ -364,7 +364,7 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
     if (s == KVD_OK) {
         /* Before the store: a bad address or path fails the start at
          * once, not after the arena has been touched. */
-        s = srv_check_world(config, &srv->cfg, srv->tenancy, srv->tls_pem, err,
+        s = srv_check_world(&srv->cfg, srv->tenancy, srv->tls_pem, err,
                             err_len);
     }
     if (s == KVD_OK) {

@@ -463,8 +463,7 @@ static kvd_status_t server_check_disk_path(const kvd_config_t *config,
                             err_len);
 }
 
-kvd_status_t srv_check_world(const kvd_config_t *config,
-                             const kvd_server_settings_t *cfg,
+kvd_status_t srv_check_world(const kvd_server_settings_t *cfg,
                              const srv_tenancy_t *tenancy, char *const pem[3],
                              char *err, size_t err_len)
 {
@@ -482,7 +481,15 @@ kvd_status_t srv_check_world(const kvd_config_t *config,
         struct sockaddr_storage sa;
         s = kvd_metrics_address_parse(cfg->metrics_address, &sa, err, err_len);
     }
-    if (s == KVD_OK && cfg->unix_socket[0] != '\0') {
+    return s;
+}
+
+kvd_status_t srv_check_paths(const kvd_config_t *config,
+                             const kvd_server_settings_t *cfg, char *err,
+                             size_t err_len)
+{
+    kvd_status_t s = KVD_OK;
+    if (cfg->unix_socket[0] != '\0') {
         char parent[KVD_CONFIG_STRING_MAX];
         server_parent(cfg->unix_socket, parent, sizeof parent);
         s = server_check_dir("server.unix_socket", "directory", parent, err,
@@ -516,6 +523,7 @@ typedef struct server_check {
     void *ctx;
     char *err;
     size_t err_len;
+    bool paths; /* srv_check_paths too */
     size_t n_errors;
     kvd_status_t first;
 } server_check_t;
@@ -533,7 +541,8 @@ static void server_check_fail(server_check_t *c, kvd_status_t s,
 }
 
 /* The settings that need the server.* ones resolved: TLS files readable,
- * then the listeners and paths (srv_check_world). */
+ * the listeners (srv_check_world), the directories (srv_check_paths,
+ * when asked). */
 static void server_check_resolved(const kvd_config_t *config,
                                   const kvd_server_settings_t *cfg,
                                   const srv_tenancy_t *tenancy,
@@ -546,7 +555,12 @@ static void server_check_resolved(const kvd_config_t *config,
         server_check_fail(c, s, msg);
     }
     msg[0] = '\0';
-    s = srv_check_world(config, cfg, tenancy, pem, msg, msg_len);
+    s = srv_check_world(cfg, tenancy, pem, msg, msg_len);
+    if (s != KVD_OK) {
+        server_check_fail(c, s, msg);
+    }
+    msg[0] = '\0';
+    s = c->paths ? srv_check_paths(config, cfg, msg, msg_len) : KVD_OK;
     if (s != KVD_OK) {
         server_check_fail(c, s, msg);
     }
@@ -594,15 +608,15 @@ static void server_check_run(const kvd_config_t *config, server_check_t *c)
 kvd_status_t kvd_server_check_config(const kvd_config_t *config, char *err,
                                      size_t err_len)
 {
-    server_check_t c = {.err = err, .err_len = err_len};
+    server_check_t c = {.err = err, .err_len = err_len, .paths = true};
     server_check_run(config, &c);
     return c.n_errors == 0 ? KVD_OK : c.first;
 }
 
-size_t kvd_server_check_config_each(const kvd_config_t *config,
+size_t kvd_server_check_config_each(const kvd_config_t *config, bool paths,
                                     kvd_server_report_fn report, void *ctx)
 {
-    server_check_t c = {.report = report, .ctx = ctx};
+    server_check_t c = {.report = report, .ctx = ctx, .paths = paths};
     server_check_run(config, &c);
     return c.n_errors;
 }

@@ -86,11 +86,13 @@ kvd_status_t kvd_server_check_config(const kvd_config_t *config, char *err,
                                      size_t err_len);
 
 /* The same checks, reporting every independent error (one message each:
- * the server.* settings or what needs them, the store.* settings) to
- * `report`, called on this thread; returns how many (0: the start would
- * accept this configuration, as far as it can be told without binding). */
+ * the server.* settings, the listeners, the directories, the store.*
+ * settings) to `report`, called on this thread; returns how many (0: the
+ * start would accept this configuration, as far as it can be told without
+ * binding). Without `paths` the directories are not looked at (for
+ * --print-config, which may check a file away from the host it is for). */
 typedef void (*kvd_server_report_fn)(void *ctx, const char *msg);
-size_t kvd_server_check_config_each(const kvd_config_t *config,
+size_t kvd_server_check_config_each(const kvd_config_t *config, bool paths,
                                     kvd_server_report_fn report, void *ctx);
 
 /* Whether `key` is a setting kvdepotd knows (server.*, cluster.*, store.*

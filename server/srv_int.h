@@ -163,15 +163,18 @@ kvd_status_t srv_store_settings(const kvd_config_t *config, char *err,
 kvd_status_t srv_tls_read(const kvd_server_settings_t *cfg, char *pem[3],
                           char *err, size_t err_len);
 
-/* What the start needs of the world before it opens the store: the
- * listeners' settings as kvd_rpc_server_start and kvd_metrics_start take
- * them (a listener, authenticated TCP, addresses that parse), the unix
- * socket's directory and store.disk_path (or its parent) writable
- * directories. `pem` as srv_tls_read wrote it. Binds nothing. */
-kvd_status_t srv_check_world(const kvd_config_t *config,
-                             const kvd_server_settings_t *cfg,
+/* The listeners' settings as kvd_rpc_server_start and kvd_metrics_start
+ * take them (a listener, authenticated TCP, addresses that parse), checked
+ * before the store opens. `pem` as srv_tls_read wrote it. Binds nothing. */
+kvd_status_t srv_check_world(const kvd_server_settings_t *cfg,
                              const srv_tenancy_t *tenancy, char *const pem[3],
                              char *err, size_t err_len);
+
+/* The directories the start writes in: the unix socket's, and
+ * store.disk_path (or its parent, where the store creates it). */
+kvd_status_t srv_check_paths(const kvd_config_t *config,
+                             const kvd_server_settings_t *cfg, char *err,
+                             size_t err_len);
 
 /* Records every server.* and store.* setting as the daemon starts with it
  * (secrets redacted) in srv->config_entries. KVD_ERR_NOMEM. */
