@@ -462,10 +462,14 @@ static kvd_status_t config_load(kvd_config_t *config, const char *yaml,
 
 err_walk:
     if (w->line > 0) {
-        KVD_LOG_ERROR("config %s:%u: %s", origin, w->line, w->reason);
+        if (err == NULL || err_len == 0) {
+            KVD_LOG_ERROR("config %s:%u: %s", origin, w->line, w->reason);
+        }
         kvd_config_err(err, err_len, "%s:%u: %s", origin, w->line, w->reason);
     } else {
-        KVD_LOG_ERROR("config %s: %s", origin, w->reason);
+        if (err == NULL || err_len == 0) {
+            KVD_LOG_ERROR("config %s: %s", origin, w->reason);
+        }
         kvd_config_err(err, err_len, "%s: %s", origin, w->reason);
     }
     list_cleanup(&w->keys);
@@ -493,7 +497,9 @@ static kvd_status_t file_slurp(const char *path, char **buf_out,
     if (f == NULL) {
         int e = errno;
         kvd_config_err(err, err_len, "%s: %s", path, strerror(e));
-        KVD_LOG_ERROR("config %s: %s", path, strerror(e));
+        if (err == NULL || err_len == 0) {
+            KVD_LOG_ERROR("config %s: %s", path, strerror(e));
+        }
         return e == ENOENT || e == ENOTDIR ? KVD_ERR_NOT_FOUND : KVD_ERR_IO;
     }
     kvd_status_t st = KVD_OK;
@@ -531,7 +537,9 @@ static kvd_status_t file_slurp(const char *path, char **buf_out,
         int e = errno;
         st = KVD_ERR_IO;
         kvd_config_err(err, err_len, "%s: read failed: %s", path, strerror(e));
-        KVD_LOG_ERROR("config %s: read failed: %s", path, strerror(e));
+        if (err == NULL || err_len == 0) {
+            KVD_LOG_ERROR("config %s: read failed: %s", path, strerror(e));
+        }
         goto err_buf;
     }
     fclose(f);
@@ -723,8 +731,10 @@ static kvd_status_t check_unknown(const kvd_config_list_t *list,
                 kvd_config_err(err, err_len, "unknown setting '%s' (from %s)",
                                entry->key, source);
             }
-            KVD_LOG_ERROR("config: unknown setting '%s' (from %s)", entry->key,
-                          source);
+            if (err == NULL || err_len == 0) {
+                KVD_LOG_ERROR("config: unknown setting '%s' (from %s)",
+                              entry->key, source);
+            }
             return KVD_ERR_NOT_FOUND;
         }
     }
@@ -768,7 +778,9 @@ static kvd_status_t apply_field(const kvd_config_t *config,
                        "%s: required setting has no value (set it in the call, "
                        "%s or the config file)",
                        field->name, val->env_name);
-        KVD_LOG_ERROR("config: %s is required and not set", field->name);
+        if (err == NULL || err_len == 0) {
+            KVD_LOG_ERROR("config: %s is required and not set", field->name);
+        }
         goto out;
     }
     st = field->parse(field, val->text, (char *)settings + field->offset,
@@ -789,8 +801,11 @@ static kvd_status_t apply_field(const kvd_config_t *config,
                        KVD_CONFIG_QUOTE_MAX, val->text, more, val->where,
                        reason);
     }
-    KVD_LOG_ERROR("config: %s='%.*s%s' (from %s): %s", field->name,
-                  KVD_CONFIG_QUOTE_MAX, val->text, more, val->where, reason);
+    if (err == NULL || err_len == 0) {
+        KVD_LOG_ERROR("config: %s='%.*s%s' (from %s): %s", field->name,
+                      KVD_CONFIG_QUOTE_MAX, val->text, more, val->where,
+                      reason);
+    }
 out:
     free(val);
     return st;
@@ -873,4 +888,53 @@ KVD_API kvd_status_t kvd_config_print(const kvd_config_t *config,
         return KVD_ERR_INVALID;
     }
     return kvd_config_visit(config, table, num_fields, config_print_one, out);
+}
+
+/* Edit distance of a and b, or SIZE_MAX when either is longer than a key
+ * may be (two rows of the classic dynamic programme). */
+static size_t config_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > KVD_CONFIG_KEY_MAX || lb > KVD_CONFIG_KEY_MAX) {
+        return SIZE_MAX;
+    }
+    size_t prev[KVD_CONFIG_KEY_MAX + 1], cur[KVD_CONFIG_KEY_MAX + 1];
+    for (size_t j = 0; j <= lb; j++) {
+        prev[j] = j;
+    }
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            size_t del = prev[j] + 1, ins = cur[j - 1] + 1;
+            size_t best = sub < del ? sub : del;
+            cur[j] = best < ins ? best : ins;
+        }
+        memcpy(prev, cur, (lb + 1) * sizeof prev[0]);
+    }
+    return prev[lb];
+}
+
+const char *kvd_config_closest(const char *key, const char *const *names,
+                               size_t n)
+{
+    const char *best = NULL;
+    size_t best_d = SIZE_MAX;
+    if (key == NULL || names == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (names[i] == NULL) {
+            continue;
+        }
+        size_t d = config_distance(key, names[i]);
+        size_t longer =
+            strlen(key) > strlen(names[i]) ? strlen(key) : strlen(names[i]);
+        size_t limit = longer / 3 > 2 ? longer / 3 : 2;
+        if (d <= limit && d < best_d) {
+            best = names[i];
+            best_d = d;
+        }
+    }
+    return best;
 }

@@ -25,4 +25,12 @@ kvd_status_t kvd_config_check_sections(const kvd_config_t *config,
                                        const char *const *sections, char *err,
                                        size_t err_len);
 
+/* The name of `names` (n of them) closest to `key` by edit distance
+ * (Levenshtein: insertions, deletions, substitutions), for "did you mean"
+ * after an unknown setting; NULL when none is within a third of the
+ * longer of the two (at least 2 edits), so an unrelated key suggests
+ * nothing. Returns one of `names`. Thread: any. */
+const char *kvd_config_closest(const char *key, const char *const *names,
+                               size_t n);
+
 #endif /* KVD_COMMON_CONFIG_INT_H */

@@ -11,13 +11,17 @@
  * thread is still inside the old sink, and the caller may free its `arg`.
  * Messages are formatted into a bounded stack buffer (long ones are cut and
  * marked) and the default sink emits each line with one write(2), so lines
- * from concurrent threads do not interleave.
+ * from concurrent threads do not interleave. Under systemd the line can
+ * start with a syslog priority ("<3>"), so the journal records each line's
+ * level (kvd_log_set_syslog_prefix; kvdepotd turns it on when stderr is
+ * the journal).
  */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -34,6 +38,44 @@ static void *sink_arg;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug",
                                           "trace"};
+
+static int syslog_prefix; /* atomic: kvd_log_set_syslog_prefix */
+
+/* sd-daemon(3): SD_ERR, SD_WARNING, SD_INFO, SD_DEBUG (twice). */
+static const char *const syslog_prefixes[] = {"<3>", "<4>", "<6>", "<7>",
+                                              "<7>"};
+
+void kvd_log_set_syslog_prefix(int on)
+{
+    __atomic_store_n(&syslog_prefix, on != 0, __ATOMIC_RELAXED);
+}
+
+const char *kvd_log_syslog_prefix(kvd_log_level_t level)
+{
+    if (!__atomic_load_n(&syslog_prefix, __ATOMIC_RELAXED)) {
+        return "";
+    }
+    if (level < KVD_LOG_LEVEL_ERROR) {
+        level = KVD_LOG_LEVEL_ERROR;
+    } else if (level > KVD_LOG_LEVEL_TRACE) {
+        level = KVD_LOG_LEVEL_TRACE;
+    }
+    return syslog_prefixes[level];
+}
+
+int kvd_log_stderr_is_journal(void)
+{
+    const char *env = getenv("JOURNAL_STREAM");
+    unsigned long long dev = 0, ino = 0;
+    char extra;
+    struct stat st;
+    if (env == NULL || sscanf(env, "%llu:%llu%c", &dev, &ino, &extra) != 2 ||
+        fstat(STDERR_FILENO, &st) != 0) {
+        return 0;
+    }
+    return (unsigned long long)st.st_dev == dev &&
+           (unsigned long long)st.st_ino == ino;
+}
 
 KVD_API kvd_status_t kvd_log_level_parse(const char *text,
                                          kvd_log_level_t *level_out)
@@ -116,11 +158,11 @@ static void default_sink(kvd_log_level_t level, const char *file, int line,
             ? level_names[level]
             : "?";
     int n = snprintf(out, sizeof(out),
-                     "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ kvdepot %-5s "
+                     "%s%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ kvdepot %-5s "
                      "%s:%d %s\n",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                     tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L, name, base,
-                     line, msg);
+                     kvd_log_syslog_prefix(level), tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000L, name, base, line, msg);
     if (n < 0) {
         return;
     }

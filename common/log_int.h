@@ -45,6 +45,23 @@ typedef struct kvd_log_ratelimit {
 int kvd_log_ratelimit_allow(kvd_log_ratelimit_t *state, uint64_t interval_ms,
                             uint64_t *suppressed_out);
 
+/*
+ * Syslog priority prefixes (sd-daemon(3)): when on, the default sink starts
+ * each line with "<N>", N the syslog priority of its level (error 3, warn
+ * 4, info 6, debug and trace 7), which journald strips and stores as the
+ * line's priority. Off until kvd_log_set_syslog_prefix(1). Thread: any.
+ */
+void kvd_log_set_syslog_prefix(int on);
+
+/* "<N>" for `level` while the prefix is on, else "" (for a program's own
+ * lines to stderr, so they carry a priority too). Static storage. */
+const char *kvd_log_syslog_prefix(kvd_log_level_t level);
+
+/* 1 when stderr is the journal: $JOURNAL_STREAM ("DEV:INODE", set by
+ * systemd, systemd.exec(5)) names the device and inode of descriptor 2;
+ * else 0 (stderr redirected elsewhere by a child inheriting the variable). */
+int kvd_log_stderr_is_journal(void);
+
 #ifdef __cplusplus
 }
 #endif

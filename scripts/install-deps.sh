@@ -18,6 +18,9 @@ pkgs+=(
     libucx-dev liburing-dev liblmdb-dev libprotobuf-c-dev libgrpc-dev
     libssl-dev libxxhash-dev libyaml-dev libmicrohttpd-dev libcmocka-dev
 )
+# kvdepotd's systemd notifications (optional for the build: without it the
+# daemon's unit file is Type=exec; the notify test then skips).
+pkgs+=(libsystemd-dev)
 # Tests: block-hash vectors are checked against Python's cbor2 + hashlib;
 # the vLLM connector shim is driven with real torch CPU tensors.
 pkgs+=(python3 python3-cbor2 python3-pytest python3-torch python3-numpy)

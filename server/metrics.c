@@ -30,6 +30,7 @@
 #include "cluster/membership.h"
 #include "cluster/remote.h"
 #include "store/arena.h"
+#include "server/rpc_int.h"
 #include "server/server_int.h"
 
 struct kvd_metrics {
@@ -410,40 +411,63 @@ static void metrics_log(void *cls, const char *fmt, va_list ap)
     KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000, "kvdepotd: metrics: %s", msg);
 }
 
+kvd_status_t kvd_metrics_address_parse(const char *address,
+                                       struct sockaddr_storage *sa_out,
+                                       char *err, size_t err_len)
+{
+    char host[INET6_ADDRSTRLEN + 1];
+    int port = 0;
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
+    if (address == NULL ||
+        !kvd_rpc_address_split(address, host, sizeof host, &port)) {
+        kvd_config_err(err, err_len,
+                       "server.metrics_address \"%s\": want IPv4:port or "
+                       "[IPv6]:port (port 0-65535)",
+                       address != NULL ? address : "");
+        return KVD_ERR_INVALID;
+    }
+    if (address[0] != '[' && inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port = htons((uint16_t)port);
+    } else if (address[0] == '[' &&
+               inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port = htons((uint16_t)port);
+    } else {
+        /* No name lookup: the listener binds one numeric address. */
+        kvd_config_err(err, err_len,
+                       "server.metrics_address \"%s\": want a numeric "
+                       "address (127.0.0.1:9464, [::1]:9464), not a name",
+                       address);
+        return KVD_ERR_INVALID;
+    }
+    *sa_out = ss;
+    return KVD_OK;
+}
+
 kvd_status_t kvd_metrics_start(kvd_server_t *server, const char *address,
                                int max_connections, kvd_metrics_t **metrics_out,
                                int *port_out, char *err, size_t err_len)
 {
-    char host[64];
-    const char *colon = strrchr(address, ':');
-    char *end = NULL;
-    long port = colon ? strtol(colon + 1, &end, 10) : -1;
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    if (colon == NULL || (size_t)(colon - address) >= sizeof host ||
-        end == colon + 1 || *end != '\0' || port < 0 || port > 65535) {
-        kvd_config_err(err, err_len,
-                       "server.metrics_address \"%s\": want IPv4 host:port",
-                       address);
-        return KVD_ERR_INVALID;
+    struct sockaddr_storage sa;
+    kvd_status_t s = kvd_metrics_address_parse(address, &sa, err, err_len);
+    if (s != KVD_OK) {
+        return s;
     }
-    memcpy(host, address, (size_t)(colon - address));
-    host[colon - address] = '\0';
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {
-        kvd_config_err(err, err_len,
-                       "server.metrics_address \"%s\": want an IPv4 address",
-                       address);
-        return KVD_ERR_INVALID;
-    }
-    sa.sin_port = htons((uint16_t)port);
+    bool v6 = sa.ss_family == AF_INET6;
     kvd_metrics_t *m = calloc(1, sizeof *m);
     if (m == NULL) {
         return KVD_ERR_NOMEM;
     }
     m->server = server;
     m->d = MHD_start_daemon(
-        MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-        metrics_handler, m, MHD_OPTION_EXTERNAL_LOGGER, metrics_log, NULL,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+        MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
+            (v6 ? MHD_USE_IPv6 : 0),
+        0, NULL, NULL, metrics_handler, m, MHD_OPTION_EXTERNAL_LOGGER,
+        metrics_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
         MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, 5u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)16384, MHD_OPTION_END);
@@ -455,8 +479,8 @@ kvd_status_t kvd_metrics_start(kvd_server_t *server, const char *address,
     }
     const union MHD_DaemonInfo *info =
         MHD_get_daemon_info(m->d, MHD_DAEMON_INFO_BIND_PORT);
-    *port_out = info != NULL ? info->port : (int)port;
-    KVD_LOG_INFO("kvdepotd: metrics on http://%s:%d/metrics", host, *port_out);
+    *port_out = info != NULL ? info->port : 0;
+    KVD_LOG_INFO("kvdepotd: metrics on %s (port %d)", address, *port_out);
     *metrics_out = m;
     return KVD_OK;
 }

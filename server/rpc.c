@@ -610,9 +610,8 @@ static kvd_status_t rpc_bind(kvd_rpc_server_t *srv, int *tcp_port, char *err,
     return s;
 }
 
-/* Checks what kvd_rpc_server_start is given before anything starts. */
-static kvd_status_t rpc_config_check(const kvd_rpc_config_t *cfg, char *err,
-                                     size_t err_len)
+kvd_status_t kvd_rpc_config_check(const kvd_rpc_config_t *cfg, char *err,
+                                  size_t err_len)
 {
     bool has_unix = cfg->unix_path != NULL && cfg->unix_path[0] != '\0';
     bool has_tcp = cfg->tcp_address != NULL && cfg->tcp_address[0] != '\0';
@@ -637,6 +636,16 @@ static kvd_status_t rpc_config_check(const kvd_rpc_config_t *cfg, char *err,
                        "server.tcp_address is set but neither server.token "
                        "nor TLS client certificates (server.tls_*) are: TCP "
                        "callers must authenticate");
+        return KVD_ERR_INVALID;
+    }
+    char host[256];
+    int port = 0;
+    if (has_tcp &&
+        !kvd_rpc_address_split(cfg->tcp_address, host, sizeof host, &port)) {
+        kvd_config_err(err, err_len,
+                       "server.tcp_address \"%s\": want host:port, [v6]:port "
+                       "or :port (port 0-65535)",
+                       cfg->tcp_address);
         return KVD_ERR_INVALID;
     }
     if (token_len > RPC_TOKEN_MAX ||
@@ -801,7 +810,7 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
         cfg->svc == NULL || cfg->threads < 1 || cfg->max_message_bytes < 1) {
         return KVD_ERR_INVALID;
     }
-    kvd_status_t s = rpc_config_check(cfg, err, err_len);
+    kvd_status_t s = kvd_rpc_config_check(cfg, err, err_len);
     if (s != KVD_OK) {
         return s;
     }

@@ -35,6 +35,7 @@
 #include "common/log_int.h"
 #include "common/time_int.h"
 #include "server/rpc_accept_int.h"
+#include "server/rpc_int.h"
 
 /* Descriptors tracked at most (above: handed over, never shut). */
 #define ACCEPT_TRACK_MAX 65536
@@ -66,9 +67,8 @@ struct rpc_accept {
     size_t n_waiting;
 };
 
-/* Splits "host:port", "[v6]:port" or ":port" into its parts. */
-static bool accept_split(const char *address, char *host, size_t host_len,
-                         char *port, size_t port_len)
+bool kvd_rpc_address_split(const char *address, char *host, size_t host_len,
+                           int *port_out)
 {
     const char *colon = NULL;
     const char *h = address;
@@ -88,13 +88,17 @@ static bool accept_split(const char *address, char *host, size_t host_len,
         }
         hl = (size_t)(colon - address);
     }
-    if (hl >= host_len || strlen(colon + 1) == 0 ||
-        strlen(colon + 1) >= port_len) {
+    char *end = NULL;
+    errno = 0;
+    long port = strtol(colon + 1, &end, 10);
+    if (hl >= host_len || end == colon + 1 || *end != '\0' || errno != 0 ||
+        port < 0 || port > 65535 || colon[1] == '-' || colon[1] == '+' ||
+        colon[1] == ' ') {
         return false;
     }
     memcpy(host, h, hl);
     host[hl] = '\0';
-    snprintf(port, port_len, "%s", colon + 1);
+    *port_out = (int)port;
     return true;
 }
 
@@ -131,13 +135,15 @@ kvd_status_t rpc_accept_open(const char *address, rpc_accept_t **out,
                              int *port_out, char *err, size_t err_len)
 {
     char host[256], port[16];
-    if (!accept_split(address, host, sizeof host, port, sizeof port)) {
+    int port_num = 0;
+    if (!kvd_rpc_address_split(address, host, sizeof host, &port_num)) {
         kvd_config_err(err, err_len,
                        "server.tcp_address %s: want host:port, [v6]:port or "
                        ":port",
                        address);
         return KVD_ERR_INVALID;
     }
+    snprintf(port, sizeof port, "%d", port_num);
     rpc_accept_t *a = calloc(1, sizeof *a);
     struct rlimit rl;
     size_t n = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur > 0 &&

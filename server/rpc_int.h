@@ -98,6 +98,21 @@ kvd_status_t kvd_rpc_server_start(const kvd_rpc_config_t *cfg,
                                   kvd_rpc_server_t **server_out,
                                   int *tcp_port_out, char *err, size_t err_len);
 
+/* Checks what kvd_rpc_server_start would refuse before binding anything:
+ * a listener at all, TCP callers authenticated, the TLS parts together,
+ * lengths, and a tcp_address kvd_rpc_address_split accepts. Errors:
+ * KVD_ERR_INVALID, the setting and the reason in `err`. Pure; any thread
+ * (kvd_server_check_config runs it for --check-config). */
+kvd_status_t kvd_rpc_config_check(const kvd_rpc_config_t *cfg, char *err,
+                                  size_t err_len);
+
+/* Splits a listen address "host:port", "[v6]:port" or ":port" (host ""):
+ * writes the host (brackets removed) and the port, a decimal 0-65535 (0:
+ * the system picks). False when malformed or the host does not fit in
+ * `host_len`. Pure; any thread. */
+bool kvd_rpc_address_split(const char *address, char *host, size_t host_len,
+                           int *port_out);
+
 /* Token comparison without a timing side channel: both sides are reduced
  * to their SHA-256 digest and the digests compared with CRYPTO_memcmp, so
  * neither the position of the first differing byte nor the secret's

@@ -17,6 +17,7 @@
 
 #include "common/config_int.h"
 #include "common/log_int.h"
+#include "common/time_int.h"
 #include "proto/kvd_proto.h"
 #include "store/engine.h"
 #include "cluster/membership.h"
@@ -207,6 +208,12 @@ static kvd_status_t server_open_store(kvd_server_t *srv,
             .bytes = srv->tenancy->arenas[i].bytes,
         };
     }
+    /* The long step of a start: a large arena is touched page by page
+     * (store.arena_prefault) and the index opened and checked; a
+     * Type=notify unit shows this until READY=1. */
+    kvd_server_notify_status("opening the store: preparing the arena "
+                             "(touching its pages when prefaulted) and "
+                             "opening the index");
     kvd_status_t s = kvd_store_open_partitioned(
         config, arenas, srv->tenancy->n_arenas, &srv->store, err, err_len);
     if (s != KVD_OK) {
@@ -352,7 +359,13 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
     server_identity(srv);
     s = srv_store_settings(config, err, err_len);
     if (s == KVD_OK) {
-        s = srv_tls_load(srv, err, err_len);
+        s = srv_tls_read(&srv->cfg, srv->tls_pem, err, err_len);
+    }
+    if (s == KVD_OK) {
+        /* Before the store: a bad address or path fails the start at
+         * once, not after the arena has been touched. */
+        s = srv_check_world(&srv->cfg, srv->tenancy, srv->tls_pem, err,
+                            err_len);
     }
     if (s == KVD_OK) {
         s = server_open_store(srv, config, err, err_len);
@@ -361,6 +374,7 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
         s = server_start_service(srv, err, err_len);
     }
     if (s == KVD_OK) {
+        kvd_server_notify_status("starting the listeners");
         s = server_start_listeners(srv, mode, err, err_len);
     }
     if (s != KVD_OK) {
@@ -406,6 +420,13 @@ bool kvd_server_idle_expired(const kvd_server_t *server)
 {
     return server != NULL &&
            __atomic_load_n(&server->idle_expired, __ATOMIC_ACQUIRE);
+}
+
+bool kvd_server_alive(kvd_server_t *server, uint64_t max_age_ms)
+{
+    uint64_t beat = server != NULL ? kvd_service_heartbeat_ns(server->svc) : 0;
+    uint64_t now = kvd_time_now_ns();
+    return beat != 0 && (beat >= now || now - beat <= max_age_ms * 1000000u);
 }
 
 bool kvd_server_ready(const kvd_server_t *server)

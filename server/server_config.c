@@ -1,13 +1,18 @@
 /*
  * kvdepotd's settings: the `server.*` and `cluster.*` table (name, default,
  * doc, parser), resolving it with the store's own settings, the token and
- * TLS files, kvd_server_print_config / kvd_server_check_config, and the
- * list of settings Admin config_dump answers with (secrets redacted). The
+ * TLS files, kvd_server_print_config / kvd_server_check_config (every
+ * check the start makes before it opens anything: values, listeners'
+ * addresses, writable directories, readable files, tenants), "did you
+ * mean" for unknown keys, and the list of settings Admin config_dump
+ * answers with (secrets redacted). The
  * tenant mappings among the settings are parsed by server_tenancy.c.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -200,6 +205,10 @@ static const kvd_config_field_t server_fields[] = {
 
 #define SERVER_NFIELDS (sizeof server_fields / sizeof server_fields[0])
 
+/* Every setting kvdepotd knows, at most (server.*, cluster.*, store.*,
+ * the command line's log.*). */
+#define SERVER_KNOWN_MAX 256
+
 kvd_status_t kvd_server_print_config(const kvd_config_t *config, FILE *out)
 {
     kvd_status_t s =
@@ -342,14 +351,15 @@ static kvd_status_t server_read_pem(const char *key, const char *path,
     return KVD_OK;
 }
 
-kvd_status_t srv_tls_load(kvd_server_t *srv, char *err, size_t err_len)
+kvd_status_t srv_tls_read(const kvd_server_settings_t *cfg, char *pem[3],
+                          char *err, size_t err_len)
 {
     const char *keys[3] = {"server.tls_cert", "server.tls_key",
                            "server.tls_client_ca"};
-    const char *paths[3] = {srv->cfg.tls_cert, srv->cfg.tls_key,
-                            srv->cfg.tls_client_ca};
+    const char *paths[3] = {cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca};
     int set = 0;
     for (int i = 0; i < 3; i++) {
+        pem[i] = NULL;
         set += paths[i][0] != '\0';
     }
     if (set == 0) {
@@ -363,12 +373,132 @@ kvd_status_t srv_tls_load(kvd_server_t *srv, char *err, size_t err_len)
     }
     for (int i = 0; i < 3; i++) {
         kvd_status_t s =
-            server_read_pem(keys[i], paths[i], &srv->tls_pem[i], err, err_len);
+            server_read_pem(keys[i], paths[i], &pem[i], err, err_len);
         if (s != KVD_OK) {
             return s;
         }
     }
     return KVD_OK;
+}
+
+/* The winning value of one store.* setting (kvd_store_visit_config). */
+typedef struct server_store_value {
+    const char *key;
+    char value[KVD_CONFIG_STRING_MAX];
+} server_store_value_t;
+
+static kvd_status_t server_store_value_cb(void *ctx,
+                                          const kvd_config_field_t *field,
+                                          const char *value, const char *source)
+{
+    server_store_value_t *v = ctx;
+    (void)source;
+    if (strcmp(field->name, v->key) == 0) {
+        snprintf(v->value, sizeof v->value, "%s", value);
+    }
+    return KVD_OK;
+}
+
+/* `dir` is a directory this process may create files in. */
+static kvd_status_t server_check_dir(const char *key, const char *what,
+                                     const char *dir, char *err, size_t err_len)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        int e = errno;
+        kvd_config_err(err, err_len, "%s: %s %s: %s", key, what, dir,
+                       strerror(e));
+        return kvd_status_from_errno(e);
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        kvd_config_err(err, err_len, "%s: %s %s is not a directory", key, what,
+                       dir);
+        return KVD_ERR_INVALID;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        int e = errno;
+        kvd_config_err(err, err_len, "%s: %s %s is not writable: %s", key, what,
+                       dir, strerror(e));
+        return kvd_status_from_errno(e);
+    }
+    return KVD_OK;
+}
+
+/* The directory of `path` (".": none named) into `out`. */
+static void server_parent(const char *path, char *out, size_t out_len)
+{
+    snprintf(out, out_len, "%s", path);
+    size_t n = strlen(out);
+    while (n > 1 && out[n - 1] == '/') {
+        out[--n] = '\0';
+    }
+    char *slash = strrchr(out, '/');
+    if (slash == NULL) {
+        snprintf(out, out_len, ".");
+    } else if (slash == out) {
+        out[1] = '\0';
+    } else {
+        *slash = '\0';
+    }
+}
+
+/* store.disk_path: an existing writable directory, or one the store can
+ * create (it makes the last component only). */
+static kvd_status_t server_check_disk_path(const kvd_config_t *config,
+                                           char *err, size_t err_len)
+{
+    server_store_value_t v = {.key = "store.disk_path"};
+    kvd_status_t s = kvd_store_visit_config(config, server_store_value_cb, &v);
+    if (s != KVD_OK || v.value[0] == '\0') {
+        return s;
+    }
+    struct stat st;
+    if (stat(v.value, &st) == 0 || errno != ENOENT) {
+        return server_check_dir("store.disk_path", "directory", v.value, err,
+                                err_len);
+    }
+    char parent[KVD_CONFIG_STRING_MAX];
+    server_parent(v.value, parent, sizeof parent);
+    return server_check_dir("store.disk_path", "parent directory", parent, err,
+                            err_len);
+}
+
+kvd_status_t srv_check_world(const kvd_server_settings_t *cfg,
+                             const srv_tenancy_t *tenancy, char *const pem[3],
+                             char *err, size_t err_len)
+{
+    kvd_rpc_config_t rcfg = {
+        .unix_path = cfg->unix_socket,
+        .tcp_address = cfg->tcp_address,
+        .token = cfg->token,
+        .tls_cert_pem = pem[0],
+        .tls_key_pem = pem[1],
+        .tls_ca_pem = pem[2],
+        .n_tenant_tokens = tenancy->n_tokens,
+    };
+    kvd_status_t s = kvd_rpc_config_check(&rcfg, err, err_len);
+    if (s == KVD_OK && cfg->metrics_address[0] != '\0') {
+        struct sockaddr_storage sa;
+        s = kvd_metrics_address_parse(cfg->metrics_address, &sa, err, err_len);
+    }
+    return s;
+}
+
+kvd_status_t srv_check_paths(const kvd_config_t *config,
+                             const kvd_server_settings_t *cfg, char *err,
+                             size_t err_len)
+{
+    kvd_status_t s = KVD_OK;
+    if (cfg->unix_socket[0] != '\0') {
+        char parent[KVD_CONFIG_STRING_MAX];
+        server_parent(cfg->unix_socket, parent, sizeof parent);
+        s = server_check_dir("server.unix_socket", "directory", parent, err,
+                             err_len);
+    }
+    if (s == KVD_OK) {
+        s = server_check_disk_path(config, err, err_len);
+    }
+    return s;
 }
 
 /* The store side of the settings: valid, and the daemon's own store. */
@@ -386,29 +516,154 @@ kvd_status_t srv_store_settings(const kvd_config_t *config, char *err,
     return s;
 }
 
-kvd_status_t kvd_server_check_config(const kvd_config_t *config, char *err,
-                                     size_t err_len)
+/* One error of a check: to the caller's report function, or the first
+ * into the caller's buffer. */
+typedef struct server_check {
+    kvd_server_report_fn report;
+    void *ctx;
+    char *err;
+    size_t err_len;
+    bool paths; /* srv_check_paths too */
+    size_t n_errors;
+    kvd_status_t first;
+} server_check_t;
+
+static void server_check_fail(server_check_t *c, kvd_status_t s,
+                              const char *msg)
 {
-    kvd_server_settings_t *cfg = calloc(1, sizeof *cfg);
-    if (cfg == NULL) {
-        return KVD_ERR_NOMEM;
+    if (c->n_errors++ == 0) {
+        c->first = s;
+        kvd_config_err(c->err, c->err_len, "%s", msg);
     }
-    unsigned mode = 0;
+    if (c->report != NULL) {
+        c->report(c->ctx, msg[0] != '\0' ? msg : kvd_status_str(s));
+    }
+}
+
+/* The settings that need the server.* ones resolved: TLS files readable,
+ * the listeners (srv_check_world), the directories (srv_check_paths,
+ * when asked). */
+static void server_check_resolved(const kvd_config_t *config,
+                                  const kvd_server_settings_t *cfg,
+                                  const srv_tenancy_t *tenancy,
+                                  server_check_t *c, char *msg, size_t msg_len)
+{
+    char *pem[3] = {NULL, NULL, NULL};
+    msg[0] = '\0';
+    kvd_status_t s = srv_tls_read(cfg, pem, msg, msg_len);
+    if (s != KVD_OK) {
+        server_check_fail(c, s, msg);
+    }
+    msg[0] = '\0';
+    s = srv_check_world(cfg, tenancy, pem, msg, msg_len);
+    if (s != KVD_OK) {
+        server_check_fail(c, s, msg);
+    }
+    msg[0] = '\0';
+    s = c->paths ? srv_check_paths(config, cfg, msg, msg_len) : KVD_OK;
+    if (s != KVD_OK) {
+        server_check_fail(c, s, msg);
+    }
+    for (int i = 0; i < 3; i++) {
+        if (pem[i] != NULL) {
+            OPENSSL_cleanse(pem[i], strlen(pem[i]));
+        }
+        free(pem[i]);
+    }
+}
+
+/* Every check of the start, each independent group reporting its first
+ * error: the server.* settings (then what needs them resolved), the
+ * store.* settings. */
+static void server_check_run(const kvd_config_t *config, server_check_t *c)
+{
+    char msg[1024] = "";
+    kvd_server_settings_t *cfg = calloc(1, sizeof *cfg);
     srv_tenancy_t *tenancy = calloc(1, sizeof *tenancy);
-    kvd_status_t s = tenancy == NULL ? KVD_ERR_NOMEM
-                                     : srv_settings(config, cfg, &mode, tenancy,
-                                                    err, err_len);
+    unsigned mode = 0;
+    kvd_status_t s =
+        cfg == NULL || tenancy == NULL
+            ? KVD_ERR_NOMEM
+            : srv_settings(config, cfg, &mode, tenancy, msg, sizeof msg);
+    if (s != KVD_OK) {
+        server_check_fail(c, s, msg);
+    } else {
+        server_check_resolved(config, cfg, tenancy, c, msg, sizeof msg);
+    }
     if (tenancy != NULL) {
         OPENSSL_cleanse(tenancy, sizeof *tenancy);
     }
     free(tenancy);
-    if (s == KVD_OK) {
-        s = srv_store_settings(config, err, err_len);
+    if (cfg != NULL) {
+        OPENSSL_cleanse(cfg, sizeof *cfg);
     }
     free(cfg);
-    return s;
+    msg[0] = '\0';
+    s = srv_store_settings(config, msg, sizeof msg);
+    if (s != KVD_OK) {
+        server_check_fail(c, s, msg);
+    }
 }
 
+kvd_status_t kvd_server_check_config(const kvd_config_t *config, char *err,
+                                     size_t err_len)
+{
+    server_check_t c = {.err = err, .err_len = err_len, .paths = true};
+    server_check_run(config, &c);
+    return c.n_errors == 0 ? KVD_OK : c.first;
+}
+
+size_t kvd_server_check_config_each(const kvd_config_t *config, bool paths,
+                                    kvd_server_report_fn report, void *ctx)
+{
+    server_check_t c = {.report = report, .ctx = ctx, .paths = paths};
+    server_check_run(config, &c);
+    return c.n_errors;
+}
+
+/* Gathers the names of the store's settings (kvd_store_visit_config). */
+typedef struct server_names {
+    const char *names[SERVER_KNOWN_MAX];
+    size_t n;
+} server_names_t;
+
+static kvd_status_t server_name_cb(void *ctx, const kvd_config_field_t *field,
+                                   const char *value, const char *source)
+{
+    server_names_t *nm = ctx;
+    (void)value;
+    (void)source;
+    if (nm->n < SERVER_KNOWN_MAX) {
+        nm->names[nm->n++] = field->name; /* the store's static table */
+    }
+    return KVD_OK;
+}
+
+bool kvd_server_config_known(const char *key, const kvd_config_field_t *extra,
+                             size_t n_extra, const char **closest_out)
+{
+    server_names_t *nm = calloc(1, sizeof *nm);
+    bool known = false;
+    *closest_out = NULL;
+    if (nm == NULL) {
+        return true; /* cannot tell: let the start's own check decide */
+    }
+    for (size_t i = 0; i < n_extra && nm->n < SERVER_KNOWN_MAX; i++) {
+        nm->names[nm->n++] = extra[i].name;
+    }
+    for (size_t i = 0; i < SERVER_NFIELDS && nm->n < SERVER_KNOWN_MAX; i++) {
+        nm->names[nm->n++] = server_fields[i].name;
+    }
+    (void)kvd_store_visit_config(NULL, server_name_cb, nm);
+    for (size_t i = 0; i < nm->n && !known; i++) {
+        known = strcmp(nm->names[i], key) == 0;
+    }
+    if (!known) {
+        *closest_out = kvd_config_closest(key, nm->names, nm->n);
+    }
+    free(nm);
+    return known;
+}
 /* ---- Admin config_dump ----------------------------------------------- */
 
 /* Settings whose values Admin config_dump never shows. */

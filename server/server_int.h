@@ -76,10 +76,31 @@ typedef struct kvd_server kvd_server_t;
 kvd_status_t kvd_server_print_config(const kvd_config_t *config, FILE *out);
 
 /* Checks every setting kvd_server_open would use (server.* and store.*;
- * store.mode must be embedded) without starting anything; the key and the
- * reason go to `err`. */
+ * store.mode must be embedded) as the start does before it opens the
+ * store: values, tenants, token and TLS files readable, the listeners'
+ * addresses parse (server.tcp_address, server.metrics_address), a
+ * listener at all and authenticated TCP, the unix socket's directory and
+ * store.disk_path writable. Starts, binds and creates nothing. The first
+ * error's key and reason go to `err`. */
 kvd_status_t kvd_server_check_config(const kvd_config_t *config, char *err,
                                      size_t err_len);
+
+/* The same checks, reporting every independent error (one message each:
+ * the server.* settings, the listeners, the directories, the store.*
+ * settings) to `report`, called on this thread; returns how many (0: the
+ * start would accept this configuration, as far as it can be told without
+ * binding). Without `paths` the directories are not looked at (for
+ * --print-config, which may check a file away from the host it is for). */
+typedef void (*kvd_server_report_fn)(void *ctx, const char *msg);
+size_t kvd_server_check_config_each(const kvd_config_t *config, bool paths,
+                                    kvd_server_report_fn report, void *ctx);
+
+/* Whether `key` is a setting kvdepotd knows (server.*, cluster.*, store.*
+ * and the `n_extra` fields of `extra`, the command line's own); when not,
+ * *closest_out is the known key nearest to it by edit distance (NULL when
+ * none is near), one of the tables' static names. */
+bool kvd_server_config_known(const char *key, const kvd_config_field_t *extra,
+                             size_t n_extra, const char **closest_out);
 
 /*
  * Resolves the settings, opens the store (store.mode must be embedded),
@@ -139,14 +160,35 @@ kvd_arena_backing_t kvd_server_arena_backing(kvd_server_t *server);
  */
 void kvd_server_stop(kvd_server_t *server);
 
+/* True while the service's housekeeping thread has finished a pass within
+ * the last `max_age_ms` (it passes every server.tick): the store answers
+ * its poll and the service's lock is not stuck. Any thread. */
+bool kvd_server_alive(kvd_server_t *server, uint64_t max_age_ms);
+
+/* ---- server_notify.c: systemd notifications ----------------------------- */
+
+/* Sends one sd_notify(3) state ("READY=1", "STOPPING=1", "WATCHDOG=1");
+ * nothing without $NOTIFY_SOCKET or when built without libsystemd (a
+ * failure to send is logged, rate-limited). Any thread. */
+void kvd_server_notify(const char *state);
+
+/* Sends "STATUS=<text>" (cut at 500 bytes). Any thread. */
+__attribute__((format(printf, 1, 2))) void
+kvd_server_notify_status(const char *fmt, ...);
+
+/* The watchdog interval systemd asked for ($WATCHDOG_USEC, for this
+ * process: $WATCHDOG_PID), in microseconds; 0 when off or built without
+ * libsystemd. */
+uint64_t kvd_server_watchdog_usec(void);
+
 /* ---- metrics.c ---------------------------------------------------------- */
 
 typedef struct kvd_metrics kvd_metrics_t;
 
 /* Serves /metrics (Prometheus text), /healthz and /readyz on `address`
- * ("127.0.0.1:9464"; port 0 picks one), writing the bound port. At most
- * `max_connections` HTTP connections are held at once (one more is closed
- * as it is accepted); a connection idle for 5 s is closed and a request
+ * ("127.0.0.1:9464" or "[::1]:9464"; port 0 picks one), writing the bound port.
+ * At most `max_connections` HTTP connections are held at once (one more is
+ * closed as it is accepted); a connection idle for 5 s is closed and a request
  * whose line and headers pass 16 KiB is answered with an error. Errors:
  * KVD_ERR_INVALID (address), KVD_ERR_UNREACHABLE (cannot listen),
  * KVD_ERR_NOMEM. The endpoint has its own thread; stop it with
@@ -155,6 +197,14 @@ kvd_status_t kvd_metrics_start(kvd_server_t *server, const char *address,
                                int max_connections, kvd_metrics_t **metrics_out,
                                int *port_out, char *err, size_t err_len);
 void kvd_metrics_stop(kvd_metrics_t *metrics);
+
+/* Parses server.metrics_address as kvd_metrics_start does: a numeric IPv4
+ * "host:port" or IPv6 "[host]:port" (no name lookup). Errors:
+ * KVD_ERR_INVALID, the setting and the reason in `err`. Pure. */
+struct sockaddr_storage;
+kvd_status_t kvd_metrics_address_parse(const char *address,
+                                       struct sockaddr_storage *sa_out,
+                                       char *err, size_t err_len);
 
 /* The /metrics body into a malloc'd string (for the endpoint and tests). */
 char *kvd_metrics_render(kvd_server_t *server);

@@ -114,6 +114,12 @@ bool kvd_service_draining(kvd_service_t *svc)
     return svc != NULL && __atomic_load_n(&svc->draining, __ATOMIC_ACQUIRE);
 }
 
+uint64_t kvd_service_heartbeat_ns(kvd_service_t *svc)
+{
+    return svc != NULL ? __atomic_load_n(&svc->heartbeat_ns, __ATOMIC_ACQUIRE)
+                       : 0;
+}
+
 /* ---- dispatch ----------------------------------------------------------- */
 
 typedef kvd_status_t (*svc_handler_fn)(kvd_service_t *, const uint8_t *, size_t,

@@ -109,6 +109,10 @@ void *svc_main(void *arg)
             svc_expire(svc, now);
             pthread_mutex_unlock(&svc->mu);
             next_tick = now + (uint64_t)svc->cfg.tick_ms * 1000000u;
+            /* Proof of life for the systemd watchdog (main.c): the store
+             * answered its poll and the service's lock was free. */
+            __atomic_store_n(&svc->heartbeat_ns, kvd_time_now_ns(),
+                             __ATOMIC_RELEASE);
         }
     }
     return NULL;

@@ -213,6 +213,12 @@ void kvd_service_stats(kvd_service_t *svc, kvd_service_stats_t *out);
  * saves are refused, /readyz reports not ready. */
 bool kvd_service_draining(kvd_service_t *svc);
 
+/* Monotonic time (ns, common/time_int.h) at which the housekeeping thread
+ * last finished a pass with the service's lock taken and released (every
+ * server.tick while it is healthy); 0 before the first. The systemd
+ * watchdog is fed only while this moves. Any thread. */
+uint64_t kvd_service_heartbeat_ns(kvd_service_t *svc);
+
 /* Counts a call refused before it reached the service (bad method,
  * failed authentication) under `status`. */
 void kvd_service_count_refused(kvd_service_t *svc, kvd_status_t status);

@@ -157,9 +157,24 @@ kvd_status_t srv_settings(const kvd_config_t *config,
 kvd_status_t srv_store_settings(const kvd_config_t *config, char *err,
                                 size_t err_len);
 
-/* Reads the TLS PEM files (server.tls_*; all three or none) into
- * srv->tls_pem. */
-kvd_status_t srv_tls_load(kvd_server_t *srv, char *err, size_t err_len);
+/* Reads the TLS PEM files (server.tls_*; all three or none) into `pem`
+ * (malloc'd, NULL when TLS is off; on error the caller frees what was
+ * read). */
+kvd_status_t srv_tls_read(const kvd_server_settings_t *cfg, char *pem[3],
+                          char *err, size_t err_len);
+
+/* The listeners' settings as kvd_rpc_server_start and kvd_metrics_start
+ * take them (a listener, authenticated TCP, addresses that parse), checked
+ * before the store opens. `pem` as srv_tls_read wrote it. Binds nothing. */
+kvd_status_t srv_check_world(const kvd_server_settings_t *cfg,
+                             const srv_tenancy_t *tenancy, char *const pem[3],
+                             char *err, size_t err_len);
+
+/* The directories the start writes in: the unix socket's, and
+ * store.disk_path (or its parent, where the store creates it). */
+kvd_status_t srv_check_paths(const kvd_config_t *config,
+                             const kvd_server_settings_t *cfg, char *err,
+                             size_t err_len);
 
 /* Records every server.* and store.* setting as the daemon starts with it
  * (secrets redacted) in srv->config_entries. KVD_ERR_NOMEM. */

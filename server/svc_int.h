@@ -133,8 +133,9 @@ struct kvd_service {
 
     pthread_t thread;
     bool thread_started;
-    bool stopping; /* atomic */
-    bool draining; /* atomic: Reserve refuses while set */
+    bool stopping;         /* atomic */
+    bool draining;         /* atomic: Reserve refuses while set */
+    uint64_t heartbeat_ns; /* atomic: end of the thread's last expiry pass */
 
     /* Counters (atomic, relaxed). */
     kvd_service_method_stats_t m[KVD_RPC_COUNT];

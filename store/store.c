@@ -173,6 +173,31 @@ static kvd_status_t store_settings_load(const kvd_config_t *config,
     return kvd_config_apply(config, fields, n, cfg, err, err_len);
 }
 
+/* The arena's sizes as kvd_arena_create checks them (store/arena.c), so a
+ * configuration check refuses what the open would. */
+static kvd_status_t store_check_arena(const kvd_arena_config_t *a, char *err,
+                                      size_t err_len)
+{
+    if (a->chunk_bytes == 0 || a->chunk_bytes % KVD_ARENA_SLOT_ALIGN != 0 ||
+        a->chunk_bytes > KVD_ARENA_CHUNK_BYTES_MAX) {
+        kvd_config_err(err, err_len,
+                       "store.arena_chunk: %llu bytes; want a multiple of %u "
+                       "of at most 1 GiB",
+                       (unsigned long long)a->chunk_bytes,
+                       KVD_ARENA_SLOT_ALIGN);
+        return KVD_ERR_RANGE;
+    }
+    if (a->size_bytes < a->chunk_bytes) {
+        kvd_config_err(err, err_len,
+                       "store.arena_size: %llu bytes is less than one "
+                       "store.arena_chunk (%llu bytes)",
+                       (unsigned long long)a->size_bytes,
+                       (unsigned long long)a->chunk_bytes);
+        return KVD_ERR_RANGE;
+    }
+    return KVD_OK;
+}
+
 KVD_API kvd_status_t kvd_store_check_config(const kvd_config_t *config,
                                             bool *daemon_mode_out, char *err,
                                             size_t err_len)
@@ -182,6 +207,9 @@ KVD_API kvd_status_t kvd_store_check_config(const kvd_config_t *config,
         return KVD_ERR_NOMEM;
     }
     kvd_status_t s = store_settings_load(config, cfg, err, err_len);
+    if (s == KVD_OK && cfg->mode != STORE_MODE_DAEMON) {
+        s = store_check_arena(&cfg->arena, err, err_len);
+    }
     if (s == KVD_OK && daemon_mode_out != NULL) {
         *daemon_mode_out = cfg->mode == STORE_MODE_DAEMON;
     }

@@ -238,7 +238,8 @@ KVD_API void kvd_config_destroy(kvd_config_t *config);
  * Loads a YAML file into `config` (scalars only, nested mappings joined
  * with '.'; sequences are rejected). Keys loaded earlier are replaced.
  * Errors: KVD_ERR_NOT_FOUND (no such file), KVD_ERR_IO, KVD_ERR_INVALID (not
- * a mapping of scalars; the line number is logged and written to `err`).
+ * a mapping of scalars; the line number is written to `err`, and logged
+ * only when `err` is NULL or `err_len` 0).
  */
 KVD_API kvd_status_t kvd_config_load_file(kvd_config_t *config,
                                           const char *path, char *err,
@@ -262,7 +263,9 @@ KVD_API kvd_status_t kvd_config_set(kvd_config_t *config, const char *name,
  * dot-separated part matches a prefix used in `table` must name a field of
  * the table: an unknown key such as "store.arena_sise" is KVD_ERR_NOT_FOUND.
  * On any error nothing is guaranteed about `settings`, and the failing name,
- * source and reason are written into `err`.
+ * source and reason are written into `err`; the caller reports it (it is
+ * logged at error level only when `err` is NULL or `err_len` 0, so a
+ * program that prints `err` shows each error once).
  */
 KVD_API kvd_status_t kvd_config_apply(const kvd_config_t *config,
                                       const kvd_config_field_t *table,
