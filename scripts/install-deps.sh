@@ -26,6 +26,11 @@ pkgs+=(libsystemd-dev)
 pkgs+=(python3 python3-cbor2 python3-pytest python3-torch python3-numpy)
 # kvdepotd's interop test: a Python gRPC client generated from the .proto.
 pkgs+=(python3-grpcio python3-protobuf protobuf-compiler)
+# kvdepotd's /metrics is parsed with Prometheus's own client library, and
+# deploy/monitoring's dashboard and rules are read with PyYAML. (promtool is
+# used too when present, but its package, prometheus, installs and starts a
+# Prometheus server, so it is not installed here.)
+pkgs+=(python3-prometheus-client python3-yaml)
 # Benchmarks run their peers in the same run (bench/README.md): fio for NVMe,
 # redis-server (driven through hiredis) for the daemon.
 pkgs+=(fio redis-server libhiredis-dev)

@@ -469,6 +469,56 @@ size_t kvd_server_arenas(kvd_server_t *server, kvd_server_arena_t *out,
     return k;
 }
 
+/* Adds `name` to out[0..*n) unless it is there already (or out is full). */
+static void server_tenant_add(kvd_server_t *server, kvd_server_tenant_t *out,
+                              size_t max, size_t *n, const char *name)
+{
+    for (size_t i = 0; i < *n; i++) {
+        if (strcmp(out[i].name, name) == 0) {
+            return;
+        }
+    }
+    if (*n == max) {
+        return;
+    }
+    kvd_server_tenant_t *t = &out[(*n)++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    (void)kvd_store_tenant_stats(server->store, kvd_service_tenant_id(name),
+                                 &t->usage);
+    kvd_service_tenant_lookups(server->svc, name, t->hits, t->misses);
+    t->has_lookups = true;
+}
+
+size_t kvd_server_tenants(kvd_server_t *server, kvd_server_tenant_t *out,
+                          size_t max)
+{
+    if (max == 0) {
+        return 0;
+    }
+    size_t n = 1;
+    memset(&out[0], 0, sizeof out[0]);
+    snprintf(out[0].name, sizeof out[0].name, "(none)");
+    (void)kvd_store_tenant_stats(server->store, 0, &out[0].usage);
+    const srv_tenancy_t *tn = server->tenancy;
+    for (size_t i = 0; i < tn->n_uids; i++) {
+        server_tenant_add(server, out, max, &n, tn->uids[i].name);
+    }
+    for (size_t i = 0; i < tn->n_tokens; i++) {
+        server_tenant_add(server, out, max, &n, tn->tokens[i].tenant);
+    }
+    for (size_t i = 0; i < tn->n_cns; i++) {
+        server_tenant_add(server, out, max, &n, tn->cns[i].tenant);
+    }
+    for (size_t i = 0; i < tn->n_quotas; i++) {
+        server_tenant_add(server, out, max, &n, tn->quotas[i].tenant);
+    }
+    for (size_t i = 0; i < tn->n_arenas; i++) {
+        server_tenant_add(server, out, max, &n, tn->arenas[i].tenant);
+    }
+    return n;
+}
+
 kvd_arena_backing_t kvd_server_arena_backing(kvd_server_t *server)
 {
     kvd_arena_backing_t b = KVD_ARENA_BACKING_PLAIN;

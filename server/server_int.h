@@ -150,6 +150,30 @@ typedef struct kvd_server_arena {
 size_t kvd_server_arenas(kvd_server_t *server, kvd_server_arena_t *out,
                          size_t max);
 
+/* One tenant's usage for /metrics: a tenant named in the settings
+ * (server.tenants, server.token_tenants, server.tls_tenants,
+ * server.tenant_quotas, server.tenant_arenas), or "(none)" for the objects
+ * saved with no tenant (tenant 0). */
+typedef struct kvd_server_tenant {
+    char name[72];
+    /* kvd_store_tenant_stats: per tier objects, bytes, evictions; host
+     * capacity_bytes what the tenant may fill. */
+    kvd_store_stats_t usage;
+    /* Lookups of callers bound to it per tier ([0] host, [1] disk);
+     * not counted for "(none)" (has_lookups false). */
+    uint64_t hits[2], misses[2];
+    bool has_lookups;
+} kvd_server_tenant_t;
+
+/* The most tenants kvd_server_tenants reports: every distinct name the
+ * five tenant settings can hold (64 each) and "(none)". */
+#define KVD_SERVER_TENANTS_MAX (5 * 64 + 1)
+
+/* Each tenant of the settings once, "(none)" first, at most `max`;
+ * returns how many were written. Read-only. Thread: any. */
+size_t kvd_server_tenants(kvd_server_t *server, kvd_server_tenant_t *out,
+                          size_t max);
+
 /* What backs the daemon's arena memory (every arena: one mapping). */
 kvd_arena_backing_t kvd_server_arena_backing(kvd_server_t *server);
 

@@ -20,7 +20,9 @@
 #include "server/svc_int.h"
 
 const uint64_t kvd_service_latency_bounds_us[KVD_SERVICE_LATENCY_BUCKETS] = {
-    25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 100000, UINT64_MAX};
+    25,      50,      100,     250,      500,      1000,      2500,
+    5000,    10000,   25000,   50000,    100000,   250000,    500000,
+    1000000, 2500000, 5000000, 10000000, 30000000, UINT64_MAX};
 
 static const struct {
     const char *path;

@@ -174,8 +174,12 @@ kvd_status_t kvd_service_call_session(kvd_service_t *svc,
 kvd_status_t kvd_service_session_open(kvd_service_t *svc, uint64_t session);
 void kvd_service_session_close(kvd_service_t *svc, uint64_t session);
 
-/* Latency histogram bucket bounds, microseconds (the last is +Inf). */
-#define KVD_SERVICE_LATENCY_BUCKETS 12
+/* Latency histogram bucket bounds, microseconds (the last is +Inf): 25 us
+ * to 30 s, so the slowest calls a client still waits for (store.timeout,
+ * 2 s by default) and the longest server-side waits (an Admin flush's
+ * server.flush_timeout, the lease and reservation TTLs: 30 s) land in a
+ * bucket of their own rather than in +Inf. */
+#define KVD_SERVICE_LATENCY_BUCKETS 20
 extern const uint64_t
     kvd_service_latency_bounds_us[KVD_SERVICE_LATENCY_BUCKETS];
 
@@ -222,6 +226,14 @@ uint64_t kvd_service_heartbeat_ns(kvd_service_t *svc);
 /* Counts a call refused before it reached the service (bad method,
  * failed authentication) under `status`. */
 void kvd_service_count_refused(kvd_service_t *svc, kvd_status_t status);
+
+/* The lookup hits and misses per tier ([0] host, [1] disk) of callers
+ * bound to `tenant` (a name of the server.* tenant settings), as Stats
+ * gives a bound caller; zeros for a tenant that has looked up nothing.
+ * Callers bound to no tenant are not counted per tenant. Read-only; takes
+ * the service's lock briefly. Thread: any. */
+void kvd_service_tenant_lookups(kvd_service_t *svc, const char *tenant,
+                                uint64_t hits_out[2], uint64_t misses_out[2]);
 
 #ifdef __cplusplus
 }

@@ -7,8 +7,9 @@
  * the bytes each caller holds reserved, which server.max_reserved_bytes
  * caps (checked by Reserve against svc_reserved_room: counted by walking
  * the reservation table, which Reserve alone pays for). Stats for a bound
- * caller takes its tenant's lookup hits and misses from here too: the
- * store counts them for everyone, the service knows who asked.
+ * caller (and /metrics, per configured tenant) takes its tenant's lookup
+ * hits and misses from here too: the store counts them for everyone, the
+ * service knows who asked.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -221,4 +222,17 @@ void svc_tenant_figures(kvd_service_t *svc, uint32_t tenant,
     pthread_mutex_unlock(&svc->mu);
     *leases_out = nl;
     *resvs_out = nr;
+}
+
+void kvd_service_tenant_lookups(kvd_service_t *svc, const char *tenant,
+                                uint64_t hits_out[2], uint64_t misses_out[2])
+{
+    uint32_t id = svc_tenant_id(tenant);
+    pthread_mutex_lock(&svc->mu);
+    const svc_held_t *h = id != 0 ? held_of(svc, id, false) : NULL;
+    for (int t = 0; t < 2; t++) {
+        hits_out[t] = h != NULL ? h->hits[t] : 0;
+        misses_out[t] = h != NULL ? h->misses[t] : 0;
+    }
+    pthread_mutex_unlock(&svc->mu);
 }

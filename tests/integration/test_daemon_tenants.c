@@ -210,6 +210,37 @@ static void stats_team_b_run(const kvd_test_dir_t *d, const kvd_namespace_t *ns,
  * daemon's totals. As root, team B (uid 65534) saves and reads 4 objects
  * of its own before, and its Stats show none of team A's, before and
  * after. */
+/* /metrics has the same figures per tenant as each tenant's Stats: team A's
+ * 3 objects, 3 hits and 1 miss and its arena's size; team B's 4 objects
+ * (as root); nothing saved without a tenant. */
+static void tenant_metrics_check(const kvd_test_dir_t *d, bool root)
+{
+    static const struct {
+        const char *name;
+        double want;
+    } a[] = {
+        {"kvdepot_tenant_objects{tenant=\"team-a\",tier=\"host\"}", 3},
+        {"kvdepot_tenant_bytes{tenant=\"team-a\",tier=\"host\"}",
+         3 * OBJ_BYTES},
+        {"kvdepot_tenant_hits_total{tenant=\"team-a\",tier=\"host\"}", 3},
+        {"kvdepot_tenant_misses_total{tenant=\"team-a\",tier=\"host\"}", 1},
+        {"kvdepot_tenant_capacity_bytes{tenant=\"team-a\"}", 4u << 20},
+        {"kvdepot_tenant_objects{tenant=\"(none)\",tier=\"host\"}", 0},
+    };
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++) {
+        double v = kvd_test_daemon_metric(d, a[i].name);
+        if (v != a[i].want) {
+            fprintf(stderr, "%s: %g, want %g\n", a[i].name, v, a[i].want);
+        }
+        assert_true(v == a[i].want);
+    }
+    if (root) {
+        assert_true(kvd_test_daemon_metric(
+                        d, "kvdepot_tenant_objects{tenant=\"team-b\","
+                           "tier=\"host\"}") == 4);
+    }
+}
+
 static void test_tenant_stats(void **state)
 {
     (void)state;
@@ -220,8 +251,9 @@ static void test_tenant_stats(void **state)
     char tenants[96];
     snprintf(tenants, sizeof tenants, "server.tenants=%u=team-a%s",
              (unsigned)getuid(), root ? ",65534=team-b" : "");
-    pid_t dpid = daemon_start(&d, tenants, "server.tenant_arenas=team-a=4m",
-                              "server.unix_mode=0666", (const char *)NULL);
+    pid_t dpid = daemon_start(
+        &d, tenants, "server.tenant_arenas=team-a=4m", "server.unix_mode=0666",
+        "server.metrics_address=127.0.0.1:0", (const char *)NULL);
     kvd_namespace_t ns;
     kvd_block_hash_t hb[4], ha[4];
     keys_make(&ns, hb, 4, 0xB1);
@@ -259,6 +291,7 @@ static void test_tenant_stats(void **state)
     if (root) {
         stats_team_b_run(&d, &ns, hb, false);
     }
+    tenant_metrics_check(&d, root);
     daemon_stop(dpid);
     kvd_test_dir_remove(&d);
 }
