@@ -480,6 +480,7 @@ KVD_API void kvd_leader_destroy(kvd_leader_t *leader)
     free(leader->taken);
     free(leader->handoff);
     free(leader->done_ids);
+    kvd_leader_saved_free(leader);
     free(leader);
 }
 

@@ -90,10 +90,22 @@ struct lreq {
     bool saves_inflight;
     uint64_t save_step;
     uint32_t save_reports;
+    /* Blocks [saved_event_from, saved_event_upto) are in the saves in
+     * flight: queued as saved (saved.c) when the reports finish them. */
+    size_t saved_event_from, saved_event_upto;
 
     bool preempted; /* list in the next plan */
     bool finished;  /* engine is done; kept until its saves finish */
 };
+
+/* A saved block waiting for kvd_leader_take_saved_blocks; owns its
+ * tokens and lora copies. */
+typedef struct lsaved {
+    kvd_block_hash_t hash, parent;
+    bool has_parent;
+    uint32_t *tokens; /* block_size of them, or NULL */
+    char *lora;       /* or NULL */
+} lsaved_t;
 
 typedef struct lhash lhash_t;
 struct lhash {
@@ -123,6 +135,14 @@ struct kvd_leader {
     kvd_block_hash_t *handoff; /* last hand-off's hashes */
     size_t cap_handoff;
     kvd_leader_stats_t st;
+    /* Saved blocks for kvd_leader_take_saved_blocks (saved.c): a ring of
+     * saved_cap from saved_head, saved_len queued; those handed out by
+     * the last take (valid until the next take). */
+    lsaved_t *saved;
+    size_t saved_cap, saved_head, saved_len;
+    uint64_t saved_dropped;
+    lsaved_t *saved_taken;
+    size_t num_saved_taken, cap_saved_taken;
 };
 
 /* ---- the request table (leader.c) --------------------------------------- */
@@ -170,5 +190,13 @@ void kvd_lreq_forget_answer(kvd_leader_t *ld, lreq_t *r);
 /* Frees a finished request once nothing of it is in flight; r is invalid
  * after it when it was dropped. */
 void kvd_lreq_maybe_drop(kvd_leader_t *ld, lreq_t *r);
+
+/* ---- saved blocks (saved.c) --------------------------------------------- */
+
+/* The request's saves in flight are finished: queues their blocks when
+ * kvd_leader_set_saved_queue turned the queue on. */
+void kvd_leader_saved_push(kvd_leader_t *ld, lreq_t *r);
+/* Frees the queue and what the last take handed out. */
+void kvd_leader_saved_free(kvd_leader_t *ld);
 
 #endif /* KVD_LEADER_LEADER_INT_H */

@@ -97,6 +97,10 @@ static void plan_commit(kvd_leader_t *ld, uint64_t step)
         }
         r->plan_loads = false;
         if (r->saved_upto > r->save_from && r->save_copies > 0) {
+            if (!r->saves_inflight) {
+                r->saved_event_from = r->save_from;
+            }
+            r->saved_event_upto = r->saved_upto;
             ld->st.planned_saves += r->save_copies;
             r->saves_inflight = true;
             r->save_step = step;

@@ -96,6 +96,7 @@ KVD_API kvd_status_t kvd_leader_update_connector_output(kvd_leader_t *leader,
         }
         if (++r->save_reports >= ld->cfg.num_workers) {
             r->saves_inflight = false;
+            kvd_leader_saved_push(ld, r);
             kvd_lreq_maybe_drop(ld, r);
         }
     }

@@ -18,8 +18,8 @@
  * arguments already checked as store.h says (store non-NULL, NULL pointers
  * with a non-zero count rejected with KVD_ERR_INVALID before the op is
  * called). `lookup` is kvd_store_lookup_from (source_node NULL or "" for
- * none). `scan` and `tenant_set_quota` may be NULL: the call then answers
- * KVD_ERR_UNSUPPORTED. Threading as store.h.
+ * none). `scan`, `tenant_set_quota`, `events_enable` and `take_events` may be
+ * NULL: the call then answers KVD_ERR_UNSUPPORTED. Threading as store.h.
  */
 #ifndef KVD_STORE_OPS_H
 #define KVD_STORE_OPS_H
@@ -74,6 +74,10 @@ typedef struct kvd_store_ops {
                                      uint64_t max_bytes);
     kvd_status_t (*flush)(kvd_store_t *s, int timeout_ms);
     kvd_status_t (*stats)(kvd_store_t *s, kvd_store_stats_t *out);
+    kvd_status_t (*events_enable)(kvd_store_t *s, size_t capacity);
+    kvd_status_t (*take_events)(kvd_store_t *s, kvd_store_event_t *out,
+                                size_t max, size_t *n_out,
+                                uint64_t *dropped_out);
 } kvd_store_ops_t;
 
 /* The head of every store implementation. */

@@ -441,6 +441,8 @@ static void store_free(kvd_embedded_t *st)
     pthread_cond_destroy(&st->space_cv);
     pthread_cond_destroy(&st->work_cv);
     pthread_mutex_destroy(&st->mu);
+    pthread_mutex_destroy(&st->ev_mu);
+    free(st->ev);
     free(st);
 }
 
@@ -547,6 +549,7 @@ kvd_status_t kvd_store_open_partitioned(const kvd_config_t *config,
     }
     st->base.ops = &kvd_store_embedded_ops;
     pthread_mutex_init(&st->mu, NULL);
+    pthread_mutex_init(&st->ev_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -789,4 +792,6 @@ const kvd_store_ops_t kvd_store_embedded_ops = {
     .tenant_set_quota = store_op_tenant_set_quota,
     .flush = store_op_flush,
     .stats = store_op_stats,
+    .events_enable = store_op_events_enable,
+    .take_events = store_op_take_events,
 };

@@ -276,3 +276,28 @@ KVD_API kvd_status_t kvd_store_stats(kvd_store_t *store, kvd_store_stats_t *out)
     }
     return store->ops->stats(store, out);
 }
+
+KVD_API kvd_status_t kvd_store_events_enable(kvd_store_t *store,
+                                             size_t capacity)
+{
+    if (store == NULL || capacity > KVD_STORE_EVENTS_MAX) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->ops->events_enable == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
+    return store->ops->events_enable(store, capacity);
+}
+
+KVD_API kvd_status_t kvd_store_take_events(kvd_store_t *store,
+                                           kvd_store_event_t *out, size_t max,
+                                           size_t *n_out, uint64_t *dropped_out)
+{
+    if (store == NULL || n_out == NULL || (max > 0 && out == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->ops->take_events == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
+    return store->ops->take_events(store, out, max, n_out, dropped_out);
+}

@@ -172,6 +172,16 @@ struct kvd_embedded {
      * it saw last, and why the latest drop happened (atomic). */
     uint64_t flush_dropped_seen;
     int last_drop_status;
+
+    /* Key events (store_events.c): a ring of ev_cap events from ev_head,
+     * ev_len of them queued, guarded by ev_mu (taken alone, never with
+     * another lock held inside it). ev_on (atomic) spares the lock while
+     * recording is off. */
+    pthread_mutex_t ev_mu;
+    bool ev_on;
+    kvd_store_event_t *ev;
+    size_t ev_cap, ev_head, ev_len;
+    uint64_t ev_dropped;
 };
 
 /* The engine behind `store`, or NULL when it is not an embedded store. */
@@ -225,6 +235,19 @@ kvd_status_t store_op_tenant_set_quota(kvd_store_t *base, uint32_t tenant,
                                        uint64_t max_bytes);
 kvd_status_t store_op_flush(kvd_store_t *base, int timeout_ms);
 kvd_status_t store_op_stats(kvd_store_t *base, kvd_store_stats_t *out);
+kvd_status_t store_op_events_enable(kvd_store_t *base, size_t capacity);
+kvd_status_t store_op_take_events(kvd_store_t *base, kvd_store_event_t *out,
+                                  size_t max, size_t *n_out,
+                                  uint64_t *dropped_out);
+
+/* Queues one key event when recording is on (store_events.c). Thread:
+ * any; takes ev_mu only. */
+void store_event(kvd_embedded_t *st, const kvd_store_key_t *key,
+                 kvd_store_event_kind_t kind);
+/* Queues KVD_STORE_EVENT_REMOVED for `key` unless `other` (the tier the
+ * caller did not remove it from; NULL: none) still holds it. */
+void store_event_removed(kvd_embedded_t *st, const kvd_store_key_t *key,
+                         kvd_l1_t *other);
 kvd_status_t store_op_reserve(kvd_store_t *base, const kvd_namespace_t *ns,
                               const kvd_block_hash_t *hashes, size_t num_hashes,
                               uint64_t object_bytes, uint32_t tenant,

@@ -97,6 +97,7 @@ static void store_write_drop(kvd_embedded_t *st, store_job_t *job,
                         kvd_status_str(why));
     __atomic_store_n(&st->last_drop_status, (int)why, __ATOMIC_RELAXED);
     store_count(&st->n.dropped_writes, 1);
+    store_event_removed(st, &job->key, st->l1);
     store_write_finish(st, job);
 }
 
@@ -119,6 +120,9 @@ static bool store_l2_make_room(kvd_embedded_t *st, uint64_t bytes)
     kvd_l1_victim_t victims[16];
     size_t n = 0;
     (void)kvd_l1_evict(st->l2, 1, bytes, victims, 16, &n);
+    for (size_t i = 0; i < n; i++) {
+        store_event_removed(st, &victims[i].key, st->l1);
+    }
     (void)store_l2_victims_dispose(st, victims, n);
     store_count(&st->n.disk_evictions, n);
     return n > 0;
@@ -403,6 +407,7 @@ void store_forget_corrupt(kvd_embedded_t *st, const kvd_store_key_t *key)
     kvd_status_t s = kvd_l1_delete(st->l2, &lk, &v);
     if (s == KVD_OK) {
         (void)store_l2_victims_dispose(st, &v, 1);
+        store_event_removed(st, key, st->l1);
     } else if (s == KVD_ERR_BUSY) {
         (void)kvd_l1_doom(st->l2, &lk);
     }

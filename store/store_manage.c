@@ -103,7 +103,10 @@ kvd_status_t store_op_delete(kvd_store_t *base, const kvd_store_key_t *keys,
                 busy = true;
             }
         }
-        deleted += any ? 1 : 0;
+        if (any) {
+            store_event(store, &keys[i], KVD_STORE_EVENT_REMOVED);
+            deleted++;
+        }
     }
     kvd_status_t ds = store_l2_victims_dispose(store, l2v, nl2);
     io = io != KVD_OK ? io : ds;

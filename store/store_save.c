@@ -107,6 +107,7 @@ void store_victims_dispose(kvd_embedded_t *st, const kvd_l1_victim_t *victims,
         }
         if (job == NULL) {
             (void)kvd_arena_slot_free(st->arena, v->slot);
+            store_event_removed(st, &key, st->l2);
             continue;
         }
         job->store = st;
@@ -321,6 +322,9 @@ static kvd_status_t store_commit_one(kvd_embedded_t *store,
     }
     if (s == KVD_OK && through) {
         store_write_through(store, key, &lk);
+    }
+    if (s == KVD_OK) {
+        store_event(store, key, KVD_STORE_EVENT_STORED);
     }
     return s;
 }

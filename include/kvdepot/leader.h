@@ -347,6 +347,50 @@ KVD_API kvd_status_t kvd_leader_request_finished_transfer(
     kvd_leader_t *leader, const char *request_id, bool *delay_free_out,
     kvd_leader_transfer_t *transfer_out);
 
+/* A block whose save every worker reported finished
+ * (kvd_leader_take_saved_blocks). */
+typedef struct kvd_leader_saved_block {
+    kvd_block_hash_t hash;   /* its key's hash, under the config's ns */
+    kvd_block_hash_t parent; /* the previous block's, when has_parent */
+    bool has_parent;         /* false for a request's first block */
+    /* Its block_size tokens; NULL when the engine gave block hashes
+     * instead of tokens. */
+    const uint32_t *tokens;
+    const char *lora_name; /* the request's, as given; NULL without */
+} kvd_leader_saved_block_t;
+
+/* The most blocks kvd_leader_set_saved_queue queues. */
+#define KVD_LEADER_SAVED_MAX (1u << 20)
+
+/*
+ * Starts (capacity > 0) or stops (0) queueing saved blocks: from this call
+ * on, when every worker's report has finished a request's saves (the
+ * saves of its latest step that carried any, and every step before it),
+ * each block those saves covered is queued for
+ * kvd_leader_take_saved_blocks, in order; for an engine connector's KV
+ * events (vLLM BlockStored). A block the store refused (full, or the
+ * worker aborted the step) is queued as well: the report says the saves
+ * ended, not that each one was stored; an embedded store's own events
+ * (kvd_store_take_events) tell which were committed. When `capacity`
+ * blocks are queued the oldest is dropped and counted. Calling it again
+ * discards what was queued. Errors: KVD_ERR_INVALID (NULL leader,
+ * capacity over KVD_LEADER_SAVED_MAX), KVD_ERR_NOMEM (nothing changed).
+ */
+KVD_API kvd_status_t kvd_leader_set_saved_queue(kvd_leader_t *leader,
+                                                size_t capacity);
+
+/*
+ * Moves up to `max` queued saved blocks, oldest first, into `out` and
+ * returns how many; their pointers are owned by the leader and valid until
+ * the next kvd_leader_take_saved_blocks or kvd_leader_destroy.
+ * *dropped_out (may be NULL) gets how many blocks were dropped for lack of
+ * room since the previous take. 0 for a NULL leader or out, or when memory
+ * ran out (nothing is taken then).
+ */
+KVD_API size_t kvd_leader_take_saved_blocks(kvd_leader_t *leader,
+                                            kvd_leader_saved_block_t *out,
+                                            size_t max, uint64_t *dropped_out);
+
 typedef struct kvd_leader_stats {
     uint64_t requests;       /* tracked now */
     uint64_t leases;         /* held now, every namespace's: a block

@@ -587,6 +587,51 @@ typedef struct kvd_store_stats {
 KVD_API kvd_status_t kvd_store_stats(kvd_store_t *store,
                                      kvd_store_stats_t *out);
 
+/* What happened to a key (kvd_store_take_events). */
+typedef enum kvd_store_event_kind {
+    KVD_STORE_EVENT_STORED = 1,  /* committed: lookups find it from now */
+    KVD_STORE_EVENT_REMOVED = 2, /* gone from every tier (evicted from the
+                                    last tier that held it, or deleted) */
+} kvd_store_event_kind_t;
+
+typedef struct kvd_store_event {
+    kvd_store_key_t key;
+    kvd_store_event_kind_t kind;
+} kvd_store_event_t;
+
+/* The most events kvd_store_events_enable queues. */
+#define KVD_STORE_EVENTS_MAX (1u << 20)
+
+/*
+ * Starts (capacity > 0) or stops (0) recording key events: from this call
+ * on, every commit and every object leaving the store's last tier (an
+ * arena eviction without a disk copy, a disk eviction without an arena
+ * copy, a write-back that failed, kvd_store_delete) queues one event, for
+ * KV-aware routers that want to know which node holds a prefix. The queue
+ * keeps the newest `capacity` events (at most KVD_STORE_EVENTS_MAX): when
+ * full the oldest is dropped and counted (kvd_store_take_events). Calling
+ * it again resizes the queue, discarding what it held; stopping discards
+ * it. Off by default, and costs nothing then. Errors: KVD_ERR_INVALID
+ * (NULL store, capacity over KVD_STORE_EVENTS_MAX), KVD_ERR_NOMEM
+ * (nothing changed), KVD_ERR_UNSUPPORTED (daemon mode: the daemon does
+ * not send its store's events to clients). Thread: any.
+ */
+KVD_API kvd_status_t kvd_store_events_enable(kvd_store_t *store,
+                                             size_t capacity);
+
+/*
+ * Moves up to `max` queued events, oldest first, into `out` and writes
+ * their number into *n_out; *dropped_out (may be NULL) gets how many
+ * events were dropped for lack of room since the previous call (the
+ * caller has then missed some: a router should resynchronise). Recording
+ * off: *n_out 0. Errors: KVD_ERR_INVALID (NULL store or n_out, NULL out
+ * with max > 0), KVD_ERR_UNSUPPORTED (daemon mode). Thread: any.
+ */
+KVD_API kvd_status_t kvd_store_take_events(kvd_store_t *store,
+                                           kvd_store_event_t *out, size_t max,
+                                           size_t *n_out,
+                                           uint64_t *dropped_out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -203,6 +203,29 @@ class WorkerStats(ctypes.Structure):
         "async_loads_active", "saves_aborted", "header_errors")]
 
 
+class LeaderStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "requests", "leases", "lookups", "matched_blocks", "planned_loads",
+        "planned_saves", "failed_loads", "not_yet", "timeouts",
+        "lookup_errors")]
+
+
+class LeaderSavedBlock(ctypes.Structure):
+    _fields_ = [("hash", BlockHash), ("parent", BlockHash),
+                ("has_parent", ctypes.c_bool),
+                ("tokens", ctypes.POINTER(ctypes.c_uint32)),
+                ("lora_name", ctypes.c_char_p)]
+
+
+class StoreEvent(ctypes.Structure):
+    _fields_ = [("key", StoreKey), ("kind", ctypes.c_int)]
+
+
+# store.h kvd_store_event_kind_t.
+STORE_EVENT_STORED, STORE_EVENT_REMOVED = 1, 2
+KVD_ERR_UNSUPPORTED = -6
+
+
 def _declare(h):
     vp, sz, u32, u64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint32, \
         ctypes.c_uint64
@@ -253,6 +276,13 @@ def _declare(h):
         "kvd_worker_clear_metadata": (st, [vp]),
         "kvd_worker_get_finished": (st, [vp, P(cp), sz, P(WorkerFinished)]),
         "kvd_worker_stats": (st, [vp, P(WorkerStats)]),
+        "kvd_leader_stats": (st, [vp, P(LeaderStats)]),
+        "kvd_leader_set_saved_queue": (st, [vp, sz]),
+        "kvd_leader_take_saved_blocks": (sz, [vp, P(LeaderSavedBlock), sz,
+                                              P(u64)]),
+        "kvd_store_events_enable": (st, [vp, sz]),
+        "kvd_store_take_events": (st, [vp, P(StoreEvent), sz, P(sz),
+                                       P(u64)]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(h, name)
@@ -359,6 +389,34 @@ class Store:
         _check("store delete", lib().kvd_store_delete(
             self.handle, keys, len(hashes), ctypes.byref(n)))
         return n.value
+
+    def events_enable(self, capacity):
+        """Starts (capacity > 0) or stops (0) recording key events
+        (store.h kvd_store_events_enable). False when the store cannot
+        (daemon mode)."""
+        s = lib().kvd_store_events_enable(self.handle, capacity)
+        if s == KVD_ERR_UNSUPPORTED:
+            return False
+        _check("store events", s)
+        return True
+
+    def take_events(self, max_events=4096):
+        """([(kind, namespace bytes, hash bytes)], dropped): the queued
+        key events, oldest first (STORE_EVENT_STORED / _REMOVED), and how
+        many were dropped for lack of room since the last call."""
+        out, dropped = [], 0
+        arr = (StoreEvent * max_events)()
+        n, d = ctypes.c_size_t(0), ctypes.c_uint64(0)
+        while True:
+            _check("store take_events", lib().kvd_store_take_events(
+                self.handle, arr, max_events, ctypes.byref(n),
+                ctypes.byref(d)))
+            dropped += d.value
+            out.extend((arr[i].kind, bytes(arr[i].key.ns.bytes),
+                        bytes(arr[i].key.hash.bytes))
+                       for i in range(n.value))
+            if n.value < max_events:
+                return out, dropped
 
     def close(self):
         if self.handle:
@@ -522,6 +580,38 @@ class Leader:
                        for i in range(t.num_hashes)],
             "num_tokens": t.num_tokens,
         }
+
+    def stats(self):
+        s = LeaderStats()
+        _check("leader stats", lib().kvd_leader_stats(self.handle,
+                                                      ctypes.byref(s)))
+        return {name: getattr(s, name) for name, _ in LeaderStats._fields_}
+
+    def set_saved_queue(self, capacity):
+        """Queue (capacity > 0) or not (0) the blocks whose saves every
+        worker reported finished (leader.h kvd_leader_set_saved_queue)."""
+        _check("leader saved queue", lib().kvd_leader_set_saved_queue(
+            self.handle, capacity))
+
+    def take_saved_blocks(self, block_size, max_blocks=1024):
+        """([(hash, parent or None, tokens or None, lora_name or None)],
+        dropped): the saved blocks queued, oldest first, hashes as bytes."""
+        out, dropped = [], 0
+        arr = (LeaderSavedBlock * max_blocks)()
+        d = ctypes.c_uint64(0)
+        while True:
+            n = lib().kvd_leader_take_saved_blocks(self.handle, arr,
+                                                   max_blocks, ctypes.byref(d))
+            dropped += d.value
+            for b in arr[:n]:
+                out.append((bytes(b.hash.bytes),
+                            bytes(b.parent.bytes) if b.has_parent else None,
+                            list(b.tokens[:block_size]) if b.tokens
+                            else None,
+                            b.lora_name.decode(errors="replace")
+                            if b.lora_name else None))
+            if n < max_blocks:
+                return out, dropped
 
     def set_namespace(self, ns, shard_ns=None):
         """A new namespace generation: nothing saved before is matched.

@@ -35,6 +35,8 @@ class Settings:
     #   engine's kv_transfer_params name for the decode side
     store_settings: dict = field(default_factory=dict)  # raw store.* keys
     allow_untested_vllm: bool = False  # run on a vLLM newer than tested
+    kv_events: bool = False        # publish KV cache events (BlockStored,
+    #   BlockRemoved) even when vLLM's kv_events_config does not enable them
     spawn_idle_exit: str = "10s"   # spawn: the started kvdepotd stops once
     #   no engine process has had its store open for this long
 

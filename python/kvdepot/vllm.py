@@ -35,8 +35,10 @@ import os
 import re
 import socket
 import sys
+import time
+from collections import OrderedDict
 
-from kvdepot import _lib, _spawn, config
+from kvdepot import _lib, _spawn, _vllm_obs, config
 from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _FP8_DTYPES, _KVD_DTYPES,
                               _dtype_name, _layout_of, _store_acquire,
                               _store_release, _stream_of, _worker_device)
@@ -439,6 +441,10 @@ def _stage_layers(vllm_config, pp_rank, pp_size):
 
 # ---- the connector -------------------------------------------------------------
 
+# Saved blocks and store events queued for take_events between two steps
+# (the oldest are dropped beyond it, counted in events_dropped).
+_EVENTS_QUEUE = 65536
+
 class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM KV connector backed by kvdepot (both roles)."""
 
@@ -520,6 +526,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self._refused = set()  # reasons a request was not cached, logged
             self._delayed = []    # kept blocks, for the next plan
             self._async_loads = []  # vLLM waits for these, for the plan
+            self._init_events(vllm_config)
         else:
             self._layer_index = {}   # layer name -> (group, layer in group)
             self._delayed = set()    # vLLM keeps their blocks for us
@@ -530,6 +537,14 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self._exc_at_bind = None  # the exception handled at bind, if any
             self._registered = {}    # layer -> (tensor, address registered)
             self._asleep = False     # sleep mode released the KV cache
+            self._stats_seen = {}    # kvdepot_stats() at the last interval
+            self._load_wait = 0.0    # seconds waited on loads, this step
+        # This interval's counters (get_kv_connector_stats), and the
+        # scheduler's since start (kvdepot_stats).
+        self._stats = _vllm_obs.KvdepotConnectorStats()
+        self._sched_totals = dict.fromkeys(
+            ("lookup_tokens", "hit_tokens", "hit_requests"), 0)
+        self._leader_errors_seen = 0
 
     def _set_namespaces(self):
         """Each group's namespace for this rank and stage, for rank 0 of
@@ -654,6 +669,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         # Every group must hold a token for the engine to skip it.
         matched = min(m for m, _ in answers)
         is_async = matched > 0 and any(a for _, a in answers)
+        self._count({"lookup_tokens": len(tokens)})
         self._requests[request.request_id] = [request, len(tokens), is_async]
         self._embeds.pop(request.request_id, None)
         return matched, is_async
@@ -675,6 +691,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         for g, leader in enumerate(self.leaders):
             leader.update_state_after_alloc(rid, self._group_ids(table, g),
                                             num_external_tokens)
+        if num_external_tokens > 0:
+            self._count({"hit_tokens": num_external_tokens,
+                         "hit_requests": 1})
         if num_external_tokens > 0 and entry[2]:
             self._async_loads.append(rid)
 
@@ -755,8 +774,64 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         return self.request_finished(request, block_ids[0] if block_ids
                                      else [])
 
+    def _init_events(self, vllm_config):
+        """KV events are collected when vLLM publishes them
+        (kv_events_config.enable_kv_cache_events) or the kv_events setting
+        asks: the leaders queue the blocks whose saves finished, and an
+        embedded store its commits and removals (a daemon's store does
+        not send them: then no BlockRemoved, and a BlockStored for every
+        save the workers finished, docs/vllm.md)."""
+        kec = getattr(vllm_config, "kv_events_config", None)
+        self._events_on = bool(self.settings.kv_events or getattr(
+            kec, "enable_kv_cache_events", False))
+        self._events = []
+        self._committed = OrderedDict()  # hash -> None: committed, unsaid
+        self._store_events = False
+        if not self._events_on:
+            return
+        for leader in self.leaders:
+            leader.set_saved_queue(_EVENTS_QUEUE)
+        self._store_events = self.store.events_enable(_EVENTS_QUEUE)
+        self._event_ns = {bytes(ns.bytes) for ns in self.group_ns}
+
+    def _collect_events(self):
+        """Turns what the store and the leaders queued into vLLM events."""
+        dropped = 0
+        if self._store_events:
+            evs, dropped = self.store.take_events()
+            for kind, ns, h in evs:
+                if ns not in self._event_ns:
+                    continue  # another engine's (or another generation's)
+                if kind == _lib.STORE_EVENT_STORED:
+                    self._committed[h] = None
+                    while len(self._committed) > _EVENTS_QUEUE:
+                        self._committed.popitem(last=False)
+                elif kind == _lib.STORE_EVENT_REMOVED:
+                    self._committed.pop(h, None)
+                    self._events.append(_vllm_obs.make_event(
+                        _vllm_obs.BlockRemoved, block_hashes=[h],
+                        medium="kvdepot"))
+        for g, leader in enumerate(self.leaders):
+            blocks, d = leader.take_saved_blocks(self.block_size)
+            dropped += d
+            if self._store_events:
+                # Only what this save committed: not a block the store
+                # refused, nor one stored (and announced) before.
+                blocks = [b for b in blocks if b[0] in self._committed]
+                for b in blocks:
+                    del self._committed[b[0]]
+            self._events.extend(_vllm_obs.stored_events(
+                blocks, self.block_size,
+                group=g if len(self.leaders) > 1 else None))
+        if dropped:
+            self._count({"events_dropped": dropped})
+
     def take_events(self):
-        return ()
+        if not self._events_on:
+            return ()
+        self._collect_events()
+        out, self._events = self._events, []
+        return out
 
     def get_finished_count(self):
         return None
@@ -905,13 +980,17 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
     # one the forward pass runs on (worker.h: the engine's stream waits for
     # a layer's loads; saves wait for the engine's work on it).
     def start_load_kv(self, forward_context, **kwargs):
+        t0 = time.perf_counter()
         s = _stream_of(self._device)
         for worker in self.workers:
             worker.start_load_kv(s)
+        self._load_wait += time.perf_counter() - t0
 
     def wait_for_layer_load(self, layer_name):
+        t0 = time.perf_counter()
         g, i = self._layer(layer_name)
         self.workers[g].wait_for_layer_load(i, _stream_of(self._device))
+        self._load_wait += time.perf_counter() - t0
 
     def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
         g, i = self._layer(layer_name)
@@ -978,8 +1057,53 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         meta, self._reports = KvdepotWorkerMetadata(self._reports), []
         return meta
 
+    def _count(self, counts):
+        """Counts scheduler-side events, for this interval and in total."""
+        self._stats.add(counts)
+        for k, v in counts.items():
+            if k in self._sched_totals:
+                self._sched_totals[k] += v
+
     def get_kv_connector_stats(self):
-        return None
+        """This interval's counters (reset by the call), or None when
+        nothing happened. Workers: the C workers' counters since the last
+        call, and how long the step waited for loads when it loaded
+        blocks; the scheduler: lookups, hits and failed store lookups."""
+        if self.leaders:
+            errors = sum(ld.stats()["lookup_errors"] for ld in self.leaders)
+            self._stats.add({"lookup_errors":
+                             errors - self._leader_errors_seen})
+            self._leader_errors_seen = errors
+        elif self.workers:
+            now = self.kvdepot_stats()
+            delta = {k: v - self._stats_seen.get(k, 0)
+                     for k, v in now.items()}
+            self._stats_seen = now
+            delta["blocks_loaded_disk"] = delta.get("promotions", 0)
+            self._stats.add(delta)
+            if delta.get("blocks_loaded", 0) > 0 and self._load_wait > 0:
+                self._stats.sample(self._load_wait)
+            self._load_wait = 0.0
+        if self._stats.is_empty():
+            return None
+        out = self._stats
+        self._stats = _vllm_obs.KvdepotConnectorStats()
+        return out
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        """vLLM's logger rebuilds the workers' stats from their dict."""
+        return _vllm_obs.KvdepotConnectorStats(
+            data={} if data is None else data)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames,
+                           per_engine_labelvalues):
+        """kvdepot_* counters and the load-wait histogram on vLLM's
+        /metrics (docs/vllm.md, "Metrics and KV events")."""
+        return _vllm_obs.KvdepotPromMetrics(vllm_config, metric_types,
+                                            labelnames,
+                                            per_engine_labelvalues)
 
     def get_kv_connector_kv_cache_events(self):
         return None
@@ -1006,6 +1130,12 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self._set_namespaces()
         for g, leader in enumerate(self.leaders):
             leader.set_namespace(self.group_ns[g], self.shard_ns[g])
+        if getattr(self, "_events_on", False):  # nothing before matches
+            self._collect_events()
+            self._committed.clear()
+            self._event_ns = {bytes(ns.bytes) for ns in self.group_ns}
+            self._events.append(_vllm_obs.make_event(
+                _vllm_obs.AllBlocksCleared))
         log.info("kvdepot: cache reset: namespace generation %d",
                  self.generation)
         return True
@@ -1015,9 +1145,16 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         return None  # any layout: strides are read from the tensors
 
     def kvdepot_stats(self):
-        """The C workers' counters (blocks loaded/saved, errors, bytes),
-        summed over the KV-cache groups."""
+        """Counters since start: on a worker the C workers' (blocks
+        loaded/saved, errors, bytes), summed over the KV-cache groups; on
+        the scheduler the prompt tokens looked up, the tokens and requests
+        that hit, and the C leaders' counters (summed over the groups)."""
         total = {}
+        if self.leaders:
+            total.update(self._sched_totals)
+            for leader in self.leaders:
+                for k, v in leader.stats().items():
+                    total[k] = total.get(k, 0) + v
         for worker in self.workers:
             for k, v in worker.stats().items():
                 total[k] = total.get(k, 0) + v
