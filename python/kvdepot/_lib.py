@@ -6,10 +6,18 @@ handle in close(). The structures mirror the C headers field for field.
 The library is found through KVDEPOT_LIB (a path), then next to this package
 (an installed copy), then the build trees of a source checkout, then the
 system linker path.
+
+Once loaded, the library's log messages go to Python's logging (logger
+"kvdepot.lib", the C level mapped to logging's) instead of straight to
+stderr, so an engine's log configuration applies to them;
+KVDEPOT_LOG_STDERR=1 keeps the library's own stderr lines. The C level
+(KVDEPOT_LOG_LEVEL, default warn) still decides what is formatted at all.
 """
 
+import atexit
 import ctypes
 import ctypes.util
+import logging
 import os
 import threading
 from pathlib import Path
@@ -59,12 +67,51 @@ def lib():
                     errors.append(f"{path}: {e}")
                     continue
                 _declare(handle)
+                _route_logs(handle)
                 _lib = handle
                 break
             else:
                 raise OSError("libkvdepot.so not found; set KVDEPOT_LIB "
                               "(tried: " + "; ".join(errors or ["nothing"]) + ")")
         return _lib
+
+
+# kvd_log_sink_fn(void *arg, kvd_log_level_t level, const char *file,
+#                 int line, const char *msg)
+_LOG_SINK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int,
+                             ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p)
+# kvd_log_level_t -> logging's levels.
+_LOG_LEVELS = {0: logging.ERROR, 1: logging.WARNING, 2: logging.INFO,
+               3: logging.DEBUG, 4: logging.DEBUG}
+_clog = logging.getLogger("kvdepot.lib")
+_sink = None  # the installed callback, kept alive while installed
+
+
+def _log_to_python(_arg, level, file, line, msg):
+    """Called by the library on any of its threads (ctypes takes the GIL;
+    the library's calls release it, so no lock is held across)."""
+    try:
+        lvl = _LOG_LEVELS.get(level, logging.INFO)
+        if _clog.isEnabledFor(lvl):
+            _clog.handle(_clog.makeRecord(
+                _clog.name, lvl, (file or b"?").decode(errors="replace"),
+                line, "%s", ((msg or b"").decode(errors="replace"),), None))
+    except Exception:  # a logging failure must never reach C
+        pass
+
+
+def _route_logs(handle):
+    """Sends the library's messages to the "kvdepot.lib" logger, and back
+    to the library's own stderr sink when the interpreter exits (a C
+    thread may still log while Python shuts down)."""
+    global _sink
+    if os.environ.get("KVDEPOT_LOG_STDERR") == "1":
+        return
+    handle.kvd_log_set_sink.restype = None
+    handle.kvd_log_set_sink.argtypes = [_LOG_SINK, ctypes.c_void_p]
+    _sink = _LOG_SINK(_log_to_python)
+    handle.kvd_log_set_sink(_sink, None)
+    atexit.register(handle.kvd_log_set_sink, _LOG_SINK(), None)
 
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"))
