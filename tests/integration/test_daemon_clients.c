@@ -179,7 +179,6 @@ static void test_killed_client_leases_reclaimed(void **state)
      * reclaims the lease after its TTL (400 ms) plus a tick. */
     wait_leases(st, 0, 5000);
     close(pipefd[0]);
-    close(pipefd[1]);
     kvd_store_close(st);
     daemon_stop(dpid);
     kvd_test_dir_remove(&d);
