@@ -51,6 +51,12 @@ void kvd_cli_drain_usage(FILE *out);
 int kvd_cli_config_run(int argc, char **argv);
 void kvd_cli_config_usage(FILE *out);
 
+/* probe_cmds.c: is the daemon up, and why a prompt finds no hit. */
+int kvd_cli_ping_run(int argc, char **argv);
+void kvd_cli_ping_usage(FILE *out);
+int kvd_cli_lookup_run(int argc, char **argv);
+void kvd_cli_lookup_usage(FILE *out);
+
 /* bench_cmd.c: put/get load on a kvdepotd from N client threads. */
 int kvd_cli_bench_run(int argc, char **argv);
 void kvd_cli_bench_usage(FILE *out);

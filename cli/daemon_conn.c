@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/cli_int.h"
 #include "cli/daemon_int.h"
 #include "common/time_int.h"
 
@@ -74,6 +75,40 @@ bool kvd_cli_conn_option(kvd_cli_conn_t *conn, int ch, const char *arg)
         return false;
     }
     return true;
+}
+
+int kvd_cli_conn_getopt(kvd_cli_conn_t *conn, int argc, char **argv,
+                        const char *shortopts, const struct option *longopts,
+                        void (*usage)(FILE *),
+                        bool (*own)(void *ctx, int ch, const char *arg),
+                        void *ctx)
+{
+    optind = 1;
+    opterr = 0;
+    int ch;
+    while ((ch = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+        if (ch == 'h') {
+            usage(stdout);
+            return KVD_CLI_EXIT_OK;
+        }
+        bool ok;
+        if (ch == KVD_CLI_CONN_OPT_ADDRESS || ch == KVD_CLI_CONN_OPT_TIMEOUT) {
+            ok = kvd_cli_conn_option(conn, ch, optarg);
+        } else if (ch != '?' && ch != ':' && own != NULL) {
+            ok = own(ctx, ch, optarg);
+        } else {
+            fprintf(stderr,
+                    "kvdepot %s: unknown option or missing value: "
+                    "%s\n",
+                    conn->cmd, argv[optind - 1]);
+            ok = false;
+        }
+        if (!ok) {
+            usage(stderr);
+            return KVD_CLI_EXIT_USAGE;
+        }
+    }
+    return -1;
 }
 
 /* Copies the value of `name` from kvd_store_print_config's lines

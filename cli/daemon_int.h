@@ -63,6 +63,22 @@ void kvd_cli_conn_cleanup(kvd_cli_conn_t *conn);
 bool kvd_cli_conn_option(kvd_cli_conn_t *conn, int ch, const char *arg);
 
 /*
+ * The option loop of a daemon subcommand: getopt_long over argv with
+ * `shortopts` and `longopts` (which include KVD_CLI_CONN_LONGOPTS and
+ * {"help", 'h'}); -h/--help prints usage(stdout); the connection options
+ * go to kvd_cli_conn_option; every other option to own(ctx, ch, optarg),
+ * which returns false after printing why it is bad (NULL own: none).
+ * Returns -1 when the command goes on (optind at the first operand), else
+ * the exit code (KVD_CLI_EXIT_OK after help, KVD_CLI_EXIT_USAGE after
+ * printing the problem and usage(stderr)). The conn stays initialized.
+ */
+int kvd_cli_conn_getopt(kvd_cli_conn_t *conn, int argc, char **argv,
+                        const char *shortopts, const struct option *longopts,
+                        void (*usage)(FILE *),
+                        bool (*own)(void *ctx, int ch, const char *arg),
+                        void *ctx);
+
+/*
  * Opens a store in daemon mode. On failure prints "kvdepot <cmd>: cannot
  * connect to kvdepotd ..." with the reason and returns false. The first
  * successful open fills conn->address and conn->timeout_ms. Close the

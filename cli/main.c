@@ -18,6 +18,8 @@
 static const kvd_cli_command_t kvd_cli_commands[] = {
     {"codec-eval", "error and size of each KV codec on your own K/V (.npy)",
      kvd_cli_codec_eval_run, kvd_cli_codec_eval_usage},
+    {"ping", "is kvdepotd up: one round trip, its version and node id",
+     kvd_cli_ping_run, kvd_cli_ping_usage},
     {"stats", "a running kvdepotd's figures per tier (--json)",
      kvd_cli_stats_run, kvd_cli_stats_usage},
     {"put", "store a file as one object in kvdepotd", kvd_cli_put_run,
@@ -26,6 +28,8 @@ static const kvd_cli_command_t kvd_cli_commands[] = {
      kvd_cli_get_usage},
     {"ls", "what kvdepotd stores, per namespace and tenant", kvd_cli_ls_run,
      kvd_cli_ls_usage},
+    {"lookup", "why no hit: hash a prompt's tokens and look the blocks up",
+     kvd_cli_lookup_run, kvd_cli_lookup_usage},
     {"evict", "remove objects or a whole namespace from kvdepotd",
      kvd_cli_evict_run, kvd_cli_evict_usage},
     {"drain", "refuse new saves before a restart (on|off)", kvd_cli_drain_run,

@@ -10,6 +10,10 @@
 
 #include "client/client_int.h"
 
+_Static_assert(sizeof(((kvd_client_tenant_usage_t *)0)->name) ==
+                   KVD_PROTO_MAX_ID_BYTES + 1,
+               "a tenant name as the schema bounds it, and its NUL");
+
 kvd_status_t kvd_client_stats(kvd_client_t *c, kvd_store_stats_t *out)
 {
     kvd_cl_flush_releases(c);
@@ -112,6 +116,9 @@ kvd_status_t kvd_client_list(kvd_client_t *c, kvd_client_ns_usage_t **ns_out,
         tn[i].tenant = r->tenants[i]->tenant_id;
         tn[i].objects = r->tenants[i]->objects;
         tn[i].bytes = r->tenants[i]->bytes;
+        /* Validated: at most KVD_PROTO_MAX_ID_BYTES. */
+        snprintf(tn[i].name, sizeof tn[i].name, "%s",
+                 r->tenants[i]->tenant_name);
     }
     *ns_out = ns;
     *num_ns_out = r->n_namespaces;

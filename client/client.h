@@ -118,6 +118,10 @@ typedef struct kvd_client_ns_usage {
 typedef struct kvd_client_tenant_usage {
     uint32_t tenant;
     uint64_t objects, bytes;
+    /* The daemon's name for it (TenantUsage.tenant_name, at most
+     * KVD_PROTO_MAX_ID_BYTES): "" for the default tenant, for an id no
+     * setting of the daemon names, and from a daemon before revision 6. */
+    char name[257];
 } kvd_client_tenant_usage_t;
 
 /* Admin list_namespaces: malloc'd arrays (free them), counts, and whether

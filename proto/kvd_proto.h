@@ -79,7 +79,7 @@ extern "C" {
 #define KVD_PROTO_MAJOR 1
 /* Additive revision of v1 this build speaks (PingReply.protocol_revision);
  * bumped whenever a field, message or enum value is added. */
-#define KVD_PROTO_REVISION 5
+#define KVD_PROTO_REVISION 6
 
 /* ------------------------------------------------------------------------ */
 /* Validation limits (docs/protocol.md explains each choice)                */

@@ -166,6 +166,7 @@ static const kvd_proto_rule_t rules[] = {
     {D(namespace_usage), "namespace_id", REQ | RNG, NS_BYTES, NS_BYTES, 0},
     {D(list_namespaces_reply), "namespaces", 0, 0, 0, KVD_PROTO_MAX_NAMESPACES},
     {D(list_namespaces_reply), "tenants", 0, 0, 0, KVD_PROTO_MAX_NAMESPACES},
+    {D(tenant_usage), "tenant_name", RNG, 0, ID_MAX, 0},
 };
 
 /* ------------------------------------------------------------------------ */

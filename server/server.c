@@ -246,9 +246,46 @@ static uint64_t server_max_reserved(const kvd_server_t *srv)
     return st.host.capacity_bytes / 4;
 }
 
+/* Adds `name` to srv->tenant_names unless it is there already. */
+static void server_name_add(kvd_server_t *srv, const char *name)
+{
+    size_t max = sizeof srv->tenant_names / sizeof srv->tenant_names[0];
+    for (size_t i = 0; i < srv->n_tenant_names; i++) {
+        if (strcmp(srv->tenant_names[i], name) == 0) {
+            return;
+        }
+    }
+    if (name[0] != '\0' && srv->n_tenant_names < max) {
+        srv->tenant_names[srv->n_tenant_names++] = name;
+    }
+}
+
+/* Every tenant name the settings give, once each. */
+static void server_collect_names(kvd_server_t *srv)
+{
+    const srv_tenancy_t *tn = srv->tenancy;
+    srv->n_tenant_names = 0;
+    for (size_t i = 0; i < tn->n_uids; i++) {
+        server_name_add(srv, tn->uids[i].name);
+    }
+    for (size_t i = 0; i < tn->n_tokens; i++) {
+        server_name_add(srv, tn->tokens[i].tenant);
+    }
+    for (size_t i = 0; i < tn->n_cns; i++) {
+        server_name_add(srv, tn->cns[i].tenant);
+    }
+    for (size_t i = 0; i < tn->n_quotas; i++) {
+        server_name_add(srv, tn->quotas[i].tenant);
+    }
+    for (size_t i = 0; i < tn->n_arenas; i++) {
+        server_name_add(srv, tn->arenas[i].tenant);
+    }
+}
+
 static kvd_status_t server_start_service(kvd_server_t *srv, char *err,
                                          size_t err_len)
 {
+    server_collect_names(srv);
     kvd_service_config_t scfg = {
         .store = srv->store,
         .node_id = srv->cfg.node_id,
@@ -262,6 +299,8 @@ static kvd_status_t server_start_service(kvd_server_t *srv, char *err,
         .tick_ms = (uint32_t)srv->cfg.tick_ms,
         .config_entries = srv->config_entries,
         .n_config_entries = srv->n_config_entries,
+        .tenant_names = srv->tenant_names,
+        .n_tenant_names = srv->n_tenant_names,
     };
     if (srv->cfg.cluster_etcd[0] != '\0') {
         scfg.miss = server_miss;

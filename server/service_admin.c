@@ -8,6 +8,7 @@
  * store a chunk at a time and never hold `mu`.
  */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,20 @@ static void svc_listing_free(svc_listing_t *l)
     free(l->tn);
     free(l->tnp);
     free(l->ns_ids);
+}
+
+/* The name the settings give tenant id `id` ("" when none does). The
+ * returned text is the service's (borrowed). */
+static char *svc_tenant_name(kvd_service_t *svc, uint32_t id)
+{
+    static char none[] = "";
+    for (size_t i = 0; id != 0 && i < svc->cfg.n_tenant_names; i++) {
+        if (svc_tenant_id(svc->cfg.tenant_names[i]) == id) {
+            /* protobuf-c's string fields are char *; never written. */
+            return (char *)(uintptr_t)svc->cfg.tenant_names[i];
+        }
+    }
+    return none;
 }
 
 /* Aggregates every stored object per namespace and per tenant. The scan
@@ -129,6 +144,9 @@ static kvd_status_t svc_list(kvd_service_t *svc, svc_listing_t *l,
         }
     }
     free(chunk);
+    for (size_t t = 0; t < nt; t++) {
+        l->tn[t].tenant_name = svc_tenant_name(svc, l->tn[t].tenant_id);
+    }
     l->reply.n_namespaces = nn;
     l->reply.namespaces = l->nsp;
     l->reply.n_tenants = nt;

@@ -91,6 +91,12 @@ typedef struct kvd_service_config {
      * outlives the service. */
     const kvd_service_config_entry_t *config_entries;
     size_t n_config_entries;
+    /* The tenant names the settings give (server.tenants, token_tenants,
+     * tls_tenants, tenant_quotas, tenant_arenas), so that Admin
+     * list_namespaces can name each tenant id (TenantUsage.tenant_name);
+     * borrowed, they outlive the service. */
+    const char *const *tenant_names;
+    size_t n_tenant_names;
     /* Clustered daemons (cluster/remote.h); NULL when alone. `miss`
      * fetches what the cluster holds of a lookup's missing keys into the
      * store (for lookups that set include_remote; source_node, when set,

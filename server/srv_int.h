@@ -111,6 +111,10 @@ struct kvd_server {
     /* Admin config_dump's answer: the settings at start, secrets redacted. */
     kvd_service_config_entry_t *config_entries;
     size_t n_config_entries, cap_config_entries;
+    /* Every distinct tenant name of `tenancy` (pointers into it), for the
+     * service's tenant listing. */
+    const char *tenant_names[5 * SRV_TENANTS_MAX];
+    size_t n_tenant_names;
     pthread_mutex_t sess_mu;
     srv_session_t *sessions; /* SRV_SESSIONS_MAX */
     uint64_t sess_ids;       /* the last session id given */

@@ -257,6 +257,19 @@ def test_daemonset_matches_config():
     assert image.startswith("quay.io/coreos/etcd:v3.5.")
 
 
+def test_prestop_waits_for_the_drain():
+    """preStop is `kvdepot drain on --wait` (its exit status, not its
+    English output, says when the daemon is drained), bounded well inside
+    the grace period so the graceful stop keeps its time."""
+    pod, c = daemon_pod(), daemon_container()
+    cmd = [str(a) for a in c["lifecycle"]["preStop"]["exec"]["command"]]
+    # "on" unquoted would be YAML's true.
+    assert cmd[:4] == ["kvdepot", "drain", "on", "--wait"], cmd
+    wait = cmd[cmd.index("--wait-timeout") + 1]
+    assert wait.endswith("s") and int(wait[:-1]) + 30 <= \
+        pod["terminationGracePeriodSeconds"], cmd
+
+
 # ---- the vLLM engines --------------------------------------------------------
 
 def transfer_configs():
