@@ -27,8 +27,11 @@ struct kvd_etcd {
     pthread_mutex_t mu;
     grpc_channel *ch; /* under mu: replaced after a failed connection */
     bool reset;       /* under mu: the next call opens a new channel */
+    size_t cur;       /* under mu: the endpoint `ch` goes to */
+    size_t n_eps;
     int timeout_ms;
-    char endpoint[256];
+    char endpoint[256]; /* as given: every endpoint, for the logs */
+    char eps[KVD_ETCD_ENDPOINTS_MAX][256];
 };
 
 struct kvd_etcd_watch {
@@ -114,7 +117,7 @@ static grpc_channel *etcd_channel_get(kvd_etcd_t *e)
 {
     pthread_mutex_lock(&e->mu);
     if (e->reset) {
-        grpc_channel *fresh = etcd_channel(e->endpoint);
+        grpc_channel *fresh = etcd_channel(e->eps[e->cur]);
         if (fresh != NULL) {
             grpc_channel_destroy(e->ch);
             e->ch = fresh;
@@ -126,20 +129,27 @@ static grpc_channel *etcd_channel_get(kvd_etcd_t *e)
     return ch;
 }
 
-static void etcd_channel_failed(kvd_etcd_t *e, kvd_status_t s)
+/* After a call on `ch` failed to reach etcd, the next call opens a new
+ * channel to the next endpoint (the same one when there is only one). A
+ * failure on a channel already replaced changes nothing, so calls failing
+ * together move on by one endpoint, not by one each. */
+static void etcd_channel_failed(kvd_etcd_t *e, grpc_channel *ch, kvd_status_t s)
 {
     if (s == KVD_ERR_UNREACHABLE || s == KVD_ERR_TIMEOUT) {
         pthread_mutex_lock(&e->mu);
-        e->reset = true;
+        if (ch == e->ch && !e->reset) {
+            e->reset = true;
+            e->cur = (e->cur + 1) % e->n_eps;
+        }
         pthread_mutex_unlock(&e->mu);
     }
 }
 
 /* One request, one reply, within the timeout. */
-static kvd_status_t etcd_call(kvd_etcd_t *e, const char *path,
-                              const ProtobufCMessage *req,
-                              const ProtobufCMessageDescriptor *rsp_desc,
-                              ProtobufCMessage **rsp_out)
+static kvd_status_t etcd_call_once(kvd_etcd_t *e, const char *path,
+                                   const ProtobufCMessage *req,
+                                   const ProtobufCMessageDescriptor *rsp_desc,
+                                   ProtobufCMessage **rsp_out)
 {
     *rsp_out = NULL;
     grpc_byte_buffer *send = etcd_pack(req);
@@ -148,8 +158,9 @@ static kvd_status_t etcd_call(kvd_etcd_t *e, const char *path,
     }
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
     gpr_timespec deadline = etcd_deadline(e->timeout_ms);
+    grpc_channel *ch = etcd_channel_get(e);
     grpc_call *call = grpc_channel_create_call(
-        etcd_channel_get(e), NULL, GRPC_PROPAGATE_DEFAULTS, cq,
+        ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq,
         grpc_slice_from_static_string(path), NULL, deadline, NULL);
     grpc_metadata_array initial, trailing;
     grpc_metadata_array_init(&initial);
@@ -178,7 +189,7 @@ static kvd_status_t etcd_call(kvd_etcd_t *e, const char *path,
             gpr_time_add(deadline, gpr_time_from_millis(1000, GPR_TIMESPAN)),
             NULL);
         s = kvd_status_from_grpc((int)code, path);
-        etcd_channel_failed(e, s);
+        etcd_channel_failed(e, ch, s);
         if (s == KVD_OK) {
             *rsp_out = etcd_unpack(rsp_desc, recv);
             s = *rsp_out != NULL ? KVD_OK : KVD_ERR_PROTO;
@@ -205,6 +216,40 @@ static kvd_status_t etcd_call(kvd_etcd_t *e, const char *path,
     return s;
 }
 
+/* A call that could not reach etcd (refused, no route: it never got
+ * there) goes to the next endpoint at once, each endpoint once. A timeout
+ * is not tried again: the deadline is spent, and the request may have
+ * been applied. */
+static kvd_status_t etcd_call(kvd_etcd_t *e, const char *path,
+                              const ProtobufCMessage *req,
+                              const ProtobufCMessageDescriptor *rsp_desc,
+                              ProtobufCMessage **rsp_out)
+{
+    kvd_status_t s = KVD_ERR_UNREACHABLE;
+    for (size_t i = 0; i < e->n_eps && s == KVD_ERR_UNREACHABLE; i++) {
+        s = etcd_call_once(e, path, req, rsp_desc, rsp_out);
+    }
+    return s;
+}
+
+/* Splits "a:p,b:p" into e->eps; false when an endpoint is empty or there
+ * are too many. */
+static bool etcd_endpoints(kvd_etcd_t *e, const char *list)
+{
+    const char *p = list;
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        if (n == 0 || e->n_eps == KVD_ETCD_ENDPOINTS_MAX) {
+            return false;
+        }
+        snprintf(e->eps[e->n_eps++], sizeof e->eps[0], "%.*s", (int)n, p);
+        if (p[n] == '\0') {
+            return true;
+        }
+        p += n + 1;
+    }
+}
+
 kvd_status_t kvd_etcd_open(const char *endpoint, int timeout_ms,
                            kvd_etcd_t **out)
 {
@@ -216,10 +261,14 @@ kvd_status_t kvd_etcd_open(const char *endpoint, int timeout_ms,
     if (e == NULL) {
         return KVD_ERR_NOMEM;
     }
+    if (!etcd_endpoints(e, endpoint)) {
+        free(e);
+        return KVD_ERR_INVALID;
+    }
     snprintf(e->endpoint, sizeof e->endpoint, "%s", endpoint);
     e->timeout_ms = timeout_ms;
     grpc_init();
-    e->ch = etcd_channel(endpoint);
+    e->ch = etcd_channel(e->eps[0]);
     if (e->ch == NULL) {
         grpc_shutdown();
         free(e);
@@ -471,8 +520,9 @@ kvd_status_t kvd_etcd_watch_open(kvd_etcd_t *e, const char *prefix,
     w->details = grpc_empty_slice();
     grpc_metadata_array_init(&w->initial);
     grpc_metadata_array_init(&w->trailing);
+    grpc_channel *ch = etcd_channel_get(e);
     w->call = grpc_channel_create_call(
-        etcd_channel_get(e), NULL, GRPC_PROPAGATE_DEFAULTS, w->cq,
+        ch, NULL, GRPC_PROPAGATE_DEFAULTS, w->cq,
         grpc_slice_from_static_string("/etcdserverpb.Watch/Watch"), NULL,
         gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
 
@@ -551,7 +601,7 @@ kvd_status_t kvd_etcd_watch_open(kvd_etcd_t *e, const char *prefix,
         }
     }
     if (s != KVD_OK) {
-        etcd_channel_failed(e, s);
+        etcd_channel_failed(e, ch, s);
         KVD_LOG_DEBUG("etcd %s: watch %s from %lld: %s", e->endpoint, prefix,
                       (long long)start_revision, kvd_status_str(s));
         kvd_etcd_watch_close(w);

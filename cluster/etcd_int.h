@@ -39,8 +39,16 @@ typedef struct kvd_etcd_watch kvd_etcd_watch_t;
 #define KVD_ETCD_KEY_MAX 512
 #define KVD_ETCD_VALUE_MAX 4096
 
-/* Connects lazily to `endpoint` ("host:port", plaintext); calls time out
- * after `timeout_ms`. */
+/* Endpoints one client may be given. */
+#define KVD_ETCD_ENDPOINTS_MAX 8
+
+/* Connects lazily to `endpoint` ("host:port", plaintext), or to the first
+ * of several ("a:p,b:p", at most KVD_ETCD_ENDPOINTS_MAX, the whole text
+ * under 256 bytes): a call that cannot reach one (KVD_ERR_UNREACHABLE) is
+ * tried at once on the next, each once, and one that times out leaves
+ * the next call to the next endpoint; the client stays on an endpoint
+ * while it answers. Calls time out after `timeout_ms`. KVD_ERR_INVALID:
+ * an empty endpoint or too many. */
 kvd_status_t kvd_etcd_open(const char *endpoint, int timeout_ms,
                            kvd_etcd_t **out);
 void kvd_etcd_close(kvd_etcd_t *etcd);

@@ -12,9 +12,12 @@
  * every error name the field, the source and the reason.
  *
  * The YAML side accepts only what a settings file needs: one document whose
- * root is a mapping of scalars, nested mappings joined with '.'. Sequences,
- * aliases, anchors, tags and complex keys are rejected with the line they
- * start on, so a typo never silently turns into a different structure.
+ * root is a mapping, nested mappings joined with '.'; a nested mapping is
+ * also an entry of its own ("k=v,..." of its scalars: pairs fields) and a
+ * sequence of scalars one entry ("a,b": list fields); apply refuses them
+ * for any other field. Nested sequences, aliases, anchors, tags and
+ * complex keys are rejected with their line, so a typo never silently
+ * turns into a different structure.
  * Depth, key length and key count are bounded because the bytes may be
  * hostile (the fuzzer feeds this file). This is the only file that includes
  * yaml.h.
@@ -38,17 +41,28 @@
 
 /* Bounds against hostile YAML: nesting, joined key length, keys per file. */
 #define KVD_CONFIG_DEPTH_MAX 16
-#define KVD_CONFIG_KEY_MAX 256
 #define KVD_CONFIG_KEYS_MAX 10000
 /* Config files are small; refuse to slurp anything absurd. */
 #define KVD_CONFIG_FILE_MAX (16u << 20)
 #define KVD_CONFIG_ENV_PREFIX "KVDEPOT_"
+
+/* What a file gave a key: a scalar, a sequence of scalars (the value is
+ * its items joined with ','), or a nested mapping (the value is its
+ * scalar members as "k=v,..."; its members are entries of their own). */
+typedef enum kvd_config_shape {
+    KVD_CONFIG_SHAPE_SCALAR,
+    KVD_CONFIG_SHAPE_LIST,
+    KVD_CONFIG_SHAPE_MAP
+} kvd_config_shape_t;
 
 typedef struct kvd_config_entry {
     char *key; /* one allocation holds key, value and origin */
     char *value;
     char *origin; /* file path or "<yaml>"; NULL for call parameters */
     unsigned line;
+    kvd_config_shape_t shape;
+    /* Why a mapping is no map of scalars, with the line; or NULL. */
+    char *problem;
 } kvd_config_entry_t;
 
 typedef struct kvd_config_list {
@@ -85,6 +99,8 @@ static kvd_status_t entry_init(kvd_config_entry_t *entry, const char *key,
     entry->origin =
         origin != NULL ? memcpy(block + klen + vlen, origin, olen) : NULL;
     entry->line = line;
+    entry->shape = KVD_CONFIG_SHAPE_SCALAR;
+    entry->problem = NULL;
     return KVD_OK;
 }
 
@@ -92,6 +108,8 @@ static void entry_cleanup(kvd_config_entry_t *entry)
 {
     free(entry->key);
     entry->key = NULL;
+    free(entry->problem);
+    entry->problem = NULL;
 }
 
 static kvd_status_t list_reserve(kvd_config_list_t *list, size_t n)
@@ -234,6 +252,20 @@ KVD_API kvd_status_t kvd_config_set(kvd_config_t *config, const char *name,
 /* YAML loading                                                             */
 /* ------------------------------------------------------------------------ */
 
+/* A growing text buffer of the walk (a mapping's pairs, a sequence). */
+typedef struct kvd_yaml_text {
+    char *buf;
+    size_t len, cap;
+} kvd_yaml_text_t;
+
+/* One open mapping: its scalar values joined as "k=v,..." for a field
+ * that takes pairs, or why they cannot be (then `problem` is not ""). */
+typedef struct kvd_yaml_level {
+    kvd_yaml_text_t join;
+    unsigned line; /* where the mapping starts */
+    char problem[KVD_CONFIG_QUOTE_MAX + 64];
+} kvd_yaml_level_t;
+
 /* State of one walk over the event stream of one YAML document. */
 typedef struct kvd_yaml_walk {
     kvd_config_list_t keys; /* what this file defines, merged on success */
@@ -241,12 +273,52 @@ typedef struct kvd_yaml_walk {
     char path[KVD_CONFIG_KEY_MAX + 1]; /* joined key being built */
     /* base[d]: length of `path` before the key of mapping level d. */
     size_t base[KVD_CONFIG_DEPTH_MAX + 1];
+    kvd_yaml_level_t level[KVD_CONFIG_DEPTH_MAX + 1];
     unsigned depth; /* open mappings; 0 = outside the root mapping */
     bool have_key;  /* the current level has read a key, wants a value */
     bool root_done; /* the document root has been seen */
-    unsigned line;  /* of the event that failed */
+    bool in_seq;    /* inside the sequence that is the current key's value */
+    kvd_yaml_text_t seq; /* its items joined with ',' */
+    unsigned seq_line;
+    unsigned key_line; /* of the key the current level has read */
+    unsigned line;     /* of the event that failed */
     char reason[192];
 } kvd_yaml_walk_t;
+
+static void walk_cleanup(kvd_yaml_walk_t *w)
+{
+    for (size_t d = 0; d <= KVD_CONFIG_DEPTH_MAX; d++) {
+        free(w->level[d].join.buf);
+    }
+    free(w->seq.buf);
+    list_cleanup(&w->keys);
+}
+
+/* Appends `sep` (unless the text is empty or sep is 0) and n bytes of s. */
+static kvd_status_t text_add(kvd_yaml_text_t *t, char sep, const char *s,
+                             size_t n)
+{
+    size_t need = t->len + 1 + n + 1;
+    if (need > t->cap) {
+        size_t cap = t->cap ? t->cap : 64;
+        while (cap < need) {
+            cap *= 2;
+        }
+        char *buf = realloc(t->buf, cap);
+        if (buf == NULL) {
+            return KVD_ERR_NOMEM;
+        }
+        t->buf = buf;
+        t->cap = cap;
+    }
+    if (t->len > 0 && sep != '\0') {
+        t->buf[t->len++] = sep;
+    }
+    memcpy(t->buf + t->len, s, n);
+    t->len += n;
+    t->buf[t->len] = '\0';
+    return KVD_OK;
+}
 
 __attribute__((format(printf, 3, 4))) static kvd_status_t
 walk_fail(kvd_yaml_walk_t *w, const yaml_event_t *ev, const char *fmt, ...)
@@ -257,6 +329,55 @@ walk_fail(kvd_yaml_walk_t *w, const yaml_event_t *ev, const char *fmt, ...)
     vsnprintf(w->reason, sizeof(w->reason), fmt, ap);
     va_end(ap);
     return KVD_ERR_INVALID;
+}
+
+/* The key the current level has read (the part after the last '.'). */
+static const char *walk_key(const kvd_yaml_walk_t *w)
+{
+    size_t base = w->base[w->depth];
+    return w->path + base + (base ? 1 : 0);
+}
+
+/* Notes why level d is not a mapping of scalars (the first reason). */
+__attribute__((format(printf, 4, 5))) static void
+level_problem(kvd_yaml_walk_t *w, unsigned d, unsigned line, const char *fmt,
+              ...)
+{
+    kvd_yaml_level_t *lv = &w->level[d];
+    if (lv->problem[0] != '\0') {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(lv->problem, sizeof lv->problem, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n + 16 < sizeof lv->problem) {
+        snprintf(lv->problem + n, sizeof lv->problem - (size_t)n, " (line %u)",
+                 line);
+    }
+}
+
+/* Adds key=value to level d's pairs, or notes why it cannot be one. */
+static kvd_status_t level_join(kvd_yaml_walk_t *w, unsigned d, unsigned line,
+                               const char *key, const char *value)
+{
+    if (w->level[d].problem[0] != '\0') {
+        return KVD_OK;
+    }
+    if (strchr(key, ',') != NULL) {
+        level_problem(w, d, line, "the key '%.*s' holds a ','",
+                      KVD_CONFIG_QUOTE_MAX, key);
+        return KVD_OK;
+    }
+    if (strpbrk(value, ",=") != NULL || value[0] == '\0') {
+        level_problem(w, d, line,
+                      "the value of '%.*s' is empty or holds a ',' or '='",
+                      KVD_CONFIG_QUOTE_MAX, key);
+        return KVD_OK;
+    }
+    kvd_yaml_text_t *t = &w->level[d].join;
+    kvd_status_t st = text_add(t, ',', key, strlen(key));
+    return st == KVD_OK ? text_add(t, '=', value, strlen(value)) : st;
 }
 
 static kvd_status_t walk_check_plain(kvd_yaml_walk_t *w, const yaml_event_t *ev,
@@ -270,6 +391,51 @@ static kvd_status_t walk_check_plain(kvd_yaml_walk_t *w, const yaml_event_t *ev,
     if (tag != NULL) {
         return walk_fail(w, ev, "tags are not supported ('%.64s')",
                          (const char *)tag);
+    }
+    return KVD_OK;
+}
+
+/* Records `path` = value (one entry of the file) of the given shape; a
+ * mapping seen twice keeps the later one's pairs, anything else twice is
+ * an error. */
+static kvd_status_t walk_entry(kvd_yaml_walk_t *w, const yaml_event_t *ev,
+                               unsigned line, const char *value,
+                               kvd_config_shape_t shape, const char *problem)
+{
+    kvd_config_entry_t *dup =
+        (kvd_config_entry_t *)list_find(&w->keys, w->path);
+    if (dup != NULL && !(shape == KVD_CONFIG_SHAPE_MAP &&
+                         dup->shape == KVD_CONFIG_SHAPE_MAP)) {
+        return walk_fail(w, ev, "duplicate key '%s' (first set on line %u)",
+                         w->path, dup->line);
+    }
+    if (dup == NULL && w->keys.count >= KVD_CONFIG_KEYS_MAX) {
+        return walk_fail(w, ev, "more than %d keys", KVD_CONFIG_KEYS_MAX);
+    }
+    kvd_config_entry_t entry;
+    kvd_status_t st =
+        dup != NULL ? KVD_OK : list_reserve(&w->keys, w->keys.count + 1);
+    if (st == KVD_OK) {
+        st = entry_init(&entry, w->path, value, w->origin, line);
+    }
+    if (st == KVD_OK && problem != NULL && problem[0] != '\0') {
+        entry.problem = strdup(problem);
+        if (entry.problem == NULL) {
+            entry_cleanup(&entry);
+            st = KVD_ERR_NOMEM;
+        }
+    }
+    if (st != KVD_OK) {
+        w->line = line;
+        snprintf(w->reason, sizeof(w->reason), "out of memory");
+        return st;
+    }
+    entry.shape = shape;
+    if (dup != NULL) {
+        entry_cleanup(dup);
+        *dup = entry;
+    } else {
+        w->keys.items[w->keys.count++] = entry;
     }
     return KVD_OK;
 }
@@ -291,7 +457,15 @@ static kvd_status_t walk_mapping_start(kvd_yaml_walk_t *w,
         w->base[1] = 0;
         w->path[0] = '\0';
         w->have_key = false;
+        w->level[1].problem[0] = '\0';
+        w->level[1].join.len = 0;
         return KVD_OK;
+    }
+    if (w->in_seq) {
+        return walk_fail(w, ev,
+                         "a list of '%s' holds a mapping (lists hold "
+                         "scalars only)",
+                         w->path);
     }
     if (!w->have_key) {
         return walk_fail(w, ev, "mapping keys must be scalars");
@@ -300,20 +474,97 @@ static kvd_status_t walk_mapping_start(kvd_yaml_walk_t *w,
         return walk_fail(w, ev, "mappings nested deeper than %d levels",
                          KVD_CONFIG_DEPTH_MAX);
     }
+    unsigned line = (unsigned)ev->start_mark.line + 1;
+    level_problem(w, w->depth, line, "the value of '%.*s' is a mapping",
+                  KVD_CONFIG_QUOTE_MAX, walk_key(w));
     w->depth++;
     w->base[w->depth] = strlen(w->path);
     w->have_key = false;
+    w->level[w->depth].line = w->key_line; /* errors name the key's line */
+    w->level[w->depth].problem[0] = '\0';
+    w->level[w->depth].join.len = 0;
     return KVD_OK;
 }
 
-static void walk_mapping_end(kvd_yaml_walk_t *w)
+/* A nested mapping ends: it becomes an entry of its own whose value is
+ * its pairs, for a field that takes pairs (its leaves are entries too). */
+static kvd_status_t walk_mapping_end(kvd_yaml_walk_t *w, const yaml_event_t *ev)
 {
+    kvd_status_t st = KVD_OK;
+    if (w->depth > 1) {
+        kvd_yaml_level_t *lv = &w->level[w->depth];
+        w->path[w->base[w->depth]] = '\0';
+        st = walk_entry(w, ev, lv->line, lv->join.len ? lv->join.buf : "",
+                        KVD_CONFIG_SHAPE_MAP, lv->problem);
+    }
     w->depth--;
     if (w->depth > 0) {
         /* The nested mapping was the value of the parent's key. */
         w->path[w->base[w->depth]] = '\0';
         w->have_key = false;
     }
+    return st;
+}
+
+static kvd_status_t walk_sequence_start(kvd_yaml_walk_t *w,
+                                        const yaml_event_t *ev)
+{
+    kvd_status_t st = walk_check_plain(w, ev, ev->data.sequence_start.anchor,
+                                       ev->data.sequence_start.tag);
+    if (st != KVD_OK) {
+        return st;
+    }
+    if (w->depth == 0) {
+        return walk_fail(w, ev, "the top level must be a mapping");
+    }
+    if (w->in_seq) {
+        return walk_fail(w, ev,
+                         "a list of '%s' holds a list (lists hold "
+                         "scalars only)",
+                         w->path);
+    }
+    if (!w->have_key) {
+        return walk_fail(w, ev, "mapping keys must be scalars");
+    }
+    w->in_seq = true;
+    w->seq.len = 0;
+    w->seq_line = w->key_line;
+    level_problem(w, w->depth, (unsigned)ev->start_mark.line + 1,
+                  "the value of '%.*s' is a list", KVD_CONFIG_QUOTE_MAX,
+                  walk_key(w));
+    return KVD_OK;
+}
+
+/* The sequence ends: one entry, its items joined with ','. */
+static kvd_status_t walk_sequence_end(kvd_yaml_walk_t *w,
+                                      const yaml_event_t *ev)
+{
+    kvd_status_t st =
+        walk_entry(w, ev, w->seq_line, w->seq.len ? w->seq.buf : "",
+                   KVD_CONFIG_SHAPE_LIST, NULL);
+    w->in_seq = false;
+    w->path[w->base[w->depth]] = '\0';
+    w->have_key = false;
+    return st;
+}
+
+static kvd_status_t walk_seq_item(kvd_yaml_walk_t *w, const yaml_event_t *ev,
+                                  const char *text, size_t len)
+{
+    if (len == 0 || memchr(text, ',', len) != NULL) {
+        return walk_fail(w, ev,
+                         "a list item of '%s' is empty or holds a ',': '%.*s'",
+                         w->path, KVD_CONFIG_QUOTE_MAX, text);
+    }
+    if (w->seq.len + len > KVD_CONFIG_FILE_MAX) {
+        return walk_fail(w, ev, "the list of '%s' is too long", w->path);
+    }
+    if (text_add(&w->seq, ',', text, len) != KVD_OK) {
+        w->line = (unsigned)ev->start_mark.line + 1;
+        snprintf(w->reason, sizeof(w->reason), "out of memory");
+        return KVD_ERR_NOMEM;
+    }
+    return KVD_OK;
 }
 
 static kvd_status_t walk_scalar(kvd_yaml_walk_t *w, const yaml_event_t *ev)
@@ -338,6 +589,9 @@ static kvd_status_t walk_scalar(kvd_yaml_walk_t *w, const yaml_event_t *ev)
         return walk_fail(w, ev, "NUL byte in a %s",
                          w->have_key ? "value" : "key");
     }
+    if (w->in_seq) {
+        return walk_seq_item(w, ev, text, len);
+    }
     if (!w->have_key) {
         size_t base = w->base[w->depth];
         size_t need = base + (base ? 1 : 0) + len;
@@ -353,30 +607,21 @@ static kvd_status_t walk_scalar(kvd_yaml_walk_t *w, const yaml_event_t *ev)
         }
         memcpy(w->path + base + (base ? 1 : 0), text, len + 1);
         w->have_key = true;
+        w->key_line = (unsigned)ev->start_mark.line + 1;
         return KVD_OK;
     }
-    const kvd_config_entry_t *dup = list_find(&w->keys, w->path);
-    if (dup != NULL) {
-        return walk_fail(w, ev, "duplicate key '%s' (first set on line %u)",
-                         w->path, dup->line);
+    unsigned line = (unsigned)ev->start_mark.line + 1;
+    st = walk_entry(w, ev, line, text, KVD_CONFIG_SHAPE_SCALAR, NULL);
+    if (st == KVD_OK && w->depth > 1) {
+        st = level_join(w, w->depth, line, walk_key(w), text);
+        if (st != KVD_OK) {
+            w->line = line;
+            snprintf(w->reason, sizeof(w->reason), "out of memory");
+        }
     }
-    if (w->keys.count >= KVD_CONFIG_KEYS_MAX) {
-        return walk_fail(w, ev, "more than %d keys", KVD_CONFIG_KEYS_MAX);
-    }
-    st = list_reserve(&w->keys, w->keys.count + 1);
-    if (st == KVD_OK) {
-        st = entry_init(&w->keys.items[w->keys.count], w->path, text, w->origin,
-                        (unsigned)ev->start_mark.line + 1);
-    }
-    if (st != KVD_OK) {
-        w->line = (unsigned)ev->start_mark.line + 1;
-        snprintf(w->reason, sizeof(w->reason), "out of memory");
-        return st;
-    }
-    w->keys.count++;
     w->path[w->base[w->depth]] = '\0';
     w->have_key = false;
-    return KVD_OK;
+    return st;
 }
 
 static kvd_status_t walk_event(kvd_yaml_walk_t *w, const yaml_event_t *ev)
@@ -388,12 +633,10 @@ static kvd_status_t walk_event(kvd_yaml_walk_t *w, const yaml_event_t *ev)
         }
         return KVD_OK;
     case YAML_MAPPING_START_EVENT: return walk_mapping_start(w, ev);
-    case YAML_MAPPING_END_EVENT: walk_mapping_end(w); return KVD_OK;
+    case YAML_MAPPING_END_EVENT: return walk_mapping_end(w, ev);
     case YAML_SCALAR_EVENT: return walk_scalar(w, ev);
-    case YAML_SEQUENCE_START_EVENT:
-        return walk_fail(w, ev, "sequences are not supported%s%s%s",
-                         w->depth > 0 ? " (key '" : "",
-                         w->depth > 0 ? w->path : "", w->depth > 0 ? "')" : "");
+    case YAML_SEQUENCE_START_EVENT: return walk_sequence_start(w, ev);
+    case YAML_SEQUENCE_END_EVENT: return walk_sequence_end(w, ev);
     case YAML_ALIAS_EVENT:
         return walk_fail(w, ev, "aliases are not supported ('*%.64s')",
                          (const char *)ev->data.alias.anchor);
@@ -457,6 +700,7 @@ static kvd_status_t config_load(kvd_config_t *config, const char *yaml,
         snprintf(w->reason, sizeof(w->reason), "out of memory");
         goto err_walk;
     }
+    walk_cleanup(w);
     free(w);
     return KVD_OK;
 
@@ -472,7 +716,7 @@ err_walk:
         }
         kvd_config_err(err, err_len, "%s: %s", origin, w->reason);
     }
-    list_cleanup(&w->keys);
+    walk_cleanup(w);
     free(w);
     return st;
 }
@@ -702,6 +946,22 @@ kvd_status_t kvd_config_check_sections(const kvd_config_t *config,
     return st;
 }
 
+/* Whether `entry` is a member of field `name`'s mapping (or deeper):
+ * apply_field answers for those, through the mapping's own entry. */
+static bool key_below(const kvd_config_entry_t *entry, const char *name)
+{
+    size_t n = strlen(name);
+    return strncmp(entry->key, name, n) == 0 && entry->key[n] == '.';
+}
+
+/* Whether `entry` is a mapping that holds field `name` (a section). */
+static bool key_above(const kvd_config_entry_t *entry, const char *name)
+{
+    size_t n = strlen(entry->key);
+    return entry->shape == KVD_CONFIG_SHAPE_MAP &&
+           strncmp(entry->key, name, n) == 0 && name[n] == '.';
+}
+
 /* A key is checked only when some field shares its first dot-part, so
  * keys meant for other components pass through. */
 static kvd_status_t check_unknown(const kvd_config_list_t *list,
@@ -720,7 +980,8 @@ static kvd_status_t check_unknown(const kvd_config_list_t *list,
                 (name[plen] == '.' || name[plen] == '\0')) {
                 ours = true;
             }
-            known = strcmp(name, entry->key) == 0;
+            known = strcmp(name, entry->key) == 0 || key_below(entry, name) ||
+                    key_above(entry, name);
         }
         if (ours && !known) {
             if (entry->origin != NULL) {
@@ -757,6 +1018,36 @@ static kvd_status_t check_table(const kvd_config_field_t *table,
     return KVD_OK;
 }
 
+/* Whether what the file gave `field` has the shape it takes: a mapping
+ * of scalars for pairs, a sequence (or a scalar) for lists, a scalar
+ * (the comma text) for both and for every other field. */
+static bool shape_fits(const kvd_config_field_t *field,
+                       const kvd_config_entry_t *entry, char *reason,
+                       size_t reason_len)
+{
+    bool pairs = field->parse == kvd_config_parse_pairs;
+    bool list = field->parse == kvd_config_parse_list;
+    const char *want = pairs  ? "a mapping of scalars (key: value) or "
+                                "key=value pairs, comma-separated"
+                       : list ? "a list of scalars or a comma-separated "
+                                "string"
+                              : "a single value";
+    if (entry->shape == KVD_CONFIG_SHAPE_MAP && !pairs) {
+        kvd_config_err(reason, reason_len, "a mapping where %s is expected",
+                       want);
+        return false;
+    }
+    if (entry->shape == KVD_CONFIG_SHAPE_LIST && !list) {
+        kvd_config_err(reason, reason_len, "a list where %s is expected", want);
+        return false;
+    }
+    if (entry->shape == KVD_CONFIG_SHAPE_MAP && entry->problem != NULL) {
+        kvd_config_err(reason, reason_len, "want %s: %s", want, entry->problem);
+        return false;
+    }
+    return true;
+}
+
 static kvd_status_t apply_field(const kvd_config_t *config,
                                 const kvd_config_field_t *field, void *settings,
                                 char *err, size_t err_len)
@@ -780,6 +1071,17 @@ static kvd_status_t apply_field(const kvd_config_t *config,
                        field->name, val->env_name);
         if (err == NULL || err_len == 0) {
             KVD_LOG_ERROR("config: %s is required and not set", field->name);
+        }
+        goto out;
+    }
+    if (val->source == KVD_CONFIG_FROM_FILE &&
+        !shape_fits(field, val->entry, reason, sizeof(reason))) {
+        st = KVD_ERR_INVALID;
+        kvd_config_err(err, err_len, "%s (from %s): %s", field->name,
+                       val->where, reason);
+        if (err == NULL || err_len == 0) {
+            KVD_LOG_ERROR("config: %s (from %s): %s", field->name, val->where,
+                          reason);
         }
         goto out;
     }
@@ -871,6 +1173,13 @@ static kvd_status_t config_print_one(void *ctx, const kvd_config_field_t *field,
                                      const char *value, const char *source)
 {
     FILE *out = ctx;
+    /* Lists and pairs print canonical, however they were written. */
+    char canon[KVD_CONFIG_STRING_MAX];
+    if ((field->parse == kvd_config_parse_pairs ||
+         field->parse == kvd_config_parse_list) &&
+        field->parse(field, value, canon, NULL, 0) == KVD_OK) {
+        value = canon;
+    }
     if (fprintf(out, "%s = %s  # %s (default: %s, from: %s)\n", field->name,
                 value, field->doc != NULL ? field->doc : "",
                 field->default_value != NULL ? field->default_value : "none",
@@ -888,53 +1197,4 @@ KVD_API kvd_status_t kvd_config_print(const kvd_config_t *config,
         return KVD_ERR_INVALID;
     }
     return kvd_config_visit(config, table, num_fields, config_print_one, out);
-}
-
-/* Edit distance of a and b, or SIZE_MAX when either is longer than a key
- * may be (two rows of the classic dynamic programme). */
-static size_t config_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > KVD_CONFIG_KEY_MAX || lb > KVD_CONFIG_KEY_MAX) {
-        return SIZE_MAX;
-    }
-    size_t prev[KVD_CONFIG_KEY_MAX + 1], cur[KVD_CONFIG_KEY_MAX + 1];
-    for (size_t j = 0; j <= lb; j++) {
-        prev[j] = j;
-    }
-    for (size_t i = 1; i <= la; i++) {
-        cur[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
-            size_t del = prev[j] + 1, ins = cur[j - 1] + 1;
-            size_t best = sub < del ? sub : del;
-            cur[j] = best < ins ? best : ins;
-        }
-        memcpy(prev, cur, (lb + 1) * sizeof prev[0]);
-    }
-    return prev[lb];
-}
-
-const char *kvd_config_closest(const char *key, const char *const *names,
-                               size_t n)
-{
-    const char *best = NULL;
-    size_t best_d = SIZE_MAX;
-    if (key == NULL || names == NULL) {
-        return NULL;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (names[i] == NULL) {
-            continue;
-        }
-        size_t d = config_distance(key, names[i]);
-        size_t longer =
-            strlen(key) > strlen(names[i]) ? strlen(key) : strlen(names[i]);
-        size_t limit = longer / 3 > 2 ? longer / 3 : 2;
-        if (d <= limit && d < best_d) {
-            best = names[i];
-            best_d = d;
-        }
-    }
-    return best;
 }

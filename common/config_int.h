@@ -9,6 +9,9 @@
 
 #include "kvdepot/common.h"
 
+/* Longest joined key ("server.tenants"). */
+#define KVD_CONFIG_KEY_MAX 256
+
 /* Longest value quoted back in an error message. */
 #define KVD_CONFIG_QUOTE_MAX 96
 

@@ -484,3 +484,129 @@ KVD_API kvd_status_t kvd_config_parse_enum(const kvd_config_field_t *field,
     }
     return KVD_ERR_INVALID;
 }
+
+/* Appends [b, e), trimmed, to the canonical text in out[0, *used); false
+ * when it would not fit with its terminator in KVD_CONFIG_STRING_MAX. */
+static bool canon_put(char *out, size_t *used, const char *b, const char *e)
+{
+    while (b < e && isspace((unsigned char)*b)) {
+        b++;
+    }
+    while (e > b && isspace((unsigned char)e[-1])) {
+        e--;
+    }
+    size_t n = (size_t)(e - b);
+    if (*used + n >= KVD_CONFIG_STRING_MAX) {
+        return false;
+    }
+    memcpy(out + *used, b, n);
+    *used += n;
+    out[*used] = '\0';
+    return true;
+}
+
+/* One item [p, ie) of a list onto `out`: trimmed, non-empty; for pairs
+ * "key=value" split at the item's last '=', both sides trimmed and
+ * non-empty. */
+static kvd_status_t canon_item(const char *p, const char *ie, bool pairs,
+                               size_t index, char *out, size_t *used, char *err,
+                               size_t err_len)
+{
+    const char *eq = NULL;
+    for (const char *q = p; pairs && q < ie; q++) {
+        eq = *q == '=' ? q : eq;
+    }
+    size_t start = *used;
+    bool fits = pairs && eq != NULL ? canon_put(out, used, p, eq) : true;
+    size_t key_end = *used;
+    if (fits && pairs && eq != NULL) {
+        static const char eq_sign[] = "=";
+        fits = canon_put(out, used, eq_sign, eq_sign + 1);
+        key_end = *used - 1;
+    }
+    size_t value_start = *used;
+    fits = fits && canon_put(out, used, eq != NULL ? eq + 1 : p, ie);
+    if (!fits) {
+        kvd_config_err(err, err_len, "longer than %d bytes",
+                       KVD_CONFIG_STRING_MAX - 1);
+        return KVD_ERR_RANGE;
+    }
+    if (pairs && (eq == NULL || key_end == start || *used == value_start)) {
+        kvd_config_err(err, err_len,
+                       "item %zu '%.*s' is not key=value (or write a YAML "
+                       "mapping: {key: value, ...})",
+                       index + 1, KVD_CONFIG_QUOTE_MAX, p);
+        return KVD_ERR_INVALID;
+    }
+    if (!pairs && *used == value_start) {
+        kvd_config_err(err, err_len, "item %zu is empty", index + 1);
+        return KVD_ERR_INVALID;
+    }
+    return KVD_OK;
+}
+
+/* The canonical text of a comma list ("a, b" -> "a,b") or, when `pairs`,
+ * of key=value pairs ("k = v, k2=v2" -> "k=v,k2=v2"). "" stays "". */
+static kvd_status_t list_canon(const char *text, bool pairs, char *out,
+                               char *err, size_t err_len)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    const char *p, *end;
+    text_trim(text, &p, &end);
+    for (size_t index = 0; p < end; index++) {
+        const char *comma = memchr(p, ',', (size_t)(end - p));
+        const char *ie = comma != NULL ? comma : end;
+        if (index > 0) {
+            if (used + 1 >= KVD_CONFIG_STRING_MAX) {
+                kvd_config_err(err, err_len, "longer than %d bytes",
+                               KVD_CONFIG_STRING_MAX - 1);
+                return KVD_ERR_RANGE;
+            }
+            out[used++] = ',';
+            out[used] = '\0';
+        }
+        kvd_status_t st =
+            canon_item(p, ie, pairs, index, out, &used, err, err_len);
+        if (st != KVD_OK) {
+            return st;
+        }
+        if (comma != NULL && comma + 1 == end) {
+            kvd_config_err(err, err_len, "item %zu is empty", index + 2);
+            return KVD_ERR_INVALID;
+        }
+        p = comma != NULL ? comma + 1 : end;
+    }
+    return KVD_OK;
+}
+
+static kvd_status_t parse_list_or_pairs(const char *text, void *dst, bool pairs,
+                                        char *err, size_t err_len)
+{
+    if (text == NULL || dst == NULL) {
+        kvd_config_err(err, err_len, "NULL argument");
+        return KVD_ERR_INVALID;
+    }
+    char canon[KVD_CONFIG_STRING_MAX];
+    kvd_status_t st = list_canon(text, pairs, canon, err, err_len);
+    if (st == KVD_OK) {
+        memcpy(dst, canon, strlen(canon) + 1);
+    }
+    return st;
+}
+
+KVD_API kvd_status_t kvd_config_parse_list(const kvd_config_field_t *field,
+                                           const char *text, void *dst,
+                                           char *err, size_t err_len)
+{
+    (void)field;
+    return parse_list_or_pairs(text, dst, false, err, err_len);
+}
+
+KVD_API kvd_status_t kvd_config_parse_pairs(const kvd_config_field_t *field,
+                                            const char *text, void *dst,
+                                            char *err, size_t err_len)
+{
+    (void)field;
+    return parse_list_or_pairs(text, dst, true, err, err_len);
+}

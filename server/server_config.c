@@ -61,32 +61,36 @@ static const kvd_config_field_t server_fields[] = {
      "the daemon's file descriptors",
      kvd_config_parse_int, SRV_OFF(metrics_max_connections), 1, 1024, NULL},
     {"server.tenants", "",
-     "uid=tenant pairs, comma-separated (\"1001=team-a,1002=team-b\"): a "
+     "uid -> tenant: a YAML mapping {1001: team-a} or uid=tenant pairs, "
+     "comma-separated (\"1001=team-a,1002=team-b\"): a "
      "local client's saves count against the tenant of its user, whatever "
      "the request says; when set, every local call must come with its "
      "arena hand-off session",
-     kvd_config_parse_string, SRV_OFF(tenants), 0, 0, NULL},
+     kvd_config_parse_pairs, SRV_OFF(tenants), 0, 0, NULL},
     {"server.token_tenants", "",
      "file of \"tenant token\" lines (mode 0600 or stricter; tokens of 16 "
      "to 256 characters): a TCP caller presenting one of these tokens is "
      "bound to its tenant (saves, listings and drops are that tenant's)",
      kvd_config_parse_string, SRV_OFF(token_tenants), 0, 0, NULL},
     {"server.tls_tenants", "",
-     "cn=tenant pairs, comma-separated (\"engine-a=team-a\"): a TCP caller "
+     "cn -> tenant: a YAML mapping or cn=tenant pairs, comma-separated "
+     "(\"engine-a=team-a\"): a TCP caller "
      "whose client certificate has that common name is bound to the tenant",
-     kvd_config_parse_string, SRV_OFF(tls_tenants), 0, 0, NULL},
+     kvd_config_parse_pairs, SRV_OFF(tls_tenants), 0, 0, NULL},
     {"server.tenant_quotas", "",
-     "tenant=size pairs, comma-separated (\"team-a=8g,team-b=4g\"): the most "
+     "tenant -> size: a YAML mapping or tenant=size pairs, comma-separated "
+     "(\"team-a=8g,team-b=4g\"): the most "
      "arena bytes a tenant's objects hold; its saves evict its own objects "
      "beyond that, never another tenant's",
-     kvd_config_parse_string, SRV_OFF(tenant_quotas), 0, 0, NULL},
+     kvd_config_parse_pairs, SRV_OFF(tenant_quotas), 0, 0, NULL},
     {"server.tenant_arenas", "",
-     "tenant=size pairs, comma-separated (\"team-a=8g\"): each tenant named "
+     "tenant -> size: a YAML mapping or tenant=size pairs, comma-separated "
+     "(\"team-a=8g\"): each tenant named "
      "gets an arena of that size of its own, in addition to "
      "store.arena_size; its local clients map that arena only, so they "
      "cannot read any other tenant's bytes, and its objects evict only each "
      "other (at most 16 tenants; sizes whole store.arena_chunk multiples)",
-     kvd_config_parse_string, SRV_OFF(tenant_arenas), 0, 0, NULL},
+     kvd_config_parse_pairs, SRV_OFF(tenant_arenas), 0, 0, NULL},
     {"server.tenant_arena_size", "auto",
      "the arena of each tenant of server.tenants that server.tenant_arenas "
      "does not size: auto (an equal share carved out of store.arena_size: "
@@ -98,7 +102,7 @@ static const kvd_config_field_t server_fields[] = {
     {"cluster.etcd", "",
      "etcd endpoint host:port of the cluster (\"\": this daemon is alone); "
      "the daemon registers there and keeps the view of the others",
-     kvd_config_parse_string, SRV_OFF(cluster_etcd), 0, 0, NULL},
+     kvd_config_parse_list, SRV_OFF(cluster_etcd), 0, 0, NULL},
     {"cluster.name", "default",
      "the cluster's name: its nodes are /kvdepot/<name>/nodes/<node_id>",
      kvd_config_parse_string, SRV_OFF(cluster_name), 0, 0, NULL},

@@ -162,7 +162,10 @@ KVD_API void kvd_log_vwrite(kvd_log_level_t level, const char *file, int line,
  *      upper-cased with '.' and '-' turned into '_'
  *      ("store.arena_size" -> KVDEPOT_STORE_ARENA_SIZE);
  *   3. the YAML file loaded with kvd_config_load_file() (nested mappings are
- *      joined with '.': `store: {arena_size: 8g}` -> "store.arena_size");
+ *      joined with '.': `store: {arena_size: 8g}` -> "store.arena_size";
+ *      a field parsed by kvd_config_parse_pairs takes a mapping of scalars
+ *      and one parsed by kvd_config_parse_list a sequence of scalars, any
+ *      other field a scalar, each error naming the key and line);
  *   4. the field's default.
  * An environment variable set to the empty string counts as unset.
  * Sizes accept the suffixes k, m, g, t (powers of 1024, optionally followed
@@ -220,6 +223,18 @@ KVD_API kvd_status_t kvd_config_parse_string(const kvd_config_field_t *field,
 KVD_API kvd_status_t kvd_config_parse_enum(const kvd_config_field_t *field,
                                            const char *text, void *dst,
                                            char *err, size_t err_len);
+/* (char[KVD_CONFIG_STRING_MAX]) a list: "a,b,c" from the text, or from a
+ * YAML sequence [a, b, c] in a file; stored canonical (items trimmed, no
+ * empty item; "" is the empty list) */
+KVD_API kvd_status_t kvd_config_parse_list(const kvd_config_field_t *field,
+                                           const char *text, void *dst,
+                                           char *err, size_t err_len);
+/* (char[KVD_CONFIG_STRING_MAX]) a map: "k=v,k2=v2" from the text (each
+ * item split at its last '='), or from a YAML mapping {k: v, k2: v2} in a
+ * file; stored canonical (keys and values trimmed and non-empty) */
+KVD_API kvd_status_t kvd_config_parse_pairs(const kvd_config_field_t *field,
+                                            const char *text, void *dst,
+                                            char *err, size_t err_len);
 
 #define KVD_CONFIG_STRING_MAX 256
 
@@ -235,8 +250,10 @@ KVD_API kvd_status_t kvd_config_create(kvd_config_t **config_out);
 KVD_API void kvd_config_destroy(kvd_config_t *config);
 
 /*
- * Loads a YAML file into `config` (scalars only, nested mappings joined
- * with '.'; sequences are rejected). Keys loaded earlier are replaced.
+ * Loads a YAML file into `config` (nested mappings joined with '.';
+ * sequences of scalars and mappings of scalars are kept for the fields
+ * that take lists and pairs: kvd_config_apply refuses them for any other
+ * field). Keys loaded earlier are replaced.
  * Errors: KVD_ERR_NOT_FOUND (no such file), KVD_ERR_IO, KVD_ERR_INVALID (not
  * a mapping of scalars; the line number is written to `err`, and logged
  * only when `err` is NULL or `err_len` 0).

@@ -26,6 +26,8 @@ typedef struct fuzz_settings {
     uint64_t timeout_ms;
     char name[KVD_CONFIG_STRING_MAX];
     int mode;
+    char pairs[KVD_CONFIG_STRING_MAX];
+    char list[KVD_CONFIG_STRING_MAX];
 } fuzz_settings_t;
 
 static const char *const modes[] = {"fast", "safe", NULL};
@@ -43,6 +45,10 @@ static const kvd_config_field_t fields[] = {
      offsetof(fuzz_settings_t, name), 0, 0, NULL},
     {"fz.mode", "safe", "mode", kvd_config_parse_enum,
      offsetof(fuzz_settings_t, mode), 0, 0, modes},
+    {"fz.pairs", "", "pairs", kvd_config_parse_pairs,
+     offsetof(fuzz_settings_t, pairs), 0, 0, NULL},
+    {"fz.list", "", "list", kvd_config_parse_list,
+     offsetof(fuzz_settings_t, list), 0, 0, NULL},
 };
 #define NUM_FIELDS (sizeof(fields) / sizeof(fields[0]))
 

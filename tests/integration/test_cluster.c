@@ -85,8 +85,12 @@ static int setup(void **state)
     snprintf(c->etcd.endpoint, sizeof c->etcd.endpoint, "127.0.0.1:%d",
              c->etcd.client_port);
     etcd_start(&c->etcd);
-    char etcd[96];
+    /* Node C is given a dead endpoint first: it joins through the
+     * second (docs/cluster.md, several endpoints). */
+    char etcd[96], etcd_c[128];
     snprintf(etcd, sizeof etcd, "cluster.etcd=%s", c->etcd.endpoint);
+    snprintf(etcd_c, sizeof etcd_c, "cluster.etcd=127.0.0.1:%d,%s", free_port(),
+             c->etcd.endpoint);
     static const char *const ids[NODES] = {
         "server.node_id=node-a", "server.node_id=node-b",
         "server.node_id=node-c", "server.node_id=node-d"};
@@ -99,9 +103,9 @@ static int setup(void **state)
         const char *fp = d        ? "cluster.push=EIO"
                          : i == 1 ? "cluster.offer=EIO@1"
                                   : NULL;
-        c->pid[i] = spawn(&c->dir[i], fp, ids[i], etcd, "cluster.name=t",
-                          "cluster.lease_ttl=2s", "cluster.replicas=2",
-                          "cluster.timeout=1500ms",
+        c->pid[i] = spawn(&c->dir[i], fp, ids[i], i == 2 ? etcd_c : etcd,
+                          "cluster.name=t", "cluster.lease_ttl=2s",
+                          "cluster.replicas=2", "cluster.timeout=1500ms",
                           "server.metrics_address=127.0.0.1:0",
                           d ? disk : "store.disk_path=", "store.disk_size=32m",
                           "store.disk_write=through",

@@ -367,6 +367,59 @@ static int member_child(const char *port, const char *id)
     }
 }
 
+/* Several endpoints: a call that cannot reach the first goes on to the
+ * next at once, whichever place the live one has; watches follow. */
+static void test_several_endpoints(void **state)
+{
+    etcd_proc_t *p = *state;
+    kvd_etcd_t *e = NULL;
+    assert_int_equal(kvd_etcd_open(p->endpoint, TIMEOUT_MS, &e), KVD_OK);
+    etcd_wait_ready(e);
+    kvd_etcd_close(e);
+
+    char list[160];
+    int dead = free_port();
+    for (int order = 0; order < 2; order++) {
+        if (order == 0) {
+            snprintf(list, sizeof list, "127.0.0.1:%d,%s", dead, p->endpoint);
+        } else {
+            snprintf(list, sizeof list, "%s,127.0.0.1:%d", p->endpoint, dead);
+        }
+        assert_int_equal(kvd_etcd_open(list, TIMEOUT_MS, &e), KVD_OK);
+        int64_t lease = 0, ttl = 0;
+        assert_int_equal(kvd_etcd_lease_grant(e, 30, &lease, &ttl), KVD_OK);
+        assert_int_equal(kvd_etcd_put(e, "/kvdepot/multi/k", "v", 1, lease),
+                         KVD_OK);
+        seen_t got = {0};
+        int64_t rev = 0;
+        assert_int_equal(
+            kvd_etcd_get_prefix(e, "/kvdepot/multi/", collect, &got, &rev),
+            KVD_OK);
+        assert_int_equal(got.n, 1);
+        assert_string_equal(got.values[0], "v");
+        kvd_etcd_watch_t *w = NULL;
+        assert_int_equal(kvd_etcd_watch_open(e, "/kvdepot/multi/", rev + 1, &w),
+                         KVD_OK);
+        kvd_etcd_watch_close(w);
+        assert_int_equal(kvd_etcd_lease_revoke(e, lease), KVD_OK);
+        kvd_etcd_close(e);
+    }
+    /* Every endpoint dead: unreachable, after trying each. */
+    snprintf(list, sizeof list, "127.0.0.1:%d,127.0.0.1:%d", dead, free_port());
+    assert_int_equal(kvd_etcd_open(list, TIMEOUT_MS, &e), KVD_OK);
+    int64_t lease = 0, ttl = 0;
+    assert_int_equal(kvd_etcd_lease_grant(e, 30, &lease, &ttl),
+                     KVD_ERR_UNREACHABLE);
+    kvd_etcd_close(e);
+    /* An empty endpoint, or more than the client takes. */
+    assert_int_equal(kvd_etcd_open("a:1,,b:2", TIMEOUT_MS, &e),
+                     KVD_ERR_INVALID);
+    assert_int_equal(kvd_etcd_open("a:1,", TIMEOUT_MS, &e), KVD_ERR_INVALID);
+    assert_int_equal(
+        kvd_etcd_open("a:1,b:1,c:1,d:1,e:1,f:1,g:1,h:1,i:1", TIMEOUT_MS, &e),
+        KVD_ERR_INVALID);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--member") == 0) {
@@ -383,6 +436,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_dead_and_restarted_etcd, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_membership, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_several_endpoints, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

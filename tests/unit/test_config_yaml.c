@@ -2,7 +2,7 @@
  * Configuration from YAML (common/config_int.h): block and flow mappings,
  * dotted keys and quoting joined into the same flat names, later loads
  * replacing earlier keys and a failed load changing nothing, empty
- * documents, every refused construct with its line number (sequences,
+ * documents, every refused construct with its line number (nested lists,
  * anchors, aliases, tags, duplicate keys, bad bytes), the nesting and
  * key-length bounds, the error logged, and files, whose names appear in
  * load and apply errors.
@@ -49,14 +49,14 @@ static void test_yaml_nesting(void **state)
     kvd_config_t *config = config_new();
     sample_t s;
     char err[256] = "";
-    /* Sequences are refused even under other components' keys. */
+    /* A list of lists is refused even under other components' keys. */
     char e2[256] = "";
-    const char *with_seq = "other:\n  thing: [1]\n";
+    const char *with_seq = "other:\n  thing: [[1]]\n";
     assert_int_equal(kvd_config_load_yaml(config, with_seq, strlen(with_seq),
                                           e2, sizeof(e2)),
                      KVD_ERR_INVALID);
-    assert_string_equal(
-        e2, "<yaml>:2: sequences are not supported (key 'other.thing')");
+    assert_string_equal(e2, "<yaml>:2: a list of 'other.thing' holds a list "
+                            "(lists hold scalars only)");
     kvd_config_destroy(config);
 
     /* Block nesting, dotted keys, flow mappings and quoting all join to the
@@ -83,7 +83,7 @@ static void test_yaml_nesting(void **state)
     assert_true(s.arena_bytes == 16ull << 20);
 
     /* A failed load changes nothing. */
-    const char *bad = "tst: {timeout: 9s}\nx: [1]\n";
+    const char *bad = "tst: {timeout: 9s}\nx: [[1]]\n";
     assert_int_equal(
         kvd_config_load_yaml(config, bad, strlen(bad), err, sizeof(err)),
         KVD_ERR_INVALID);
@@ -119,9 +119,9 @@ static void test_yaml_empty(void **state)
 static void test_yaml_errors(void **state)
 {
     (void)state;
-    load_bad("tst:\n  count: [1, 2]\n", 20, 2,
-             "sequences are not supported (key 'tst.count')");
-    load_bad("- a\n- b\n", 8, 1, "sequences are not supported");
+    load_bad("tst:\n  count: [1, [2]]\n", 22, 2,
+             "a list of 'tst.count' holds a list");
+    load_bad("- a\n- b\n", 8, 1, "the top level must be a mapping");
     load_bad("a: 1\nb: &anchor 2\n", 18, 2, "anchors are not supported");
     load_bad("a: &m {x: 1}\n", 13, 1, "anchors are not supported");
     load_bad("a: 1\nb: *x\n", 11, 2, "aliases are not supported ('*x')");
@@ -135,7 +135,7 @@ static void test_yaml_errors(void **state)
     load_bad("a: b: c\n", 8, 1, "mapping values are not allowed");
     load_bad("a: 1\n---\nb: 2\n", 14, 2, "more than one YAML document");
     load_bad("? {a: 1}\n: 2\n", 13, 1, "mapping keys must be scalars");
-    load_bad("? [a]\n: 2\n", 10, 1, "sequences are not supported");
+    load_bad("? [a]\n: 2\n", 10, 1, "mapping keys must be scalars");
     load_bad("\"\": 1\n", 6, 1, "empty key");
     load_bad("a: \"x\\0y\"\n", 10, 1, "NUL byte in a value");
     load_bad("\"k\\0\": 1\n", 9, 1, "NUL byte in a key");
@@ -192,12 +192,12 @@ static void test_yaml_error_is_logged(void **state)
     kvd_log_level_t old = kvd_log_get_level();
     kvd_log_set_level(KVD_LOG_LEVEL_ERROR);
     kvd_config_t *config = config_new();
-    const char *yaml = "a: 1\nb:\n  - x\n";
+    const char *yaml = "a: 1\nb:\n  - [x]\n";
     assert_int_equal(kvd_config_load_yaml(config, yaml, strlen(yaml), NULL, 0),
                      KVD_ERR_INVALID);
     assert_int_equal(num_logs, 1);
-    assert_string_equal(last_log, "config <yaml>:3: sequences are not "
-                                  "supported (key 'b')");
+    assert_string_equal(last_log, "config <yaml>:3: a list of 'b' holds a "
+                                  "list (lists hold scalars only)");
     kvd_config_destroy(config);
     kvd_log_set_level(old);
     kvd_log_set_sink(NULL, NULL);
