@@ -15,6 +15,7 @@
 #include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
+#include <openssl/crypto.h>
 
 #include "cluster/etcd_int.h"
 #include "common/log_int.h"
@@ -30,6 +31,7 @@ struct kvd_etcd {
     size_t cur;       /* under mu: the endpoint `ch` goes to */
     size_t n_eps;
     int timeout_ms;
+    char *tls_ca, *tls_cert, *tls_key; /* PEM copies; NULL: plaintext */
     char endpoint[256]; /* as given: every endpoint, for the logs */
     char eps[KVD_ETCD_ENDPOINTS_MAX][256];
 };
@@ -87,7 +89,20 @@ static ProtobufCMessage *etcd_unpack(const ProtobufCMessageDescriptor *desc,
     return m;
 }
 
-static grpc_channel *etcd_channel(const char *endpoint)
+/* TLS credentials when a CA is set (server authentication, and this
+ * client's certificate when one is set too), else plaintext. */
+static grpc_channel_credentials *etcd_credentials(const kvd_etcd_t *e)
+{
+    if (e->tls_ca == NULL) {
+        return grpc_insecure_credentials_create();
+    }
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = e->tls_key,
+                                       .cert_chain = e->tls_cert};
+    return grpc_ssl_credentials_create(
+        e->tls_ca, e->tls_cert != NULL ? &pair : NULL, NULL, NULL);
+}
+
+static grpc_channel *etcd_channel(const kvd_etcd_t *e, const char *endpoint)
 {
     grpc_arg args[3] = {
         {.type = GRPC_ARG_INTEGER,
@@ -101,7 +116,10 @@ static grpc_channel *etcd_channel(const char *endpoint)
          .value.integer = 100},
     };
     grpc_channel_args cargs = {.num_args = 3, .args = args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    grpc_channel_credentials *creds = etcd_credentials(e);
+    if (creds == NULL) {
+        return NULL;
+    }
     grpc_channel *ch = grpc_channel_create(endpoint, creds, &cargs);
     grpc_channel_credentials_release(creds);
     return ch;
@@ -117,7 +135,7 @@ static grpc_channel *etcd_channel_get(kvd_etcd_t *e)
 {
     pthread_mutex_lock(&e->mu);
     if (e->reset) {
-        grpc_channel *fresh = etcd_channel(e->eps[e->cur]);
+        grpc_channel *fresh = etcd_channel(e, e->eps[e->cur]);
         if (fresh != NULL) {
             grpc_channel_destroy(e->ch);
             e->ch = fresh;
@@ -143,6 +161,48 @@ static void etcd_channel_failed(kvd_etcd_t *e, grpc_channel *ch, kvd_status_t s)
         }
         pthread_mutex_unlock(&e->mu);
     }
+}
+
+/* Whether a failed call's details tell of a TLS handshake that failed
+ * (gRPC reports it as UNAVAILABLE, like a refused connection). */
+static bool etcd_tls_failed(grpc_slice details)
+{
+    static const char *const marks[] = {"handshake", "SSL", "certificate",
+                                        "Handshake", "ssl", "Certificate"};
+    char text[512];
+    size_t n = GRPC_SLICE_LENGTH(details);
+    n = n < sizeof text - 1 ? n : sizeof text - 1;
+    memcpy(text, GRPC_SLICE_START_PTR(details), n);
+    text[n] = '\0';
+    for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
+        if (strstr(text, marks[i]) != NULL) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A call that failed: KVD_ERR_AUTH, with a warning saying why, when TLS
+ * is on and the handshake failed (a wrong CA or client certificate, a
+ * certificate not for this host, a plaintext etcd); `s` otherwise. */
+static kvd_status_t etcd_failure(const kvd_etcd_t *e, const char *path,
+                                 kvd_status_t s, grpc_slice details)
+{
+    if (s == KVD_ERR_UNREACHABLE && e->tls_ca != NULL &&
+        etcd_tls_failed(details)) {
+        KVD_LOG_RATELIMITED(
+            KVD_LOG_LEVEL_WARN, 10000,
+            "etcd %s: TLS handshake failed (check cluster.etcd_tls_ca, "
+            "cluster.etcd_tls_cert, cluster.etcd_tls_key and that etcd "
+            "serves TLS): %.*s",
+            e->endpoint, (int)GRPC_SLICE_LENGTH(details),
+            (const char *)GRPC_SLICE_START_PTR(details));
+        return KVD_ERR_AUTH;
+    }
+    KVD_LOG_DEBUG("etcd %s%s: %s (%.*s)", e->endpoint, path, kvd_status_str(s),
+                  (int)GRPC_SLICE_LENGTH(details),
+                  (const char *)GRPC_SLICE_START_PTR(details));
+    return s;
 }
 
 /* One request, one reply, within the timeout. */
@@ -194,9 +254,7 @@ static kvd_status_t etcd_call_once(kvd_etcd_t *e, const char *path,
             *rsp_out = etcd_unpack(rsp_desc, recv);
             s = *rsp_out != NULL ? KVD_OK : KVD_ERR_PROTO;
         } else {
-            KVD_LOG_DEBUG("etcd %s%s: %s (%.*s)", e->endpoint, path,
-                          kvd_status_str(s), (int)GRPC_SLICE_LENGTH(details),
-                          (const char *)GRPC_SLICE_START_PTR(details));
+            s = etcd_failure(e, path, s, details);
         }
     }
     if (recv != NULL) {
@@ -250,8 +308,41 @@ static bool etcd_endpoints(kvd_etcd_t *e, const char *list)
     }
 }
 
-kvd_status_t kvd_etcd_open(const char *endpoint, int timeout_ms,
-                           kvd_etcd_t **out)
+static void etcd_free(kvd_etcd_t *e)
+{
+    free(e->tls_ca);
+    free(e->tls_cert);
+    if (e->tls_key != NULL) {
+        OPENSSL_cleanse(e->tls_key, strlen(e->tls_key));
+        free(e->tls_key);
+    }
+    free(e);
+}
+
+/* Copies the TLS PEMs into `e`; KVD_ERR_INVALID when they do not go
+ * together (a certificate without its key, either without a CA). */
+static kvd_status_t etcd_tls_copy(kvd_etcd_t *e, const kvd_etcd_tls_t *tls)
+{
+    if (tls == NULL || tls->ca_pem == NULL) {
+        return tls != NULL && (tls->cert_pem != NULL || tls->key_pem != NULL)
+                   ? KVD_ERR_INVALID
+                   : KVD_OK;
+    }
+    if ((tls->cert_pem == NULL) != (tls->key_pem == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    e->tls_ca = strdup(tls->ca_pem);
+    e->tls_cert = tls->cert_pem != NULL ? strdup(tls->cert_pem) : NULL;
+    e->tls_key = tls->key_pem != NULL ? strdup(tls->key_pem) : NULL;
+    if (e->tls_ca == NULL || (tls->cert_pem != NULL && e->tls_cert == NULL) ||
+        (tls->key_pem != NULL && e->tls_key == NULL)) {
+        return KVD_ERR_NOMEM;
+    }
+    return KVD_OK;
+}
+
+kvd_status_t kvd_etcd_open_tls(const char *endpoint, const kvd_etcd_tls_t *tls,
+                               int timeout_ms, kvd_etcd_t **out)
 {
     if (endpoint == NULL || out == NULL || timeout_ms <= 0 ||
         strlen(endpoint) == 0 || strlen(endpoint) >= 256) {
@@ -265,18 +356,29 @@ kvd_status_t kvd_etcd_open(const char *endpoint, int timeout_ms,
         free(e);
         return KVD_ERR_INVALID;
     }
+    kvd_status_t s = etcd_tls_copy(e, tls);
+    if (s != KVD_OK) {
+        etcd_free(e);
+        return s;
+    }
     snprintf(e->endpoint, sizeof e->endpoint, "%s", endpoint);
     e->timeout_ms = timeout_ms;
     grpc_init();
-    e->ch = etcd_channel(e->eps[0]);
+    e->ch = etcd_channel(e, e->eps[0]);
     if (e->ch == NULL) {
         grpc_shutdown();
-        free(e);
+        etcd_free(e);
         return KVD_ERR_NOMEM;
     }
     pthread_mutex_init(&e->mu, NULL);
     *out = e;
     return KVD_OK;
+}
+
+kvd_status_t kvd_etcd_open(const char *endpoint, int timeout_ms,
+                           kvd_etcd_t **out)
+{
+    return kvd_etcd_open_tls(endpoint, NULL, timeout_ms, out);
 }
 
 void kvd_etcd_close(kvd_etcd_t *e)
@@ -287,7 +389,7 @@ void kvd_etcd_close(kvd_etcd_t *e)
     grpc_channel_destroy(e->ch);
     pthread_mutex_destroy(&e->mu);
     grpc_shutdown();
-    free(e);
+    etcd_free(e);
 }
 
 kvd_status_t kvd_etcd_lease_grant(kvd_etcd_t *e, int64_t ttl_s, int64_t *id_out,

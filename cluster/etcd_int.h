@@ -51,6 +51,25 @@ typedef struct kvd_etcd_watch kvd_etcd_watch_t;
  * an empty endpoint or too many. */
 kvd_status_t kvd_etcd_open(const char *endpoint, int timeout_ms,
                            kvd_etcd_t **out);
+
+/* TLS to etcd: PEM texts (not file names), copied by kvd_etcd_open_tls.
+ * ca_pem alone: the client checks etcd's certificate against this CA (and
+ * its subjectAltName against the endpoint's host); with cert_pem and
+ * key_pem it also presents that certificate (etcd's --client-cert-auth). */
+typedef struct kvd_etcd_tls {
+    const char *ca_pem;   /* NULL: plaintext (the others must be NULL) */
+    const char *cert_pem; /* NULL: no client certificate */
+    const char *key_pem;  /* with cert_pem */
+} kvd_etcd_tls_t;
+
+/* kvd_etcd_open over TLS when `tls` is not NULL and names a CA. A TLS
+ * handshake that fails (etcd's certificate not signed by the CA, or not
+ * for the endpoint's host; etcd refusing this client's certificate; a
+ * plaintext etcd) fails each call with KVD_ERR_AUTH, and the reason is
+ * logged as a warning. KVD_ERR_INVALID also: a certificate without its
+ * key or the reverse, either without a CA. */
+kvd_status_t kvd_etcd_open_tls(const char *endpoint, const kvd_etcd_tls_t *tls,
+                               int timeout_ms, kvd_etcd_t **out);
 void kvd_etcd_close(kvd_etcd_t *etcd);
 
 /* A lease of `ttl_s` seconds; its id (never 0) and the TTL etcd granted. */

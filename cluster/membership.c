@@ -378,7 +378,13 @@ kvd_status_t kvd_membership_start(const kvd_membership_config_t *cfg,
         s = KVD_ERR_RANGE;
     }
     if (s == KVD_OK) {
-        s = kvd_etcd_open(cfg->etcd_endpoint, cfg->timeout_ms, &m->etcd);
+        kvd_etcd_tls_t tls = {.ca_pem = cfg->etcd_tls_ca,
+                              .cert_pem = cfg->etcd_tls_cert,
+                              .key_pem = cfg->etcd_tls_key};
+        s = kvd_etcd_open_tls(cfg->etcd_endpoint, &tls, cfg->timeout_ms,
+                              &m->etcd);
+        /* The client keeps copies; the caller's texts may go. */
+        m->cfg.etcd_tls_ca = m->cfg.etcd_tls_cert = m->cfg.etcd_tls_key = NULL;
     }
     if (s != KVD_OK) {
         free(m->value);

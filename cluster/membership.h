@@ -45,10 +45,13 @@ typedef struct kvd_member {
 
 typedef struct kvd_membership_config {
     const char *etcd_endpoint; /* "host:port" */
-    const char *cluster;       /* [a-zA-Z0-9._-]+ */
-    const kvd_member_t *self;  /* copied; node_id required */
-    int lease_ttl_s;           /* >= 1 */
-    int timeout_ms;            /* every etcd call's deadline */
+    const char *etcd_tls_ca;   /* PEM texts (kvd_etcd_tls_t); NULL: plain */
+    const char *etcd_tls_cert;
+    const char *etcd_tls_key;
+    const char *cluster;      /* [a-zA-Z0-9._-]+ */
+    const kvd_member_t *self; /* copied; node_id required */
+    int lease_ttl_s;          /* >= 1 */
+    int timeout_ms;           /* every etcd call's deadline */
 } kvd_membership_config_t;
 
 typedef struct kvd_membership_stats {

@@ -218,6 +218,9 @@ kvd_status_t kvd_remote_start(const kvd_remote_config_t *cfg,
     cfg->self->ucx_address_len = alen;
     kvd_membership_config_t mc = {
         .etcd_endpoint = cfg->etcd_endpoint,
+        .etcd_tls_ca = cfg->etcd_tls_ca,
+        .etcd_tls_cert = cfg->etcd_tls_cert,
+        .etcd_tls_key = cfg->etcd_tls_key,
         .cluster = cfg->cluster,
         .self = cfg->self,
         .lease_ttl_s = cfg->lease_ttl_s,

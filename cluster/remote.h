@@ -46,6 +46,9 @@ typedef struct kvd_remote kvd_remote_t;
 typedef struct kvd_remote_config {
     kvd_store_t *store;
     const char *etcd_endpoint; /* host:port */
+    const char *etcd_tls_ca;   /* PEM texts, membership.h; NULL: plain */
+    const char *etcd_tls_cert;
+    const char *etcd_tls_key;
     const char *cluster;
     kvd_member_t *self; /* node id, gRPC address, capacity, version; the
                            UCX address is filled in here */

@@ -50,6 +50,10 @@ static void server_free(kvd_server_t *srv)
     kvd_store_close(srv->store);
     for (int i = 0; i < 3; i++) {
         free(srv->tls_pem[i]);
+        if (srv->etcd_pem[i] != NULL) {
+            OPENSSL_cleanse(srv->etcd_pem[i], strlen(srv->etcd_pem[i]));
+        }
+        free(srv->etcd_pem[i]);
     }
     free(srv->sessions);
     pthread_mutex_destroy(&srv->sess_mu);
@@ -100,6 +104,9 @@ static kvd_status_t server_join_cluster(kvd_server_t *srv, char *err,
     kvd_remote_config_t rc = {
         .store = srv->store,
         .etcd_endpoint = srv->cfg.cluster_etcd,
+        .etcd_tls_ca = srv->etcd_pem[0],
+        .etcd_tls_cert = srv->etcd_pem[1],
+        .etcd_tls_key = srv->etcd_pem[2],
         .cluster = srv->cfg.cluster_name,
         .self = self,
         .lease_ttl_s = (int)((srv->cfg.cluster_lease_ttl_ms + 999) / 1000),
@@ -399,6 +406,9 @@ kvd_status_t kvd_server_open(const kvd_config_t *config,
     s = srv_store_settings(config, err, err_len);
     if (s == KVD_OK) {
         s = srv_tls_read(&srv->cfg, srv->tls_pem, err, err_len);
+    }
+    if (s == KVD_OK) {
+        s = srv_etcd_tls_read(&srv->cfg, srv->etcd_pem, err, err_len);
     }
     if (s == KVD_OK) {
         /* Before the store: a bad address or path fails the start at

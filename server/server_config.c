@@ -103,6 +103,16 @@ static const kvd_config_field_t server_fields[] = {
      "etcd endpoint host:port of the cluster (\"\": this daemon is alone); "
      "the daemon registers there and keeps the view of the others",
      kvd_config_parse_list, SRV_OFF(cluster_etcd), 0, 0, NULL},
+    {"cluster.etcd_tls_ca", "",
+     "PEM CA certificate etcd's server certificate must be signed by: the "
+     "daemon speaks TLS to etcd (\"\": plaintext)",
+     kvd_config_parse_string, SRV_OFF(cluster_etcd_tls_ca), 0, 0, NULL},
+    {"cluster.etcd_tls_cert", "",
+     "PEM client certificate presented to etcd (its --client-cert-auth; "
+     "with cluster.etcd_tls_key and cluster.etcd_tls_ca; \"\": none)",
+     kvd_config_parse_string, SRV_OFF(cluster_etcd_tls_cert), 0, 0, NULL},
+    {"cluster.etcd_tls_key", "", "PEM private key of cluster.etcd_tls_cert",
+     kvd_config_parse_string, SRV_OFF(cluster_etcd_tls_key), 0, 0, NULL},
     {"cluster.name", "default",
      "the cluster's name: its nodes are /kvdepot/<name>/nodes/<node_id>",
      kvd_config_parse_string, SRV_OFF(cluster_name), 0, 0, NULL},
@@ -385,6 +395,42 @@ kvd_status_t srv_tls_read(const kvd_server_settings_t *cfg, char *pem[3],
     return KVD_OK;
 }
 
+kvd_status_t srv_etcd_tls_read(const kvd_server_settings_t *cfg, char *pem[3],
+                               char *err, size_t err_len)
+{
+    const char *keys[3] = {"cluster.etcd_tls_ca", "cluster.etcd_tls_cert",
+                           "cluster.etcd_tls_key"};
+    const char *paths[3] = {cfg->cluster_etcd_tls_ca,
+                            cfg->cluster_etcd_tls_cert,
+                            cfg->cluster_etcd_tls_key};
+    for (int i = 0; i < 3; i++) {
+        pem[i] = NULL;
+    }
+    bool ca = paths[0][0] != '\0', cert = paths[1][0] != '\0',
+         key = paths[2][0] != '\0';
+    if ((ca || cert || key) && cfg->cluster_etcd[0] == '\0') {
+        kvd_config_err(err, err_len,
+                       "cluster.etcd_tls_* are set but cluster.etcd is not");
+        return KVD_ERR_INVALID;
+    }
+    if (cert != key || (cert && !ca)) {
+        kvd_config_err(err, err_len,
+                       "cluster.etcd_tls_cert and cluster.etcd_tls_key go "
+                       "together, and need cluster.etcd_tls_ca");
+        return KVD_ERR_INVALID;
+    }
+    for (int i = 0; i < 3; i++) {
+        kvd_status_t s =
+            paths[i][0] != '\0'
+                ? server_read_pem(keys[i], paths[i], &pem[i], err, err_len)
+                : KVD_OK;
+        if (s != KVD_OK) {
+            return s;
+        }
+    }
+    return KVD_OK;
+}
+
 /* The winning value of one store.* setting (kvd_store_visit_config). */
 typedef struct server_store_value {
     const char *key;
@@ -553,8 +599,14 @@ static void server_check_resolved(const kvd_config_t *config,
                                   server_check_t *c, char *msg, size_t msg_len)
 {
     char *pem[3] = {NULL, NULL, NULL};
+    char *etcd_pem[3] = {NULL, NULL, NULL};
     msg[0] = '\0';
     kvd_status_t s = srv_tls_read(cfg, pem, msg, msg_len);
+    if (s != KVD_OK) {
+        server_check_fail(c, s, msg);
+    }
+    msg[0] = '\0';
+    s = srv_etcd_tls_read(cfg, etcd_pem, msg, msg_len);
     if (s != KVD_OK) {
         server_check_fail(c, s, msg);
     }
@@ -572,7 +624,11 @@ static void server_check_resolved(const kvd_config_t *config,
         if (pem[i] != NULL) {
             OPENSSL_cleanse(pem[i], strlen(pem[i]));
         }
+        if (etcd_pem[i] != NULL) {
+            OPENSSL_cleanse(etcd_pem[i], strlen(etcd_pem[i]));
+        }
         free(pem[i]);
+        free(etcd_pem[i]);
     }
 }
 

@@ -43,6 +43,9 @@ typedef struct kvd_server_settings {
     char tenant_arenas[KVD_CONFIG_STRING_MAX];
     char tenant_arena_size[KVD_CONFIG_STRING_MAX];
     char cluster_etcd[KVD_CONFIG_STRING_MAX];
+    char cluster_etcd_tls_ca[KVD_CONFIG_STRING_MAX];
+    char cluster_etcd_tls_cert[KVD_CONFIG_STRING_MAX];
+    char cluster_etcd_tls_key[KVD_CONFIG_STRING_MAX];
     char cluster_name[KVD_CONFIG_STRING_MAX];
     char cluster_advertise[KVD_CONFIG_STRING_MAX];
     uint64_t cluster_lease_ttl_ms;

@@ -104,7 +104,8 @@ typedef struct srv_handoff_conn {
 
 struct kvd_server {
     kvd_server_settings_t cfg;
-    char *tls_pem[3]; /* cert, key, client CA texts; NULL without TLS */
+    char *tls_pem[3];  /* cert, key, client CA texts; NULL without TLS */
+    char *etcd_pem[3]; /* etcd's CA, client cert, key; NULL: not set */
     srv_tenancy_t *tenancy;
     kvd_rpc_credential_t rpc_tokens[SRV_TENANTS_MAX];
     kvd_rpc_credential_t rpc_cns[SRV_TENANTS_MAX];
@@ -166,6 +167,13 @@ kvd_status_t srv_store_settings(const kvd_config_t *config, char *err,
  * read). */
 kvd_status_t srv_tls_read(const kvd_server_settings_t *cfg, char *pem[3],
                           char *err, size_t err_len);
+
+/* Reads the PEM files of TLS to etcd (cluster.etcd_tls_ca, _cert, _key)
+ * into `pem` in that order (malloc'd, NULL when unset; on error the caller
+ * frees what was read). KVD_ERR_INVALID: a certificate without its key or
+ * the reverse, either without a CA, any of them without cluster.etcd. */
+kvd_status_t srv_etcd_tls_read(const kvd_server_settings_t *cfg, char *pem[3],
+                               char *err, size_t err_len);
 
 /* The listeners' settings as kvd_rpc_server_start and kvd_metrics_start
  * take them (a listener, authenticated TCP, addresses that parse), checked

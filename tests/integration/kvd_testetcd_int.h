@@ -29,6 +29,11 @@ typedef struct etcd_proc {
     pid_t pid;
     int client_port, peer_port;
     char endpoint[64];
+    /* TLS on the client URL: a directory holding server.pem, server.key
+     * and ca.pem ("": plaintext); client_auth adds --client-cert-auth
+     * (clients must present a certificate signed by ca.pem). */
+    char tls_dir[200];
+    bool client_auth;
 } etcd_proc_t;
 
 static inline double now_s(void)
@@ -57,7 +62,23 @@ static inline void etcd_start(etcd_proc_t *p)
 {
     const char *bin = getenv("KVDEPOT_ETCD");
     char client[64], peer[64], cluster[96], data[256], log[256];
-    snprintf(client, sizeof client, "http://127.0.0.1:%d", p->client_port);
+    bool tls = p->tls_dir[0] != '\0';
+    char cert[256], key[256], ca[256];
+    snprintf(client, sizeof client, "%s://127.0.0.1:%d", tls ? "https" : "http",
+             p->client_port);
+    snprintf(cert, sizeof cert, "%s/server.pem", p->tls_dir);
+    snprintf(key, sizeof key, "%s/server.key", p->tls_dir);
+    snprintf(ca, sizeof ca, "%s/ca.pem", p->tls_dir);
+    const char *tls_args[7] = {NULL};
+    if (tls) {
+        tls_args[0] = "--cert-file";
+        tls_args[1] = cert;
+        tls_args[2] = "--key-file";
+        tls_args[3] = key;
+        tls_args[4] = p->client_auth ? "--trusted-ca-file" : NULL;
+        tls_args[5] = ca;
+        tls_args[6] = "--client-cert-auth";
+    }
     snprintf(peer, sizeof peer, "http://127.0.0.1:%d", p->peer_port);
     snprintf(cluster, sizeof cluster, "t=%s", peer);
     snprintf(data, sizeof data, "%s/etcd", p->dir.path);
@@ -75,7 +96,8 @@ static inline void etcd_start(etcd_proc_t *p)
               "--listen-client-urls", client, "--advertise-client-urls", client,
               "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
               "--initial-cluster", cluster, "--log-level", "warn", "--logger",
-              "zap", (char *)NULL);
+              "zap", tls_args[0], tls_args[1], tls_args[2], tls_args[3],
+              tls_args[4], tls_args[5], tls_args[6], (char *)NULL);
         _exit(127);
     }
 }

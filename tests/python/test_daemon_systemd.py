@@ -212,6 +212,41 @@ def test_check_config_binds_nothing_and_reports_each_error(tmp_path):
     assert p.returncode == 1 and "server.tls_cert" in p.stderr, p.stderr
 
 
+def test_check_config_reads_etcd_tls_files(tmp_path):
+    # TLS to etcd: each PEM file must be readable and PEM; the certificate
+    # and key go together and need the CA; all need cluster.etcd. Nothing
+    # connects to etcd.
+    etcd = ["--set", "cluster.etcd=127.0.0.1:1"]
+    pem = tmp_path / "ca.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\nAAAA\n"
+                   "-----END CERTIFICATE-----\n")
+    plain = tmp_path / "plain.txt"
+    plain.write_text("not a certificate\n")
+    p = run(small_daemon_args(tmp_path) + etcd +
+            ["--set", f"cluster.etcd_tls_ca={pem}", "--check-config"])
+    assert p.returncode == 0, p.stderr
+    cases = [
+        (["--set", "cluster.etcd_tls_ca=/nonexistent/ca.pem"],
+         "cluster.etcd_tls_ca /nonexistent/ca.pem"),
+        (["--set", f"cluster.etcd_tls_ca={plain}"], "not PEM"),
+        (["--set", f"cluster.etcd_tls_ca={pem}",
+          "--set", f"cluster.etcd_tls_cert={pem}"], "go together"),
+        (["--set", f"cluster.etcd_tls_cert={pem}",
+          "--set", f"cluster.etcd_tls_key={pem}"], "need cluster.etcd_tls_ca"),
+        (["--set", f"cluster.etcd_tls_ca={pem}",
+          "--set", f"cluster.etcd_tls_cert={pem}",
+          "--set", "cluster.etcd_tls_key=/nonexistent/k.pem"],
+         "cluster.etcd_tls_key /nonexistent/k.pem"),
+    ]
+    for args, want in cases:
+        p = run(small_daemon_args(tmp_path) + etcd + args + ["--check-config"])
+        assert p.returncode == 1 and want in p.stderr, (args, p.stderr)
+        assert len(p.stderr.splitlines()) == 1, p.stderr
+    p = run(small_daemon_args(tmp_path) +
+            ["--set", f"cluster.etcd_tls_ca={pem}", "--check-config"])
+    assert p.returncode == 1 and "cluster.etcd is not" in p.stderr, p.stderr
+
+
 def test_bad_metrics_address_refused_alike(tmp_path):
     """What the start refuses --print-config and --check-config refuse,
     with the same single message."""
