@@ -6,6 +6,8 @@
 #                        then the address+undefined and thread sanitizer suites
 #   make build           configure and build the default (dev) tree
 #   make test-vllm       vLLM's real scheduler drives the connector (PyPI vLLM)
+#   make test-trtllm     the TensorRT-LLM connector tests with PyPI tensorrt-llm
+#                        (needs pypi.nvidia.com; not make test)
 #   make test-hf         kvdepot.hf on tiny transformers models (PyPI torch and
 #                        transformers in build/hf-venv; .ci/run runs it)
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
@@ -35,7 +37,7 @@ FUZZ_SECONDS ?= 60
 CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-hf demo bench bench-peers soak \
+.PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo bench bench-peers soak \
         fuzz fuzz-all fmt \
         format-check check-sizes lint install clean
 
@@ -80,6 +82,18 @@ test-vllm: build
 	    KVDEPOTD=$(CURDIR)/build/dev/server/kvdepotd \
 	    build/vllm-venv-$$v/bin/python -m pytest -q -p no:cacheprovider tests/engines/vllm; \
 	done
+
+# The TensorRT-LLM connector's tests with TensorRT-LLM's own base classes
+# and MPI helpers imported (PyPI tensorrt-llm, whose wheel comes from
+# pypi.nvidia.com; not part of `make test`, which runs the same tests on
+# the stand-ins of tests/python/trtllm_standin.py). docs/trtllm.md.
+TRTLLM_VERSION ?= 1.2.1
+test-trtllm: build
+	@scripts/install-engines.sh --trtllm $(TRTLLM_VERSION) build/trtllm-venv-$(TRTLLM_VERSION)
+	@PYTHONPATH=$(CURDIR)/python KVDEPOT_LIB=$(CURDIR)/build/dev/libkvdepot.so \
+	    KVDEPOTD=$(CURDIR)/build/dev/server/kvdepotd KVDEPOT_NEED_TRTLLM=1 \
+	    build/trtllm-venv-$(TRTLLM_VERSION)/bin/python -m pytest -q -p no:cacheprovider \
+	    tests/python/test_trtllm_connector.py tests/python/test_trtllm_tp.py
 
 # kvdepot.hf on tiny random-initialised transformers models (PyPI torch and
 # transformers in a venv under build/; .ci/run runs it after make test).

@@ -9,6 +9,8 @@
 #        scripts/install-engines.sh [VENV]   (vLLM $VLLM_VERSION, default
 #            build/engines-venv)
 #        scripts/install-engines.sh --hf [VENV]   (default build/hf-venv)
+#        scripts/install-engines.sh --trtllm VERSION [VENV]
+#            (default build/trtllm-venv-VERSION; `make test-trtllm`)
 # The venv sees Debian's site-packages too, so /usr/lib/python3 stays the
 # base, and the pinned versions below are installed into it. --hf makes
 # the transformers venv of `make test-hf` instead: torch and transformers
@@ -18,6 +20,28 @@ set -euo pipefail
 VLLM_VERSION=0.33.0   # the newest release kvdepot.vllm is tested with (docs/vllm.md)
 TORCH_VERSION=2.11.0  # kvdepot.hf's pins (docs/hf.md)
 TRANSFORMERS_VERSION=5.17.0
+
+if [[ "${1:-}" == "--trtllm" ]]; then
+    # PyPI's tensorrt-llm is a wheel-stub sdist: installing it downloads the
+    # real wheel from pypi.nvidia.com. Where that index cannot be reached
+    # the install fails; say so plainly (docs/trtllm.md).
+    TRTLLM_VERSION=${2:?--trtllm needs a version}
+    venv=${3:-build/trtllm-venv-$TRTLLM_VERSION}
+    if [[ ! -x "$venv/bin/python" ]]; then
+        /usr/bin/python3 -m venv --system-site-packages "$venv"
+        "$venv/bin/pip" install -q --upgrade pip
+    fi
+    have=$("$venv/bin/python" -c 'import tensorrt_llm; print(tensorrt_llm.__version__)' 2>/dev/null || true)
+    if [[ "$have" != "$TRTLLM_VERSION" ]]; then
+        echo "install-engines: installing tensorrt-llm==$TRTLLM_VERSION into $venv (from pypi.nvidia.com through PyPI's wheel-stub)"
+        if ! "$venv/bin/pip" install -q "tensorrt-llm==$TRTLLM_VERSION" pytest pyyaml; then
+            echo "install-engines: tensorrt-llm==$TRTLLM_VERSION could not be installed: PyPI holds only a wheel-stub that fetches the wheel from pypi.nvidia.com (reachable? curl -sI https://pypi.nvidia.com/)" >&2
+            exit 1
+        fi
+    fi
+    "$venv/bin/python" -c 'import tensorrt_llm; print("install-engines: tensorrt_llm", tensorrt_llm.__version__)'
+    exit 0
+fi
 
 if [[ "${1:-}" == "--hf" ]]; then
     venv=${2:-build/hf-venv}

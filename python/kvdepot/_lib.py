@@ -486,15 +486,18 @@ class Leader:
 
     def __init__(self, store, block_size, ns, num_workers=1, layerwise=True,
                  lookup_timeout_ms=0, no_retry=False, seed=b"kvdepot",
-                 node_id="", shard_ns=()):
+                 node_id="", shard_ns=(), async_host_loads=False):
         """`shard_ns`: the namespaces of the block's other shards (the
         tensor-parallel ranks other than rank 0, whose namespace is `ns`):
-        a block counts as stored only when every one holds it."""
+        a block counts as stored only when every one holds it.
+        `async_host_loads`: loads from the host arena are asynchronous too
+        (the engine holds the request until every worker reported them)."""
         L = lib()
         shards = _namespaces(shard_ns)
         cfg = LeaderConfig(block_size=block_size, ns=ns,
                            num_workers=num_workers, layerwise=layerwise,
                            no_retry=no_retry, node_id=node_id.encode(),
+                           async_host_loads=async_host_loads,
                            lookup_timeout_ms=lookup_timeout_ms,
                            shard_ns=shards, num_shard_ns=len(shard_ns or ()))
         _check("block hash seed", L.kvd_block_hash_seed(seed,

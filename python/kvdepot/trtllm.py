@@ -5,23 +5,41 @@
       connector_scheduler_class: KvdepotScheduler
       connector_worker_class: KvdepotWorker
 
-TensorRT-LLM's connector config has no free-form options, so the settings
-come from the environment: KVDEPOT_CONFIG holds a JSON object (or the path
-of a JSON file) with the keys of docs/vllm.md's table plus the model's
-shape when llm_args.model is not a directory with a Hugging Face
-config.json: num_layers, num_kv_heads, head_dim, dtype ("float16" or
-"bfloat16"). The block size is llm_args.kv_cache_config.tokens_per_block
-(32 when unset).
+Written against TensorRT-LLM's classic connector API
+(tensorrt_llm/_torch/pyexecutor/kv_cache_connector.py, the 1.1 and 1.2
+releases); docs/trtllm.md says what was run against TensorRT-LLM's own code.
 
-Differences from vLLM that shape this module: request ids are ints; there
-is no "retry later" (the leader runs with no_retry, so a block another
-request is loading is simply not promised); update_state_after_alloc does
-not say how many tokens the engine took (the matched count is remembered);
-request_finished returns a bool; the layer hooks get a layer index and a
-stream; the KV cache is one block-major pool [blocks, layers, kv,
-tokens_per_block * heads * head_dim]; and there is no worker-to-leader
-channel besides finished ids, so in this single-process (embedded store)
-mode the worker hands its reports to the scheduler in the process.
+TensorRT-LLM's KvCacheConnectorConfig is a strict model (module and class
+names only), so kvdepot's settings come from KVDEPOT_CONFIG: a JSON object,
+or the path of a JSON or YAML file, with the keys of docs/vllm.md's table
+plus the model's shape when llm_args.model is not a directory with a Hugging
+Face config.json: num_layers, num_kv_heads (all of the model's), head_dim,
+dtype. The block size is llm_args.kv_cache_config.tokens_per_block (32 when
+unset), the KV dtype kv_cache_config.dtype ("fp8": float8_e4m3fn, moved as
+bytes).
+
+How TensorRT-LLM's API shapes this module:
+- Request ids are ints; there is no "retry later" (the leader runs with
+  no_retry); update_state_after_alloc does not say how many tokens the
+  engine took (the matched count is remembered); request_finished answers a
+  bool; the layer hooks get a layer index and a stream.
+- The KV pool is one block-major tensor [blocks, layers, kv, block bytes]
+  whose rows are [head][token][dim] (KVBlockArray::getKVLocalIdx).
+- There is no channel for a failed load (vLLM's invalid_block_ids). Every
+  load is therefore asynchronous: TensorRT-LLM holds the request until all
+  ranks report its blocks in place, and runs nothing on them before. A block
+  that could not be loaded is known to every rank by then (the ranks'
+  reports are gathered over TensorRT-LLM's MPI session in get_finished); the
+  leader names the request in the plan of the step that would first compute
+  it, and every rank raises KvdepotLoadError before layer 0, so the step ends
+  with that error (TensorRT-LLM's _forward_step answers its requests with
+  it) and nothing is computed on stale blocks. The failed objects are gone
+  from the store, so the request sent again recomputes them.
+- Tensor parallelism: the leader runs on rank 0, a worker on every rank;
+  each rank stores its shard of the heads under its own namespace, and a
+  block matches only when every rank's shard is stored (all or nothing).
+  Several ranks share no embedded store: store_mode "auto" starts (or joins)
+  the engine's own kvdepotd, as with vLLM.
 """
 
 import json
@@ -29,16 +47,17 @@ import logging
 import os
 from pathlib import Path
 
-from kvdepot import _lib, config
-from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _KVD_DTYPES,
-                             _store_acquire, _store_release, _stream_of,
-                             _worker_device)
+from kvdepot import _lib, _spawn, config
+from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _FP8_DTYPES, _KVD_DTYPES,
+                             _dtype_name, _store_acquire, _store_release,
+                             _stream_of, _worker_device)
 
 log = logging.getLogger("kvdepot.trtllm")
 
 try:
     from tensorrt_llm._torch.pyexecutor.kv_cache_connector import (
         KvCacheConnectorScheduler, KvCacheConnectorWorker)
+    from tensorrt_llm._utils import mpi_allgather, mpi_rank
     HAVE_TRTLLM = True
 except ImportError:
     HAVE_TRTLLM = False
@@ -65,56 +84,187 @@ except ImportError:
         def register_forward_pass_callable(self):
             return None
 
+    def mpi_rank():
+        return 0
+
+    def mpi_allgather(obj):
+        return [obj]
+
 
 SHAPE_KEYS = ("num_layers", "num_kv_heads", "head_dim", "dtype")
+# TensorRT-LLM's kv_cache_config.dtype -> the KV cache's dtype.
+_KV_CACHE_DTYPES = {"fp8": "float8_e4m3fn"}
+# KVCacheManager's BAD_PAGE_INDEX: no page at this position (sliding window).
+_BAD_PAGE = -1
 
-# Reports a worker made, for the scheduler of the same process and store.
-_reports = {}
+
+class KvdepotLoadError(RuntimeError):
+    """Blocks promised to a request could not be loaded: the step that
+    would compute on them stops before its first layer."""
 
 
 class KvdepotTrtMetadata:
-    """One iteration's plan (packed StepPlan), broadcast to the ranks."""
+    """One iteration's plan (packed StepPlan), broadcast to the ranks, with
+    the requests whose blocks the engine kept for saves (`kept`) and those
+    whose promised blocks failed to load (`failed`: id -> reason)."""
 
-    def __init__(self, plan=b""):
+    def __init__(self, plan=b"", kept=(), failed=None):
         self.plan = bytes(plan)
+        self.kept = sorted(kept)
+        self.failed = dict(failed or {})
 
 
-def _settings(llm_args):
+# What rank 0's worker gathered from every rank, for the scheduler of the
+# same process (the leader runs on rank 0 only): engine key -> [reports,
+# failed loads].
+_inbox = {}
+
+
+def _rank():
+    """This process's rank in TensorRT-LLM's MPI session."""
+    return mpi_rank()
+
+
+def _allgather(obj):
+    """obj from every rank, in rank order (TensorRT-LLM's mpi_allgather; a
+    collective: every rank calls it at the same point)."""
+    return mpi_allgather(obj)
+
+
+def _read_settings():
     raw = os.environ.get("KVDEPOT_CONFIG", "").strip()
-    extra = {}
     if raw.startswith("{"):
-        extra = json.loads(raw)
-    elif raw:
-        extra = json.loads(Path(raw).read_text())
-    shape = {k: extra.pop(k) for k in SHAPE_KEYS if k in extra}
-    model = Path(str(getattr(llm_args, "model", "")))
-    hf = model / "config.json"
-    if hf.is_file():
-        c = json.loads(hf.read_text())
-        heads = c.get("num_attention_heads")
-        shape.setdefault("num_layers", c.get("num_hidden_layers"))
-        shape.setdefault("num_kv_heads", c.get("num_key_value_heads", heads))
-        shape.setdefault("head_dim", c.get("head_dim") or
-                         (c["hidden_size"] // heads if heads else None))
-        shape.setdefault("dtype", c.get("torch_dtype", "float16"))
-    missing = [k for k in SHAPE_KEYS if not shape.get(k)]
-    if missing:
-        raise ValueError(f"kvdepot: the model's {missing} are unknown: put "
-                         "them in KVDEPOT_CONFIG or point llm_args.model at a "
-                         "directory with config.json")
-    if shape["dtype"] not in _DTYPES:
-        raise ValueError(f"kvdepot: dtype {shape['dtype']!r} not supported")
+        return json.loads(raw)
+    if not raw:
+        return {}
+    path = Path(raw)
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml  # TensorRT-LLM depends on PyYAML
+        out = yaml.safe_load(text) or {}
+    else:
+        out = json.loads(text)
+    if not isinstance(out, dict):
+        raise ValueError(f"kvdepot: {raw}: a mapping of settings, not "
+                         f"{type(out).__name__}")
+    return out
+
+
+def _parallel(llm_args):
+    """(tp, pp): refuses what TensorRT-LLM's connector does not run."""
+    pc = getattr(llm_args, "parallel_config", None)
+
+    def size(name, alt):
+        v = getattr(llm_args, name, None)
+        if v is None and pc is not None:
+            v = getattr(pc, alt, None)
+        return int(v or 1)
+
+    tp = size("tensor_parallel_size", "tp_size")
+    pp = size("pipeline_parallel_size", "pp_size")
+    cp = size("context_parallel_size", "cp_size")
+    if pp > 1:
+        raise ValueError("kvdepot: pipeline parallelism: TensorRT-LLM's KV "
+                         "cache connector does not support it")
+    if cp > 1:
+        raise ValueError("kvdepot: context parallelism splits a request's "
+                         "tokens over ranks; not supported")
+    if getattr(llm_args, "enable_attention_dp", False):
+        raise ValueError("kvdepot: attention data parallelism "
+                         "(enable_attention_dp) is not supported")
+    return tp, pp
+
+
+def _kv_dtype(llm_args, model_dtype):
     kvc = getattr(llm_args, "kv_cache_config", None)
-    block = getattr(kvc, "tokens_per_block", None) or \
-        getattr(llm_args, "tokens_per_block", None) or 32
-    s = config.parse(extra)
-    model_id = s.model_id or str(getattr(llm_args, "model", "trtllm"))
-    ck, cv = (_lib.codec_id(c) for c in s.codecs)
-    ns = _lib.namespace(model_id, _DTYPES[shape["dtype"]], ck, cv,
-                        shape["num_layers"], shape["num_kv_heads"],
-                        shape["head_dim"], block, tq_seed=_lib.TQ_SEED,
-                        revision=getattr(llm_args, "revision", None))
-    return s, shape, block, (ck, cv), ns
+    want = str(getattr(kvc, "dtype", None) or "auto")
+    if want == "auto":
+        return model_dtype
+    if want in _KV_CACHE_DTYPES:
+        return _KV_CACHE_DTYPES[want]
+    if want in _DTYPES:
+        return want
+    raise ValueError(f"kvdepot: KV cache dtype {want!r} not supported "
+                     f"(auto, fp8, {', '.join(_DTYPES)})")
+
+
+class _Model:
+    """What the settings and llm_args say about the model and the rank."""
+
+    def __init__(self, llm_args, rank):
+        extra = _read_settings()
+        shape = {k: extra.pop(k) for k in SHAPE_KEYS if k in extra}
+        self.mla = bool(extra.pop("mla", False))
+        model = Path(str(getattr(llm_args, "model", "")))
+        hf = model / "config.json"
+        if hf.is_file():
+            c = json.loads(hf.read_text())
+            heads = c.get("num_attention_heads")
+            if c.get("kv_lora_rank"):  # MLA: one latent per token
+                self.mla = True
+                shape.setdefault("num_kv_heads", 1)
+                shape.setdefault("head_dim", c["kv_lora_rank"] +
+                                 c.get("qk_rope_head_dim", 0))
+            shape.setdefault("num_layers", c.get("num_hidden_layers"))
+            shape.setdefault("num_kv_heads",
+                             c.get("num_key_value_heads", heads))
+            shape.setdefault("head_dim", c.get("head_dim") or
+                             (c["hidden_size"] // heads if heads else None))
+            shape.setdefault("dtype", c.get("torch_dtype", "float16"))
+        missing = [k for k in SHAPE_KEYS if not shape.get(k)]
+        if missing:
+            raise ValueError(f"kvdepot: the model's {missing} are unknown: "
+                             "put them in KVDEPOT_CONFIG or point "
+                             "llm_args.model at a directory with config.json")
+        if shape["dtype"] not in _DTYPES:
+            raise ValueError(f"kvdepot: dtype {shape['dtype']!r} not "
+                             "supported")
+        self.settings = config.parse(extra)
+        self.tp, _ = _parallel(llm_args)
+        self.rank = rank
+        self.tp_rank = rank % self.tp
+        self.dtype = _kv_dtype(llm_args, shape["dtype"])
+        ck, cv = (_lib.codec_id(c) for c in self.settings.codecs)
+        if self.dtype in _FP8_DTYPES and self.settings.codecs != ("raw",
+                                                                  "raw"):
+            raise ValueError(f"kvdepot: an {self.dtype} KV cache is moved "
+                             "as bytes: codecs must be raw")
+        self.codecs = (ck, cv)
+        total = int(shape["num_kv_heads"])
+        # TensorRT-LLM splits the KV heads over the ranks (each rank holds
+        # one when there are fewer heads than ranks); MLA latents are whole
+        # on every rank.
+        self.num_kv_heads = 1 if self.mla else max(1, total // self.tp)
+        self.num_layers = int(shape["num_layers"])
+        self.head_dim = int(shape["head_dim"])
+        kvc = getattr(llm_args, "kv_cache_config", None)
+        self.block_size = getattr(kvc, "tokens_per_block", None) or \
+            getattr(llm_args, "tokens_per_block", None) or 32
+        self.model_id = self.settings.model_id or \
+            str(getattr(llm_args, "model", "trtllm"))
+        self.revision = getattr(llm_args, "revision", None)
+        self.ns_all = [self._ns(r) for r in range(self.tp)]
+        self.ns = self.ns_all[self.tp_rank]
+        self.store_mode = config.engine_store_mode(self.settings, self.tp)
+
+    def _ns(self, tp_rank):
+        ck, cv = self.codecs
+        return _lib.namespace(self.model_id, _DTYPES[self.dtype], ck, cv,
+                              self.num_layers, self.num_kv_heads,
+                              self.head_dim, self.block_size,
+                              tp_size=self.tp, tp_rank=tp_rank,
+                              kv_combined=self.mla, tq_seed=_lib.TQ_SEED,
+                              revision=self.revision)
+
+    def open_store(self):
+        """(store key, store, daemon handle or None)."""
+        if self.store_mode == "spawn":
+            key = _spawn.engine_key("", self.settings)
+            handle, (skey, store) = _spawn.attach(self.settings, key,
+                                                  _store_acquire)
+            return skey, store, handle
+        skey, store = _store_acquire(config.store_settings(self.settings))
+        return skey, store, None
 
 
 def _tokens(request):
@@ -122,111 +272,194 @@ def _tokens(request):
     return list(get(0)) if callable(get) else list(request.tokens)
 
 
+def _blocks(ids):
+    return [_lib.NO_BLOCK if int(b) == _BAD_PAGE else int(b)
+            for b in ids or ()]
+
+
+def _mm_inputs(request):
+    """(identifier, offset, length) of the request's multimodal items, as
+    vLLM's connector gives them (None when the request has none)."""
+    hashes = getattr(request, "multimodal_hashes", None)
+    pos = getattr(request, "multimodal_positions", None)
+    lens = getattr(request, "multimodal_lengths", None)
+    if not hashes:
+        return ()
+    if pos is None or lens is None or len(pos) != len(hashes) or \
+            len(lens) != len(hashes):
+        raise ValueError("multimodal inputs without positions and lengths")
+    items = []
+    for h, o, n in zip(hashes, pos, lens):
+        ident = h if isinstance(h, str) else \
+            "".join(f"{int(x) & 0xffffffff:08x}" for x in h)
+        items.append((ident, int(o), int(n)))
+    return sorted(items, key=lambda t: t[1])
+
+
 class KvdepotScheduler(KvCacheConnectorScheduler):
     """The leader (rank 0)."""
 
     def __init__(self, llm_args):
         super().__init__(llm_args)
-        self.settings, self.shape, self.block_size, _, ns = \
-            _settings(llm_args)
-        self._store_key, store = _store_acquire(
-            config.store_settings(self.settings))
-        self.leader = _lib.Leader(store, self.block_size, ns,
-                                  layerwise=self.settings.layerwise,
-                                  lookup_timeout_ms=self.settings
-                                  .lookup_timeout_ms, no_retry=True)
+        m = _Model(llm_args, 0)
+        self.model, self.settings = m, m.settings
+        self.block_size = m.block_size
+        self._store_key, store, self.daemon = m.open_store()
+        self._inbox_key = self._store_key
+        self.leader = _lib.Leader(
+            store, m.block_size, m.ns, num_workers=m.tp,
+            shard_ns=m.ns_all[1:], layerwise=self.settings.layerwise,
+            lookup_timeout_ms=self.settings.lookup_timeout_ms, no_retry=True,
+            async_host_loads=True)
         self._matched = {}
+        self._kept = set()      # request_finished said True: for the plan
+        self._failed = {}       # request id -> why its load failed
+        log.info("kvdepot: TensorRT-LLM connector, %s store, TP %d",
+                 m.store_mode, m.tp)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         rid = str(request.request_id)
         try:
             r = self.leader.match(rid, _tokens(request), num_computed_tokens,
                                   cache_salt=getattr(request, "cache_salt",
-                                                     None))
-        except _lib.KvdepotError as e:
+                                                     None),
+                                  mm_inputs=_mm_inputs(request))
+        except (_lib.KvdepotError, ValueError) as e:
             log.warning("kvdepot: request %s: %s; computing it", rid, e)
             r = (0, False)
-        matched, is_async = r if r is not None else (0, False)
+        matched, _ = r if r is not None else (0, False)
         self._matched[rid] = matched
-        return matched, is_async and matched > 0
+        # Every load is asynchronous (the module's docstring says why).
+        return matched, matched > 0
 
     def update_state_after_alloc(self, request, block_ids):
         rid = str(request.request_id)
-        self.leader.update_state_after_alloc(rid, list(block_ids),
+        self.leader.update_state_after_alloc(rid, _blocks(block_ids),
                                              self._matched.pop(rid, 0))
 
-    def build_connector_meta(self, scheduler_output):
-        for report in _reports.pop(self._store_key, []):
+    def _take_inbox(self):
+        reports, failed = _inbox.pop(self._inbox_key, ([], []))
+        for report in reports:
             try:
                 self.leader.update_connector_output(report)
             except _lib.KvdepotError as e:
                 log.warning("kvdepot: worker report refused: %s", e)
+        for rid, block, status in failed:
+            self._failed.setdefault(
+                rid, f"block {block} could not be loaded ({status})")
         self.leader.take_failed_blocks()
         self.leader.take_finished_loads()
+
+    def build_connector_meta(self, scheduler_output):
+        self._take_inbox()
+        failed = {}
         for rd in scheduler_output.new_requests:
+            rid = str(rd.request_id)
+            if rid in self._failed:
+                failed[rid] = self._failed.pop(rid)
             self.leader.request_scheduled(
-                str(rd.request_id), [], [],
-                rd.computed_position + rd.num_scheduled_tokens)
+                rid, [], [], rd.computed_position + rd.num_scheduled_tokens)
         for rd in scheduler_output.cached_requests:
+            rid = str(rd.request_id)
+            if rid in self._failed:
+                failed[rid] = self._failed.pop(rid)
             self.leader.request_scheduled(
-                str(rd.request_id), list(rd.new_block_ids or []),
-                list(rd.new_tokens or []),
+                rid, _blocks(rd.new_block_ids), list(rd.new_tokens or []),
                 rd.computed_position + rd.num_scheduled_tokens)
-        return KvdepotTrtMetadata(self.leader.build_connector_meta())
+        kept, self._kept = self._kept, set()
+        return KvdepotTrtMetadata(self.leader.build_connector_meta(), kept,
+                                  failed)
 
     def request_finished(self, request, cache_block_ids):
-        return self.leader.request_finished(str(request.request_id))
+        rid = str(request.request_id)
+        self._matched.pop(rid, None)
+        self._failed.pop(rid, None)
+        keep = self.leader.request_finished(rid)
+        if keep:
+            self._kept.add(rid)
+        return keep
 
     def shutdown(self):
         if self.leader is not None:
             self.leader.close()
             self.leader = None
             _store_release(self._store_key)
+            _inbox.pop(self._inbox_key, None)
 
 
 class KvdepotWorker(KvCacheConnectorWorker):
-    """The copies, on every rank (one rank with the embedded store)."""
+    """The copies, on every rank."""
 
     def __init__(self, llm_args):
         super().__init__(llm_args)
-        self.settings, self.shape, self.block_size, self.codecs, self.ns = \
-            _settings(llm_args)
-        self._store_key, self.store = _store_acquire(
-            config.store_settings(self.settings))
+        m = _Model(llm_args, _rank())
+        self.model, self.settings = m, m.settings
+        self.shape = {"num_layers": m.num_layers,
+                      "num_kv_heads": m.num_kv_heads,
+                      "head_dim": m.head_dim, "dtype": m.dtype}
+        self.block_size, self.codecs, self.ns = m.block_size, m.codecs, m.ns
+        self.rank = m.rank
+        self._store_key, self.store, self.daemon = m.open_store()
         self.worker = None
         self._device = _DEVICE_HOST  # the pool's (register_kv_caches)
         self._loaded = set()  # asynchronous loads done, not yet reported
+        self._loading = set()  # passed as started loading, not reported
+        self._kept = set()    # kept for saves, by a plan bound here
+        self._finished = set()  # finished by the engine, not yet reported
+        self._failed = {}     # this step's requests whose loads failed
 
     def register_kv_caches(self, kv_cache_tensor):
-        """The block-major pool [blocks, layers, kv, block*heads*dim] (or
-        its 6-dimensional view [blocks, layers, kv, block, heads, dim])."""
+        """The block-major pool [blocks, layers, kv, heads*block*dim]
+        (TensorRT-LLM's get_unique_primary_pool), or its 6-dimensional view
+        [blocks, layers, kv, heads, block, dim]. kv is 2 (K and V), or 1 for
+        MLA's latents."""
         t = kv_cache_tensor
         device = _worker_device(t, "KV pool")
         e = t.element_size()
-        heads, dim = self.shape["num_kv_heads"], self.shape["head_dim"]
-        if t.dim() not in (4, 6) or t.shape[1] != self.shape["num_layers"]:
+        heads, dim, bs = (self.shape["num_kv_heads"], self.shape["head_dim"],
+                          self.block_size)
+        layers = self.shape["num_layers"]
+        planes = 1 if self.model.mla else 2
+        if t.dim() not in (4, 6) or t.shape[1] != layers or \
+                t.shape[2] != planes:
             raise ValueError(f"kvdepot: pool of shape {tuple(t.shape)}, want "
-                             f"[blocks, {self.shape['num_layers']}, kv, ...]")
-        if t.dim() == 4 and t.shape[3] != self.block_size * heads * dim:
-            raise ValueError(f"kvdepot: pool rows of {t.shape[3]} elements, "
-                             f"want {self.block_size}*{heads}*{dim}")
-        planes = t.shape[2]
-        fmt = _lib.ObjectFormat(dtype=_KVD_DTYPES[self.shape["dtype"]],
-                                num_layers=t.shape[1], num_planes=planes,
+                             f"[blocks, {layers}, {planes}, ...]")
+        want = self.shape["dtype"]
+        got = _dtype_name(t.dtype)
+        if got != want and not (want in _FP8_DTYPES and e == 1):
+            raise ValueError(f"kvdepot: pool of {got}, the model's KV cache "
+                             f"is {want}")
+        if t.dim() == 4:
+            if t.shape[3] != bs * heads * dim:
+                raise ValueError(f"kvdepot: pool rows of {t.shape[3]} "
+                                 f"elements, want {heads}*{bs}*{dim}")
+            # A row is [head][token][dim] (KVBlockArray::getKVLocalIdx).
+            if t.stride(3) != 1:
+                raise ValueError("kvdepot: pool rows must be contiguous")
+            token, head = dim * e, bs * dim * e
+        else:
+            if tuple(t.shape[3:]) != (heads, bs, dim) or t.stride(5) != 1:
+                raise ValueError(f"kvdepot: pool of shape {tuple(t.shape)}, "
+                                 f"want [..., {heads}, {bs}, {dim}] with "
+                                 "contiguous heads")
+            token, head = t.stride(4) * e, t.stride(3) * e
+        fmt = _lib.ObjectFormat(dtype=_KVD_DTYPES[want],
+                                num_layers=layers, num_planes=planes,
                                 num_heads=heads, head_dim=dim,
-                                block_size=self.block_size,
-                                tq_seed=_lib.TQ_SEED)
+                                block_size=bs, tq_seed=_lib.TQ_SEED)
         fmt.codec[0], fmt.codec[1] = self.codecs
         # Not layerwise_saves: the layer hooks do not run in a CUDA graph's
         # replay, so wait_for_save copies the layers they did not save.
-        self.worker = _lib.Worker(self.store, self.ns, fmt,
-                                  threads=self.settings.threads,
-                                  device=device)
+        # The leader names blocks in rank 0's namespace; each rank stores
+        # and loads its shard in its own.
+        self.worker = _lib.Worker(
+            self.store, self.ns, fmt, rank=self.rank,
+            threads=self.settings.threads, device=device,
+            plan_ns=self.model.ns_all[0] if self.model.tp > 1 else None)
         self._device = device
         layer = t.stride(1) * e
-        bases = [t.data_ptr() + i * layer for i in range(t.shape[1])]
-        # Inside a row: [token][head][dim], the per-layer Python view's order.
-        strides = (t.stride(2) * e, t.stride(0) * e, heads * dim * e, dim * e)
+        bases = [t.data_ptr() + i * layer for i in range(layers)]
+        strides = (t.stride(2) * e, t.stride(0) * e, token, head)
         self.worker.register_kv_caches(bases, t.shape[0], strides)
 
     def bind_connector_meta(self, metadata):
@@ -236,6 +469,8 @@ class KvdepotWorker(KvCacheConnectorWorker):
         # worker commits only at wait_for_save), never committed with the
         # layers the pass did not reach.
         self.worker.bind_metadata(metadata.plan)
+        self._kept.update(getattr(metadata, "kept", ()))
+        self._failed = dict(getattr(metadata, "failed", {}) or {})
 
     # TensorRT-LLM hands each call the torch.cuda.Stream the forward pass
     # runs on; the CUDA backend orders its copies on it (worker.h).
@@ -243,6 +478,14 @@ class KvdepotWorker(KvCacheConnectorWorker):
         self.worker.start_load_kv(_stream_of(self._device, stream))
 
     def wait_for_layer_load(self, layer_idx, stream):
+        if self._failed:
+            # Every rank raises here, before the first layer's work (and its
+            # collectives): the step ends with this error on all of them.
+            why = "; ".join(f"request {r}: {w}"
+                            for r, w in sorted(self._failed.items()))
+            raise KvdepotLoadError(f"kvdepot: KV promised to the step could "
+                                   f"not be loaded ({why}); sent again, the "
+                                   f"request computes it")
         self.worker.wait_for_layer_load(layer_idx,
                                         _stream_of(self._device, stream))
 
@@ -254,18 +497,35 @@ class KvdepotWorker(KvCacheConnectorWorker):
         self.worker.clear_metadata()
 
     def get_finished(self, finished_gen_req_ids, started_loading_req_ids):
-        _, loading, _, report = self.worker.get_finished(
-            [str(i) for i in finished_gen_req_ids])
-        if report:
-            _reports.setdefault(self._store_key, []).append(report)
+        """(saved, loaded) among the ids TensorRT-LLM passed, now or
+        before. Called by every rank at the same point of each iteration:
+        the ranks' reports and failed loads are gathered here for the
+        leader (rank 0)."""
+        finished = [str(i) for i in finished_gen_req_ids]
+        self._finished.update(finished)
+        _, loading, failed, report = self.worker.get_finished(finished)
+        gathered = _allgather((report, failed))
+        if self.rank == 0:
+            box = _inbox.setdefault(self._store_key, ([], []))
+            for r, f in gathered:
+                if r:
+                    box[0].append(r)
+                box[1].extend(f)
         self._loaded.update(rid for rid, is_async in loading if is_async)
-        # Saves end in wait_for_save: every request TensorRT-LLM holds for
-        # us is done.
-        sending = [int(i) for i in finished_gen_req_ids]
-        recving = [int(i) for i in started_loading_req_ids
-                   if str(i) in self._loaded]
-        self._loaded -= {str(i) for i in recving}
-        return sending, recving
+        # Saves end in wait_for_save: a request whose blocks TensorRT-LLM
+        # kept for us is saved once a plan naming it was bound here (its
+        # step's wait_for_save has run by now). TensorRT-LLM accepts only
+        # ids it passed in.
+        sending = self._kept & self._finished
+        self._kept -= sending
+        self._finished -= sending
+        # TensorRT-LLM passes a load's id once, when it starts.
+        self._loading.update(str(i) for i in started_loading_req_ids)
+        recving = self._loading & self._loaded
+        self._loading -= recving
+        self._loaded -= recving
+        return ([int(i) for i in sorted(sending)],
+                [int(i) for i in sorted(recving)])
 
     def kvdepot_stats(self):
         return self.worker.stats() if self.worker else {}
@@ -274,4 +534,6 @@ class KvdepotWorker(KvCacheConnectorWorker):
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+        if self.store is not None:
             _store_release(self._store_key)
+            self.store = None

@@ -163,8 +163,6 @@ def test_trtllm_context_generation_over_two_daemons(tmp_path, monkeypatch):
     import json
     import torch
     import test_trtllm_connector as tt
-    from types import SimpleNamespace as NS
-    from kvdepot import trtllm as kt
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
     os.environ.setdefault("UCX_TLS", "tcp")
     c = TwoNodes(tmp_path, "tr", ["c", "g"])
@@ -179,61 +177,44 @@ def test_trtllm_context_generation_over_two_daemons(tmp_path, monkeypatch):
         monkeypatch.setenv("KVDEPOT_CONFIG", json.dumps({
             "store_mode": "daemon", "node_id": f"node-{name}",
             "store_address": f"unix:{c.dirs[i]}/d.sock"}))
-        args = tt.llm_args(model)
-        s, w = kt.KvdepotScheduler(args), kt.KvdepotWorker(args)
-        w.register_kv_caches(pool)
-        return s, w
+        return tt.engine(tt.llm_args(model), pool)
 
-    idle = NS(new_requests=[], cached_requests=[])
     tokens = [(i * 7 + 3) % 32000 for i in range(tt.PROMPT)]
     full = 4 * tt.BS
     try:
         kv_c = tt.pool(fill=True)
-        s, w = engine(0, "c", kv_c)
+        s, w, m = engine(0, "c", kv_c)
         c_blocks = [5, 2, 9, 0, 11]
-        req = tt.LlmRequest(7, tokens)
-        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
-        s.update_state_after_alloc(req, c_blocks)
-        tt.iteration(s, w, NS(new_requests=[tt.rd(7, c_blocks, tokens, 0,
-                                                   tt.PROMPT)],
-                              cached_requests=[]))
+        assert tt.run_prefill(m, tt.LlmRequest(7, tokens), c_blocks,
+                              tokens) == (0, False)
         assert w.kvdepot_stats()["blocks_saved"] == 4
-        s.request_finished(req, c_blocks)
-        tt.iteration(s, w, idle, finished=[7])
-        s.shutdown()
-        w.shutdown()
+        tt.close(s, w)
 
         kv_g = tt.pool(fill=False)
-        s, w = engine(1, "g", kv_g)
+        s, w, m = engine(1, "g", kv_g)
         g_blocks = [15, 14, 13, 12, 1]
         deadline = time.monotonic() + 10
         for rid in range(100, 1000):  # the pushes run in the background
             req = tt.LlmRequest(rid, tokens)
-            n, is_async = s.get_num_new_matched_tokens(req, 0)
-            s.update_state_after_alloc(req, g_blocks)
+            n, is_async = m.get_num_new_matched_tokens(req, 0)
+            m.update_state_after_alloc(req, g_blocks)
             if n == full:
                 break
-            s.request_finished(req, g_blocks)
+            m.request_finished(req, g_blocks)
             assert time.monotonic() < deadline, "never matched on node G"
             time.sleep(0.05)
-        if is_async:
-            for _ in range(2000):
-                _, recving = tt.iteration(s, w, idle, loading=[rid])
-                if recving:
-                    break
-                time.sleep(0.001)
-            assert recving == [rid]
-        tt.iteration(s, w, NS(new_requests=[tt.rd(rid, g_blocks, tokens, full,
-                                                   tt.PROMPT - full)],
-                              cached_requests=[]))
+        assert is_async
+        tt.wait_loaded(m, rid)
+        assert m.step(tt.sched_out([tt.rd(rid, g_blocks, tokens, full,
+                                          tt.PROMPT - full)]),
+                      tt.LAYERS) is None
         for i in range(4):
             assert torch.equal(kv_c[c_blocks[i]], kv_g[g_blocks[i]])
         assert w.kvdepot_stats()["load_errors"] == 0
         # Through the cluster: pushed to G as their home, or pulled from C.
         assert metric(c.metrics[0], "kvdepot_cluster_pushes_total") + \
             metric(c.metrics[1], "kvdepot_cluster_remote_hits_total") >= 1
-        s.request_finished(req, g_blocks)
-        s.shutdown()
-        w.shutdown()
+        m.request_finished(req, g_blocks)
+        tt.close(s, w)
     finally:
         c.close()

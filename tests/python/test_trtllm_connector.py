@@ -1,7 +1,7 @@
 """kvdepot.trtllm driven in TensorRT-LLM's call order (its
-kv_cache_connector.py: KvCacheConnectorScheduler/Worker,
-KvCacheConnectorManager) with a real torch block-major pool [blocks,
-layers, 2, tokens*heads*dim] on the host backend.
+kv_cache_connector.py: KvCacheConnectorScheduler/Worker, and the stand-in
+of KvCacheConnectorManager in trtllm_standin.py) with a real torch
+block-major pool [blocks, layers, 2, heads*tokens*dim] on the host backend.
 
 A first leader/worker pair saves a context request's blocks; a new pair on
 the same store directory (an engine restart) matches the same prompt,
@@ -14,7 +14,6 @@ classic KvCacheConnectorScheduler / KvCacheConnectorWorker are checked.
 import inspect
 import json
 import os
-import pickle
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +24,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from conftest import require_lib  # noqa: E402
-from kvdepot import _lib, trtllm as kt  # noqa: E402
+from kvdepot import trtllm as kt  # noqa: E402
+from trtllm_standin import (LlmRequest, Manager, SoloComm, rd,  # noqa: E402
+                            sched_out)
 
 require_lib()
 
@@ -33,111 +34,170 @@ BS, LAYERS, HEADS, DIM, NB = 32, 4, 2, 64, 16
 PROMPT = 150  # 4 full blocks, the 5th holds the last token
 
 
-class LlmRequest:
-    def __init__(self, rid, tokens):
-        self.request_id = rid
-        self._tokens = list(tokens)
-
-    def get_tokens(self, beam):
-        return self._tokens
+def llm_args(model_dir, **kw):
+    kvc = NS(tokens_per_block=BS, dtype=kw.pop("kv_dtype", "auto"))
+    return NS(model=str(model_dir), kv_cache_config=kvc, **kw)
 
 
-def llm_args(model_dir):
-    return NS(model=str(model_dir), kv_cache_config=NS(tokens_per_block=BS))
+def write_model(d, heads=HEADS):
+    model = Path(d) / "model"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps({
+        "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+        "num_key_value_heads": heads, "hidden_size": 4 * DIM,
+        "torch_dtype": "float16"}))
+    return model
+
+
+def set_config(monkeypatch, d, **extra):
+    cfg = {"store_dir": str(Path(d) / "store"), "arena_size": "64m",
+           "disk_size": "64m", "disk_write": "through"}
+    cfg.update(extra)
+    monkeypatch.setenv("KVDEPOT_CONFIG", json.dumps(cfg))
 
 
 @pytest.fixture
 def env(monkeypatch):
     with tempfile.TemporaryDirectory() as d:
-        model = Path(d) / "model"
-        model.mkdir()
-        (model / "config.json").write_text(json.dumps({
-            "num_hidden_layers": LAYERS, "num_attention_heads": 4,
-            "num_key_value_heads": HEADS, "hidden_size": 4 * DIM,
-            "torch_dtype": "float16"}))
-        monkeypatch.setenv("KVDEPOT_CONFIG", json.dumps({
-            "store_dir": str(Path(d) / "store"), "arena_size": "64m",
-            "disk_size": "64m", "disk_write": "through"}))
+        model = write_model(d)
+        set_config(monkeypatch, d)
         yield llm_args(model)
 
 
-def pool(fill):
-    t = torch.empty((NB, LAYERS, 2, BS * HEADS * DIM), dtype=torch.float16)
+def pool(fill, heads=HEADS, dtype=torch.float16, seed=99):
+    t = torch.empty((NB, LAYERS, 2, BS * heads * DIM), dtype=dtype)
     if fill:
-        g = torch.Generator().manual_seed(99)
-        t.copy_(torch.randn(t.shape, generator=g).to(torch.float16))
+        g = torch.Generator().manual_seed(seed)
+        t.copy_(torch.randn(t.shape, generator=g).to(dtype))
     else:
-        t.fill_(-1.0)
+        t.view(torch.uint8).fill_(0xEE)
     return t
 
 
-def rd(rid, blocks, tokens, pos, n):
-    return NS(request_id=rid, new_block_ids=blocks, new_tokens=tokens,
-              computed_position=pos, num_scheduled_tokens=n)
+def engine(args, kv):
+    s, w = kt.KvdepotScheduler(args), kt.KvdepotWorker(args)
+    w.register_kv_caches(kv)
+    return s, w, Manager(w, s, SoloComm())
 
 
-def iteration(sched, worker, out, finished=(), loading=()):
-    """One executor iteration: plan, broadcast, forward with hooks."""
-    meta = pickle.loads(pickle.dumps(sched.build_connector_meta(out)))
-    worker.bind_connector_meta(meta)
-    worker.start_load_kv(None)
-    for layer in range(LAYERS):
-        worker.wait_for_layer_load(layer, None)
-        worker.save_kv_layer(layer, None)
-    worker.wait_for_save(None)
-    return worker.get_finished(list(finished), list(loading))
+def close(s, w):
+    s.shutdown()
+    w.shutdown()
+
+
+def run_prefill(m, req, blocks, tokens):
+    """A context request computed whole and saved; request_finished."""
+    n, is_async = m.get_num_new_matched_tokens(req, 0)
+    m.update_state_after_alloc(req, blocks)
+    assert m.step(sched_out([rd(req.request_id, blocks, tokens, n,
+                                len(tokens) - n)]), LAYERS) is None
+    m.request_finished(req, blocks)
+    m.step(sched_out(), LAYERS)
+    return n, is_async
+
+
+def wait_loaded(m, rid):
+    deadline = time.monotonic() + 20  # the load runs on other threads
+    while rid not in m.loaded:
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+        assert m.step(sched_out(), LAYERS) is None
 
 
 def test_save_restart_load(env):
     tokens = [(i * 13 + 5) % 32000 for i in range(PROMPT)]
     kv_a = pool(fill=True)
-    s, w = kt.KvdepotScheduler(env), kt.KvdepotWorker(env)
-    w.register_kv_caches(kv_a)
-    req = LlmRequest(7, tokens)
-    assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+    s, w, m = engine(env, kv_a)
     a_blocks = [5, 2, 9, 0, 11]
-    s.update_state_after_alloc(req, a_blocks)
-    out = NS(new_requests=[rd(7, a_blocks, tokens, 0, PROMPT)],
-             cached_requests=[])
-    iteration(s, w, out)
+    assert run_prefill(m, LlmRequest(7, tokens), a_blocks, tokens) == \
+        (0, False)
     assert w.kvdepot_stats()["blocks_saved"] == 4
-    delay = s.request_finished(req, a_blocks)
-    assert isinstance(delay, bool)
-    sending, _ = iteration(s, w, NS(new_requests=[], cached_requests=[]),
-                           finished=[7] if delay else [])
-    assert sending == ([7] if delay else [])
-    s.shutdown()
-    w.shutdown()
+    close(s, w)
 
     kv_b = pool(fill=False)
-    s, w = kt.KvdepotScheduler(env), kt.KvdepotWorker(env)
-    w.register_kv_caches(kv_b)
+    s, w, m = engine(env, kv_b)
     req = LlmRequest(8, tokens)
-    n, is_async = s.get_num_new_matched_tokens(req, 0)
-    assert (n, is_async) == (4 * BS, True)
+    # Every load is asynchronous: TensorRT-LLM holds the request meanwhile.
+    assert m.get_num_new_matched_tokens(req, 0) == (4 * BS, True)
     b_blocks = [15, 14, 13, 12, 1]
-    s.update_state_after_alloc(req, b_blocks)
-    recving = []
-    deadline = time.monotonic() + 20  # the load runs on other threads
-    while time.monotonic() < deadline:
-        time.sleep(0.001)
-        _, recving = iteration(s, w, NS(new_requests=[], cached_requests=[]),
-                               loading=[8])
-        if recving:
-            break
-    assert recving == [8]
+    m.update_state_after_alloc(req, b_blocks)
+    wait_loaded(m, 8)
     for i in range(4):
         assert torch.equal(kv_a[a_blocks[i]], kv_b[b_blocks[i]])
-    assert torch.all(kv_b[b_blocks[4]] == -1)
+    assert torch.all(kv_b[b_blocks[4]].view(torch.uint8) == 0xEE)
     # The tail runs, then a decode step.
-    iteration(s, w, NS(new_requests=[rd(8, b_blocks, tokens, 4 * BS,
-                                        PROMPT - 4 * BS)],
-                       cached_requests=[]))
-    iteration(s, w, NS(new_requests=[],
-                       cached_requests=[rd(8, [], [42], PROMPT, 1)]))
-    s.request_finished(req, b_blocks)
-    s.shutdown()
-    w.shutdown()
+    assert m.step(sched_out([rd(8, b_blocks, tokens, 4 * BS,
+                                PROMPT - 4 * BS)]), LAYERS) is None
+    assert m.step(sched_out(cached=[rd(8, [], [42], PROMPT, 1)]),
+                  LAYERS) is None
+    m.request_finished(req, b_blocks)
+    m.step(sched_out(), LAYERS)
+    close(s, w)
+
+
+def test_sending_is_what_request_finished_kept(env):
+    """get_finished names a request as saved only when request_finished
+    said True and TensorRT-LLM passed its id: an id it never passed would
+    be a KeyError in its manager (extract_by_id)."""
+    tokens = [(i * 3 + 1) % 32000 for i in range(PROMPT)]
+    s, w, m = engine(env, pool(fill=True))
+    req = LlmRequest(21, tokens)
+    m.get_num_new_matched_tokens(req, 0)
+    m.update_state_after_alloc(req, [1, 2, 3, 4, 5])
+    s.leader.request_finished = lambda rid: True  # saves still in flight
+    m.step(sched_out([rd(21, [1, 2, 3, 4, 5], tokens, 0, PROMPT)]), LAYERS)
+    assert m.request_finished(req, [1, 2, 3, 4, 5]) is True
+    other = LlmRequest(22, tokens[:40])
+    m.get_num_new_matched_tokens(other, 0)
+    m.update_state_after_alloc(other, [6, 7])
+    m.step(sched_out([rd(22, [6, 7], tokens[:40], 0, 40)]), LAYERS)
+    s.leader.request_finished = lambda rid: False
+    assert m.request_finished(other, [6, 7]) is False
+    for _ in range(3):
+        m.step(sched_out(), LAYERS)
+    assert m.saved == {21}
+    close(s, w)
+
+
+def test_corrupt_block_is_never_served(env):
+    """TensorRT-LLM has no channel for a failed load. The request is held
+    while its blocks load; a block that fails (here: its bytes on NVMe
+    corrupted, so the checksum fails) stops the step that would compute on
+    it before layer 0, with KvdepotLoadError, on every rank. The bad object
+    is gone: the request sent again is not promised it and computes it."""
+    tokens = [(i * 7 + 3) % 32000 for i in range(PROMPT)]
+    s, w, m = engine(env, pool(fill=True))
+    run_prefill(m, LlmRequest(1, tokens), [1, 2, 3, 4, 5], tokens)
+    close(s, w)
+    store = Path(json.loads(os.environ["KVDEPOT_CONFIG"])["store_dir"])
+    data = sorted(store.glob("kvd-data-*.dat"))
+    with open(data[0], "r+b") as f:
+        f.write(b"\x5a" * (1 << 16))
+
+    kv = pool(fill=False)
+    s, w, m = engine(env, kv)
+    req = LlmRequest(2, tokens)
+    n, is_async = m.get_num_new_matched_tokens(req, 0)
+    assert n == 4 * BS and is_async
+    blocks = [10, 11, 12, 13, 14]
+    m.update_state_after_alloc(req, blocks)
+    wait_loaded(m, 2)
+    assert w.kvdepot_stats()["load_errors"] >= 1
+    err = m.step(sched_out([rd(2, blocks, tokens, n, PROMPT - n)]), LAYERS)
+    assert isinstance(err, kt.KvdepotLoadError), err
+    assert "request 2" in str(err)
+    # The executor answered request 2 with the error and ended it.
+    m.request_finished(req, blocks)
+    m.step(sched_out(), LAYERS)
+    again = LlmRequest(3, tokens)
+    n2, _ = m.get_num_new_matched_tokens(again, 0)
+    assert n2 < n
+    m.update_state_after_alloc(again, [6, 7, 8, 9, 15])
+    if n2:
+        wait_loaded(m, 3)
+    assert m.step(sched_out([rd(3, [6, 7, 8, 9, 15], tokens, n2,
+                                PROMPT - n2)]), LAYERS) is None
+    close(s, w)
 
 
 def test_failed_forward_commits_nothing(env):
@@ -146,35 +206,132 @@ def test_failed_forward_commits_nothing(env):
     iteration binds its plan, which aborts it. Nothing of it is stored (a
     later prompt misses), and the next steps save as usual."""
     tokens = [(i * 7 + 1) % 32000 for i in range(PROMPT)]
-    kv = pool(fill=True)
-    s, w = kt.KvdepotScheduler(env), kt.KvdepotWorker(env)
-    w.register_kv_caches(kv)
+    s, w, m = engine(env, pool(fill=True))
     req = LlmRequest(3, tokens)
-    assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+    assert m.get_num_new_matched_tokens(req, 0) == (0, False)
     blocks = [1, 2, 3, 4, 5]
-    s.update_state_after_alloc(req, blocks)
-    out = NS(new_requests=[rd(3, blocks, tokens, 0, PROMPT)],
-             cached_requests=[])
-    meta = pickle.loads(pickle.dumps(s.build_connector_meta(out)))
-    w.bind_connector_meta(meta)
-    w.start_load_kv(None)
-    for layer in range(2):  # then the forward pass raised
-        w.wait_for_layer_load(layer, None)
-        w.save_kv_layer(layer, None)
-    w.get_finished([], [])
-    s.request_finished(req, blocks)  # _handle_errors ends the request
-    iteration(s, w, NS(new_requests=[], cached_requests=[]), finished=[3])
+    m.update_state_after_alloc(req, blocks)
+    err = m.step(sched_out([rd(3, blocks, tokens, 0, PROMPT)]), LAYERS,
+                 raise_in_forward=2)
+    assert err is not None
+    m.request_finished(req, blocks)  # _handle_errors ends the request
+    m.step(sched_out(), LAYERS)
     stats = w.kvdepot_stats()
     assert stats["blocks_saved"] == 0 and stats["saves_aborted"] == 4
     again = LlmRequest(4, tokens)
-    assert s.get_num_new_matched_tokens(again, 0) == (0, False)
-    s.update_state_after_alloc(again, [6, 7, 8, 9, 10])
-    iteration(s, w, NS(new_requests=[rd(4, [6, 7, 8, 9, 10], tokens, 0,
-                                        PROMPT)], cached_requests=[]))
+    assert m.get_num_new_matched_tokens(again, 0) == (0, False)
+    m.update_state_after_alloc(again, [6, 7, 8, 9, 10])
+    m.step(sched_out([rd(4, [6, 7, 8, 9, 10], tokens, 0, PROMPT)]), LAYERS)
     assert w.kvdepot_stats()["blocks_saved"] == 4
-    s.request_finished(again, [6, 7, 8, 9, 10])
-    s.shutdown()
-    w.shutdown()
+    close(s, w)
+
+
+def roundtrip(monkeypatch, d, kv_a, heads, **cfg):
+    """kv_a saved by one engine, loaded by a new one: the new pool."""
+    set_config(monkeypatch, d, **cfg)
+    args = llm_args(write_model(d, heads),
+                    kv_dtype="fp8" if kv_a.element_size() == 1 else "auto")
+    tokens = [(i * 11 + 2) % 32000 for i in range(PROMPT)]
+    s, w, m = engine(args, kv_a)
+    run_prefill(m, LlmRequest(1, tokens), [0, 1, 2, 3, 4], tokens)
+    close(s, w)
+    kv_b = torch.zeros_like(kv_a)
+    s, w, m = engine(args, kv_b)
+    req = LlmRequest(2, tokens)
+    assert m.get_num_new_matched_tokens(req, 0) == (4 * BS, True)
+    m.update_state_after_alloc(req, [0, 1, 2, 3, 4])
+    wait_loaded(m, 2)
+    close(s, w)
+    return kv_b
+
+
+def heads_view(t, heads):
+    return t.view(NB, LAYERS, 2, heads, BS, DIM)
+
+
+def test_pool_rows_are_head_major(monkeypatch):
+    """A row of TensorRT-LLM's pool is [head][token][dim]
+    (KVBlockArray::getKVLocalIdx). KIVI quantizes K per channel over a
+    group of tokens: read head-major, each head's groups hold that head
+    only, so with heads of very different magnitude every head loads back
+    exactly as it does when it is the only head."""
+    kv = pool(fill=True)
+    hv = heads_view(kv, HEADS)
+    hv[:, :, :, 1] *= 1000.0
+    with tempfile.TemporaryDirectory() as d:
+        both = heads_view(roundtrip(monkeypatch, d, kv, HEADS,
+                                    codec="kivi4"), HEADS)
+    assert not torch.equal(both[:4], hv[:4])  # lossy
+    for h in range(HEADS):
+        alone = torch.zeros((NB, LAYERS, 2, BS * DIM), dtype=torch.float16)
+        heads_view(alone, 1)[:, :, :, 0] = hv[:, :, :, h]
+        with tempfile.TemporaryDirectory() as d:
+            one = heads_view(roundtrip(monkeypatch, d, alone, 1,
+                                       codec="kivi4"), 1)
+        assert torch.equal(both[:4, :, :, h], one[:4, :, :, 0]), h
+
+
+def test_fp8_cache_moves_as_bytes(monkeypatch):
+    """kv_cache_config.dtype "fp8": the pool's bytes come back as they were
+    (a uint8 view stands for torch.float8_e4m3fn where torch lacks it)."""
+    fp8 = getattr(torch, "float8_e4m3fn", torch.uint8)
+    g = torch.Generator().manual_seed(5)
+    kv = torch.randint(0, 256, (NB, LAYERS, 2, BS * HEADS * DIM),
+                       generator=g, dtype=torch.uint8).view(fp8)
+    with tempfile.TemporaryDirectory() as d:
+        got = roundtrip(monkeypatch, d, kv, HEADS)
+    assert torch.equal(got[:4].view(torch.uint8), kv[:4].view(torch.uint8))
+    with tempfile.TemporaryDirectory() as d:
+        set_config(monkeypatch, d, codec="int8")
+        with pytest.raises(ValueError, match="codecs must be raw"):
+            kt.KvdepotScheduler(llm_args(write_model(d), kv_dtype="fp8"))
+
+
+def test_settings_from_a_yaml_file(monkeypatch):
+    yaml = pytest.importorskip("yaml")
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "kvdepot.yaml"
+        f.write_text(yaml.safe_dump({"arena_size": "64m", "codec": "int8",
+                                     "store_mode": "embedded"}))
+        monkeypatch.setenv("KVDEPOT_CONFIG", str(f))
+        s = kt.KvdepotScheduler(llm_args(write_model(d)))
+        assert s.settings.codecs == ("int8", "int8")
+        s.shutdown()
+        f.write_text("- not\n- a mapping\n")
+        with pytest.raises(ValueError, match="mapping"):
+            kt.KvdepotScheduler(llm_args(write_model(d)))
+
+
+def test_cache_salt_separates(env):
+    tokens = [(i * 5 + 9) % 32000 for i in range(PROMPT)]
+    s, w, m = engine(env, pool(fill=True))
+    run_prefill(m, LlmRequest(1, tokens, cache_salt="tenant-a"),
+                [1, 2, 3, 4, 5], tokens)
+    assert m.get_num_new_matched_tokens(
+        LlmRequest(2, tokens, cache_salt="tenant-b"), 0) == (0, False)
+    assert m.get_num_new_matched_tokens(
+        LlmRequest(3, tokens, cache_salt="tenant-a"), 0) == (4 * BS, True)
+    close(s, w)
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"pipeline_parallel_size": 2}, "pipeline parallelism"),
+    ({"context_parallel_size": 2}, "context parallelism"),
+    ({"enable_attention_dp": True}, "attention data parallelism"),
+    ({"kv_dtype": "nvfp4"}, "not supported"),
+])
+def test_setups_it_cannot_serve_are_refused(env, kw, match):
+    args = llm_args(env.model, **kw)
+    with pytest.raises(ValueError, match=match):
+        kt.KvdepotScheduler(args)
+
+
+def test_embedded_store_with_tensor_parallelism_is_refused(monkeypatch):
+    with tempfile.TemporaryDirectory() as d:
+        set_config(monkeypatch, d, store_mode="embedded")
+        with pytest.raises(ValueError, match="embedded"):
+            kt.KvdepotScheduler(llm_args(write_model(d),
+                                         tensor_parallel_size=2))
 
 
 def test_device_pool_is_refused(env):
@@ -239,3 +396,13 @@ def test_every_trtllm_method_is_there(cls, methods):
         assert fn is not None, name
         got = [p for p in inspect.signature(fn).parameters if p != "self"]
         assert got == params, (name, got)
+
+
+def test_base_classes_are_what_the_run_says():
+    """make test-trtllm sets KVDEPOT_NEED_TRTLLM: there the connector must
+    derive from TensorRT-LLM's own classes, not the stand-ins."""
+    if os.environ.get("KVDEPOT_NEED_TRTLLM"):
+        assert kt.HAVE_TRTLLM, "tensorrt_llm did not import"
+    base = kt.KvdepotWorker.__mro__[1]
+    assert base.__module__.startswith(
+        "tensorrt_llm" if kt.HAVE_TRTLLM else "kvdepot"), base

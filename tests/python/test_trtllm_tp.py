@@ -1,0 +1,114 @@
+"""kvdepot.trtllm with tensor parallelism 2: two rank processes over one
+kvdepotd, joined by the stand-ins of TensorRT-LLM's MPI collectives
+(trtllm_standin.PipeComm). Rank 0 runs the leader and a worker, rank 1 a
+worker; every rank holds different KV (its shard of the heads). The
+workers' reports reach the leader through the allgather in get_finished.
+After a restart each rank loads its own shard back bit for bit; a block
+whose shard one rank lost is promised to no rank (all or nothing)."""
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from conftest import (KVDEPOTD, require_lib, start_daemon,  # noqa: E402
+                      stop_daemon)
+
+require_lib()
+
+BS, LAYERS, HEADS, DIM, NB = 16, 2, 4, 32, 12   # 4 KV heads: 2 per rank
+PROMPT = 70  # 4 full blocks
+
+
+def _rank_main(rank, conn, model, sock, phase, out):
+    os.environ["KVDEPOT_CONFIG"] = json.dumps({
+        "store_mode": "daemon", "store_address": f"unix:{sock}"})
+    import time
+    from kvdepot import trtllm as kt
+    from trtllm_standin import LlmRequest, Manager, PipeComm, rd, sched_out
+    comm = PipeComm(rank, conn)
+    kt._rank = lambda: rank
+    kt._allgather = comm.allgather
+    args = NS(model=model, tensor_parallel_size=2,
+              kv_cache_config=NS(tokens_per_block=BS, dtype="auto"))
+    s = kt.KvdepotScheduler(args) if rank == 0 else None
+    w = kt.KvdepotWorker(args)
+    kv = torch.zeros((NB, LAYERS, 2, BS * (HEADS // 2) * DIM),
+                     dtype=torch.float16)
+    if phase == "save":
+        g = torch.Generator().manual_seed(1000 + rank)
+        kv.copy_(torch.randn(kv.shape, generator=g).to(torch.float16))
+    w.register_kv_caches(kv)
+    m = Manager(w, s, comm)
+    tokens = [(i * 17 + 4) % 32000 for i in range(PROMPT)]
+    blocks = [3, 7, 1, 9, 5] if phase == "save" else [10, 11, 2, 4, 6]
+    req = LlmRequest(1, tokens)
+    n, is_async = m.get_num_new_matched_tokens(req, 0)
+    m.update_state_after_alloc(req, blocks)
+    if is_async:
+        deadline = time.monotonic() + 20
+        while 1 not in m.loaded:
+            assert time.monotonic() < deadline
+            time.sleep(0.002)
+            assert m.step(sched_out(), LAYERS) is None
+    assert m.step(sched_out([rd(1, blocks, tokens, n, PROMPT - n)]),
+                  LAYERS) is None
+    m.request_finished(req, blocks)
+    for _ in range(2):
+        m.step(sched_out(), LAYERS)
+    out.put((rank, n, is_async, w.kvdepot_stats(),
+             [kv[b].numpy().tobytes() for b in blocks[:4]]))
+    w.shutdown()
+    if s is not None:
+        s.shutdown()
+
+
+def run_engine(model, sock, phase):
+    ctx = multiprocessing.get_context("spawn")
+    a, b = ctx.Pipe()
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main,
+                         args=(r, c, model, sock, phase, out))
+             for r, c in ((0, a), (1, b))]
+    for p in procs:
+        p.start()
+    got = {}
+    for _ in procs:
+        r = out.get(timeout=120)
+        got[r[0]] = r[1:]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return got
+
+
+@pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
+def test_two_ranks_in_two_processes_through_a_daemon(tmp_path):
+    model = Path(tmp_path) / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "num_hidden_layers": LAYERS, "num_attention_heads": 8,
+        "num_key_value_heads": HEADS, "hidden_size": 8 * DIM,
+        "torch_dtype": "float16"}))
+    proc = start_daemon(tmp_path)[0]
+    sock = f"{tmp_path}/d.sock"
+    try:
+        saved = run_engine(str(model), sock, "save")
+        for r in (0, 1):
+            n, is_async, stats, _ = saved[r]
+            assert (n, is_async) == (0, False)
+            assert stats["blocks_saved"] == 4
+        assert saved[0][3][3] != saved[1][3][3]
+        loaded = run_engine(str(model), sock, "load")
+        for r in (0, 1):
+            n, is_async, stats, got = loaded[r]
+            assert (n, is_async) == (4 * BS, True)
+            assert stats["blocks_loaded"] == 4 and stats["load_errors"] == 0
+            assert got == saved[r][3], r
+    finally:
+        stop_daemon(proc)
