@@ -195,6 +195,10 @@ class _Model:
         extra = _read_settings()
         shape = {k: extra.pop(k) for k in SHAPE_KEYS if k in extra}
         self.mla = bool(extra.pop("mla", False))
+        self.pool_layout = extra.pop("pool_layout", "block_first")
+        if self.pool_layout not in ("block_first", "layer_first"):
+            raise ValueError(f"kvdepot: pool_layout {self.pool_layout!r}: "
+                             "block_first or layer_first")
         model = Path(str(getattr(llm_args, "model", "")))
         hf = model / "config.json"
         if hf.is_file():
@@ -277,6 +281,16 @@ def _blocks(ids):
             for b in ids or ()]
 
 
+def _salt(request):
+    """The request's cache salt: LlmRequest.cache_salt_id (TensorRT-LLM's
+    C++ request carries the salt as a 64-bit id), or a cache_salt string."""
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        return str(salt)
+    sid = getattr(request, "cache_salt_id", None)
+    return None if sid is None else f"trtllm-salt-id:{int(sid)}"
+
+
 def _mm_inputs(request):
     """(identifier, offset, length) of the request's multimodal items, as
     vLLM's connector gives them (None when the request has none)."""
@@ -321,8 +335,7 @@ class KvdepotScheduler(KvCacheConnectorScheduler):
         rid = str(request.request_id)
         try:
             r = self.leader.match(rid, _tokens(request), num_computed_tokens,
-                                  cache_salt=getattr(request, "cache_salt",
-                                                     None),
+                                  cache_salt=_salt(request),
                                   mm_inputs=_mm_inputs(request))
         except (_lib.KvdepotError, ValueError) as e:
             log.warning("kvdepot: request %s: %s; computing it", rid, e)
@@ -409,10 +422,12 @@ class KvdepotWorker(KvCacheConnectorWorker):
         self._failed = {}     # this step's requests whose loads failed
 
     def register_kv_caches(self, kv_cache_tensor):
-        """The block-major pool [blocks, layers, kv, heads*block*dim]
+        """The block-first pool [blocks, layers, kv, heads*block*dim]
         (TensorRT-LLM's get_unique_primary_pool), or its 6-dimensional view
-        [blocks, layers, kv, heads, block, dim]. kv is 2 (K and V), or 1 for
-        MLA's latents."""
+        [blocks, layers, kv, heads, block, dim]; with the setting
+        pool_layout "layer_first", the same with blocks and layers swapped
+        ([layers, blocks, ...]). kv is 2 (K and V), or 1 for MLA's
+        latents."""
         t = kv_cache_tensor
         device = _worker_device(t, "KV pool")
         e = t.element_size()
@@ -420,10 +435,15 @@ class KvdepotWorker(KvCacheConnectorWorker):
                           self.block_size)
         layers = self.shape["num_layers"]
         planes = 1 if self.model.mla else 2
-        if t.dim() not in (4, 6) or t.shape[1] != layers or \
+        lf = self.model.pool_layout == "layer_first"
+        dl, db = (0, 1) if lf else (1, 0)
+        if t.dim() not in (4, 6) or t.shape[dl] != layers or \
                 t.shape[2] != planes:
+            want = f"[{layers}, blocks, {planes}, ...]" if lf else \
+                f"[blocks, {layers}, {planes}, ...]"
             raise ValueError(f"kvdepot: pool of shape {tuple(t.shape)}, want "
-                             f"[blocks, {layers}, {planes}, ...]")
+                             f"{want} (pool_layout "
+                             f"{self.model.pool_layout})")
         want = self.shape["dtype"]
         got = _dtype_name(t.dtype)
         if got != want and not (want in _FP8_DTYPES and e == 1):
@@ -457,10 +477,10 @@ class KvdepotWorker(KvCacheConnectorWorker):
             threads=self.settings.threads, device=device,
             plan_ns=self.model.ns_all[0] if self.model.tp > 1 else None)
         self._device = device
-        layer = t.stride(1) * e
+        layer = t.stride(dl) * e
         bases = [t.data_ptr() + i * layer for i in range(layers)]
-        strides = (t.stride(2) * e, t.stride(0) * e, token, head)
-        self.worker.register_kv_caches(bases, t.shape[0], strides)
+        strides = (t.stride(2) * e, t.stride(db) * e, token, head)
+        self.worker.register_kv_caches(bases, t.shape[db], strides)
 
     def bind_connector_meta(self, metadata):
         super().bind_connector_meta(metadata)

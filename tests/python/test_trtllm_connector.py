@@ -314,6 +314,52 @@ def test_cache_salt_separates(env):
     close(s, w)
 
 
+def test_salt_id_and_images_enter_the_keys(env):
+    """TensorRT-LLM's C++ request carries the salt as cache_salt_id and
+    images as multimodal hashes with their positions: a different salt or
+    a different image in a block misses from that block on."""
+    tokens = [(i * 5 + 9) % 32000 for i in range(PROMPT)]
+    img = dict(multimodal_hashes=[[7] * 8], multimodal_positions=[40],
+               multimodal_lengths=[20])
+    s, w, m = engine(env, pool(fill=True))
+    run_prefill(m, LlmRequest(1, tokens, cache_salt_id=11, **img),
+                [1, 2, 3, 4, 5], tokens)
+    assert m.get_num_new_matched_tokens(
+        LlmRequest(2, tokens, cache_salt_id=12, **img), 0) == (0, False)
+    other = dict(img, multimodal_hashes=[[8] * 8])
+    # Blocks 0 (tokens 0-31) holds no image; block 1 (32-63) does.
+    assert m.get_num_new_matched_tokens(
+        LlmRequest(3, tokens, cache_salt_id=11, **other), 0) == (BS, True)
+    assert m.get_num_new_matched_tokens(
+        LlmRequest(4, tokens, cache_salt_id=11, **img), 0) == (4 * BS, True)
+    close(s, w)
+
+
+def test_layer_first_pool(monkeypatch):
+    """pool_layout "layer_first": [layers, blocks, kv, row]. Its objects
+    are the block-first pool's: one saves, the other loads."""
+    tokens = [(i * 11 + 2) % 32000 for i in range(PROMPT)]
+    with tempfile.TemporaryDirectory() as d:
+        set_config(monkeypatch, d, pool_layout="layer_first")
+        args = llm_args(write_model(d))
+        lf = pool(fill=True).transpose(0, 1).contiguous()
+        s, w, m = engine(args, lf)
+        run_prefill(m, LlmRequest(1, tokens), [4, 0, 6, 2, 8], tokens)
+        with pytest.raises(ValueError, match="layer_first"):
+            w.register_kv_caches(pool(fill=True))
+        close(s, w)
+        set_config(monkeypatch, d)
+        bf = pool(fill=False)
+        s, w, m = engine(args, bf)
+        req = LlmRequest(2, tokens)
+        assert m.get_num_new_matched_tokens(req, 0) == (4 * BS, True)
+        m.update_state_after_alloc(req, [9, 10, 11, 12, 13])
+        wait_loaded(m, 2)
+        for a, b in zip([4, 0, 6, 2], [9, 10, 11, 12]):
+            assert torch.equal(lf[:, a], bf[b])
+        close(s, w)
+
+
 @pytest.mark.parametrize("kw,match", [
     ({"pipeline_parallel_size": 2}, "pipeline parallelism"),
     ({"context_parallel_size": 2}, "context parallelism"),

@@ -40,13 +40,14 @@ def _rank_main(rank, conn, model, sock, phase, out):
     w = kt.KvdepotWorker(args)
     kv = torch.zeros((NB, LAYERS, 2, BS * (HEADS // 2) * DIM),
                      dtype=torch.float16)
-    if phase == "save":
+    if phase.startswith("save"):
         g = torch.Generator().manual_seed(1000 + rank)
         kv.copy_(torch.randn(kv.shape, generator=g).to(torch.float16))
     w.register_kv_caches(kv)
     m = Manager(w, s, comm)
     tokens = [(i * 17 + 4) % 32000 for i in range(PROMPT)]
-    blocks = [3, 7, 1, 9, 5] if phase == "save" else [10, 11, 2, 4, 6]
+    blocks = [3, 7, 1, 9, 5] if phase.startswith("save") else \
+        [10, 11, 2, 4, 6]
     req = LlmRequest(1, tokens)
     n, is_async = m.get_num_new_matched_tokens(req, 0)
     m.update_state_after_alloc(req, blocks)
@@ -56,8 +57,18 @@ def _rank_main(rank, conn, model, sock, phase, out):
             assert time.monotonic() < deadline
             time.sleep(0.002)
             assert m.step(sched_out(), LAYERS) is None
-    assert m.step(sched_out([rd(1, blocks, tokens, n, PROMPT - n)]),
-                  LAYERS) is None
+    if phase == "save-partial":
+        # Chunked prefill; rank 1's forward pass fails in the second chunk,
+        # so it stores blocks 0-1 and not 2-3 (rank 0 stores all four).
+        assert m.step(sched_out([rd(1, blocks, tokens, 0, 2 * BS)]),
+                      LAYERS) is None
+        err = m.step(sched_out(cached=[rd(1, [], [], 2 * BS,
+                                          PROMPT - 2 * BS)]), LAYERS,
+                     raise_in_forward=1 if rank == 1 else None)
+        assert (err is not None) == (rank == 1)
+    else:
+        assert m.step(sched_out([rd(1, blocks, tokens, n, PROMPT - n)]),
+                      LAYERS) is None
     m.request_finished(req, blocks)
     for _ in range(2):
         m.step(sched_out(), LAYERS)
@@ -110,5 +121,31 @@ def test_two_ranks_in_two_processes_through_a_daemon(tmp_path):
             assert (n, is_async) == (4 * BS, True)
             assert stats["blocks_loaded"] == 4 and stats["load_errors"] == 0
             assert got == saved[r][3], r
+    finally:
+        stop_daemon(proc)
+
+
+@pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
+def test_a_block_one_rank_lost_is_promised_to_none(tmp_path):
+    """All or nothing across ranks: blocks whose shard rank 1 never stored
+    are matched for no rank; the blocks both hold load on both."""
+    model = Path(tmp_path) / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "num_hidden_layers": LAYERS, "num_attention_heads": 8,
+        "num_key_value_heads": HEADS, "hidden_size": 8 * DIM,
+        "torch_dtype": "float16"}))
+    proc = start_daemon(tmp_path)[0]
+    sock = f"{tmp_path}/d.sock"
+    try:
+        saved = run_engine(str(model), sock, "save-partial")
+        assert saved[0][2]["blocks_saved"] == 4
+        assert saved[1][2]["blocks_saved"] == 2
+        loaded = run_engine(str(model), sock, "load")
+        for r in (0, 1):
+            n, is_async, stats, got = loaded[r]
+            assert (n, is_async) == (2 * BS, True)
+            assert stats["blocks_loaded"] == 2 and stats["load_errors"] == 0
+            assert got[:2] == saved[r][3][:2], r
     finally:
         stop_daemon(proc)

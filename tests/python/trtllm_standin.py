@@ -15,10 +15,15 @@ from types import SimpleNamespace as NS
 
 
 class LlmRequest:
-    def __init__(self, rid, tokens, cache_salt=None):
+    """Attributes of TensorRT-LLM's C++ LlmRequest the connector reads:
+    request_id, get_tokens(beam), cache_salt_id, multimodal_hashes (eight
+    int32 per item), multimodal_positions, multimodal_lengths."""
+
+    def __init__(self, rid, tokens, cache_salt=None, **attrs):
         self.request_id = rid
         self._tokens = list(tokens)
         self.cache_salt = cache_salt
+        self.__dict__.update(attrs)
 
     def get_tokens(self, beam):
         return self._tokens
