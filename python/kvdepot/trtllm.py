@@ -414,6 +414,7 @@ class KvdepotWorker(KvCacheConnectorWorker):
         self.rank = m.rank
         self._store_key, self.store, self.daemon = m.open_store()
         self.worker = None
+        self._pool = None
         self._device = _DEVICE_HOST  # the pool's (register_kv_caches)
         self._loaded = set()  # asynchronous loads done, not yet reported
         self._loading = set()  # passed as started loading, not reported
@@ -477,6 +478,8 @@ class KvdepotWorker(KvCacheConnectorWorker):
             threads=self.settings.threads, device=device,
             plan_ns=self.model.ns_all[0] if self.model.tp > 1 else None)
         self._device = device
+        # The worker copies to and from the pool's memory: keep it alive.
+        self._pool = t
         layer = t.stride(dl) * e
         bases = [t.data_ptr() + i * layer for i in range(layers)]
         strides = (t.stride(2) * e, t.stride(db) * e, token, head)
@@ -554,6 +557,7 @@ class KvdepotWorker(KvCacheConnectorWorker):
         if self.worker is not None:
             self.worker.close()
             self.worker = None
+        self._pool = None
         if self.store is not None:
             _store_release(self._store_key)
             self.store = None
