@@ -126,12 +126,10 @@ static int admin_parse(const char *cmd, int argc, char **argv,
             hashes[(*n_hashes)++] = optarg;
             continue;
         }
-        if ((ch == KVD_CLI_CONN_OPT_ADDRESS ||
-             ch == KVD_CLI_CONN_OPT_TIMEOUT) &&
-            kvd_cli_conn_option(conn, ch, optarg)) {
+        if (KVD_CLI_CONN_OPT_IS(ch) && kvd_cli_conn_option(conn, ch, optarg)) {
             continue;
         }
-        if (ch != KVD_CLI_CONN_OPT_ADDRESS && ch != KVD_CLI_CONN_OPT_TIMEOUT) {
+        if (!KVD_CLI_CONN_OPT_IS(ch)) {
             fprintf(stderr, "kvdepot %s: unknown or misplaced option %s\n", cmd,
                     argv[optind - 1]);
         }

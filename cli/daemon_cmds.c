@@ -187,6 +187,10 @@ static int daemon_parse_args(daemon_cmd_kind_t kind, int argc, char **argv,
         case 'k': a->hash_hex = optarg; break;
         case KVD_CLI_CONN_OPT_ADDRESS:
         case KVD_CLI_CONN_OPT_TIMEOUT:
+        case KVD_CLI_CONN_OPT_TOKEN_FILE:
+        case KVD_CLI_CONN_OPT_TLS_CA:
+        case KVD_CLI_CONN_OPT_TLS_CERT:
+        case KVD_CLI_CONN_OPT_TLS_KEY:
             ok = kvd_cli_conn_option(&a->conn, ch, optarg);
             break;
         case 'h':

@@ -48,14 +48,23 @@ bool kvd_cli_conn_option(kvd_cli_conn_t *conn, int ch, const char *arg)
     if (ch == KVD_CLI_CONN_OPT_ADDRESS) {
         /* The client checks this too, but only once connecting; a typo on
          * the command line is a usage error. */
-        if (strncmp(arg, "unix:", 5) != 0 || arg[5] == '\0') {
+        if ((strncmp(arg, "unix:", 5) != 0 || arg[5] == '\0') &&
+            (strncmp(arg, "tcp:", 4) != 0 || strchr(arg + 4, ':') == NULL)) {
             fprintf(stderr,
                     "kvdepot %s: --address '%s': need unix:PATH (the "
-                    "kvdepotd socket on this node)\n",
+                    "kvdepotd socket on this node) or tcp:HOST:PORT\n",
                     conn->cmd, arg);
             return false;
         }
         key = "store.address";
+    } else if (ch == KVD_CLI_CONN_OPT_TOKEN_FILE) {
+        key = "store.token_file";
+    } else if (ch == KVD_CLI_CONN_OPT_TLS_CA) {
+        key = "store.tls_ca";
+    } else if (ch == KVD_CLI_CONN_OPT_TLS_CERT) {
+        key = "store.tls_cert";
+    } else if (ch == KVD_CLI_CONN_OPT_TLS_KEY) {
+        key = "store.tls_key";
     } else {
         uint64_t ms = 0;
         if (kvd_parse_duration_ms(arg, &ms) != KVD_OK || ms == 0 ||
@@ -92,7 +101,7 @@ int kvd_cli_conn_getopt(kvd_cli_conn_t *conn, int argc, char **argv,
             return KVD_CLI_EXIT_OK;
         }
         bool ok;
-        if (ch == KVD_CLI_CONN_OPT_ADDRESS || ch == KVD_CLI_CONN_OPT_TIMEOUT) {
+        if (KVD_CLI_CONN_OPT_IS(ch)) {
             ok = kvd_cli_conn_option(conn, ch, optarg);
         } else if (ch != '?' && ch != ':' && own != NULL) {
             ok = own(ctx, ch, optarg);
@@ -178,7 +187,7 @@ bool kvd_cli_conn_open(kvd_cli_conn_t *conn, kvd_store_t **store_out)
         fprintf(stderr,
                 "kvdepot %s: cannot connect to kvdepotd: %s%s%s\n"
                 "kvdepot %s: is kvdepotd running there? (--address "
-                "unix:PATH or KVDEPOT_STORE_ADDRESS)\n",
+                "unix:PATH or tcp:HOST:PORT, or KVDEPOT_STORE_ADDRESS)\n",
                 conn->cmd, err, err[0] != '\0' ? ": " : "", kvd_status_str(st),
                 conn->cmd);
         return false;

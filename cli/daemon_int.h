@@ -29,17 +29,42 @@
 /* The long options every daemon subcommand adds to its table. */
 #define KVD_CLI_CONN_OPT_ADDRESS 'A'
 #define KVD_CLI_CONN_OPT_TIMEOUT 'T'
+/* Above every subcommand's own option values (they start at 256). */
+#define KVD_CLI_CONN_OPT_TOKEN_FILE 0x1001
+#define KVD_CLI_CONN_OPT_TLS_CA 0x1002
+#define KVD_CLI_CONN_OPT_TLS_CERT 0x1003
+#define KVD_CLI_CONN_OPT_TLS_KEY 0x1004
+#define KVD_CLI_CONN_OPT_IS(ch)                                                \
+    ((ch) == KVD_CLI_CONN_OPT_ADDRESS || (ch) == KVD_CLI_CONN_OPT_TIMEOUT ||   \
+     (ch) == KVD_CLI_CONN_OPT_TOKEN_FILE || (ch) == KVD_CLI_CONN_OPT_TLS_CA || \
+     (ch) == KVD_CLI_CONN_OPT_TLS_CERT || (ch) == KVD_CLI_CONN_OPT_TLS_KEY)
 #define KVD_CLI_CONN_LONGOPTS                                                  \
     {"address", required_argument, NULL, KVD_CLI_CONN_OPT_ADDRESS},            \
+        {"timeout", required_argument, NULL, KVD_CLI_CONN_OPT_TIMEOUT},        \
+        {"auth-file", required_argument, NULL, KVD_CLI_CONN_OPT_TOKEN_FILE},   \
+        {"tls-ca", required_argument, NULL, KVD_CLI_CONN_OPT_TLS_CA},          \
+        {"tls-cert", required_argument, NULL, KVD_CLI_CONN_OPT_TLS_CERT},      \
     {                                                                          \
-        "timeout", required_argument, NULL, KVD_CLI_CONN_OPT_TIMEOUT           \
+        "tls-key", required_argument, NULL, KVD_CLI_CONN_OPT_TLS_KEY           \
     }
 
 /* The help lines of those options, for the usage printers. */
 #define KVD_CLI_CONN_HELP                                                      \
     "      --address unix:PATH  the kvdepotd socket (default: "                \
     "KVDEPOT_STORE_ADDRESS,\n"                                                 \
-    "                           else unix:/run/kvdepot/kvdepotd.sock)\n"       \
+    "                           else unix:/run/kvdepot/kvdepotd.sock), or\n"   \
+    "      --address tcp:HOST:PORT  a kvdepotd's server.tcp_address, for the " \
+    "calls\n"                                                                  \
+    "                           that need no arena (ping, stats, ls, "         \
+    "lookup,\n"                                                                \
+    "                           evict, drain)\n"                               \
+    "      --auth-file FILE     tcp: the bearer token (mode 0600)\n"           \
+    "      --tls-ca FILE        tcp: TLS, the CA of the daemon's "             \
+    "certificate\n"                                                            \
+    "      --tls-cert FILE, --tls-key FILE  tcp: TLS, this client's "          \
+    "certificate\n"                                                            \
+    "                           and key (signed by the daemon's "              \
+    "tls_client_ca)\n"                                                         \
     "      --timeout DURATION   deadline of each call to the daemon, e.g. "    \
     "5s\n"                                                                     \
     "                           (default: KVDEPOT_STORE_TIMEOUT, else 2s)\n"

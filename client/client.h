@@ -37,10 +37,21 @@ extern "C" {
 typedef struct kvd_client kvd_client_t;
 
 typedef struct kvd_client_config {
-    const char *address;   /* "unix:/run/kvdepot/kvdepotd.sock" */
-    uint64_t timeout_ms;   /* per call */
-    uint64_t lease_ttl_ms; /* asked of Lookup and Get */
-    size_t get_queue;      /* gets accepted and not yet polled */
+    /* "unix:/run/kvdepot/kvdepotd.sock", or "tcp:HOST:PORT" for a remote
+     * client: the operator calls only (stats, lookup, release, delete,
+     * admin); no arena is mapped, the data calls answer
+     * KVD_ERR_UNSUPPORTED. */
+    const char *address;
+    const char *token_file; /* tcp: the bearer token's file ("" or NULL:
+                               none) */
+    const char *tls_ca;     /* tcp: PEM CA of the daemon's certificate
+                               ("" or NULL: plain TCP) */
+    const char *tls_cert;   /* tcp with TLS: this client's PEM certificate
+                               (the daemon wants one its CA signed) */
+    const char *tls_key;    /* tcp with TLS: its PEM key (mode 0600) */
+    uint64_t timeout_ms;    /* per call */
+    uint64_t lease_ttl_ms;  /* asked of Lookup and Get */
+    size_t get_queue;       /* gets accepted and not yet polled */
 } kvd_client_config_t;
 
 /* Connects, maps the daemon's arena and checks the daemon answers.
@@ -59,6 +70,8 @@ kvd_store_t *kvd_client_store(kvd_client_t *c);
 
 /* The client's ops table (client/client_store.c). */
 extern const struct kvd_store_ops kvd_client_store_ops;
+/* The same for a client over TCP: the calls that need no arena. */
+extern const struct kvd_store_ops kvd_client_remote_ops;
 
 void *kvd_client_arena_ptr(kvd_client_t *c, uint64_t offset, uint64_t len);
 /* The bytes of a HOST lease or of a reservation in the arena of the daemon

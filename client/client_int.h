@@ -104,6 +104,13 @@ struct kvd_client {
     char address[KVD_CONFIG_STRING_MAX];
     char shm_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     struct grpc_channel *ch; /* transport.c's */
+    /* Over TCP (remote): no arena; every call carries `auth`
+     * ("Bearer <token>", or NULL), the channel trusts `tls_ca_pem` (NULL:
+     * plain TCP). */
+    bool remote;
+    char *auth;
+    char *tls_ca_pem;
+    char *tls_cert_pem, *tls_key_pem; /* this client's, or NULL */
 
     pthread_mutex_t mu; /* everything below */
     uint64_t instance;

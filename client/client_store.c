@@ -5,6 +5,11 @@
  * store/store_api.c. A daemon owns its objects and quotas: scan and
  * tenant_set_quota are left out (KVD_ERR_UNSUPPORTED); operators ask the
  * daemon through the admin calls of client/client.h.
+ *
+ * kvd_client_remote_ops: a client over TCP (store.address tcp:HOST:PORT)
+ * maps no arena, so only the calls that need none are there: lookup,
+ * release, delete, flush, stats (and the admin calls of client.h); the
+ * rest are left out (KVD_ERR_UNSUPPORTED, NULL pointers).
  */
 #include "client/client.h"
 #include "store/ops.h"
@@ -154,6 +159,25 @@ const kvd_store_ops_t kvd_client_store_ops = {
     .delete_keys = cl_delete,
     .scan = NULL,
     .tenant_set_quota = NULL,
+    .flush = cl_flush,
+    .stats = cl_stats,
+};
+
+static void *cl_remote_arena_ptr(kvd_store_t *s, uint64_t off, uint64_t len)
+{
+    (void)s;
+    (void)off;
+    (void)len;
+    return NULL; /* no arena over TCP */
+}
+
+const kvd_store_ops_t kvd_client_remote_ops = {
+    .name = "daemon (tcp)",
+    .close = cl_close,
+    .arena_ptr = cl_remote_arena_ptr,
+    .lookup = cl_lookup,
+    .release = cl_release,
+    .delete_keys = cl_delete,
     .flush = cl_flush,
     .stats = cl_stats,
 };

@@ -30,6 +30,10 @@ KVD_API kvd_status_t kvd_store_open(const kvd_config_t *config,
     }
     kvd_client_config_t ccfg = {
         .address = mode.address,
+        .token_file = mode.token_file,
+        .tls_ca = mode.tls_ca,
+        .tls_cert = mode.tls_cert,
+        .tls_key = mode.tls_key,
         .timeout_ms = mode.timeout_ms,
         .lease_ttl_ms = mode.lease_ttl_ms,
         .get_queue = mode.get_queue,

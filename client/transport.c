@@ -13,7 +13,8 @@
  * restarted: the arena is mapped again (mapping.c) and calls that carry no
  * ids are sent once more. A reply saying the session is unknown
  * (KVD_ERR_AUTH, with a hand-off session) means the daemon forgot it: the
- * hand-off is done again and the call sent once more.
+ * hand-off is done again and the call sent once more. A client over TCP
+ * (remote) also sends `authorization: Bearer <token>` with every call.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -103,11 +104,20 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
     grpc_slice body = grpc_slice_new(buf, len, free);
     grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
     grpc_slice_unref(body);
-    grpc_metadata md[2] = {
-        {.key = grpc_slice_from_static_string("kvdepot-instance"),
-         .value = grpc_slice_from_copied_string(inst)},
-        {.key = grpc_slice_from_static_string("kvdepot-session"),
-         .value = grpc_slice_from_copied_string(sess)}};
+    /* A remote client maps no arena: it names no instance and no session
+     * (the daemon would take an empty one for a restart). */
+    grpc_metadata md[3];
+    size_t nmd = 0;
+    if (!c->remote) {
+        md[nmd].key = grpc_slice_from_static_string("kvdepot-instance");
+        md[nmd++].value = grpc_slice_from_copied_string(inst);
+        md[nmd].key = grpc_slice_from_static_string("kvdepot-session");
+        md[nmd++].value = grpc_slice_from_copied_string(sess);
+    }
+    if (c->auth != NULL) {
+        md[nmd].key = grpc_slice_from_static_string("authorization");
+        md[nmd++].value = grpc_slice_from_copied_string(c->auth);
+    }
     grpc_metadata_array initial, trailing;
     grpc_metadata_array_init(&initial);
     grpc_metadata_array_init(&trailing);
@@ -117,7 +127,7 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
     grpc_op ops[6];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = 2;
+    ops[0].data.send_initial_metadata.count = nmd;
     ops[0].data.send_initial_metadata.metadata = md;
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = send;
@@ -177,8 +187,9 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
         grpc_byte_buffer_destroy(recv);
     }
     grpc_slice_unref(details);
-    grpc_slice_unref(md[0].value);
-    grpc_slice_unref(md[1].value);
+    for (size_t i = 0; i < nmd; i++) {
+        grpc_slice_unref(md[i].value);
+    }
     grpc_metadata_array_destroy(&initial);
     grpc_metadata_array_destroy(&trailing);
     grpc_byte_buffer_destroy(send);
@@ -252,7 +263,16 @@ void kvd_cl_channel_open(kvd_client_t *c)
          .value.integer = 100},
     };
     grpc_channel_args cargs = {.num_args = 6, .args = args};
-    grpc_channel_credentials *creds = grpc_insecure_credentials_create();
+    /* Over TCP with store.tls_ca: TLS, the daemon's certificate checked
+     * against that CA, and this client's (store.tls_cert) presented. */
+    grpc_ssl_pem_key_cert_pair pair = {.private_key = c->tls_key_pem,
+                                       .cert_chain = c->tls_cert_pem};
+    grpc_channel_credentials *creds =
+        c->tls_ca_pem != NULL
+            ? grpc_ssl_credentials_create(
+                  c->tls_ca_pem, c->tls_cert_pem != NULL ? &pair : NULL, NULL,
+                  NULL)
+            : grpc_insecure_credentials_create();
     c->ch = grpc_channel_create(c->address, creds, &cargs);
     grpc_channel_credentials_release(creds);
 }

@@ -92,11 +92,15 @@ extern const kvd_store_ops_t kvd_store_embedded_ops;
  * settings of daemon mode, resolved and checked as kvd_store_open does
  * (every store.* key is checked, not only these). */
 typedef struct kvd_store_mode_settings {
-    bool daemon;                         /* store.mode == daemon */
-    char address[KVD_CONFIG_STRING_MAX]; /* store.address */
-    uint64_t timeout_ms;                 /* store.timeout */
-    uint64_t lease_ttl_ms;               /* store.lease_ttl */
-    size_t get_queue;                    /* store.get_queue */
+    bool daemon;                            /* store.mode == daemon */
+    char address[KVD_CONFIG_STRING_MAX];    /* store.address */
+    char token_file[KVD_CONFIG_STRING_MAX]; /* store.token_file */
+    char tls_ca[KVD_CONFIG_STRING_MAX];     /* store.tls_ca */
+    char tls_cert[KVD_CONFIG_STRING_MAX];   /* store.tls_cert */
+    char tls_key[KVD_CONFIG_STRING_MAX];    /* store.tls_key */
+    uint64_t timeout_ms;                    /* store.timeout */
+    uint64_t lease_ttl_ms;                  /* store.lease_ttl */
+    size_t get_queue;                       /* store.get_queue */
 } kvd_store_mode_settings_t;
 
 /* Resolves the settings above from `config` (may be NULL). Errors as

@@ -56,8 +56,26 @@ static const kvd_config_field_t store_own_fields[] = {
      "this node, at store.address)",
      kvd_config_parse_enum, STORE_OFF(mode), 0, 0, mode_names},
     {"store.address", "unix:/run/kvdepot/kvdepotd.sock",
-     "daemon mode: the kvdepotd socket, unix:PATH", kvd_config_parse_string,
-     STORE_OFF(address), 0, 0, NULL},
+     "daemon mode: the kvdepotd socket, unix:PATH; or tcp:HOST:PORT, the "
+     "daemon's server.tcp_address, for the operator calls only (stats, "
+     "lookup, evict, admin: no arena is shared over TCP)",
+     kvd_config_parse_string, STORE_OFF(address), 0, 0, NULL},
+    {"store.token_file", "",
+     "daemon mode over tcp: file holding the bearer token the daemon wants "
+     "(its server.token or a tenant's)",
+     kvd_config_parse_string, STORE_OFF(token_file), 0, 0, NULL},
+    {"store.tls_ca", "",
+     "daemon mode over tcp: PEM file of the CA that signed the daemon's "
+     "certificate (server.tls_cert); empty: plain TCP",
+     kvd_config_parse_string, STORE_OFF(tls_ca), 0, 0, NULL},
+    {"store.tls_cert", "",
+     "daemon mode over tcp with TLS: PEM certificate of this client, signed "
+     "by the daemon's server.tls_client_ca",
+     kvd_config_parse_string, STORE_OFF(tls_cert), 0, 0, NULL},
+    {"store.tls_key", "",
+     "daemon mode over tcp with TLS: PEM private key of store.tls_cert (mode "
+     "0600)",
+     kvd_config_parse_string, STORE_OFF(tls_key), 0, 0, NULL},
     {"store.timeout", "2s",
      "daemon mode: deadline of every call (a dead daemon costs this, then "
      "the engine recomputes)",
@@ -233,6 +251,10 @@ kvd_status_t kvd_store_mode_settings(const kvd_config_t *config,
         memset(out, 0, sizeof *out);
         out->daemon = cfg->mode == STORE_MODE_DAEMON;
         memcpy(out->address, cfg->address, sizeof out->address);
+        memcpy(out->token_file, cfg->token_file, sizeof out->token_file);
+        memcpy(out->tls_ca, cfg->tls_ca, sizeof out->tls_ca);
+        memcpy(out->tls_cert, cfg->tls_cert, sizeof out->tls_cert);
+        memcpy(out->tls_key, cfg->tls_key, sizeof out->tls_key);
         out->timeout_ms = cfg->timeout_ms;
         out->lease_ttl_ms = cfg->lease_ttl_ms;
         out->get_queue = (size_t)cfg->get_queue;

@@ -64,6 +64,10 @@ enum store_mode {
 typedef struct store_settings {
     int mode; /* enum store_mode */
     char address[KVD_CONFIG_STRING_MAX];
+    char token_file[KVD_CONFIG_STRING_MAX]; /* tcp: the bearer token's file */
+    char tls_ca[KVD_CONFIG_STRING_MAX];     /* tcp: CA of the daemon's cert */
+    char tls_cert[KVD_CONFIG_STRING_MAX];   /* tcp: this client's cert */
+    char tls_key[KVD_CONFIG_STRING_MAX];    /* tcp: and its key */
     uint64_t timeout_ms;
     uint64_t lease_ttl_ms;
     kvd_arena_config_t arena;

@@ -78,12 +78,12 @@ for v in $(compgen -e | grep '^KVDEPOT_' || true); do
     unset "$v"
 done
 "$kvdepotd" --config "$example" --print-config >"$tmp/print-config"
-# The example sets every key the daemon has; server.token_file and
-# cluster.token_file alone stay commented out (paths of secrets the
-# administrator provides).
+# The example sets every key the daemon has; server.token_file,
+# cluster.token_file and store.token_file alone stay commented out (paths of
+# secrets the administrator provides).
 unset_keys=$(grep -v 'from: file)$' "$tmp/print-config" | cut -d' ' -f1 |
     sort | tr '\n' ' ')
-if [ "$unset_keys" != "cluster.token_file server.token_file " ]; then
+if [ "$unset_keys" != "cluster.token_file server.token_file store.token_file " ]; then
     echo "keys the example config does not set:"; echo "$unset_keys"; exit 1
 fi
 

@@ -56,13 +56,13 @@ static void test_open_refuses_bad_config(void **state)
                      KVD_ERR_INVALID);
     assert_ptr_equal(c, sentinel);
 
-    /* Only a unix socket carries the arena: TCP, an empty path and a path
-     * too long for sun_path (with ".shm" added) are refused by name. */
+    /* Only a unix socket carries the arena: a bare host:port, an empty
+     * path and a path too long for sun_path (with ".shm" added) are refused
+     * by name. */
     char longpath[300] = "unix:/";
     memset(longpath + 6, 'p', sizeof longpath - 7);
     longpath[sizeof longpath - 1] = '\0';
-    const char *bad[] = {"127.0.0.1:7000", "tcp:127.0.0.1:7000",
-                         "unix:", longpath};
+    const char *bad[] = {"127.0.0.1:7000", "unix:", longpath};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cfg = good_cfg(bad[i]);
         err[0] = '\0';
@@ -71,6 +71,28 @@ static void test_open_refuses_bad_config(void **state)
         assert_non_null(strstr(err, "want unix:PATH"));
         assert_ptr_equal(c, sentinel);
     }
+
+    /* tcp:HOST:PORT is the operator client (no arena): a malformed one is
+     * refused by name, a port nobody serves is unreachable; nothing is
+     * left open either way. */
+    const char *bad_tcp[] = {"tcp:",
+                             "tcp:127.0.0.1",
+                             "tcp:127.0.0.1:",
+                             "tcp:127.0.0.1:http",
+                             "tcp:127.0.0.1:70000",
+                             "tcp:[::1:7000"};
+    for (size_t i = 0; i < sizeof bad_tcp / sizeof bad_tcp[0]; i++) {
+        cfg = good_cfg(bad_tcp[i]);
+        err[0] = '\0';
+        assert_int_equal(kvd_client_open(&cfg, &c, err, sizeof err),
+                         KVD_ERR_INVALID);
+        assert_non_null(strstr(err, "want tcp:HOST:PORT"));
+        assert_ptr_equal(c, sentinel);
+    }
+    cfg = good_cfg("tcp:127.0.0.1:1");
+    cfg.timeout_ms = 300;
+    assert_int_not_equal(kvd_client_open(&cfg, &c, err, sizeof err), KVD_OK);
+    assert_ptr_equal(c, sentinel);
 
     /* The same through kvd_store_open's mode switch. */
     kvd_config_t *kc = NULL;
