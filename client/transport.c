@@ -68,6 +68,28 @@ static const char *const cl_paths[] = {
     "/kvdepot.v1.KvStore/Admin",   "/kvdepot.v1.KvStore/Delete",
 };
 
+/* The call's initial metadata into md[0..3): the instance and hand-off
+ * session this process mapped, and the bearer token of a client over TCP.
+ * A remote client maps no arena: it names no instance and no session (the
+ * daemon would take an empty one for a restart). Returns how many; the
+ * caller unrefs their values. */
+static size_t cl_metadata(const kvd_client_t *c, const char *inst,
+                          const char *sess, grpc_metadata md[3])
+{
+    size_t nmd = 0;
+    if (!c->remote) {
+        md[nmd].key = grpc_slice_from_static_string("kvdepot-instance");
+        md[nmd++].value = grpc_slice_from_copied_string(inst);
+        md[nmd].key = grpc_slice_from_static_string("kvdepot-session");
+        md[nmd++].value = grpc_slice_from_copied_string(sess);
+    }
+    if (c->auth != NULL) {
+        md[nmd].key = grpc_slice_from_static_string("authorization");
+        md[nmd++].value = grpc_slice_from_copied_string(c->auth);
+    }
+    return nmd;
+}
+
 /*
  * Sends `req` (of type `rq_type`) and unpacks the reply as `rsp_type` into
  * *rsp_out (kvd_proto_free it). `instance_used` gets the instance the call
@@ -104,20 +126,8 @@ cl_call_once(kvd_client_t *c, enum cl_method m, kvd_proto_msg_t rq_type,
     grpc_slice body = grpc_slice_new(buf, len, free);
     grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&body, 1);
     grpc_slice_unref(body);
-    /* A remote client maps no arena: it names no instance and no session
-     * (the daemon would take an empty one for a restart). */
     grpc_metadata md[3];
-    size_t nmd = 0;
-    if (!c->remote) {
-        md[nmd].key = grpc_slice_from_static_string("kvdepot-instance");
-        md[nmd++].value = grpc_slice_from_copied_string(inst);
-        md[nmd].key = grpc_slice_from_static_string("kvdepot-session");
-        md[nmd++].value = grpc_slice_from_copied_string(sess);
-    }
-    if (c->auth != NULL) {
-        md[nmd].key = grpc_slice_from_static_string("authorization");
-        md[nmd++].value = grpc_slice_from_copied_string(c->auth);
-    }
+    size_t nmd = cl_metadata(c, inst, sess, md);
     grpc_metadata_array initial, trailing;
     grpc_metadata_array_init(&initial);
     grpc_metadata_array_init(&trailing);
