@@ -89,7 +89,7 @@ void kvd_cli_lookup_usage(FILE *out)
             "--token-file FILE)\n"
             "                      [--block-size N] [--lora NAME] [--salt "
             "S] [--seed TEXT]\n"
-            "                      [--json] [--address unix:PATH] "
+            "                      [--json | --evict] [--address unix:PATH] "
             "[--timeout DURATION]\n\n"
             "Why no hit? Hashes the tokens into block keys as the leader "
             "does (vLLM's\nsha256_cbor chain), looks them up in a running "
@@ -114,13 +114,17 @@ void kvd_cli_lookup_usage(FILE *out)
             "only)\n"
             "      --seed TEXT        the chain's root seed (default "
             "\"" KVD_BLOCK_HASH_DEFAULT_SEED "\")\n"
-            "      --json             one JSON object\n" KVD_CLI_CONN_HELP);
+            "      --json             one JSON object\n"
+            "      --evict            then remove the prompt's stored blocks "
+            "from the daemon\n"
+            "                         (clear by prefix: the next request "
+            "computes them)\n" KVD_CLI_CONN_HELP);
 }
 
 typedef struct lookup_args {
     const char *ns_hex, *tokens, *token_file, *lora, *salt, *seed;
     size_t block_size;
-    bool json;
+    bool json, evict;
 } lookup_args_t;
 
 enum {
@@ -130,7 +134,8 @@ enum {
     LOOKUP_OPT_LORA,
     LOOKUP_OPT_SALT,
     LOOKUP_OPT_SEED,
-    LOOKUP_OPT_JSON
+    LOOKUP_OPT_JSON,
+    LOOKUP_OPT_EVICT
 };
 
 static bool lookup_option(void *ctx, int ch, const char *arg)
@@ -144,6 +149,7 @@ static bool lookup_option(void *ctx, int ch, const char *arg)
     case LOOKUP_OPT_SALT: a->salt = arg; return true;
     case LOOKUP_OPT_SEED: a->seed = arg; return true;
     case LOOKUP_OPT_JSON: a->json = true; return true;
+    case LOOKUP_OPT_EVICT: a->evict = true; return true;
     case LOOKUP_OPT_BLOCK_SIZE: {
         char *end = NULL;
         errno = 0;
@@ -346,6 +352,12 @@ static int lookup_prepare(lookup_args_t *a, kvd_namespace_t *ns,
                           size_t *n_tokens, kvd_block_hash_t **hashes_out,
                           size_t *n_out)
 {
+    if (a->json && a->evict) {
+        fprintf(stderr, "kvdepot lookup: --evict prints text; leave out "
+                        "--json\n");
+        kvd_cli_lookup_usage(stderr);
+        return KVD_CLI_EXIT_USAGE;
+    }
     if (a->ns_hex == NULL || (a->tokens == NULL) == (a->token_file == NULL)) {
         fprintf(stderr, "kvdepot lookup: %s\n",
                 a->ns_hex == NULL ? "--namespace is required"
@@ -403,6 +415,40 @@ static int lookup_prepare(lookup_args_t *a, kvd_namespace_t *ns,
     return -1;
 }
 
+/* --evict: deletes the prompt's stored blocks (clear by prefix). A block
+ * an engine is loading right now is skipped (KVD_ERR_BUSY): exit 1. */
+static int lookup_evict(kvd_store_t *store, const kvd_cli_conn_t *conn,
+                        const kvd_namespace_t *ns,
+                        const kvd_block_hash_t *hashes, const uint32_t *tiers,
+                        size_t n)
+{
+    kvd_store_key_t *keys = calloc(n, sizeof *keys);
+    if (keys == NULL) {
+        fprintf(stderr, "kvdepot lookup: out of memory\n");
+        return KVD_CLI_EXIT_FAILURE;
+    }
+    size_t k = 0, deleted = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (tiers[i] != KVD_STORE_TIER_NONE) {
+            keys[k].ns = *ns;
+            keys[k++].hash = hashes[i];
+        }
+    }
+    kvd_status_t st =
+        k > 0 ? kvd_store_delete(store, keys, k, &deleted) : KVD_OK;
+    free(keys);
+    printf("\nevicted %zu of the prompt's %zu stored block(s)\n", deleted, k);
+    if (st != KVD_OK) {
+        fprintf(stderr, "kvdepot lookup: evicting at %s: %s%s\n", conn->address,
+                kvd_status_str(st),
+                st == KVD_ERR_BUSY ? " (an engine holds some of them now; "
+                                     "run it again)"
+                                   : "");
+        return KVD_CLI_EXIT_FAILURE;
+    }
+    return KVD_CLI_EXIT_OK;
+}
+
 int kvd_cli_lookup_run(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -414,6 +460,7 @@ int kvd_cli_lookup_run(int argc, char **argv)
         {"salt", required_argument, NULL, LOOKUP_OPT_SALT},
         {"seed", required_argument, NULL, LOOKUP_OPT_SEED},
         {"json", no_argument, NULL, LOOKUP_OPT_JSON},
+        {"evict", no_argument, NULL, LOOKUP_OPT_EVICT},
         {"help", no_argument, NULL, 'h'},
         KVD_CLI_CONN_LONGOPTS,
         {NULL, 0, NULL, 0}};
@@ -449,7 +496,8 @@ int kvd_cli_lookup_run(int argc, char **argv)
         kvd_status_t st = lookup_tiers(store, &ns, hashes, n, tiers, &matched);
         if (st == KVD_OK) {
             lookup_print(&a, &conn, n_tokens, hashes, tiers, n, matched);
-            rc = KVD_CLI_EXIT_OK;
+            rc = a.evict ? lookup_evict(store, &conn, &ns, hashes, tiers, n)
+                         : KVD_CLI_EXIT_OK;
         } else {
             fprintf(stderr, "kvdepot lookup: the daemon at %s: %s\n",
                     conn.address, kvd_status_str(st));

@@ -181,6 +181,19 @@ assert r["truncated"] is False, r
 ' "$WORK/out" "$NS" || fail "ls --json: $(cat "$WORK/out")"
 run 2 ls --jsonx
 
+# --- lookup --evict ---------------------------------------------------------------
+# Clear by prefix: --evict removes the prompt's stored blocks (both of
+# them, the one behind the miss too); the next lookup finds none.
+run 2 lookup --namespace "$NS" --tokens "$TOKENS" --block-size 4 --evict --json
+expect_text err "--evict prints text"
+run 0 lookup --namespace "$NS" --tokens "$TOKENS" --block-size 4 --evict
+expect_text out "evicted 2 of the prompt's 2 stored block(s)"
+run 0 lookup --namespace "$NS" --tokens "$TOKENS" --block-size 4
+expect_text out "hit: 0 of 3 blocks"
+if grep -q "host " "$WORK/out"; then
+    fail "lookup after --evict still finds blocks: $(cat "$WORK/out")"
+fi
+
 # --- drain on --wait --------------------------------------------------------------
 run 0 drain on --wait --wait-timeout 5s
 expect_text out "draining (new saves refused"
