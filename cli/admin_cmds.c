@@ -152,28 +152,12 @@ static void human_bytes(uint64_t b, char *out, size_t len)
     snprintf(out, len, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
 }
 
-/* Writes `text` as a JSON string (quotes included). */
-static void json_string(const char *text)
-{
-    putchar('"');
-    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            printf("\\%c", *p);
-        } else if (*p < 0x20) {
-            printf("\\u%04x", *p);
-        } else {
-            putchar(*p);
-        }
-    }
-    putchar('"');
-}
-
 static void ls_json(const kvd_cli_conn_t *conn, const kvd_client_ns_usage_t *ns,
                     size_t nn, const kvd_client_tenant_usage_t *tn, size_t nt,
                     bool truncated)
 {
     printf("{\"address\":");
-    json_string(conn->address);
+    kvd_cli_json_string(conn->address);
     printf(",\"namespaces\":[");
     for (size_t i = 0; i < nn; i++) {
         char hex[2 * KVD_NAMESPACE_BYTES + 1];
@@ -188,7 +172,7 @@ static void ls_json(const kvd_cli_conn_t *conn, const kvd_client_ns_usage_t *ns,
         printf("%s{\"id\":%" PRIu32 ",\"name\":", i == 0 ? "" : ",",
                tn[i].tenant);
         if (tn[i].tenant == 0 || tn[i].name[0] != '\0') {
-            json_string(tn[i].name);
+            kvd_cli_json_string(tn[i].name);
         } else {
             printf("null");
         }

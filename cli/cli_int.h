@@ -51,6 +51,10 @@ void kvd_cli_drain_usage(FILE *out);
 int kvd_cli_config_run(int argc, char **argv);
 void kvd_cli_config_usage(FILE *out);
 
+/* cluster_cmds.c: the daemon's view of its cluster. */
+int kvd_cli_cluster_run(int argc, char **argv);
+void kvd_cli_cluster_usage(FILE *out);
+
 /* probe_cmds.c: is the daemon up, and why a prompt finds no hit. */
 int kvd_cli_ping_run(int argc, char **argv);
 void kvd_cli_ping_usage(FILE *out);

@@ -223,23 +223,6 @@ static int daemon_parse_args(daemon_cmd_kind_t kind, int argc, char **argv,
 /* ---- stats ---------------------------------------------------------------
  */
 
-/* Writes `s` as a JSON string. */
-static void json_string(const char *s)
-{
-    putchar('"');
-    for (; *s != '\0'; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
-            printf("\\%c", c);
-        } else if (c < 0x20) {
-            printf("\\u%04x", c);
-        } else {
-            putchar(c);
-        }
-    }
-    putchar('"');
-}
-
 static void stats_json_tier(const char *name, const kvd_store_tier_stats_t *t)
 {
     printf("\"%s\":{\"capacity_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
@@ -253,7 +236,7 @@ static void stats_json_tier(const char *name, const kvd_store_tier_stats_t *t)
 static void stats_print_json(const char *address, const kvd_store_stats_t *s)
 {
     printf("{\"address\":");
-    json_string(address);
+    kvd_cli_json_string(address);
     putchar(',');
     stats_json_tier("host", &s->host);
     putchar(',');

@@ -199,6 +199,21 @@ bool kvd_cli_conn_open(kvd_cli_conn_t *conn, kvd_store_t **store_out)
     return true;
 }
 
+void kvd_cli_json_string(const char *text)
+{
+    putchar('"');
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            printf("\\%c", *p);
+        } else if (*p < 0x20) {
+            printf("\\u%04x", *p);
+        } else {
+            putchar(*p);
+        }
+    }
+    putchar('"');
+}
+
 static int hex_digit(char c)
 {
     if (c >= '0' && c <= '9') {

@@ -138,4 +138,8 @@ kvd_status_t kvd_cli_object_load(kvd_store_t *store, const kvd_namespace_t *ns,
 /* Formats `bytes` as "123 B", "100.0 KiB", "256.0 MiB", ... into out. */
 void kvd_cli_size_format(uint64_t bytes, char *out, size_t out_len);
 
+/* Writes `text` to stdout as a JSON string (quotes included, control
+ * characters escaped). */
+void kvd_cli_json_string(const char *text);
+
 #endif /* KVD_CLI_DAEMON_INT_H */

@@ -34,6 +34,8 @@ static const kvd_cli_command_t kvd_cli_commands[] = {
      kvd_cli_evict_run, kvd_cli_evict_usage},
     {"drain", "refuse new saves before a restart (on|off)", kvd_cli_drain_run,
      kvd_cli_drain_usage},
+    {"cluster", "the daemon's view of its cluster: cluster nodes",
+     kvd_cli_cluster_run, kvd_cli_cluster_usage},
     {"config", "the settings a running kvdepotd started with",
      kvd_cli_config_run, kvd_cli_config_usage},
     {"bench", "put/get load on kvdepotd from N clients", kvd_cli_bench_run,

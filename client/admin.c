@@ -226,6 +226,54 @@ kvd_status_t kvd_client_config_dump(kvd_client_t *c, char **text_out)
     return s;
 }
 
+kvd_status_t kvd_client_cluster_nodes(kvd_client_t *c,
+                                      kvd_client_cluster_t *out)
+{
+    if (out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    memset(out, 0, sizeof *out);
+    kvd_pb_cluster_nodes_t op = KVDEPOT__V1__CLUSTER_NODES__INIT;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_CLUSTER_NODES;
+    rq.cluster_nodes = &op;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s != KVD_OK) {
+        return s;
+    }
+    const kvd_pb_cluster_nodes_reply_t *r = rsp->cluster_nodes;
+    out->clustered = r->clustered;
+    out->stale = r->stale;
+    out->registered = r->registered;
+    out->truncated = r->truncated;
+    out->generation = r->generation;
+    out->reconnects = r->reconnects;
+    snprintf(out->self, sizeof out->self, "%s", r->self_node_id);
+    if (r->n_nodes > 0) {
+        out->nodes = calloc(r->n_nodes, sizeof *out->nodes);
+        if (out->nodes == NULL) {
+            kvd_proto_admin_response_free(rsp);
+            return KVD_ERR_NOMEM;
+        }
+    }
+    for (size_t i = 0; i < r->n_nodes; i++) {
+        const kvd_pb_cluster_node_t *n = r->nodes[i];
+        kvd_client_node_t *o = &out->nodes[i];
+        /* The reply was validated: every text fits its field. */
+        snprintf(o->node_id, sizeof o->node_id, "%s", n->node_id);
+        snprintf(o->grpc_address, sizeof o->grpc_address, "%s",
+                 n->grpc_address);
+        snprintf(o->version, sizeof o->version, "%s", n->version);
+        o->capacity_bytes = n->capacity_bytes;
+        o->protocol_revision = n->protocol_revision;
+        o->ucx = n->ucx;
+    }
+    out->num_nodes = r->n_nodes;
+    kvd_proto_admin_response_free(rsp);
+    return KVD_OK;
+}
+
 kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,
                              char *node_id, size_t node_len)
 {

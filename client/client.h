@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "kvdepot/store.h"
+#include "proto/kvd_proto.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -164,6 +165,33 @@ kvd_status_t kvd_client_drop_tenant(kvd_client_t *c, const char *tenant,
  * "key = value  # from: source" line each (secrets "<redacted>"), into a
  * malloc'd text (free it). KVD_ERR_AUTH for a caller bound to a tenant. */
 kvd_status_t kvd_client_config_dump(kvd_client_t *c, char **text_out);
+
+/* One node of the daemon's cluster view (Admin cluster_nodes). */
+typedef struct kvd_client_node {
+    char node_id[KVD_PROTO_MAX_NODE_ID_BYTES + 1];
+    char grpc_address[KVD_PROTO_MAX_ADDRESS_BYTES + 1];
+    uint64_t capacity_bytes;
+    char version[KVD_PROTO_MAX_ID_BYTES + 1];
+    uint32_t protocol_revision;
+    bool ucx; /* it advertises a UCX address (data plane) */
+} kvd_client_node_t;
+
+typedef struct kvd_client_cluster {
+    bool clustered;  /* false: the daemon runs alone */
+    bool stale;      /* etcd has not answered lately: the view may be old */
+    bool registered; /* the daemon's own key is in etcd */
+    bool truncated;  /* more nodes than the reply holds */
+    uint64_t generation, reconnects;
+    char self[KVD_PROTO_MAX_NODE_ID_BYTES + 1];
+    kvd_client_node_t *nodes; /* malloc'd (free it), ordered by node id */
+    size_t num_nodes;
+} kvd_client_cluster_t;
+
+/* Admin cluster_nodes (revision 7): the daemon's view of its cluster into
+ * *out. KVD_ERR_UNSUPPORTED from a daemon before revision 7; KVD_ERR_AUTH
+ * for a caller bound to a tenant. */
+kvd_status_t kvd_client_cluster_nodes(kvd_client_t *c,
+                                      kvd_client_cluster_t *out);
 
 /* Admin ping: the daemon's version and node id (for the CLI). */
 kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,

@@ -303,6 +303,20 @@ bool kvd_remote_view_stats(kvd_remote_t *r, kvd_membership_stats_t *out)
     return in;
 }
 
+size_t kvd_remote_members(kvd_remote_t *r, kvd_member_t *out, size_t max,
+                          kvd_membership_stats_t *stats_out)
+{
+    if (r == NULL) {
+        return 0;
+    }
+    pthread_mutex_lock(&r->view_mu);
+    size_t n = r->membership != NULL
+                   ? kvd_membership_view(r->membership, out, max, stats_out)
+                   : 0;
+    pthread_mutex_unlock(&r->view_mu);
+    return n;
+}
+
 void kvd_remote_stats(kvd_remote_t *r, kvd_remote_stats_t *out)
 {
     memset(out, 0, sizeof *out);

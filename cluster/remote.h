@@ -95,6 +95,11 @@ void kvd_remote_leave(kvd_remote_t *r);
  * left. */
 bool kvd_remote_view_stats(kvd_remote_t *r, kvd_membership_stats_t *out);
 
+/* kvd_membership_view of the cluster this daemon is in: copies up to `max`
+ * members into `out` and returns how many there are (0 once left). */
+size_t kvd_remote_members(kvd_remote_t *r, kvd_member_t *out, size_t max,
+                          kvd_membership_stats_t *stats_out);
+
 /* A lookup found hashes[0..n) missing here (the rest of its chain): fetches
  * the longest prefix of them the cluster holds into the local store and
  * returns its length (0 when nothing was found or the cluster is just this

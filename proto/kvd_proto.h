@@ -79,7 +79,7 @@ extern "C" {
 #define KVD_PROTO_MAJOR 1
 /* Additive revision of v1 this build speaks (PingReply.protocol_revision);
  * bumped whenever a field, message or enum value is added. */
-#define KVD_PROTO_REVISION 6
+#define KVD_PROTO_REVISION 7
 
 /* ------------------------------------------------------------------------ */
 /* Validation limits (docs/protocol.md explains each choice)                */
@@ -109,6 +109,9 @@ extern "C" {
 /* A node's UCX worker address and gRPC address in its NodeInfo. */
 #define KVD_PROTO_MAX_UCX_ADDRESS_BYTES 1024
 #define KVD_PROTO_MAX_ADDRESS_BYTES 256
+/* Nodes in one ClusterNodesReply (the daemon's view holds at most this
+ * many, cluster/membership.h KVD_MEMBERSHIP_MAX_NODES). */
+#define KVD_PROTO_MAX_CLUSTER_NODES 1024
 /* Entries of a ConfigDumpReply, and the longest key, value or source. */
 #define KVD_PROTO_MAX_CONFIG_ENTRIES 256
 #define KVD_PROTO_MAX_CONFIG_TEXT 1024
@@ -219,6 +222,9 @@ KVD_PROTO_TYPEDEF_(drop_tenant_reply, DROP_TENANT_REPLY, DropTenantReply)
 KVD_PROTO_TYPEDEF_(config_dump, CONFIG_DUMP, ConfigDump)
 KVD_PROTO_TYPEDEF_(config_entry, CONFIG_ENTRY, ConfigEntry)
 KVD_PROTO_TYPEDEF_(config_dump_reply, CONFIG_DUMP_REPLY, ConfigDumpReply)
+KVD_PROTO_TYPEDEF_(cluster_nodes, CLUSTER_NODES, ClusterNodes)
+KVD_PROTO_TYPEDEF_(cluster_node, CLUSTER_NODE, ClusterNode)
+KVD_PROTO_TYPEDEF_(cluster_nodes_reply, CLUSTER_NODES_REPLY, ClusterNodesReply)
 #undef KVD_PROTO_TYPEDEF_
 
 /* "step_plan", ... (the reason prefix); NULL for an unknown type. */

@@ -167,6 +167,11 @@ static const kvd_proto_rule_t rules[] = {
     {D(list_namespaces_reply), "namespaces", 0, 0, 0, KVD_PROTO_MAX_NAMESPACES},
     {D(list_namespaces_reply), "tenants", 0, 0, 0, KVD_PROTO_MAX_NAMESPACES},
     {D(tenant_usage), "tenant_name", RNG, 0, ID_MAX, 0},
+    {D(cluster_node), "node_id", REQ | RNG, 1, NODE_MAX, 0},
+    {D(cluster_node), "grpc_address", RNG, 0, KVD_PROTO_MAX_ADDRESS_BYTES, 0},
+    {D(cluster_node), "version", RNG, 0, ID_MAX, 0},
+    {D(cluster_nodes_reply), "self_node_id", RNG, 0, NODE_MAX, 0},
+    {D(cluster_nodes_reply), "nodes", 0, 0, 0, KVD_PROTO_MAX_CLUSTER_NODES},
 };
 
 /* ------------------------------------------------------------------------ */

@@ -153,6 +153,14 @@ static void server_foreign_completion(void *ctx,
     pthread_rwlock_unlock(&srv->remote_lock);
 }
 
+static size_t server_members(void *ctx, kvd_member_t *out, size_t max,
+                             kvd_membership_stats_t *stats_out)
+{
+    kvd_server_t *srv = ctx;
+    kvd_remote_t *r = __atomic_load_n(&srv->remote, __ATOMIC_ACQUIRE);
+    return kvd_remote_members(r, out, max, stats_out);
+}
+
 static void server_saved(void *ctx, const kvd_namespace_t *ns,
                          const kvd_block_hash_t *hashes, size_t n,
                          uint64_t object_bytes, uint32_t tenant)
@@ -313,6 +321,7 @@ static kvd_status_t server_start_service(kvd_server_t *srv, char *err,
         scfg.miss = server_miss;
         scfg.saved = server_saved;
         scfg.foreign_completion = server_foreign_completion;
+        scfg.members = server_members;
         scfg.cluster_ctx = srv;
     }
     kvd_status_t s = kvd_service_create(&scfg, &srv->svc);

@@ -298,6 +298,9 @@ typedef struct svc_admin_reply {
     kvd_pb_config_dump_reply_t dump;
     kvd_pb_config_entry_t *entries, **entryp;
     svc_listing_t list;
+    kvd_pb_cluster_nodes_reply_t cluster;
+    kvd_member_t *members;
+    kvd_pb_cluster_node_t *nodes, **nodep;
 } svc_admin_reply_t;
 
 static void admin_reply_init(svc_admin_reply_t *a)
@@ -310,6 +313,7 @@ static void admin_reply_init(svc_admin_reply_t *a)
         .drain = KVDEPOT__V1__DRAIN_REPLY__INIT,
         .drop_tenant = KVDEPOT__V1__DROP_TENANT_REPLY__INIT,
         .dump = KVDEPOT__V1__CONFIG_DUMP_REPLY__INIT,
+        .cluster = KVDEPOT__V1__CLUSTER_NODES_REPLY__INIT,
     };
     svc_listing_init(&a->list);
 }
@@ -318,6 +322,9 @@ static void admin_reply_free(svc_admin_reply_t *a)
 {
     free(a->entryp);
     free(a->entries);
+    free(a->members);
+    free(a->nodes);
+    free(a->nodep);
     svc_listing_free(&a->list);
 }
 
@@ -454,6 +461,50 @@ static kvd_status_t admin_config_dump(kvd_service_t *svc, svc_admin_reply_t *a)
     return KVD_OK;
 }
 
+/* The cluster as this daemon sees it (membership view); a daemon alone
+ * answers clustered = false. */
+static kvd_status_t admin_cluster_nodes(kvd_service_t *svc,
+                                        svc_admin_reply_t *a)
+{
+    a->rsp.result_case = KVDEPOT__V1__ADMIN_RESPONSE__RESULT_CLUSTER_NODES;
+    a->rsp.cluster_nodes = &a->cluster;
+    if (svc->cfg.members == NULL) {
+        return KVD_OK;
+    }
+    size_t cap = KVD_PROTO_MAX_CLUSTER_NODES;
+    a->members = calloc(cap, sizeof *a->members);
+    a->nodes = calloc(cap, sizeof *a->nodes);
+    a->nodep = calloc(cap, sizeof *a->nodep);
+    if (a->members == NULL || a->nodes == NULL || a->nodep == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    kvd_membership_stats_t st;
+    memset(&st, 0, sizeof st);
+    size_t all = svc->cfg.members(svc->cfg.cluster_ctx, a->members, cap, &st);
+    size_t n = all < cap ? all : cap;
+    for (size_t i = 0; i < n; i++) {
+        const kvd_member_t *m = &a->members[i];
+        kvdepot__v1__cluster_node__init(&a->nodes[i]);
+        a->nodes[i].node_id = (char *)m->node_id;
+        a->nodes[i].grpc_address = (char *)m->grpc_address;
+        a->nodes[i].capacity_bytes = m->capacity_bytes;
+        a->nodes[i].version = (char *)m->version;
+        a->nodes[i].protocol_revision = m->protocol_revision;
+        a->nodes[i].ucx = m->ucx_address_len > 0;
+        a->nodep[i] = &a->nodes[i];
+    }
+    a->cluster.clustered = true;
+    a->cluster.stale = st.stale;
+    a->cluster.registered = st.registered;
+    a->cluster.generation = st.generation;
+    a->cluster.reconnects = st.reconnects;
+    a->cluster.self_node_id = svc->node_id;
+    a->cluster.n_nodes = n;
+    a->cluster.nodes = a->nodep;
+    a->cluster.truncated = all > n;
+    return KVD_OK;
+}
+
 /* Runs the request's op into `a`. `only`: the caller's tenant id when it
  * is bound to one (NULL: an operator). */
 static kvd_status_t admin_op(kvd_service_t *svc,
@@ -465,14 +516,17 @@ static kvd_status_t admin_op(kvd_service_t *svc,
      * and the daemon-wide operations need an operator's credentials. */
     if (only != NULL &&
         (rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN ||
-         rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP)) {
-        kvd_config_err(reason, reason_len,
-                       "admin %s: the caller is bound to tenant %s; this "
-                       "needs an operator's credentials",
-                       rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN
-                           ? "drain"
-                           : "config_dump",
-                       svc_caller_tenant);
+         rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP ||
+         rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_CLUSTER_NODES)) {
+        kvd_config_err(
+            reason, reason_len,
+            "admin %s: the caller is bound to tenant %s; this needs an "
+            "operator's credentials",
+            rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN ? "drain"
+            : rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP
+                ? "config_dump"
+                : "cluster_nodes",
+            svc_caller_tenant);
         return KVD_ERR_AUTH;
     }
     switch (rq->op_case) {
@@ -497,6 +551,8 @@ static kvd_status_t admin_op(kvd_service_t *svc,
         return admin_drop_tenant(svc, rq, only, a, reason, reason_len);
     case KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP:
         return admin_config_dump(svc, a);
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_CLUSTER_NODES:
+        return admin_cluster_nodes(svc, a);
     default:
         kvd_config_err(reason, reason_len, "admin: unknown op %d",
                        (int)rq->op_case);

@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cluster/membership.h"
 #include "kvdepot/store.h"
 
 #ifdef __cplusplus
@@ -114,6 +115,10 @@ typedef struct kvd_service_config {
      * KVD_SERVICE_FOREIGN set; their completions, drained by the service's
      * thread like its own, go here (NULL: an OK lease is released). */
     void (*foreign_completion)(void *ctx, const kvd_store_completion_t *c);
+    /* Admin cluster_nodes: the membership view (kvd_membership_view's
+     * contract: up to `max` members into `out`, the count returned). */
+    size_t (*members)(void *ctx, kvd_member_t *out, size_t max,
+                      kvd_membership_stats_t *stats_out);
     void *cluster_ctx;
 } kvd_service_config_t;
 

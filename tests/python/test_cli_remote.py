@@ -88,6 +88,21 @@ def test_operator_calls_over_tcp_with_a_token(tmp_path):
         stop_daemon(proc)
 
 
+def test_cluster_nodes_of_a_daemon_alone(tmp_path):
+    proc = start_daemon(tmp_path)[0]
+    try:
+        rc, out, err = run("cluster", "nodes", "--address",
+                           f"unix:{tmp_path}/d.sock")
+        assert rc == 0 and "runs alone (no cluster.etcd)" in out, err
+        rc, out, err = run("cluster", "nodes", "--json", "--address",
+                           f"unix:{tmp_path}/d.sock")
+        assert rc == 0 and json.loads(out)["clustered"] is False, err
+        rc, out, err = run("cluster", "members")
+        assert rc == 2 and "want a subcommand: nodes" in err, err
+    finally:
+        stop_daemon(proc)
+
+
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl")
 def test_operator_calls_over_tls(tmp_path):
     pki = tmp_path / "pki"

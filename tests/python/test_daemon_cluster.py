@@ -5,6 +5,7 @@ view in /readyz and /metrics; with etcd back the view is fresh again; a
 daemon stopped with SIGTERM leaves the other's view at once. Prefill and
 decode (vLLM) and context and generation (TensorRT-LLM) engines on two
 daemons get the same KV bit for bit."""
+import json
 import os
 import shutil
 import signal
@@ -103,6 +104,12 @@ class TwoNodes:
         self.etcd.wait()
 
 
+def cluster_nodes(d, *extra):
+    """`kvdepot cluster nodes` against the daemon of directory d."""
+    from test_cli_remote import run
+    return run("cluster", "nodes", "--address", f"unix:{d}/d.sock", *extra)
+
+
 def test_two_daemons_one_cluster(tmp_path):
     c = TwoNodes(tmp_path, "t", ["a", "b"])
     etcd, cport, pport = c.etcd, c.cport, c.pport
@@ -110,6 +117,17 @@ def test_two_daemons_one_cluster(tmp_path):
     try:
         assert metric(am, "kvdepot_cluster_stale") == 0
         assert get(am, "/readyz") == (200, "ready\n")
+        rc, out, err = cluster_nodes(c.dirs[0], "--json")
+        assert rc == 0, err
+        view = json.loads(out)
+        assert view["clustered"] and view["self"] == "node-a"
+        assert not view["stale"] and view["registered"], view
+        assert [n["node_id"] for n in view["nodes"]] == ["node-a", "node-b"]
+        assert all(n["grpc_address"] and n["protocol_revision"] >= 7
+                   for n in view["nodes"]), view
+        rc, out, err = cluster_nodes(c.dirs[1])
+        assert rc == 0 and "node-b" in out and "(this one)" in out, err
+        assert "STALE" not in out and err == "", (out, err)
 
         etcd.kill()
         etcd.wait()
@@ -117,6 +135,10 @@ def test_two_daemons_one_cluster(tmp_path):
         status, body = get(am, "/readyz")
         assert status == 200 and "cluster view stale" in body
         assert metric(am, "kvdepot_cluster_nodes") == 2  # the last view
+        rc, out, err = cluster_nodes(c.dirs[0])
+        assert rc == 0 and "STALE" in out and "view is stale" in err, \
+            (out, err)
+        assert out.count("node-") >= 3  # header's node + both rows
 
         etcd = c.etcd = start_etcd(tmp_path, cport, pport)
         assert wait_for(lambda: metric(am, "kvdepot_cluster_stale") == 0

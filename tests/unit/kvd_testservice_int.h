@@ -41,6 +41,9 @@ typedef struct kvd_test_svc_opts {
     uint64_t max_reserved_bytes;     /* 0: no cap */
     const kvd_service_config_entry_t *config_entries;
     size_t n_config_entries;
+    /* A cluster's membership view (Admin cluster_nodes); NULL: alone. */
+    size_t (*members)(void *ctx, kvd_member_t *out, size_t max,
+                      kvd_membership_stats_t *stats_out);
 } kvd_test_svc_opts_t;
 
 /* An 8 MiB arena in 1 MiB chunks, no hugepages, reserve never waits. */
@@ -82,6 +85,7 @@ static inline void kvd_test_svc_open(kvd_test_svc_t *t,
         .tick_ms = o->tick_ms ? o->tick_ms : 10,
         .config_entries = o->config_entries,
         .n_config_entries = o->n_config_entries,
+        .members = o->members,
     };
     t->svc = NULL;
     assert_int_equal(kvd_service_create(&sc, &t->svc), KVD_OK);

@@ -4,7 +4,8 @@
  * list_namespaces, drop_namespace and drop_tenant, Delete and Stats, each
  * as an operator and as a caller bound to a tenant (who sees and drops
  * its own objects only, gets its own tenant's Stats, and is refused the
- * daemon-wide operations); bad calls are refused and counted by status.
+ * daemon-wide operations); bad calls are refused and counted by status;
+ * cluster_nodes alone and with a (stale) membership view.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -416,6 +417,72 @@ static void test_stats_per_tenant(void **state)
 
 /* Refused calls: a bad method, bytes that are no request, an admin
  * request without an op; each counted under its status and method. */
+/* A view of three nodes, stale, for cluster_nodes. */
+static size_t fake_members(void *ctx, kvd_member_t *out, size_t max,
+                           kvd_membership_stats_t *stats_out)
+{
+    (void)ctx;
+    static const char *const ids[] = {"node-a", "node-b", "test-node"};
+    for (size_t i = 0; i < 3 && i < max; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        snprintf(out[i].node_id, sizeof out[i].node_id, "%s", ids[i]);
+        snprintf(out[i].grpc_address, sizeof out[i].grpc_address,
+                 "10.0.0.%zu:7000", i + 1);
+        snprintf(out[i].version, sizeof out[i].version, "0.1.0");
+        out[i].capacity_bytes = (uint64_t)(i + 1) << 30;
+        out[i].protocol_revision = 7;
+        out[i].ucx_address_len = i == 1 ? 0 : 16;
+    }
+    stats_out->stale = true;
+    stats_out->registered = true;
+    stats_out->generation = 9;
+    stats_out->num_nodes = 3;
+    return 3;
+}
+
+static kvd_pb_admin_response_t *
+cluster_call(kvd_test_svc_t *t, const char *tenant, kvd_status_t *s)
+{
+    kvd_pb_cluster_nodes_t op = KVDEPOT__V1__CLUSTER_NODES__INIT;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_CLUSTER_NODES;
+    rq.cluster_nodes = &op;
+    return admin(t, &rq, tenant, s);
+}
+
+static void test_cluster_nodes(void **state)
+{
+    kvd_test_svc_t *t = *state;
+    kvd_status_t s;
+    kvd_pb_admin_response_t *r = cluster_call(t, NULL, &s);
+    assert_int_equal(s, KVD_OK);
+    assert_false(r->cluster_nodes->clustered);
+    assert_int_equal(r->cluster_nodes->n_nodes, 0);
+    kvd_proto_admin_response_free(r);
+    assert_null(cluster_call(t, TA, &s));
+    assert_int_equal(s, KVD_ERR_AUTH);
+
+    kvd_test_svc_t c;
+    kvd_test_svc_opts_t o = {.members = fake_members};
+    kvd_test_svc_open(&c, &o);
+    r = cluster_call(&c, NULL, &s);
+    assert_int_equal(s, KVD_OK);
+    const kvd_pb_cluster_nodes_reply_t *v = r->cluster_nodes;
+    assert_true(v->clustered && v->stale && v->registered);
+    assert_false(v->truncated);
+    assert_int_equal(v->generation, 9);
+    assert_string_equal(v->self_node_id, "test-node");
+    assert_int_equal(v->n_nodes, 3);
+    assert_string_equal(v->nodes[1]->node_id, "node-b");
+    assert_string_equal(v->nodes[1]->grpc_address, "10.0.0.2:7000");
+    assert_false(v->nodes[1]->ucx);
+    assert_true(v->nodes[2]->ucx);
+    assert_int_equal(v->nodes[2]->capacity_bytes, UINT64_C(3) << 30);
+    assert_int_equal(v->nodes[0]->protocol_revision, 7);
+    kvd_proto_admin_response_free(r);
+    kvd_test_svc_close(&c);
+}
+
 static void test_refused_calls(void **state)
 {
     kvd_test_svc_t *t = *state;
@@ -458,6 +525,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stats, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stats_per_tenant, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_calls, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cluster_nodes, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
