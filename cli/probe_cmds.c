@@ -84,47 +84,56 @@ int kvd_cli_ping_run(int argc, char **argv)
 
 void kvd_cli_lookup_usage(FILE *out)
 {
-    fprintf(out,
-            "usage: kvdepot lookup --namespace HEX32 (--tokens 1,2,3 | "
-            "--token-file FILE)\n"
-            "                      [--block-size N] [--lora NAME] [--salt "
-            "S] [--seed TEXT]\n"
-            "                      [--json | --evict] [--address unix:PATH] "
-            "[--timeout DURATION]\n\n"
-            "Why no hit? Hashes the tokens into block keys as the leader "
-            "does (vLLM's\nsha256_cbor chain), looks them up in a running "
-            "kvdepotd, prints how many\nleading blocks and tokens match and "
-            "the tier of every block (blocks stored\nbehind a missing one "
-            "are shown too: a load never reaches them). The leases\nare "
-            "given back at once; the daemon counts the lookups in its hits "
-            "and misses.\n"
-            "The namespace is in the engine's log at start: \"kvdepot: "
-            "vLLM ..., namespace <hex>\".\n\n"
-            "  -n, --namespace HEX32  the namespace digest (32 hex digits)\n"
-            "      --tokens LIST      token ids, separated by commas or "
-            "spaces\n"
-            "      --token-file FILE  token ids in a file (commas, "
-            "whitespace, [ ] allowed:\n"
-            "                         a JSON list works)\n"
-            "      --block-size N     tokens per block, the engine's (default "
-            "16)\n"
-            "      --lora NAME        the LoRA adapter's name, if the "
-            "request used one\n"
-            "      --salt S           the request's cache_salt (first block "
-            "only)\n"
-            "      --seed TEXT        the chain's root seed (default "
-            "\"" KVD_BLOCK_HASH_DEFAULT_SEED "\")\n"
-            "      --json             one JSON object\n"
-            "      --evict            then remove the prompt's stored blocks "
-            "from the daemon\n"
-            "                         (clear by prefix: the next request "
-            "computes them)\n" KVD_CLI_CONN_HELP);
+    fprintf(
+        out,
+        "usage: kvdepot lookup --namespace HEX32 (--tokens 1,2,3 | "
+        "--token-file FILE)\n"
+        "                      [--block-size N] [--lora NAME] [--salt "
+        "S] [--seed TEXT]\n"
+        "                      [--json | --evict | --pin | --unpin] "
+        "[--address unix:PATH]\n"
+        "                      [--timeout DURATION]\n\n"
+        "Why no hit? Hashes the tokens into block keys as the leader "
+        "does (vLLM's\nsha256_cbor chain), looks them up in a running "
+        "kvdepotd, prints how many\nleading blocks and tokens match and "
+        "the tier of every block (blocks stored\nbehind a missing one "
+        "are shown too: a load never reaches them). The leases\nare "
+        "given back at once; the daemon counts the lookups in its hits "
+        "and misses.\n"
+        "The namespace is in the engine's log at start: \"kvdepot: "
+        "vLLM ..., namespace <hex>\".\n\n"
+        "  -n, --namespace HEX32  the namespace digest (32 hex digits)\n"
+        "      --tokens LIST      token ids, separated by commas or "
+        "spaces\n"
+        "      --token-file FILE  token ids in a file (commas, "
+        "whitespace, [ ] allowed:\n"
+        "                         a JSON list works)\n"
+        "      --block-size N     tokens per block, the engine's (default "
+        "16)\n"
+        "      --lora NAME        the LoRA adapter's name, if the "
+        "request used one\n"
+        "      --salt S           the request's cache_salt (first block "
+        "only)\n"
+        "      --seed TEXT        the chain's root seed (default "
+        "\"" KVD_BLOCK_HASH_DEFAULT_SEED "\")\n"
+        "      --json             one JSON object\n"
+        "      --evict            then remove the prompt's stored blocks "
+        "from the daemon\n"
+        "                         (clear by prefix: the next request "
+        "computes them)\n"
+        "      --pin, --unpin     then keep the prompt's blocks in the "
+        "daemon's arena\n"
+        "                         (never evicted; bounded by "
+        "store.pin_max_bytes),\n"
+        "                         or let them go again\n" KVD_CLI_CONN_HELP);
 }
 
 typedef struct lookup_args {
     const char *ns_hex, *tokens, *token_file, *lora, *salt, *seed;
     size_t block_size;
-    bool json, evict;
+    bool json;
+    enum { LOOKUP_SHOW, LOOKUP_EVICT, LOOKUP_PIN, LOOKUP_UNPIN } act;
+    int n_acts; /* --evict, --pin, --unpin given */
 } lookup_args_t;
 
 enum {
@@ -135,7 +144,9 @@ enum {
     LOOKUP_OPT_SALT,
     LOOKUP_OPT_SEED,
     LOOKUP_OPT_JSON,
-    LOOKUP_OPT_EVICT
+    LOOKUP_OPT_EVICT,
+    LOOKUP_OPT_PIN,
+    LOOKUP_OPT_UNPIN
 };
 
 static bool lookup_option(void *ctx, int ch, const char *arg)
@@ -149,7 +160,18 @@ static bool lookup_option(void *ctx, int ch, const char *arg)
     case LOOKUP_OPT_SALT: a->salt = arg; return true;
     case LOOKUP_OPT_SEED: a->seed = arg; return true;
     case LOOKUP_OPT_JSON: a->json = true; return true;
-    case LOOKUP_OPT_EVICT: a->evict = true; return true;
+    case LOOKUP_OPT_EVICT:
+        a->act = LOOKUP_EVICT;
+        a->n_acts++;
+        return true;
+    case LOOKUP_OPT_PIN:
+        a->act = LOOKUP_PIN;
+        a->n_acts++;
+        return true;
+    case LOOKUP_OPT_UNPIN:
+        a->act = LOOKUP_UNPIN;
+        a->n_acts++;
+        return true;
     case LOOKUP_OPT_BLOCK_SIZE: {
         char *end = NULL;
         errno = 0;
@@ -352,9 +374,11 @@ static int lookup_prepare(lookup_args_t *a, kvd_namespace_t *ns,
                           size_t *n_tokens, kvd_block_hash_t **hashes_out,
                           size_t *n_out)
 {
-    if (a->json && a->evict) {
-        fprintf(stderr, "kvdepot lookup: --evict prints text; leave out "
-                        "--json\n");
+    if (a->n_acts > 1 || (a->json && a->n_acts > 0)) {
+        fprintf(stderr, "kvdepot lookup: %s\n",
+                a->n_acts > 1 ? "one of --evict, --pin and --unpin"
+                              : "--evict, --pin and --unpin print text; leave "
+                                "out --json");
         kvd_cli_lookup_usage(stderr);
         return KVD_CLI_EXIT_USAGE;
     }
@@ -415,12 +439,14 @@ static int lookup_prepare(lookup_args_t *a, kvd_namespace_t *ns,
     return -1;
 }
 
-/* --evict: deletes the prompt's stored blocks (clear by prefix). A block
- * an engine is loading right now is skipped (KVD_ERR_BUSY): exit 1. */
-static int lookup_evict(kvd_store_t *store, const kvd_cli_conn_t *conn,
-                        const kvd_namespace_t *ns,
-                        const kvd_block_hash_t *hashes, const uint32_t *tiers,
-                        size_t n)
+/* --evict: deletes the prompt's stored blocks (clear by prefix); a block
+ * an engine is loading right now is skipped (KVD_ERR_BUSY): exit 1.
+ * --pin / --unpin: pins or unpins them in the arena (those on NVMe only
+ * are not in it: counted apart). */
+static int lookup_act(const lookup_args_t *a, kvd_store_t *store,
+                      const kvd_cli_conn_t *conn, const kvd_namespace_t *ns,
+                      const kvd_block_hash_t *hashes, const uint32_t *tiers,
+                      size_t n)
 {
     kvd_store_key_t *keys = calloc(n, sizeof *keys);
     if (keys == NULL) {
@@ -434,16 +460,34 @@ static int lookup_evict(kvd_store_t *store, const kvd_cli_conn_t *conn,
             keys[k++].hash = hashes[i];
         }
     }
-    kvd_status_t st =
-        k > 0 ? kvd_store_delete(store, keys, k, &deleted) : KVD_OK;
+    size_t missing = 0;
+    kvd_status_t st = KVD_OK;
+    const char *verb = a->act == LOOKUP_EVICT ? "evicted"
+                       : a->act == LOOKUP_PIN ? "pinned"
+                                              : "unpinned";
+    if (k > 0 && a->act == LOOKUP_EVICT) {
+        st = kvd_store_delete(store, keys, k, &deleted);
+    } else if (k > 0) {
+        st = kvd_store_pin(store, keys, k, a->act == LOOKUP_PIN, &deleted,
+                           &missing);
+    }
     free(keys);
-    printf("\nevicted %zu of the prompt's %zu stored block(s)\n", deleted, k);
+    printf("\n%s %zu of the prompt's %zu stored block(s)", verb, deleted, k);
+    if (missing > 0) {
+        printf(" (%zu on NVMe only, not in the arena)", missing);
+    }
+    printf("\n");
     if (st != KVD_OK) {
-        fprintf(stderr, "kvdepot lookup: evicting at %s: %s%s\n", conn->address,
+        fprintf(stderr, "kvdepot lookup: %s at %s: %s%s\n",
+                a->act == LOOKUP_EVICT ? "evicting" : "pinning", conn->address,
                 kvd_status_str(st),
-                st == KVD_ERR_BUSY ? " (an engine holds some of them now; "
-                                     "run it again)"
-                                   : "");
+                st == KVD_ERR_BUSY    ? " (an engine holds some of them now; "
+                                        "run it again)"
+                : st == KVD_ERR_QUOTA ? " (the daemon's store.pin_max_bytes "
+                                        "is reached: unpin others first)"
+                : st == KVD_ERR_UNSUPPORTED
+                    ? " (a kvdepotd before protocol revision 7)"
+                    : "");
         return KVD_CLI_EXIT_FAILURE;
     }
     return KVD_CLI_EXIT_OK;
@@ -461,6 +505,8 @@ int kvd_cli_lookup_run(int argc, char **argv)
         {"seed", required_argument, NULL, LOOKUP_OPT_SEED},
         {"json", no_argument, NULL, LOOKUP_OPT_JSON},
         {"evict", no_argument, NULL, LOOKUP_OPT_EVICT},
+        {"pin", no_argument, NULL, LOOKUP_OPT_PIN},
+        {"unpin", no_argument, NULL, LOOKUP_OPT_UNPIN},
         {"help", no_argument, NULL, 'h'},
         KVD_CLI_CONN_LONGOPTS,
         {NULL, 0, NULL, 0}};
@@ -496,8 +542,9 @@ int kvd_cli_lookup_run(int argc, char **argv)
         kvd_status_t st = lookup_tiers(store, &ns, hashes, n, tiers, &matched);
         if (st == KVD_OK) {
             lookup_print(&a, &conn, n_tokens, hashes, tiers, n, matched);
-            rc = a.evict ? lookup_evict(store, &conn, &ns, hashes, tiers, n)
-                         : KVD_CLI_EXIT_OK;
+            rc = a.act != LOOKUP_SHOW
+                     ? lookup_act(&a, store, &conn, &ns, hashes, tiers, n)
+                     : KVD_CLI_EXIT_OK;
         } else {
             fprintf(stderr, "kvdepot lookup: the daemon at %s: %s\n",
                     conn.address, kvd_status_str(st));

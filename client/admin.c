@@ -226,6 +226,60 @@ kvd_status_t kvd_client_config_dump(kvd_client_t *c, char **text_out)
     return s;
 }
 
+kvd_status_t kvd_client_pin(kvd_client_t *c, const kvd_store_key_t *keys,
+                            size_t num, bool pinned, size_t *num_done_out,
+                            size_t *num_missing_out)
+{
+    size_t done = 0, missing = 0;
+    kvd_status_t s = KVD_OK;
+    /* One call per run of keys of one namespace, at most
+     * KVD_PROTO_MAX_PIN_KEYS each. */
+    for (size_t i = 0; i < num && s == KVD_OK;) {
+        size_t n = 1;
+        while (i + n < num && n < KVD_PROTO_MAX_PIN_KEYS &&
+               memcmp(&keys[i + n].ns, &keys[i].ns, sizeof keys[i].ns) == 0) {
+            n++;
+        }
+        ProtobufCBinaryData *h = calloc(n, sizeof *h);
+        if (h == NULL) {
+            s = KVD_ERR_NOMEM;
+            break;
+        }
+        for (size_t k = 0; k < n; k++) {
+            h[k].data = (uint8_t *)keys[i + k].hash.bytes;
+            h[k].len = KVD_SHA256_BYTES;
+        }
+        kvd_pb_pin_t op = KVDEPOT__V1__PIN__INIT;
+        op.namespace_id.data = (uint8_t *)keys[i].ns.bytes;
+        op.namespace_id.len = KVD_NAMESPACE_BYTES;
+        op.n_block_hashes = n;
+        op.block_hashes = h;
+        op.pinned = pinned;
+        kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+        rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_PIN;
+        rq.pin = &op;
+        kvd_pb_admin_response_t *rsp = NULL;
+        s = cl_admin(c, &rq, &rsp);
+        free(h);
+        if (s == KVD_OK) {
+            done += rsp->pin->num_done;
+            missing += rsp->pin->num_missing;
+            if (rsp->pin->quota_reached) {
+                s = KVD_ERR_QUOTA;
+            }
+        }
+        kvd_proto_admin_response_free(rsp);
+        i += n;
+    }
+    if (num_done_out != NULL) {
+        *num_done_out = done;
+    }
+    if (num_missing_out != NULL) {
+        *num_missing_out = missing;
+    }
+    return s;
+}
+
 kvd_status_t kvd_client_cluster_nodes(kvd_client_t *c,
                                       kvd_client_cluster_t *out)
 {

@@ -166,6 +166,15 @@ kvd_status_t kvd_client_drop_tenant(kvd_client_t *c, const char *tenant,
  * malloc'd text (free it). KVD_ERR_AUTH for a caller bound to a tenant. */
 kvd_status_t kvd_client_config_dump(kvd_client_t *c, char **text_out);
 
+/* Admin pin (revision 7), kvd_store_pin's daemon side: one call per run of
+ * keys of one namespace (at most KVD_PROTO_MAX_PIN_KEYS each). A reply
+ * saying store.pin_max_bytes was reached stops there with KVD_ERR_QUOTA
+ * (its counts included); a failed call stops there too, the counts then
+ * covering the calls before it. */
+kvd_status_t kvd_client_pin(kvd_client_t *c, const kvd_store_key_t *keys,
+                            size_t num, bool pinned, size_t *num_done_out,
+                            size_t *num_missing_out);
+
 /* One node of the daemon's cluster view (Admin cluster_nodes). */
 typedef struct kvd_client_node {
     char node_id[KVD_PROTO_MAX_NODE_ID_BYTES + 1];

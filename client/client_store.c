@@ -127,6 +127,14 @@ static kvd_status_t cl_delete(kvd_store_t *s, const kvd_store_key_t *keys,
     return kvd_client_delete(cl(s), keys, n, num_deleted_out);
 }
 
+static kvd_status_t cl_pin(kvd_store_t *s, const kvd_store_key_t *keys,
+                           size_t num, bool pinned, size_t *num_done_out,
+                           size_t *num_missing_out)
+{
+    return kvd_client_pin(cl(s), keys, num, pinned, num_done_out,
+                          num_missing_out);
+}
+
 static kvd_status_t cl_flush(kvd_store_t *s, int timeout_ms)
 {
     return kvd_client_flush(cl(s), timeout_ms);
@@ -160,6 +168,7 @@ const kvd_store_ops_t kvd_client_store_ops = {
     .scan = NULL,
     .tenant_set_quota = NULL,
     .flush = cl_flush,
+    .pin = cl_pin,
     .stats = cl_stats,
 };
 
@@ -179,5 +188,6 @@ const kvd_store_ops_t kvd_client_remote_ops = {
     .release = cl_release,
     .delete_keys = cl_delete,
     .flush = cl_flush,
+    .pin = cl_pin,
     .stats = cl_stats,
 };

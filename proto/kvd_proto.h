@@ -112,6 +112,8 @@ extern "C" {
 /* Nodes in one ClusterNodesReply (the daemon's view holds at most this
  * many, cluster/membership.h KVD_MEMBERSHIP_MAX_NODES). */
 #define KVD_PROTO_MAX_CLUSTER_NODES 1024
+/* Keys in one Admin pin. */
+#define KVD_PROTO_MAX_PIN_KEYS 4096
 /* Entries of a ConfigDumpReply, and the longest key, value or source. */
 #define KVD_PROTO_MAX_CONFIG_ENTRIES 256
 #define KVD_PROTO_MAX_CONFIG_TEXT 1024
@@ -225,6 +227,8 @@ KVD_PROTO_TYPEDEF_(config_dump_reply, CONFIG_DUMP_REPLY, ConfigDumpReply)
 KVD_PROTO_TYPEDEF_(cluster_nodes, CLUSTER_NODES, ClusterNodes)
 KVD_PROTO_TYPEDEF_(cluster_node, CLUSTER_NODE, ClusterNode)
 KVD_PROTO_TYPEDEF_(cluster_nodes_reply, CLUSTER_NODES_REPLY, ClusterNodesReply)
+KVD_PROTO_TYPEDEF_(pin, PIN, Pin)
+KVD_PROTO_TYPEDEF_(pin_reply, PIN_REPLY, PinReply)
 #undef KVD_PROTO_TYPEDEF_
 
 /* "step_plan", ... (the reason prefix); NULL for an unknown type. */

@@ -172,6 +172,9 @@ static const kvd_proto_rule_t rules[] = {
     {D(cluster_node), "version", RNG, 0, ID_MAX, 0},
     {D(cluster_nodes_reply), "self_node_id", RNG, 0, NODE_MAX, 0},
     {D(cluster_nodes_reply), "nodes", 0, 0, 0, KVD_PROTO_MAX_CLUSTER_NODES},
+    {D(pin), "namespace_id", REQ | RNG, NS_BYTES, NS_BYTES, 0},
+    {D(pin), "block_hashes", REQ | UNIQ | RNG, HASH_BYTES, HASH_BYTES,
+     KVD_PROTO_MAX_PIN_KEYS},
 };
 
 /* ------------------------------------------------------------------------ */

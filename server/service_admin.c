@@ -301,6 +301,7 @@ typedef struct svc_admin_reply {
     kvd_pb_cluster_nodes_reply_t cluster;
     kvd_member_t *members;
     kvd_pb_cluster_node_t *nodes, **nodep;
+    kvd_pb_pin_reply_t pin;
 } svc_admin_reply_t;
 
 static void admin_reply_init(svc_admin_reply_t *a)
@@ -314,6 +315,7 @@ static void admin_reply_init(svc_admin_reply_t *a)
         .drop_tenant = KVDEPOT__V1__DROP_TENANT_REPLY__INIT,
         .dump = KVDEPOT__V1__CONFIG_DUMP_REPLY__INIT,
         .cluster = KVDEPOT__V1__CLUSTER_NODES_REPLY__INIT,
+        .pin = KVDEPOT__V1__PIN_REPLY__INIT,
     };
     svc_listing_init(&a->list);
 }
@@ -505,6 +507,49 @@ static kvd_status_t admin_cluster_nodes(kvd_service_t *svc,
     return KVD_OK;
 }
 
+static kvd_status_t admin_pin(kvd_service_t *svc,
+                              const kvd_pb_admin_request_t *rq,
+                              svc_admin_reply_t *a, char *reason,
+                              size_t reason_len)
+{
+    const kvd_pb_pin_t *p = rq->pin;
+    kvd_store_key_t *keys = calloc(p->n_block_hashes, sizeof *keys);
+    if (keys == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < p->n_block_hashes; i++) {
+        memcpy(keys[i].ns.bytes, p->namespace_id.data, KVD_NAMESPACE_BYTES);
+        memcpy(keys[i].hash.bytes, p->block_hashes[i].data, KVD_SHA256_BYTES);
+    }
+    size_t done = 0, missing = 0;
+    kvd_status_t s = kvd_store_pin(svc->store, keys, p->n_block_hashes,
+                                   p->pinned, &done, &missing);
+    free(keys);
+    if (s != KVD_OK && s != KVD_ERR_QUOTA) {
+        kvd_config_err(reason, reason_len,
+                       "admin pin: %s after %zu of %zu keys", kvd_status_str(s),
+                       done, p->n_block_hashes);
+        return s;
+    }
+    a->pin.quota_reached = s == KVD_ERR_QUOTA;
+    a->pin.num_done = done;
+    a->pin.num_missing = missing;
+    a->rsp.result_case = KVDEPOT__V1__ADMIN_RESPONSE__RESULT_PIN;
+    a->rsp.pin = &a->pin;
+    return KVD_OK;
+}
+
+static const char *admin_op_name(int op)
+{
+    switch (op) {
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN: return "drain";
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP: return "config_dump";
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_CLUSTER_NODES: return "cluster_nodes";
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_PIN: return "pin";
+    default: return "op";
+    }
+}
+
 /* Runs the request's op into `a`. `only`: the caller's tenant id when it
  * is bound to one (NULL: an operator). */
 static kvd_status_t admin_op(kvd_service_t *svc,
@@ -517,16 +562,13 @@ static kvd_status_t admin_op(kvd_service_t *svc,
     if (only != NULL &&
         (rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN ||
          rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP ||
-         rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_CLUSTER_NODES)) {
+         rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_CLUSTER_NODES ||
+         rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_PIN)) {
         kvd_config_err(
             reason, reason_len,
             "admin %s: the caller is bound to tenant %s; this needs an "
             "operator's credentials",
-            rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_DRAIN ? "drain"
-            : rq->op_case == KVDEPOT__V1__ADMIN_REQUEST__OP_CONFIG_DUMP
-                ? "config_dump"
-                : "cluster_nodes",
-            svc_caller_tenant);
+            admin_op_name(rq->op_case), svc_caller_tenant);
         return KVD_ERR_AUTH;
     }
     switch (rq->op_case) {
@@ -553,6 +595,8 @@ static kvd_status_t admin_op(kvd_service_t *svc,
         return admin_config_dump(svc, a);
     case KVDEPOT__V1__ADMIN_REQUEST__OP_CLUSTER_NODES:
         return admin_cluster_nodes(svc, a);
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_PIN:
+        return admin_pin(svc, rq, a, reason, reason_len);
     default:
         kvd_config_err(reason, reason_len, "admin: unknown op %d",
                        (int)rq->op_case);

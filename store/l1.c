@@ -358,6 +358,7 @@ static void l1_entry_remove(kvd_l1_t *l1, l1_entry_t *e, bool evicted,
     }
     if (e->pinned) {
         l1->st.pinned_objects--;
+        l1->st.pinned_bytes -= e->size_bytes;
     }
     if (out != NULL) {
         out->key = e->key;
@@ -1001,7 +1002,8 @@ kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_store_key_t *key,
     return status;
 }
 
-kvd_status_t kvd_l1_pin(kvd_l1_t *l1, const kvd_store_key_t *key, bool pinned)
+kvd_status_t kvd_l1_pin(kvd_l1_t *l1, const kvd_store_key_t *key, bool pinned,
+                        uint64_t max_pinned_bytes)
 {
     if (l1 == NULL || key == NULL) {
         return KVD_ERR_INVALID;
@@ -1014,12 +1016,19 @@ kvd_status_t kvd_l1_pin(kvd_l1_t *l1, const kvd_store_key_t *key, bool pinned)
         goto out;
     }
     if (e->pinned != pinned) {
+        if (pinned && max_pinned_bytes != 0 &&
+            l1->st.pinned_bytes + e->size_bytes > max_pinned_bytes) {
+            status = KVD_ERR_QUOTA;
+            goto out;
+        }
         bool was = l1_evictable(e);
         e->pinned = pinned;
         if (pinned) {
             l1->st.pinned_objects++;
+            l1->st.pinned_bytes += e->size_bytes;
         } else {
             l1->st.pinned_objects--;
+            l1->st.pinned_bytes -= e->size_bytes;
         }
         l1_acct(l1, e, was);
     }

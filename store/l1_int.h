@@ -134,6 +134,7 @@ typedef struct kvd_l1_stats {
     uint64_t leases;          /* leases held (sum of readers' references) */
     uint64_t leased_objects;  /* ready entries with at least one lease */
     uint64_t pinned_objects;  /* entries pinned */
+    uint64_t pinned_bytes;    /* their size_bytes */
     uint64_t hits;            /* keys matched by kvd_l1_lookup_prefix */
     uint64_t misses;          /* lookups that stopped before their last key */
     uint64_t commits;         /* kvd_l1_commit successes */
@@ -337,9 +338,12 @@ kvd_status_t kvd_l1_peek(kvd_l1_t *l1, const kvd_store_key_t *key,
 /*
  * Pins (`pinned` true) or unpins an entry, reserved or ready. A pinned entry
  * is never evicted, by policy or quota; delete still removes it. Pinning is
- * a flag, not a count. Errors: KVD_ERR_INVALID (NULL), KVD_ERR_NOT_FOUND.
+ * a flag, not a count. `max_pinned_bytes` (0: no bound): a pin that would
+ * take the pinned entries' bytes past it is refused (KVD_ERR_QUOTA).
+ * Errors: KVD_ERR_INVALID (NULL), KVD_ERR_NOT_FOUND, KVD_ERR_QUOTA.
  */
-kvd_status_t kvd_l1_pin(kvd_l1_t *l1, const kvd_store_key_t *key, bool pinned);
+kvd_status_t kvd_l1_pin(kvd_l1_t *l1, const kvd_store_key_t *key, bool pinned,
+                        uint64_t max_pinned_bytes);
 
 /*
  * Evicts READY, unleased, unpinned entries in policy order until at least

@@ -73,6 +73,9 @@ typedef struct kvd_store_ops {
     kvd_status_t (*tenant_set_quota)(kvd_store_t *s, uint32_t tenant,
                                      uint64_t max_bytes);
     kvd_status_t (*flush)(kvd_store_t *s, int timeout_ms);
+    kvd_status_t (*pin)(kvd_store_t *s, const kvd_store_key_t *keys, size_t num,
+                        bool pinned, size_t *num_done_out,
+                        size_t *num_missing_out);
     kvd_status_t (*stats)(kvd_store_t *s, kvd_store_stats_t *out);
     kvd_status_t (*events_enable)(kvd_store_t *s, size_t capacity);
     kvd_status_t (*take_events)(kvd_store_t *s, kvd_store_event_t *out,

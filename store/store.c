@@ -87,6 +87,10 @@ static const kvd_config_field_t store_own_fields[] = {
     {"store.l1_policy", "s3fifo",
      "eviction policy of the host arena: s3fifo or lru", kvd_config_parse_enum,
      STORE_OFF(l1_policy), 0, 0, l1_policy_names},
+    {"store.pin_max_bytes", "0",
+     "bytes of the host arena kvd_store_pin may keep from eviction (0: half "
+     "of store.arena_size); a pin past it is refused",
+     kvd_config_parse_size, STORE_OFF(pin_max_bytes), 0, 0, NULL},
     {"store.l1_max_objects", "0",
      "most objects in the arena (0: arena_size / 64 KiB, at least 1024)",
      kvd_config_parse_int, STORE_OFF(l1_max_objects), 0, KVD_L1_CAPACITY_MAX,
@@ -810,6 +814,7 @@ const kvd_store_ops_t kvd_store_embedded_ops = {
     .wait = store_op_wait,
     .fd = store_op_fd,
     .delete_keys = store_op_delete,
+    .pin = store_op_pin,
     .scan = store_op_scan,
     .tenant_set_quota = store_op_tenant_set_quota,
     .flush = store_op_flush,

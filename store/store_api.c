@@ -228,6 +228,21 @@ KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
     return store->ops->delete_keys(store, keys, num, num_deleted_out);
 }
 
+KVD_API kvd_status_t kvd_store_pin(kvd_store_t *store,
+                                   const kvd_store_key_t *keys, size_t num,
+                                   bool pinned, size_t *num_done_out,
+                                   size_t *num_missing_out)
+{
+    if (store == NULL || (num > 0 && keys == NULL)) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->ops->pin == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
+    return store->ops->pin(store, keys, num, pinned, num_done_out,
+                           num_missing_out);
+}
+
 KVD_API kvd_status_t kvd_store_scan(kvd_store_t *store, uint64_t *cursor,
                                     kvd_store_object_t *out, size_t max,
                                     size_t *n_out)

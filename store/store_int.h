@@ -74,6 +74,7 @@ typedef struct store_settings {
     kvd_nvme_config_t nvme;
     int l1_policy;            /* kvd_l1_policy_t */
     int64_t l1_max_objects;   /* 0: from the arena size */
+    uint64_t pin_max_bytes;   /* pinned bytes at most (0: half the arena) */
     int64_t disk_max_objects; /* 0: from the disk size */
     int disk_write;           /* enum store_disk_write */
     int disk_admission;       /* enum store_admission */
@@ -238,6 +239,9 @@ kvd_status_t store_op_scan(kvd_store_t *base, uint64_t *cursor,
 kvd_status_t store_op_tenant_set_quota(kvd_store_t *base, uint32_t tenant,
                                        uint64_t max_bytes);
 kvd_status_t store_op_flush(kvd_store_t *base, int timeout_ms);
+kvd_status_t store_op_pin(kvd_store_t *base, const kvd_store_key_t *keys,
+                          size_t num, bool pinned, size_t *num_done_out,
+                          size_t *num_missing_out);
 kvd_status_t store_op_stats(kvd_store_t *base, kvd_store_stats_t *out);
 kvd_status_t store_op_events_enable(kvd_store_t *base, size_t capacity);
 kvd_status_t store_op_take_events(kvd_store_t *base, kvd_store_event_t *out,

@@ -65,6 +65,34 @@ kvd_status_t store_l2_victims_dispose(kvd_embedded_t *st,
     return first;
 }
 
+kvd_status_t store_op_pin(kvd_store_t *base, const kvd_store_key_t *keys,
+                          size_t num, bool pinned, size_t *num_done_out,
+                          size_t *num_missing_out)
+{
+    kvd_embedded_t *store = store_embedded(base);
+    uint64_t cap = store->cfg.pin_max_bytes != 0
+                       ? store->cfg.pin_max_bytes
+                       : store->arena_info.size_bytes / 2;
+    size_t done = 0, missing = 0;
+    kvd_status_t s = KVD_OK;
+    for (size_t i = 0; i < num && s == KVD_OK; i++) {
+        s = kvd_l1_pin(store->l1, &keys[i], pinned, cap);
+        if (s == KVD_OK) {
+            done++;
+        } else if (s == KVD_ERR_NOT_FOUND) {
+            missing++; /* not in the arena: absent, or on NVMe only */
+            s = KVD_OK;
+        }
+    }
+    if (num_done_out != NULL) {
+        *num_done_out = done;
+    }
+    if (num_missing_out != NULL) {
+        *num_missing_out = missing;
+    }
+    return s;
+}
+
 kvd_status_t store_op_delete(kvd_store_t *base, const kvd_store_key_t *keys,
                              size_t num, size_t *num_deleted_out)
 {

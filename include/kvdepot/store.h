@@ -492,6 +492,23 @@ KVD_API kvd_status_t kvd_store_delete(kvd_store_t *store,
                                       const kvd_store_key_t *keys, size_t num,
                                       size_t *num_deleted_out);
 
+/*
+ * Pins (`pinned` true) or unpins the objects of `keys` in the host arena: a
+ * pinned object is never evicted (by policy, quota or a full arena) until
+ * it is unpinned or deleted; pinning is a flag, not a count. Keys not in
+ * the arena (absent, or on the NVMe tier only) are skipped and counted in
+ * *num_missing_out; *num_done_out counts the keys now as asked (both may be
+ * NULL). The pinned objects' bytes are bounded by store.pin_max_bytes
+ * (default half of the arena): the pin that would pass it answers
+ * KVD_ERR_QUOTA, the keys before it done, the rest untouched. Daemon mode:
+ * one Admin call (operators only: KVD_ERR_AUTH for a caller bound to a
+ * tenant). KVD_ERR_INVALID: NULL keys with num > 0. Thread: any.
+ */
+KVD_API kvd_status_t kvd_store_pin(kvd_store_t *store,
+                                   const kvd_store_key_t *keys, size_t num,
+                                   bool pinned, size_t *num_done_out,
+                                   size_t *num_missing_out);
+
 /* One stored object, written by kvd_store_scan. */
 typedef struct kvd_store_object {
     kvd_store_key_t key;

@@ -185,7 +185,14 @@ run 2 ls --jsonx
 # Clear by prefix: --evict removes the prompt's stored blocks (both of
 # them, the one behind the miss too); the next lookup finds none.
 run 2 lookup --namespace "$NS" --tokens "$TOKENS" --block-size 4 --evict --json
-expect_text err "--evict prints text"
+expect_text err "print text; leave out --json"
+run 2 lookup --namespace "$NS" --tokens "$TOKENS" --block-size 4 --pin --unpin
+expect_text err "one of --evict, --pin and --unpin"
+# Pin and unpin the prompt's blocks: both stored ones count.
+run 0 lookup --namespace "$NS" --tokens "$TOKENS" --block-size 4 --pin
+expect_text out "pinned 2 of the prompt's 2 stored block(s)"
+run 0 lookup --namespace "$NS" --tokens "$TOKENS" --block-size 4 --unpin
+expect_text out "unpinned 2 of the prompt's 2 stored block(s)"
 run 0 lookup --namespace "$NS" --tokens "$TOKENS" --block-size 4 --evict
 expect_text out "evicted 2 of the prompt's 2 stored block(s)"
 run 0 lookup --namespace "$NS" --tokens "$TOKENS" --block-size 4
@@ -208,6 +215,18 @@ run 1 drain on --wait --address "unix:$WORK/nobody.sock" --timeout 300ms
 expect_text err "cannot connect to kvdepotd"
 
 # --- tenant names: this user's saves belong to team-a -------------------------
+# --- pin bound -------------------------------------------------------------------
+# store.pin_max_bytes bounds what pins keep: one 4 KiB object fits, the
+# second is refused with the reason.
+start_daemon p --set store.pin_max_bytes=4k
+PADDR="unix:$WORK/p.sock"
+run 0 put --address "$PADDR" --namespace "$NS" --hash "$H0" "$WORK/blk"
+run 0 put --address "$PADDR" --namespace "$NS" --hash "$H2" "$WORK/blk"
+run 1 lookup --address "$PADDR" --namespace "$NS" --tokens "$TOKENS" \
+    --block-size 4 --pin
+expect_text out "pinned 1 of the prompt's 2 stored block(s)"
+expect_text err "store.pin_max_bytes is reached"
+
 start_daemon b --set server.tenants="$(id -u)=team-a" \
     --set server.tenant_arena_size=shared
 KVDEPOT_STORE_ADDRESS="unix:$WORK/b.sock"

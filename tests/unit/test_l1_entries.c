@@ -97,7 +97,7 @@ static void test_lifecycle_errors(void **state)
     assert_int_equal(kvd_l1_abort(l1, &k, NULL), KVD_ERR_INVALID);
     assert_int_equal(kvd_l1_abort(NULL, &k, &slot), KVD_ERR_INVALID);
     assert_int_equal(kvd_l1_release(l1, NULL), KVD_ERR_INVALID);
-    assert_int_equal(kvd_l1_pin(NULL, &k, true), KVD_ERR_INVALID);
+    assert_int_equal(kvd_l1_pin(NULL, &k, true, 0), KVD_ERR_INVALID);
     assert_int_equal(kvd_l1_delete(l1, &k, NULL), KVD_ERR_INVALID);
     assert_int_equal(kvd_l1_lookup_prefix(l1, NULL, 1, &slot, &n),
                      KVD_ERR_INVALID);
@@ -122,7 +122,7 @@ static void test_lifecycle_errors(void **state)
     assert_int_equal(kvd_l1_commit(l1, &absent), KVD_ERR_NOT_FOUND);
     assert_int_equal(kvd_l1_abort(l1, &absent, &slot), KVD_ERR_NOT_FOUND);
     assert_int_equal(kvd_l1_release(l1, &absent), KVD_ERR_NOT_FOUND);
-    assert_int_equal(kvd_l1_pin(l1, &absent, true), KVD_ERR_NOT_FOUND);
+    assert_int_equal(kvd_l1_pin(l1, &absent, true, 0), KVD_ERR_NOT_FOUND);
     assert_int_equal(kvd_l1_delete(l1, &absent, v), KVD_ERR_NOT_FOUND);
 
     /* Reserved: invisible, not releasable, not deletable, not evictable. */
@@ -155,7 +155,7 @@ static void test_lifecycle_errors(void **state)
     assert_int_equal(kvd_l1_release(l1, &k), KVD_ERR_STATE);
 
     /* Delete hands the object back, pinned or not. */
-    assert_int_equal(kvd_l1_pin(l1, &k, true), KVD_OK);
+    assert_int_equal(kvd_l1_pin(l1, &k, true, 0), KVD_OK);
     memset(v, 0, sizeof(v));
     assert_int_equal(kvd_l1_delete(l1, &k, &v[0]), KVD_OK);
     assert_memory_equal(&v[0].key, &k, sizeof(k));
@@ -320,12 +320,16 @@ static void test_stats_exact(void **state)
     assert_true(test_touch(l1, &k[1]));
     assert_false(test_get(l1, &k[3], NULL)); /* reserved: miss */
     assert_false(test_get(l1, &k[5], NULL)); /* absent: miss */
-    assert_int_equal(kvd_l1_pin(l1, &k[2], true), KVD_OK);
-    assert_int_equal(kvd_l1_pin(l1, &k[2], true), KVD_OK); /* a flag */
+    /* A bound on pinned bytes refuses a pin past it (k2 is 30 bytes). */
+    assert_int_equal(kvd_l1_pin(l1, &k[2], true, 29), KVD_ERR_QUOTA);
+    assert_int_equal(test_stats(l1).pinned_bytes, 0);
+    assert_int_equal(kvd_l1_pin(l1, &k[2], true, 30), KVD_OK);
+    assert_int_equal(kvd_l1_pin(l1, &k[2], true, 1), KVD_OK); /* a flag */
+    assert_int_equal(test_stats(l1).pinned_bytes, 30);
     assert_int_equal(kvd_l1_evict(l1, 4, 0, v, 4, &n), KVD_OK);
     assert_int_equal(n, 1); /* only k1: k0 leased, k2 pinned, k3 reserved */
     assert_int_equal(v[0].slot, 1);
-    assert_int_equal(kvd_l1_pin(l1, &k[2], false), KVD_OK);
+    assert_int_equal(kvd_l1_pin(l1, &k[2], false, 0), KVD_OK);
     assert_int_equal(kvd_l1_delete(l1, &k[2], v), KVD_OK);
 
     kvd_l1_stats_t s = test_stats(l1);

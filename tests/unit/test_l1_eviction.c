@@ -44,7 +44,7 @@ static void test_evict_skips_busy_policy(kvd_l1_policy_t policy)
             assert_true(test_get(l1, &keys[i], NULL));
             busy[i] = true;
         } else if (i % 5 == 0) {
-            assert_int_equal(kvd_l1_pin(l1, &keys[i], true), KVD_OK);
+            assert_int_equal(kvd_l1_pin(l1, &keys[i], true, 0), KVD_OK);
             busy[i] = true;
         }
         expect_busy += busy[i];

@@ -74,7 +74,7 @@ static void md_take_victim(md_t *m, const kvd_l1_victim_t *v, uint32_t tenant)
 static void md_check(md_t *m)
 {
     uint64_t objects = 0, reserved = 0, bytes = 0, leases = 0, leased = 0;
-    uint64_t pinned = 0;
+    uint64_t pinned = 0, pinned_bytes = 0;
     uint64_t t_obj[MD_TENANTS] = {0}, t_bytes[MD_TENANTS] = {0};
     uint64_t t_evictable[MD_TENANTS] = {0};
     for (uint32_t i = 0; i < MD_KEYS; i++) {
@@ -88,6 +88,7 @@ static void md_check(md_t *m)
         leases += o->refs;
         leased += o->refs > 0;
         pinned += o->pinned;
+        pinned_bytes += o->pinned ? o->size : 0;
         t_obj[o->tenant]++;
         t_bytes[o->tenant] += o->size;
         t_evictable[o->tenant] += md_evictable(o) ? o->size : 0;
@@ -99,6 +100,7 @@ static void md_check(md_t *m)
     assert_int_equal(s.leases, leases);
     assert_int_equal(s.leased_objects, leased);
     assert_int_equal(s.pinned_objects, pinned);
+    assert_int_equal(s.pinned_bytes, pinned_bytes);
     assert_int_equal(s.small_objects + s.main_objects + s.lru_objects,
                      objects - reserved);
     for (uint32_t t = 0; t < MD_TENANTS; t++) {
@@ -229,7 +231,7 @@ static void md_step(md_t *m, unsigned r)
     }
     case 6: {
         bool pin = (r >> 12) % 3 == 0;
-        assert_int_equal(kvd_l1_pin(m->l1, &k, pin),
+        assert_int_equal(kvd_l1_pin(m->l1, &k, pin, 0),
                          o->present ? KVD_OK : KVD_ERR_NOT_FOUND);
         o->pinned = o->present && pin;
         break;

@@ -101,7 +101,7 @@ static void test_s3fifo_ghost(void **state)
     assert_false(test_get(l1, &a, NULL));
     assert_int_equal(kvd_l1_release(l1, &a), KVD_ERR_NOT_FOUND);
     assert_int_equal(kvd_l1_delete(l1, &a, &v), KVD_ERR_NOT_FOUND);
-    assert_int_equal(kvd_l1_pin(l1, &a, true), KVD_ERR_NOT_FOUND);
+    assert_int_equal(kvd_l1_pin(l1, &a, true, 0), KVD_ERR_NOT_FOUND);
 
     /* Re-admission goes to M; a new key goes to S. */
     test_put(l1, &a, 0, 1, 50);
@@ -154,7 +154,7 @@ static void test_s3fifo_promotion(void **state)
     /* S is under its share now, so M goes first: 0 spends its second
      * chance (freq 1 -> 0) and is the victim. */
     for (uint32_t i = 2; i < 6; i++) {
-        assert_int_equal(kvd_l1_pin(l1, &keys[i], true), KVD_OK);
+        assert_int_equal(kvd_l1_pin(l1, &keys[i], true, 0), KVD_OK);
     }
     assert_int_equal(kvd_l1_evict(l1, 1, 0, &v, 1, &n), KVD_OK);
     assert_int_equal(n, 1);
@@ -170,7 +170,7 @@ static void test_s3fifo_promotion(void **state)
     assert_int_equal(s.small_objects, 0);
     assert_int_equal(s.main_objects, 4);
     assert_int_equal(s.pinned_objects, 4);
-    assert_int_equal(kvd_l1_pin(l1, &keys[3], false), KVD_OK);
+    assert_int_equal(kvd_l1_pin(l1, &keys[3], false, 0), KVD_OK);
     assert_int_equal(kvd_l1_evict(l1, 1, 0, &v, 1, &n), KVD_OK);
     assert_int_equal(n, 1);
     assert_int_equal(v.slot, 3);

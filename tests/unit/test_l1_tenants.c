@@ -83,10 +83,10 @@ static void test_quota(void **state)
     assert_int_equal(s.evictions, 0);
     /* Pinned is as good as leased for quota eviction. */
     assert_int_equal(kvd_l1_release(l1, &ka[4]), KVD_OK);
-    assert_int_equal(kvd_l1_pin(l1, &ka[4], true), KVD_OK);
+    assert_int_equal(kvd_l1_pin(l1, &ka[4], true, 0), KVD_OK);
     assert_int_equal(kvd_l1_reserve(l1, &ka[5], A, 100, 5, v, 4, &n),
                      KVD_ERR_QUOTA);
-    assert_int_equal(kvd_l1_pin(l1, &ka[4], false), KVD_OK);
+    assert_int_equal(kvd_l1_pin(l1, &ka[4], false, 0), KVD_OK);
     /* max_victims too small: the victims evicted so far are reported. */
     assert_int_equal(kvd_l1_release(l1, &ka[3]), KVD_OK);
     n = 99;

@@ -483,6 +483,35 @@ static void test_cluster_nodes(void **state)
     kvd_test_svc_close(&c);
 }
 
+/* pin: an operator pins stored objects (absent ones counted apart); a
+ * caller bound to a tenant may not. */
+static void test_pin(void **state)
+{
+    kvd_test_svc_t *t = *state;
+    kvd_test_svc_save(t, NS, 0, 1, NULL); /* hash 0 stored, hash 1 not */
+    kvd_namespace_t ns;
+    kvd_block_hash_t h[2];
+    ProtobufCBinaryData hashes[2];
+    kvd_test_svc_hash_fields(0, 2, h, hashes);
+    kvd_pb_pin_t op = KVDEPOT__V1__PIN__INIT;
+    op.namespace_id = kvd_test_svc_ns_field(&ns, NS);
+    op.n_block_hashes = 2;
+    op.block_hashes = hashes;
+    op.pinned = true;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_PIN;
+    rq.pin = &op;
+    kvd_status_t s;
+    kvd_pb_admin_response_t *r = admin(t, &rq, NULL, &s);
+    assert_int_equal(s, KVD_OK);
+    assert_int_equal(r->pin->num_done, 1);
+    assert_int_equal(r->pin->num_missing, 1);
+    assert_false(r->pin->quota_reached);
+    kvd_proto_admin_response_free(r);
+    assert_null(admin(t, &rq, TA, &s));
+    assert_int_equal(s, KVD_ERR_AUTH);
+}
+
 static void test_refused_calls(void **state)
 {
     kvd_test_svc_t *t = *state;
@@ -526,6 +555,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stats_per_tenant, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_calls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cluster_nodes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pin, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

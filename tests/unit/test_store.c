@@ -292,6 +292,57 @@ static void test_eviction_spares_leases(void **state)
     kvd_store_close(st);
 }
 
+/* kvd_store_pin: pinned objects outlive any pressure until unpinned;
+ * pins stop at store.pin_max_bytes (default half the arena); keys not in
+ * the arena are counted apart. */
+static void test_pins(void **state)
+{
+    (void)state;
+    kvd_store_t *st = open_store("16m", "4m", NULL, NULL);
+    kvd_namespace_t ns = ns_of(5);
+    put_range(st, &ns, 0, 10, MIB, 0);
+    kvd_store_key_t k[10];
+    for (uint32_t i = 0; i < 10; i++) {
+        k[i] = (kvd_store_key_t){ns, hash_of(i)};
+    }
+    kvd_store_key_t absent = {ns, hash_of(999)};
+    size_t done = 0, missing = 0;
+    assert_int_equal(kvd_store_pin(st, &absent, 1, true, &done, &missing),
+                     KVD_OK);
+    assert_int_equal(done, 0);
+    assert_int_equal(missing, 1);
+    /* Half of 16 MiB: eight 1 MiB objects, the ninth refused. */
+    assert_int_equal(kvd_store_pin(st, k, 10, true, &done, &missing),
+                     KVD_ERR_QUOTA);
+    assert_int_equal(done, 8);
+    assert_int_equal(missing, 0);
+
+    /* 40 more objects through the 16-slot arena: the pinned eight stay. */
+    for (uint32_t i = 0; i < 40; i++) {
+        put_range(st, &ns, 100 + i, 1, MIB, 0);
+    }
+    kvd_store_lease_t l[10];
+    assert_int_equal(lookup_range(st, &ns, 0, 10, l), 8);
+    for (uint32_t i = 0; i < 8; i++) {
+        const uint8_t *p = kvd_store_arena_ptr(st, l[i].arena_offset, MIB);
+        assert_true(check(p, MIB, i));
+    }
+    assert_int_equal(kvd_store_release(st, l, 8), KVD_OK);
+
+    /* Unpinned, they go like any other. */
+    assert_int_equal(kvd_store_pin(st, k, 8, false, &done, NULL), KVD_OK);
+    assert_int_equal(done, 8);
+    for (uint32_t i = 0; i < 40; i++) {
+        put_range(st, &ns, 200 + i, 1, MIB, 0);
+    }
+    assert_int_equal(lookup_range(st, &ns, 0, 1, l), 0);
+    assert_int_equal(kvd_store_pin(NULL, k, 1, true, NULL, NULL),
+                     KVD_ERR_INVALID);
+    assert_int_equal(kvd_store_pin(st, NULL, 1, true, NULL, NULL),
+                     KVD_ERR_INVALID);
+    kvd_store_close(st);
+}
+
 static void test_slab_pressure_mixed_sizes(void **state)
 {
     (void)state;
@@ -688,6 +739,7 @@ int main(void)
         cmocka_unit_test(test_scan),
         cmocka_unit_test(test_gaps_duplicates_and_aborts),
         cmocka_unit_test(test_eviction_spares_leases),
+        cmocka_unit_test(test_pins),
         cmocka_unit_test(test_slab_pressure_mixed_sizes),
         cmocka_unit_test(test_tenant_quota),
         cmocka_unit_test(test_get_host_lease_and_poll),
