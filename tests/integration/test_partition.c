@@ -77,11 +77,35 @@ static void net_delete(net_t *n)
     (void)sh("ip netns del %s 2>/dev/null", n->hub);
 }
 
+static int net_build(net_t *n, int id);
+
+/* The namespaces are named after this process's id: a run that was killed
+ * before its teardown left its own behind, under names a later process
+ * with the same id would take, so those go first; and a build that fails
+ * half way takes down what it made. */
 static int net_create(net_t *n)
 {
     int id = (int)(getpid() % 100000);
-    n->subnet = id % 250;
+    static const char *const role[3] = {"e", "a", "b"};
     snprintf(n->hub, sizeof n->hub, "kvdhub%d", id);
+    for (int i = 0; i < 3; i++) {
+        snprintf(n->ns[i], sizeof n->ns[i], "kvd%s%d", role[i], id);
+    }
+    for (int pass = 0; pass < 2; pass++) {
+        net_delete(n);
+        for (int i = 0; i < 3; i++) { /* a veth not moved yet */
+            (void)sh("ip link del kvdtmp%d%s 2>/dev/null", id, role[i]);
+        }
+        if (pass == 0 && net_build(n, id) == 0) {
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int net_build(net_t *n, int id)
+{
+    n->subnet = id % 250;
     static const char *const role[3] = {"e", "a", "b"};
     if (sh("ip netns add %s && ip -n %s link add br0 type bridge && "
            "ip -n %s link set br0 up",
@@ -89,7 +113,6 @@ static int net_create(net_t *n)
         return -1;
     }
     for (int i = 0; i < 3; i++) {
-        snprintf(n->ns[i], sizeof n->ns[i], "kvd%s%d", role[i], id);
         snprintf(n->veth[i], sizeof n->veth[i], "kvd%s0", role[i]);
         snprintf(n->addr[i], sizeof n->addr[i], "10.231.%d.%d", n->subnet,
                  i + 1);
