@@ -151,7 +151,7 @@ def test_grpc_client_over_tcp(tmp_path, stubs):
         assert out["unknown_method"] == ["UNIMPLEMENTED", "-6"]
         assert out["unknown_lease"] == ["OK", None]  # nothing to release
         assert out["stale_instance"] == ["FAILED_PRECONDITION", "-7"]
-        assert out["ping"][1:] == [1, 6]
+        assert out["ping"][1:] == [1, 7]
         assert out["after"] == 1
 
         status, body = get(mport, "/metrics")
