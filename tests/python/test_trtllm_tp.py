@@ -98,24 +98,29 @@ def run_engine(model, sock, phase):
     return got
 
 
-@pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
-def test_two_ranks_in_two_processes_through_a_daemon(tmp_path):
+def model_and_daemon(tmp_path):
+    """The model's config.json (a directory name) and a kvdepotd: (model,
+    daemon process, its socket)."""
     model = Path(tmp_path) / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({
         "num_hidden_layers": LAYERS, "num_attention_heads": 8,
         "num_key_value_heads": HEADS, "hidden_size": 8 * DIM,
         "torch_dtype": "float16"}))
-    proc = start_daemon(tmp_path)[0]
-    sock = f"{tmp_path}/d.sock"
+    return str(model), start_daemon(tmp_path)[0], f"{tmp_path}/d.sock"
+
+
+@pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
+def test_two_ranks_in_two_processes_through_a_daemon(tmp_path):
+    model, proc, sock = model_and_daemon(tmp_path)
     try:
-        saved = run_engine(str(model), sock, "save")
+        saved = run_engine(model, sock, "save")
         for r in (0, 1):
             n, is_async, stats, _ = saved[r]
             assert (n, is_async) == (0, False)
             assert stats["blocks_saved"] == 4
         assert saved[0][3][3] != saved[1][3][3]
-        loaded = run_engine(str(model), sock, "load")
+        loaded = run_engine(model, sock, "load")
         for r in (0, 1):
             n, is_async, stats, got = loaded[r]
             assert (n, is_async) == (4 * BS, True)
@@ -129,19 +134,12 @@ def test_two_ranks_in_two_processes_through_a_daemon(tmp_path):
 def test_a_block_one_rank_lost_is_promised_to_none(tmp_path):
     """All or nothing across ranks: blocks whose shard rank 1 never stored
     are matched for no rank; the blocks both hold load on both."""
-    model = Path(tmp_path) / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "num_hidden_layers": LAYERS, "num_attention_heads": 8,
-        "num_key_value_heads": HEADS, "hidden_size": 8 * DIM,
-        "torch_dtype": "float16"}))
-    proc = start_daemon(tmp_path)[0]
-    sock = f"{tmp_path}/d.sock"
+    model, proc, sock = model_and_daemon(tmp_path)
     try:
-        saved = run_engine(str(model), sock, "save-partial")
+        saved = run_engine(model, sock, "save-partial")
         assert saved[0][2]["blocks_saved"] == 4
         assert saved[1][2]["blocks_saved"] == 2
-        loaded = run_engine(str(model), sock, "load")
+        loaded = run_engine(model, sock, "load")
         for r in (0, 1):
             n, is_async, stats, got = loaded[r]
             assert (n, is_async) == (2 * BS, True)
