@@ -152,6 +152,66 @@ def test_two_daemons_one_cluster(tmp_path):
         c.close()
 
 
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="no openssl")
+def test_two_daemons_over_tls_etcd(tmp_path):
+    """kvdepotd's cluster.etcd_tls_ca/_cert/_key against an etcd that
+    serves TLS and wants client certificates (--client-cert-auth), with
+    certificates made by openssl: two daemons register and see each other;
+    a daemon without the settings never registers."""
+    from test_daemon_grpc import make_pki
+    pki = tmp_path / "pki"
+    pki.mkdir()
+    make_pki(pki)
+    (pki / "client.key").chmod(0o600)
+    cport, pport = free_port(), free_port()
+    client = f"https://127.0.0.1:{cport}"
+    peer = f"http://127.0.0.1:{pport}"
+    log = open(tmp_path / "etcd.log", "a")
+    etcd = subprocess.Popen(
+        [ETCD, "--name", "t", "--data-dir", str(tmp_path / "etcd"),
+         "--listen-client-urls", client, "--advertise-client-urls", client,
+         "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+         "--initial-cluster", f"t={peer}", "--log-level", "warn",
+         "--logger", "zap", "--cert-file", str(pki / "server.pem"),
+         "--key-file", str(pki / "server.key"),
+         "--trusted-ca-file", str(pki / "ca.pem"), "--client-cert-auth"],
+        stdout=log, stderr=subprocess.STDOUT)
+    common = [f"cluster.etcd=127.0.0.1:{cport}", "cluster.name=tls",
+              "cluster.lease_ttl=2s"]
+    tls = [f"cluster.etcd_tls_ca={pki}/ca.pem",
+           f"cluster.etcd_tls_cert={pki}/client.pem",
+           f"cluster.etcd_tls_key={pki}/client.key"]
+    procs = []
+    try:
+        metrics = []
+        for n in ("a", "b"):
+            d = tmp_path / n
+            d.mkdir()
+            p, _, m = start_daemon(d, f"server.node_id=node-{n}", *common,
+                                   *tls)
+            procs.append(p)
+            metrics.append(m)
+        assert wait_for(lambda: all(
+            metric(m, "kvdepot_cluster_nodes") == 2 for m in metrics), 30), \
+            (tmp_path / "etcd.log").read_text()[-2000:]
+        rc, out, err = cluster_nodes(tmp_path / "a", "--json")
+        assert rc == 0, err
+        assert [n["node_id"] for n in json.loads(out)["nodes"]] == \
+            ["node-a", "node-b"]
+        d = tmp_path / "plain"
+        d.mkdir()
+        p, _, m = start_daemon(d, "server.node_id=node-plain", *common)
+        procs.append(p)
+        time.sleep(3)
+        assert metric(m, "kvdepot_cluster_registered") == 0
+        assert metric(metrics[0], "kvdepot_cluster_nodes") == 2
+    finally:
+        for p in procs:
+            stop_daemon(p)
+        etcd.kill()
+        etcd.wait()
+
+
 def test_prefill_decode_over_two_daemons(tmp_path):
     """Disaggregated serving: a prefill engine on node P's kvdepotd, a
     decode engine on node D's; the decode request carries the prefill
