@@ -28,6 +28,11 @@ extern "C" {
 /* Returns the library version as "MAJOR.MINOR.PATCH"; static storage. */
 KVD_API const char *kvd_version(void);
 
+/* sizeof the public struct named `name` (its typedef, e.g.
+ * "kvd_leader_config_t"), 0 for a name this library does not have: for
+ * bindings that lay the structs out themselves to check they match. */
+KVD_API size_t kvd_struct_size(const char *name);
+
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                             */
 /* ------------------------------------------------------------------------ */

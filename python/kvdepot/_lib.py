@@ -5,7 +5,11 @@ handle in close(). The structures mirror the C headers field for field.
 
 The library is found through KVDEPOT_LIB (a path), then next to this package
 (an installed copy), then the build trees of a source checkout, then the
-system linker path.
+system linker path. A library is taken only when it matches this package:
+the same MAJOR.MINOR version, and every structure mirrored here of the size
+the library's kvd_struct_size reports (a library built from other headers
+would be passed structs of the wrong shape); one that does not is skipped
+with the reason, which the error lists when none fits.
 
 Once loaded, the library's log messages go to Python's logging (logger
 "kvdepot.lib", the C level mapped to logging's) instead of straight to
@@ -66,6 +70,10 @@ def lib():
                 except OSError as e:
                     errors.append(f"{path}: {e}")
                     continue
+                why = _mismatch(handle)
+                if why:
+                    errors.append(f"{path}: {why}")
+                    continue
                 _declare(handle)
                 _route_logs(handle)
                 _lib = handle
@@ -74,6 +82,33 @@ def lib():
                 raise OSError("libkvdepot.so not found; set KVDEPOT_LIB "
                               "(tried: " + "; ".join(errors or ["nothing"]) + ")")
         return _lib
+
+
+def _mismatch(handle):
+    """Why `handle` is not the library this package was written for, or
+    None: its version (MAJOR.MINOR) and the size of every mirrored
+    structure (kvd_struct_size) must match."""
+    from kvdepot import __version__
+    try:
+        handle.kvd_version.restype = ctypes.c_char_p
+        version = handle.kvd_version().decode()
+        size = handle.kvd_struct_size
+    except AttributeError:
+        return ("a libkvdepot without kvd_struct_size (older than this "
+                "package): rebuild it from this source tree")
+    if version.split(".")[:2] != __version__.split(".")[:2]:
+        return (f"libkvdepot {version}, this package is {__version__}: use "
+                f"the library built with this package")
+    size.restype = ctypes.c_size_t
+    size.argtypes = [ctypes.c_char_p]
+    for cls, name in _MIRRORS:
+        want = size(name.encode())
+        if want != ctypes.sizeof(cls):
+            return (f"{name} is {want} bytes in the library and "
+                    f"{ctypes.sizeof(cls)} in this package: the library was "
+                    f"built from other headers; rebuild it or reinstall "
+                    f"the package")
+    return None
 
 
 # kvd_log_sink_fn(void *arg, kvd_log_level_t level, const char *file,
@@ -266,6 +301,24 @@ class LeaderSavedBlock(ctypes.Structure):
 
 class StoreEvent(ctypes.Structure):
     _fields_ = [("key", StoreKey), ("kind", ctypes.c_int)]
+
+
+# The structures above and the C typedef each mirrors (checked at load).
+_MIRRORS = (
+    (Namespace, "kvd_namespace_t"), (BlockHash, "kvd_block_hash_t"),
+    (StoreKey, "kvd_store_key_t"), (NamespaceDesc, "kvd_namespace_desc_t"),
+    (LeaderConfig, "kvd_leader_config_t"),
+    (LeaderTransfer, "kvd_leader_transfer_t"),
+    (LeaderMmInput, "kvd_leader_mm_input_t"),
+    (LeaderRequest, "kvd_leader_request_t"),
+    (ObjectFormat, "kvd_object_format_t"), (KvLayout, "kvd_kv_layout_t"),
+    (WorkerConfig, "kvd_worker_config_t"),
+    (FailedLoad, "kvd_worker_failed_load_t"),
+    (WorkerFinished, "kvd_worker_finished_t"),
+    (WorkerStats, "kvd_worker_stats_t"), (LeaderStats, "kvd_leader_stats_t"),
+    (LeaderSavedBlock, "kvd_leader_saved_block_t"),
+    (StoreEvent, "kvd_store_event_t"),
+)
 
 
 # store.h kvd_store_event_kind_t.
