@@ -10,6 +10,8 @@
 #                        (needs pypi.nvidia.com; not make test)
 #   make test-hf         kvdepot.hf on tiny transformers models (PyPI torch and
 #                        transformers in build/hf-venv; .ci/run runs it)
+#   make wheel           dist/kvdepot-*.whl with libkvdepot.so inside (release
+#                        build; needs Debian's libraries, DEBIAN_DEPENDS)
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
 #                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
@@ -37,7 +39,7 @@ FUZZ_SECONDS ?= 60
 CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo bench bench-peers soak \
+.PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo wheel bench bench-peers soak \
         fuzz fuzz-all fmt \
         format-check check-sizes lint install clean
 
@@ -105,6 +107,12 @@ test-hf: build
 
 demo: build
 	@build/dev/demo/kvdepot-demo $(DEMO_ARGS)
+
+# The Python package as a platform wheel carrying the release library.
+wheel: deps
+	@cmake --preset release >/dev/null
+	@cmake --build --preset release -j $(JOBS) --target kvdepot
+	@scripts/build-wheel.sh build/release/libkvdepot.so dist
 
 # The peers come from PyPI into build/peers-venv (scripts/install-peers.sh).
 bench-peers: build

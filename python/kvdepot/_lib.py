@@ -68,7 +68,7 @@ def lib():
                 try:
                     handle = ctypes.CDLL(str(path))
                 except OSError as e:
-                    errors.append(f"{path}: {e}")
+                    errors.append(f"{path}: {e}{_missing_hint(path, e)}")
                     continue
                 why = _mismatch(handle)
                 if why:
@@ -82,6 +82,17 @@ def lib():
                 raise OSError("libkvdepot.so not found; set KVDEPOT_LIB "
                               "(tried: " + "; ".join(errors or ["nothing"]) + ")")
         return _lib
+
+
+def _missing_hint(path, err):
+    """For the wheel's own library whose shared libraries are missing: the
+    Debian packages that hold them (kvdepot/DEBIAN_DEPENDS)."""
+    deps = Path(__file__).resolve().parent / "DEBIAN_DEPENDS"
+    if Path(path).parent != deps.parent or not deps.is_file() or \
+            "cannot open shared object" not in str(err):
+        return ""
+    names = " ".join(deps.read_text().split())
+    return f" (the library needs Debian's: apt install {names})"
 
 
 def _mismatch(handle):

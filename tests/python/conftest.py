@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+# KVDEPOT_TEST_INSTALLED=1: the tests run against an installed package
+# (the wheel test), not the source tree's.
+if not os.environ.get("KVDEPOT_TEST_INSTALLED"):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 
 def require_lib():

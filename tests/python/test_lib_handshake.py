@@ -28,6 +28,22 @@ class FakeLib:
             self.kvd_struct_size = kvd_struct_size
 
 
+def test_an_installed_package_uses_its_own_library():
+    """Under the wheel test: the package comes from site-packages and its
+    library from next to it, with no KVDEPOT_LIB."""
+    import os
+    from pathlib import Path
+    import kvdepot
+    if not os.environ.get("KVDEPOT_TEST_INSTALLED"):
+        return
+    here = Path(kvdepot.__file__).resolve().parent
+    assert "site-packages" in str(here), here
+    assert "KVDEPOT_LIB" not in os.environ
+    assert Path(_lib.lib()._name).resolve() == here / "libkvdepot.so"
+    assert (here / "py.typed").is_file()
+    assert (here / "DEBIAN_DEPENDS").read_text().split()
+
+
 def test_the_built_library_matches():
     assert _lib._mismatch(_lib.lib()) is None
     for cls, name in _lib._MIRRORS:
