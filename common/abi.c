@@ -14,7 +14,10 @@
 #include "kvdepot/store.h"
 #include "kvdepot/worker.h"
 
-#define KVD_ABI_ENTRY(t) {#t, sizeof(t)}
+#define KVD_ABI_ENTRY(t)                                                       \
+    {                                                                          \
+#t, sizeof(t)                                                          \
+    }
 
 static const struct {
     const char *name;
