@@ -42,10 +42,13 @@ How TensorRT-LLM's API shapes this module:
   the engine's own kvdepotd, as with vLLM.
 """
 
+from __future__ import annotations
+
 import json
 import logging
 import os
 from pathlib import Path
+from typing import Any, Dict, List, Tuple
 
 from kvdepot import _lib, _spawn, config
 from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _FP8_DTYPES, _KVD_DTYPES,
@@ -331,7 +334,9 @@ class KvdepotScheduler(KvCacheConnectorScheduler):
         log.info("kvdepot: TensorRT-LLM connector, %s store, TP %d",
                  m.store_mode, m.tp)
 
-    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+    def get_num_new_matched_tokens(self, request: Any,
+                                   num_computed_tokens: int
+                                   ) -> Tuple[int, bool]:
         rid = str(request.request_id)
         try:
             r = self.leader.match(rid, _tokens(request), num_computed_tokens,
@@ -345,7 +350,8 @@ class KvdepotScheduler(KvCacheConnectorScheduler):
         # Every load is asynchronous (the module's docstring says why).
         return matched, matched > 0
 
-    def update_state_after_alloc(self, request, block_ids):
+    def update_state_after_alloc(self, request: Any,
+                                 block_ids: List[int]) -> None:
         rid = str(request.request_id)
         self.leader.update_state_after_alloc(rid, _blocks(block_ids),
                                              self._matched.pop(rid, 0))
@@ -363,7 +369,8 @@ class KvdepotScheduler(KvCacheConnectorScheduler):
         self.leader.take_failed_blocks()
         self.leader.take_finished_loads()
 
-    def build_connector_meta(self, scheduler_output):
+    def build_connector_meta(self, scheduler_output: Any
+                             ) -> KvdepotTrtMetadata:
         self._take_inbox()
         failed = {}
         for rd in scheduler_output.new_requests:
@@ -383,7 +390,8 @@ class KvdepotScheduler(KvCacheConnectorScheduler):
         return KvdepotTrtMetadata(self.leader.build_connector_meta(), kept,
                                   failed)
 
-    def request_finished(self, request, cache_block_ids):
+    def request_finished(self, request: Any,
+                         cache_block_ids: List[int]) -> bool:
         rid = str(request.request_id)
         self._matched.pop(rid, None)
         self._failed.pop(rid, None)
@@ -392,7 +400,7 @@ class KvdepotScheduler(KvCacheConnectorScheduler):
             self._kept.add(rid)
         return keep
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         if self.leader is not None:
             self.leader.close()
             self.leader = None
@@ -422,7 +430,7 @@ class KvdepotWorker(KvCacheConnectorWorker):
         self._finished = set()  # finished by the engine, not yet reported
         self._failed = {}     # this step's requests whose loads failed
 
-    def register_kv_caches(self, kv_cache_tensor):
+    def register_kv_caches(self, kv_cache_tensor: Any) -> None:
         """The block-first pool [blocks, layers, kv, heads*block*dim]
         (TensorRT-LLM's get_unique_primary_pool), or its 6-dimensional view
         [blocks, layers, kv, heads, block, dim]; with the setting
@@ -485,7 +493,7 @@ class KvdepotWorker(KvCacheConnectorWorker):
         strides = (t.stride(2) * e, t.stride(db) * e, token, head)
         self.worker.register_kv_caches(bases, t.shape[db], strides)
 
-    def bind_connector_meta(self, metadata):
+    def bind_connector_meta(self, metadata: KvdepotTrtMetadata) -> None:
         super().bind_connector_meta(metadata)
         # When the forward pass raised, TensorRT-LLM's _forward_step skipped
         # wait_for_save: the step still bound is then aborted here (the C
@@ -497,10 +505,10 @@ class KvdepotWorker(KvCacheConnectorWorker):
 
     # TensorRT-LLM hands each call the torch.cuda.Stream the forward pass
     # runs on; the CUDA backend orders its copies on it (worker.h).
-    def start_load_kv(self, stream):
+    def start_load_kv(self, stream: Any) -> None:
         self.worker.start_load_kv(_stream_of(self._device, stream))
 
-    def wait_for_layer_load(self, layer_idx, stream):
+    def wait_for_layer_load(self, layer_idx: int, stream: Any) -> None:
         if self._failed:
             # Every rank raises here, before the first layer's work (and its
             # collectives): the step ends with this error on all of them.
@@ -512,14 +520,16 @@ class KvdepotWorker(KvCacheConnectorWorker):
         self.worker.wait_for_layer_load(layer_idx,
                                         _stream_of(self._device, stream))
 
-    def save_kv_layer(self, layer_idx, stream):
+    def save_kv_layer(self, layer_idx: int, stream: Any) -> None:
         self.worker.save_kv_layer(layer_idx, _stream_of(self._device, stream))
 
-    def wait_for_save(self, stream):
+    def wait_for_save(self, stream: Any) -> None:
         self.worker.wait_for_save(_stream_of(self._device, stream))
         self.worker.clear_metadata()
 
-    def get_finished(self, finished_gen_req_ids, started_loading_req_ids):
+    def get_finished(self, finished_gen_req_ids: List[int],
+                     started_loading_req_ids: List[int]
+                     ) -> Tuple[List[int], List[int]]:
         """(saved, loaded) among the ids TensorRT-LLM passed, now or
         before. Called by every rank at the same point of each iteration:
         the ranks' reports and failed loads are gathered here for the
@@ -550,10 +560,10 @@ class KvdepotWorker(KvCacheConnectorWorker):
         return ([int(i) for i in sorted(sending)],
                 [int(i) for i in sorted(recving)])
 
-    def kvdepot_stats(self):
+    def kvdepot_stats(self) -> Dict[str, int]:
         return self.worker.stats() if self.worker else {}
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.close()
             self.worker = None

@@ -28,6 +28,8 @@ module still imports, over minimal stand-ins for its base classes, so the
 logic can be tested without it.
 """
 
+from __future__ import annotations
+
 import hashlib
 import json
 import logging
@@ -37,6 +39,7 @@ import socket
 import sys
 import time
 from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from kvdepot import _lib, _spawn, _vllm_obs, config
 from kvdepot._shared import (_DEVICE_HOST, _DTYPES, _FP8_DTYPES, _KVD_DTYPES,
@@ -648,7 +651,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self._embeds.pop(request.request_id, None)
         return 0, False
 
-    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+    def get_num_new_matched_tokens(
+            self, request: Any,
+            num_computed_tokens: int) -> Tuple[Optional[int], bool]:
         tokens = _prompt_tokens(request)
         lora_name = _lora_key(getattr(request, "lora_request", None))
         salt = getattr(request, "cache_salt", None)
@@ -682,7 +687,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             ids = [_lib.NO_BLOCK if b == _VLLM_NULL_BLOCK else b for b in ids]
         return ids
 
-    def update_state_after_alloc(self, request, blocks, num_external_tokens):
+    def update_state_after_alloc(self, request: Any, blocks: Any,
+                                 num_external_tokens: int) -> None:
         rid = request.request_id
         entry = self._requests.get(rid)
         if entry is None:
@@ -709,7 +715,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                                      tokens, computed)
         entry[1] = max(given, computed)
 
-    def build_connector_meta(self, scheduler_output):
+    def build_connector_meta(self, scheduler_output: Any
+                             ) -> KvdepotConnectorMetadata:
         so = scheduler_output
         for rid in getattr(so, "preempted_req_ids", None) or ():
             for leader in self.leaders:
@@ -728,7 +735,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self._delayed, self._async_loads = [], []
         return meta
 
-    def update_connector_output(self, connector_output):
+    def update_connector_output(self, connector_output: Any) -> None:
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
         for g, report in getattr(meta, "reports", ()):
             try:
@@ -740,7 +747,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             leader.take_failed_blocks()
             leader.take_finished_loads()
 
-    def request_finished(self, request, block_ids):
+    def request_finished(self, request: Any, block_ids: List[int]
+                         ) -> Tuple[bool, Optional[Dict[str, Any]]]:
         """(delay_free, kv_transfer_params). A request the proxy marked
         do_remote_decode (prefill -> decode) returns the hand-off for the
         decode engine: do_remote_prefill plus the node that holds the
@@ -838,7 +846,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ---- worker role -------------------------------------------------------
 
-    def register_kv_caches(self, kv_caches):
+    def register_kv_caches(self, kv_caches: Dict[str, Any]) -> None:
         self._registered = {n: (t, t.data_ptr())
                             for n, t in kv_caches.items()}
         names = list(kv_caches)
@@ -920,7 +928,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self._layer_index[layer_name] = gi
         return gi
 
-    def bind_connector_metadata(self, connector_metadata):
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
         if self._asleep:
             raise RuntimeError("kvdepot: a step while the KV cache is "
                                "released (sleep mode)")
@@ -946,7 +954,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         for worker, plan in zip(self.workers, m.plans):
             worker.bind_metadata(plan)
 
-    def clear_connector_metadata(self):
+    def clear_connector_metadata(self) -> None:
         self._exc_at_bind = None
         for worker in self.workers:
             worker.clear_metadata()
@@ -979,20 +987,21 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
     # With CUDA caches each call is ordered on torch's current stream, the
     # one the forward pass runs on (worker.h: the engine's stream waits for
     # a layer's loads; saves wait for the engine's work on it).
-    def start_load_kv(self, forward_context, **kwargs):
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         t0 = time.perf_counter()
         s = _stream_of(self._device)
         for worker in self.workers:
             worker.start_load_kv(s)
         self._load_wait += time.perf_counter() - t0
 
-    def wait_for_layer_load(self, layer_name):
+    def wait_for_layer_load(self, layer_name: str) -> None:
         t0 = time.perf_counter()
         g, i = self._layer(layer_name)
         self.workers[g].wait_for_layer_load(i, _stream_of(self._device))
         self._load_wait += time.perf_counter() - t0
 
-    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
+                      **kwargs: Any) -> None:
         g, i = self._layer(layer_name)
         self.workers[g].save_kv_layer(i, _stream_of(self._device))
 
@@ -1004,7 +1013,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         return exc if exc is not None and exc is not self._exc_at_bind \
             else None
 
-    def wait_for_save(self):
+    def wait_for_save(self) -> None:
         failed = self._step_failed()
         if failed is not None:
             # Layers computed before the failure are whole, the rest stale:
@@ -1019,7 +1028,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         for worker in self.workers:
             worker.wait_for_save(s)
 
-    def get_finished(self, finished_req_ids):
+    def get_finished(self, finished_req_ids: Set[str]
+                     ) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:
         self._finished.update(finished_req_ids)
         recving, finished = set(), sorted(finished_req_ids)
         for g, worker in enumerate(self.workers):
@@ -1047,7 +1057,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self._finished &= self._delayed
         return (sending or None), (recving or None)
 
-    def get_block_ids_with_load_errors(self):
+    def get_block_ids_with_load_errors(self) -> Set[int]:
         out, self._invalid = self._invalid, set()
         return out
 
@@ -1144,7 +1154,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
     def get_required_kvcache_layout(cls, vllm_config):
         return None  # any layout: strides are read from the tensors
 
-    def kvdepot_stats(self):
+    def kvdepot_stats(self) -> Dict[str, int]:
         """Counters since start: on a worker the C workers' (blocks
         loaded/saved, errors, bytes), summed over the KV-cache groups; on
         the scheduler the prompt tokens looked up, the tokens and requests
@@ -1164,7 +1174,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
     def requires_piecewise_for_cudagraph(cls, extra_config):
         return True  # the layer hooks do real work
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         for obj in self.workers + self.leaders:
             obj.close()
         self.workers, self.leaders = [], []
