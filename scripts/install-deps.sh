@@ -1,11 +1,42 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages that kvdepot's build, test suite and demo need,
-# and nothing else. Idempotent and quiet: packages already present are skipped, so a
-# machine that has everything costs one dpkg-query and no apt run at all.
+# Installs the Debian 12 packages kvdepot needs, by profile, and nothing else.
+# Idempotent and quiet: packages already present are skipped, so a machine
+# that has everything costs one dpkg-query and no apt run at all.
 #
-# Usage: scripts/install-deps.sh [--check]
+# Usage: scripts/install-deps.sh [PROFILE] [--check | --list]
+#   PROFILE  build    the toolchain and the -dev libraries: what compiling
+#                     needs
+#            runtime  the shared libraries kvdepotd, the kvdepot CLI and
+#                     libkvdepot.so load: what a machine that only runs them
+#                     needs (a .deb's dependencies)
+#            test     (default) build + runtime + what the test suite, the
+#                     demo and the benchmarks use: what `make demo` and
+#                     `make test` need
 #   --check  only report what is missing (exit 1 if anything is)
+#   --list   print the profile's packages, one per line, and exit
 set -euo pipefail
+
+profile=test
+action=install
+for arg in "$@"; do
+    case "$arg" in
+    build | runtime | test) profile=$arg ;;
+    --check) action=check ;;
+    --list) action=list ;;
+    *)
+        echo "usage: $0 [build|runtime|test] [--check|--list]" >&2
+        exit 2
+        ;;
+    esac
+done
+
+# Shared libraries the binaries load at run time (what the -dev packages
+# below pull in too); tests/integration/test_runtime_deps.sh checks that
+# every library the built binaries need comes from one of these (or libc).
+runtime_pkgs=(
+    libgrpc29 libprotobuf-c1 liblmdb0 liburing2 libssl3 libxxhash0
+    libyaml-0-2 libmicrohttpd12 libsystemd0 libucx0
+)
 
 # Build toolchain and code generators.
 pkgs=(
@@ -21,6 +52,11 @@ pkgs+=(
 # kvdepotd's systemd notifications (optional for the build: without it the
 # daemon's unit file is Type=exec; the notify test then skips).
 pkgs+=(libsystemd-dev)
+# The cluster: etcd's protos (golang-etcd-server-dev, compiled at build time).
+pkgs+=(golang-etcd-server-dev)
+build_pkgs=("${pkgs[@]}")
+
+pkgs=()
 # Tests: block-hash vectors are checked against Python's cbor2 + hashlib;
 # the vLLM connector shim is driven with real torch CPU tensors.
 pkgs+=(python3 python3-cbor2 python3-pytest python3-torch python3-numpy)
@@ -40,9 +76,19 @@ pkgs+=(ucx-utils)
 # under memcheck; test_partition drops packets between cluster nodes with
 # iptables (this kernel has no tc netem).
 pkgs+=(curl valgrind iptables)
-# The cluster: etcd's protos (golang-etcd-server-dev, compiled at build time)
-# and the etcd server the cluster tests start.
-pkgs+=(golang-etcd-server-dev etcd-server)
+# The etcd server the cluster tests start.
+pkgs+=(etcd-server)
+test_pkgs=("${pkgs[@]}")
+
+case "$profile" in
+build) pkgs=("${build_pkgs[@]}") ;;
+runtime) pkgs=("${runtime_pkgs[@]}") ;;
+test) pkgs=("${build_pkgs[@]}" "${runtime_pkgs[@]}" "${test_pkgs[@]}") ;;
+esac
+if [[ $action == list ]]; then
+    printf '%s\n' "${pkgs[@]}"
+    exit 0
+fi
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -53,7 +99,7 @@ done
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
 fi
-if [[ "${1:-}" == "--check" ]]; then
+if [[ $action == check ]]; then
     echo "missing Debian packages: ${missing[*]}"
     exit 1
 fi
