@@ -37,6 +37,9 @@ runtime_pkgs=(
     libgrpc29 libprotobuf-c1 liblmdb0 liburing2 libssl3 libxxhash0
     libyaml-0-2 libmicrohttpd12 libsystemd0 libucx0
 )
+# gRPC's own libraries, which a build without --as-needed (the sanitizer
+# trees) names directly too.
+runtime_pkgs+=(libabsl20220623 libre2-9 libc-ares2 zlib1g libatomic1)
 
 # Build toolchain and code generators.
 pkgs=(
