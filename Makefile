@@ -168,8 +168,13 @@ lint: format-check check-sizes
 	@cmake --preset dev >/dev/null
 	@clang-tidy -p build/dev --quiet $(filter %.c,$(SOURCES)) 2>/dev/null
 
-install: build
-	@cmake --install build/dev --prefix $(PREFIX)
+# The release build (no failpoints), with only the build profile's packages
+# installed first (not the test suite's torch, redis or etcd).
+install:
+	@scripts/install-deps.sh build
+	@cmake --preset release >/dev/null
+	@cmake --build --preset release -j $(JOBS)
+	@cmake --install build/release --prefix $(PREFIX)
 
 clean:
 	@rm -rf build
