@@ -22,13 +22,15 @@
 #include "common/log_int.h"
 #include "store/ops.h"
 
-/* Reads a small file an operator wrote (a token, a PEM) into a new
- * NUL-terminated buffer, trailing newlines cut. `private`: refused unless
- * only its owner may read it (a token). */
+/* Reads a small file an operator wrote into a new NUL-terminated buffer,
+ * trailing newlines cut: a bearer token (at most 4 KiB), or with `pem` a
+ * PEM text (at most 1 MiB, with a BEGIN line). `private`: refused unless
+ * only its owner may read it (a token, a key). */
 static kvd_status_t cl_read_file(const char *what, const char *path,
-                                 bool private, size_t max, char **out,
-                                 char *err, size_t err_len)
+                                 bool private, bool pem, char **out, char *err,
+                                 size_t err_len)
 {
+    size_t max = pem ? 1u << 20 : 4096;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         kvd_config_err(err, err_len, "%s \"%s\": %s", what, path,
@@ -76,9 +78,10 @@ static kvd_status_t cl_read_file(const char *what, const char *path,
         len--;
     }
     buf[len] = '\0';
-    if (len == 0 || strlen(buf) != len) {
-        kvd_config_err(err, err_len, "%s \"%s\": empty or not text", what,
-                       path);
+    if (len == 0 || strlen(buf) != len ||
+        (pem && strstr(buf, "-----BEGIN") == NULL)) {
+        kvd_config_err(err, err_len, "%s \"%s\": %s", what, path,
+                       pem ? "not PEM" : "empty or not text");
         free(buf);
         return KVD_ERR_INVALID;
     }
@@ -118,7 +121,7 @@ static kvd_status_t cl_open_remote(kvd_client_t *c,
     kvd_status_t s;
     if (cfg->token_file != NULL && cfg->token_file[0] != '\0') {
         char *token = NULL;
-        s = cl_read_file("store.token_file", cfg->token_file, true, 4096,
+        s = cl_read_file("store.token_file", cfg->token_file, true, false,
                          &token, err, err_len);
         if (s != KVD_OK) {
             return s;
@@ -135,7 +138,7 @@ static kvd_status_t cl_open_remote(kvd_client_t *c,
         }
     }
     if (cfg->tls_ca != NULL && cfg->tls_ca[0] != '\0') {
-        s = cl_read_file("store.tls_ca", cfg->tls_ca, false, 1u << 20,
+        s = cl_read_file("store.tls_ca", cfg->tls_ca, false, true,
                          &c->tls_ca_pem, err, err_len);
         if (s != KVD_OK) {
             return s;
@@ -150,10 +153,10 @@ static kvd_status_t cl_open_remote(kvd_client_t *c,
         return KVD_ERR_INVALID;
     }
     if (has_cert) {
-        s = cl_read_file("store.tls_cert", cfg->tls_cert, false, 1u << 20,
+        s = cl_read_file("store.tls_cert", cfg->tls_cert, false, true,
                          &c->tls_cert_pem, err, err_len);
         if (s == KVD_OK) {
-            s = cl_read_file("store.tls_key", cfg->tls_key, true, 1u << 20,
+            s = cl_read_file("store.tls_key", cfg->tls_key, true, true,
                              &c->tls_key_pem, err, err_len);
         }
         if (s != KVD_OK) {

@@ -473,7 +473,12 @@ static kvd_status_t admin_cluster_nodes(kvd_service_t *svc,
     if (svc->cfg.members == NULL) {
         return KVD_OK;
     }
-    size_t cap = KVD_PROTO_MAX_CLUSTER_NODES;
+    /* Sized to the view (a member is over 1 KiB); one that grew between
+     * the two calls comes back truncated. */
+    size_t cap = svc->cfg.members(svc->cfg.cluster_ctx, NULL, 0, NULL);
+    cap = cap == 0                            ? 1
+          : cap < KVD_PROTO_MAX_CLUSTER_NODES ? cap
+                                              : KVD_PROTO_MAX_CLUSTER_NODES;
     a->members = calloc(cap, sizeof *a->members);
     a->nodes = calloc(cap, sizeof *a->nodes);
     a->nodep = calloc(cap, sizeof *a->nodep);

@@ -136,5 +136,8 @@ def test_operator_calls_over_tls(tmp_path):
                            f"{pki}/client.pem", "--tls-key",
                            f"{pki}/client.key")
         assert rc == 1 and "go together" in err, err
+        notpem = secret(tmp_path / "ca.txt", "not a certificate")
+        rc, out, err = run("ping", "--address", addr, "--tls-ca", notpem)
+        assert rc == 1 and "store.tls_ca" in err and "not PEM" in err, err
     finally:
         stop_daemon(proc)
