@@ -63,6 +63,9 @@ pkgs=()
 # Tests: block-hash vectors are checked against Python's cbor2 + hashlib;
 # the vLLM connector shim is driven with real torch CPU tensors.
 pkgs+=(python3 python3-cbor2 python3-pytest python3-torch python3-numpy)
+# The wheel (make wheel, ctest python_wheel) and the engines' virtualenvs
+# (make test-hf, test-vllm): pip, venv, setuptools and wheel.
+pkgs+=(python3-pip python3-venv python3-setuptools python3-wheel)
 # kvdepotd's interop test: a Python gRPC client generated from the .proto.
 pkgs+=(python3-grpcio python3-protobuf protobuf-compiler)
 # kvdepotd's /metrics is parsed with Prometheus's own client library, and
