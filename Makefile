@@ -12,6 +12,12 @@
 #                        transformers in build/hf-venv; .ci/run runs it)
 #   make wheel           dist/kvdepot-*.whl with libkvdepot.so inside (release
 #                        build; needs Debian's libraries, DEBIAN_DEPENDS)
+#   make deb             dist/kvdepot_<version>_<arch>.deb (CPack; the daemon,
+#                        CLI, library, unit, sysusers/tmpfiles, /etc config)
+#   make image           dist/kvdepotd_<version>_oci.tar: the .deb in a minbase
+#                        Debian 12 root (mmdebstrap), imported by podman
+#   make test-package    the .deb installed into a clean Debian root and the
+#                        image run by podman (root; .ci/run runs it)
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
 #                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
@@ -40,6 +46,7 @@ CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
 .PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo wheel bench bench-peers soak \
+        deb image test-deb test-image test-package \
         fuzz fuzz-all fmt \
         format-check check-sizes lint install clean
 
@@ -113,6 +120,31 @@ wheel: deps
 	@cmake --preset release >/dev/null
 	@cmake --build --preset release -j $(JOBS) --target kvdepot
 	@scripts/build-wheel.sh build/release/libkvdepot.so dist
+
+# The .deb and the daemon's image (deploy/README.md). Both are made from
+# the `package` tree (release, prefix /usr) and need root for their tests.
+VERSION := $(shell sed -n '/^project/s/.*VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)
+DEB_ARCH := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
+DEB := dist/kvdepot_$(VERSION)_$(DEB_ARCH).deb
+IMAGE := dist/kvdepotd_$(VERSION)_oci.tar
+deb:
+	@scripts/install-deps.sh package
+	@cmake --preset package >/dev/null
+	@cmake --build --preset package -j $(JOBS)
+	@cpack --config build/package/CPackConfig.cmake -B dist >/dev/null
+	@rm -rf dist/_CPack_Packages
+	@echo "deb: $(DEB)"
+
+image: deb
+	@scripts/build-image.sh $(DEB) $(IMAGE)
+
+test-deb: deb
+	@tests/packaging/test_deb.sh $(DEB)
+
+test-image: image
+	@tests/packaging/test_image.sh $(IMAGE) build/package/cli/kvdepot
+
+test-package: test-deb test-image
 
 # The peers come from PyPI into build/peers-venv (scripts/install-peers.sh).
 bench-peers: build

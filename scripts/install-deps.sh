@@ -12,6 +12,9 @@
 #            test     (default) build + runtime + what the test suite, the
 #                     demo and the benchmarks use: what `make demo` and
 #                     `make test` need
+#            package  build + what `make deb`, `make image` and their tests
+#                     use: mmdebstrap for a clean Debian root, podman (with
+#                     runc) for the image
 #   --check  only report what is missing (exit 1 if anything is)
 #   --list   print the profile's packages, one per line, and exit
 set -euo pipefail
@@ -20,11 +23,11 @@ profile=test
 action=install
 for arg in "$@"; do
     case "$arg" in
-    build | runtime | test) profile=$arg ;;
+    build | runtime | test | package) profile=$arg ;;
     --check) action=check ;;
     --list) action=list ;;
     *)
-        echo "usage: $0 [build|runtime|test] [--check|--list]" >&2
+        echo "usage: $0 [build|runtime|test|package] [--check|--list]" >&2
         exit 2
         ;;
     esac
@@ -86,10 +89,17 @@ pkgs+=(curl valgrind iptables)
 pkgs+=(etcd-server)
 test_pkgs=("${pkgs[@]}")
 
+# The .deb is built by CPack (cmake) and dpkg-deb; its test installs it into
+# a Debian root made by mmdebstrap, and the image (the same root with the
+# .deb in it) is imported and run by podman. runc: podman's default crun
+# refuses hosts whose cgroups are in hybrid mode.
+package_pkgs=(mmdebstrap podman runc)
+
 case "$profile" in
 build) pkgs=("${build_pkgs[@]}") ;;
 runtime) pkgs=("${runtime_pkgs[@]}") ;;
 test) pkgs=("${build_pkgs[@]}" "${runtime_pkgs[@]}" "${test_pkgs[@]}") ;;
+package) pkgs=("${build_pkgs[@]}" "${package_pkgs[@]}") ;;
 esac
 if [[ $action == list ]]; then
     printf '%s\n' "${pkgs[@]}"
