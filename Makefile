@@ -18,6 +18,8 @@
 #                        Debian 12 root (mmdebstrap), imported by podman
 #   make test-package    the .deb installed into a clean Debian root and the
 #                        image run by podman (root; .ci/run runs it)
+#   make chart           dist/kvdepot-<version>.tgz: the Helm chart, built
+#                        from deploy/k8s (deploy/helm/build_chart.py)
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
 #                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
@@ -46,7 +48,7 @@ CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
 .PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo wheel bench bench-peers soak \
-        deb image test-deb test-image test-package \
+        deb image test-deb test-image test-package chart \
         fuzz fuzz-all fmt \
         format-check check-sizes lint install clean
 
@@ -145,6 +147,9 @@ test-image: image
 	@tests/packaging/test_image.sh $(IMAGE) build/package/cli/kvdepot
 
 test-package: test-deb test-image
+
+chart:
+	@python3 deploy/helm/build_chart.py dist
 
 # The peers come from PyPI into build/peers-venv (scripts/install-peers.sh).
 bench-peers: build
