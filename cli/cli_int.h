@@ -14,6 +14,8 @@
 #ifndef KVD_CLI_CLI_INT_H
 #define KVD_CLI_CLI_INT_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #define KVD_CLI_EXIT_OK 0
@@ -60,6 +62,14 @@ int kvd_cli_ping_run(int argc, char **argv);
 void kvd_cli_ping_usage(FILE *out);
 int kvd_cli_lookup_run(int argc, char **argv);
 void kvd_cli_lookup_usage(FILE *out);
+
+/* lookup_text.c: the token ids of a text, by `$KVDEPOT_PYTHON -m
+ * kvdepot.tokens --tokenizer NAME`: a malloc'd JSON list of at most max_out
+ * bytes, or NULL after printing why. special: the tokenizer's special
+ * tokens (BOS) as an engine adds them; chat: the text as one user message
+ * through the tokenizer's chat template. */
+char *kvd_cli_tokenize(const char *tokenizer, const char *text, size_t len,
+                       bool special, bool chat, size_t max_out);
 
 /* bench_cmd.c: put/get load on a kvdepotd from N client threads. */
 int kvd_cli_bench_run(int argc, char **argv);

@@ -10,7 +10,8 @@
  * how many leading blocks and tokens match and where each block is. Keys
  * past the first miss are looked up one by one, so the output also shows
  * blocks that are stored but unreachable behind a missing one (an evicted
- * first block, say).
+ * first block, say). The tokens come as ids, or as text that the model's
+ * tokenizer turns into ids (lookup_text.c).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -87,7 +88,9 @@ void kvd_cli_lookup_usage(FILE *out)
     fprintf(
         out,
         "usage: kvdepot lookup --namespace HEX32 (--tokens 1,2,3 | "
-        "--token-file FILE)\n"
+        "--token-file FILE |\n"
+        "                      --text TEXT --tokenizer NAME | --text-file "
+        "FILE --tokenizer NAME)\n"
         "                      [--block-size N] [--lora NAME] [--salt "
         "S] [--seed TEXT]\n"
         "                      [--json | --evict | --pin | --unpin] "
@@ -108,6 +111,21 @@ void kvd_cli_lookup_usage(FILE *out)
         "      --token-file FILE  token ids in a file (commas, "
         "whitespace, [ ] allowed:\n"
         "                         a JSON list works)\n"
+        "      --text TEXT, --text-file FILE  the prompt as text, turned "
+        "into token ids\n"
+        "                         by --tokenizer (runs $KVDEPOT_PYTHON, "
+        "default python3,\n"
+        "                         -m kvdepot.tokens: needs the kvdepot "
+        "package and transformers)\n"
+        "      --tokenizer NAME   the model's tokenizer: a Hugging Face "
+        "name or directory\n"
+        "      --chat             the text is one user message of a chat "
+        "request (the\n"
+        "                         tokenizer's chat template, as "
+        "/v1/chat/completions)\n"
+        "      --no-special-tokens  no BOS or other special tokens (a "
+        "request with\n"
+        "                         add_special_tokens false)\n"
         "      --block-size N     tokens per block, the engine's (default "
         "16)\n"
         "      --lora NAME        the LoRA adapter's name, if the "
@@ -130,8 +148,9 @@ void kvd_cli_lookup_usage(FILE *out)
 
 typedef struct lookup_args {
     const char *ns_hex, *tokens, *token_file, *lora, *salt, *seed;
+    const char *text, *text_file, *tokenizer;
     size_t block_size;
-    bool json;
+    bool json, chat, no_special;
     enum { LOOKUP_SHOW, LOOKUP_EVICT, LOOKUP_PIN, LOOKUP_UNPIN } act;
     int n_acts; /* --evict, --pin, --unpin given */
 } lookup_args_t;
@@ -146,7 +165,12 @@ enum {
     LOOKUP_OPT_JSON,
     LOOKUP_OPT_EVICT,
     LOOKUP_OPT_PIN,
-    LOOKUP_OPT_UNPIN
+    LOOKUP_OPT_UNPIN,
+    LOOKUP_OPT_TEXT,
+    LOOKUP_OPT_TEXT_FILE,
+    LOOKUP_OPT_TOKENIZER,
+    LOOKUP_OPT_CHAT,
+    LOOKUP_OPT_NO_SPECIAL
 };
 
 static bool lookup_option(void *ctx, int ch, const char *arg)
@@ -160,6 +184,11 @@ static bool lookup_option(void *ctx, int ch, const char *arg)
     case LOOKUP_OPT_SALT: a->salt = arg; return true;
     case LOOKUP_OPT_SEED: a->seed = arg; return true;
     case LOOKUP_OPT_JSON: a->json = true; return true;
+    case LOOKUP_OPT_TEXT: a->text = arg; return true;
+    case LOOKUP_OPT_TEXT_FILE: a->text_file = arg; return true;
+    case LOOKUP_OPT_TOKENIZER: a->tokenizer = arg; return true;
+    case LOOKUP_OPT_CHAT: a->chat = true; return true;
+    case LOOKUP_OPT_NO_SPECIAL: a->no_special = true; return true;
     case LOOKUP_OPT_EVICT:
         a->act = LOOKUP_EVICT;
         a->n_acts++;
@@ -245,14 +274,15 @@ static bool tokens_parse(const char *text, const char *what, uint32_t **out,
     return true;
 }
 
-/* Reads FILE whole (at most LOOKUP_MAX_TEXT bytes) and parses it. */
-static bool tokens_read(const char *path, uint32_t **out, size_t *n_out)
+/* Reads FILE whole (at most LOOKUP_MAX_TEXT bytes, no NUL) into a
+ * malloc'd string; `opt` names the option in messages. */
+static char *file_read(const char *opt, const char *path, size_t *len_out)
 {
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
-        fprintf(stderr, "kvdepot lookup: --token-file %s: %s\n", path,
+        fprintf(stderr, "kvdepot lookup: %s %s: %s\n", opt, path,
                 strerror(errno));
-        return false;
+        return NULL;
     }
     char *text = malloc(LOOKUP_MAX_TEXT + 1);
     size_t len = text != NULL ? fread(text, 1, LOOKUP_MAX_TEXT + 1, f) : 0;
@@ -260,20 +290,58 @@ static bool tokens_read(const char *path, uint32_t **out, size_t *n_out)
     if (text == NULL) {
         fprintf(stderr, "kvdepot lookup: out of memory\n");
     } else if (ferror(f)) {
-        fprintf(stderr, "kvdepot lookup: --token-file %s: read error\n", path);
+        fprintf(stderr, "kvdepot lookup: %s %s: read error\n", opt, path);
     } else if (len > LOOKUP_MAX_TEXT) {
-        fprintf(stderr, "kvdepot lookup: --token-file %s: larger than %u MiB\n",
+        fprintf(stderr, "kvdepot lookup: %s %s: larger than %u MiB\n", opt,
                 path, LOOKUP_MAX_TEXT >> 20);
     } else if (memchr(text, '\0', len) != NULL) {
-        fprintf(stderr, "kvdepot lookup: --token-file %s: not a text file\n",
-                path);
+        fprintf(stderr, "kvdepot lookup: %s %s: not a text file\n", opt, path);
     } else {
         text[len] = '\0';
-        ok = tokens_parse(text, path, out, n_out);
+        *len_out = len;
+        ok = true;
+    }
+    fclose(f);
+    if (!ok) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+/* The prompt's token ids from whichever of --tokens, --token-file, --text
+ * and --text-file was given. Returns -1 on success, else the exit code. */
+static int tokens_get(const lookup_args_t *a, uint32_t **tokens,
+                      size_t *n_tokens)
+{
+    if (a->tokens != NULL) {
+        return tokens_parse(a->tokens, "--tokens", tokens, n_tokens)
+                   ? -1
+                   : KVD_CLI_EXIT_USAGE;
+    }
+    size_t len = 0;
+    char *text =
+        a->text_file != NULL    ? file_read("--text-file", a->text_file, &len)
+        : a->token_file != NULL ? file_read("--token-file", a->token_file, &len)
+                                : strdup(a->text);
+    if (text == NULL) {
+        return KVD_CLI_EXIT_FAILURE;
+    }
+    if (a->text != NULL) {
+        len = strlen(text);
+    }
+    bool ok;
+    if (a->token_file != NULL) {
+        ok = tokens_parse(text, a->token_file, tokens, n_tokens);
+    } else {
+        char *ids = kvd_cli_tokenize(a->tokenizer, text, len, !a->no_special,
+                                     a->chat, LOOKUP_MAX_TEXT);
+        ok = ids != NULL &&
+             tokens_parse(ids, "the tokenizer's output", tokens, n_tokens);
+        free(ids);
     }
     free(text);
-    fclose(f);
-    return ok;
+    return ok ? -1 : KVD_CLI_EXIT_FAILURE;
 }
 
 static const char *tier_name(uint32_t tier)
@@ -382,11 +450,21 @@ static int lookup_prepare(lookup_args_t *a, kvd_namespace_t *ns,
         kvd_cli_lookup_usage(stderr);
         return KVD_CLI_EXIT_USAGE;
     }
-    if (a->ns_hex == NULL || (a->tokens == NULL) == (a->token_file == NULL)) {
-        fprintf(stderr, "kvdepot lookup: %s\n",
-                a->ns_hex == NULL ? "--namespace is required"
-                                  : "give exactly one of --tokens and "
-                                    "--token-file");
+    int sources = (a->tokens != NULL) + (a->token_file != NULL) +
+                  (a->text != NULL) + (a->text_file != NULL);
+    bool by_text = a->text != NULL || a->text_file != NULL;
+    const char *why =
+        a->ns_hex == NULL ? "--namespace is required"
+        : sources != 1    ? "give exactly one of --tokens, --token-file, "
+                            "--text and --text-file"
+        : by_text && a->tokenizer == NULL
+            ? "--text and --text-file need --tokenizer"
+        : !by_text && (a->tokenizer != NULL || a->chat || a->no_special)
+            ? "--tokenizer, --chat and --no-special-tokens "
+              "go with --text or --text-file"
+            : NULL;
+    if (why != NULL) {
+        fprintf(stderr, "kvdepot lookup: %s\n", why);
         kvd_cli_lookup_usage(stderr);
         return KVD_CLI_EXIT_USAGE;
     }
@@ -395,11 +473,9 @@ static int lookup_prepare(lookup_args_t *a, kvd_namespace_t *ns,
         return KVD_CLI_EXIT_USAGE;
     }
     uint32_t *tokens = NULL;
-    bool ok = a->tokens != NULL
-                  ? tokens_parse(a->tokens, "--tokens", &tokens, n_tokens)
-                  : tokens_read(a->token_file, &tokens, n_tokens);
-    if (!ok) {
-        return a->tokens != NULL ? KVD_CLI_EXIT_USAGE : KVD_CLI_EXIT_FAILURE;
+    int rc = tokens_get(a, &tokens, n_tokens);
+    if (rc >= 0) {
+        return rc;
     }
     size_t n = *n_tokens / a->block_size;
     if (n == 0) {
@@ -507,6 +583,11 @@ int kvd_cli_lookup_run(int argc, char **argv)
         {"evict", no_argument, NULL, LOOKUP_OPT_EVICT},
         {"pin", no_argument, NULL, LOOKUP_OPT_PIN},
         {"unpin", no_argument, NULL, LOOKUP_OPT_UNPIN},
+        {"text", required_argument, NULL, LOOKUP_OPT_TEXT},
+        {"text-file", required_argument, NULL, LOOKUP_OPT_TEXT_FILE},
+        {"tokenizer", required_argument, NULL, LOOKUP_OPT_TOKENIZER},
+        {"chat", no_argument, NULL, LOOKUP_OPT_CHAT},
+        {"no-special-tokens", no_argument, NULL, LOOKUP_OPT_NO_SPECIAL},
         {"help", no_argument, NULL, 'h'},
         KVD_CLI_CONN_LONGOPTS,
         {NULL, 0, NULL, 0}};

@@ -153,7 +153,7 @@ expect_text out "hit: 0 of 3 blocks"
 run 0 stats --json
 expect_text out '"active_leases":0'
 run 2 lookup --namespace "$NS" --block-size 4
-expect_text err "give exactly one of --tokens and --token-file"
+expect_text err "give exactly one of --tokens, --token-file, --text and --text-file"
 run 2 lookup --namespace "$NS" --tokens 1,2,x3
 expect_text err "'x3' (token 3) is not a token id"
 run 2 lookup --namespace "$NS" --tokens 1,2 --block-size 0
