@@ -344,3 +344,103 @@ kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,
     kvd_proto_admin_response_free(rsp);
     return s;
 }
+
+/* One Admin events call: the watched namespaces' events after *seq into
+ * out (at most max, at most KVD_PROTO_MAX_EVENTS). `ev_mu` held. */
+static kvd_status_t cl_events_call(kvd_client_t *c, kvd_store_event_t *out,
+                                   size_t max, size_t *n_out,
+                                   uint64_t *missed_out)
+{
+    ProtobufCBinaryData ids[KVD_STORE_EVENTS_WATCH_MAX];
+    for (size_t i = 0; i < c->ev_n_watch; i++) {
+        ids[i].data = c->ev_watch[i].bytes;
+        ids[i].len = KVD_NAMESPACE_BYTES;
+    }
+    kvd_pb_events_t op = KVDEPOT__V1__EVENTS__INIT;
+    op.n_namespace_ids = c->ev_n_watch;
+    op.namespace_ids = ids;
+    op.after_seq = c->ev_seq;
+    op.max_events =
+        (uint32_t)(max < KVD_PROTO_MAX_EVENTS ? max : KVD_PROTO_MAX_EVENTS);
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_EVENTS;
+    rq.events = &op;
+    kvd_pb_admin_response_t *rsp = NULL;
+    kvd_status_t s = cl_admin(c, &rq, &rsp);
+    if (s != KVD_OK) {
+        return s;
+    }
+    const kvd_pb_events_reply_t *r = rsp->events;
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_events && n < max; i++) {
+        const kvd_pb_store_event_t *e = r->events[i];
+        if (e->namespace_index >= c->ev_n_watch) {
+            s = KVD_ERR_PROTO; /* names a namespace we did not ask for */
+            break;
+        }
+        out[n].key.ns = c->ev_watch[e->namespace_index];
+        memcpy(out[n].key.hash.bytes, e->block_hash.data, KVD_SHA256_BYTES);
+        out[n].kind =
+            e->removed ? KVD_STORE_EVENT_REMOVED : KVD_STORE_EVENT_STORED;
+        n++;
+    }
+    if (s == KVD_OK) {
+        c->ev_seq = r->next_seq;
+        *n_out = n;
+        *missed_out = r->missed;
+    }
+    kvd_proto_admin_response_free(rsp);
+    return s;
+}
+
+kvd_status_t kvd_client_events_enable(kvd_client_t *c, size_t capacity)
+{
+    pthread_mutex_lock(&c->ev_mu);
+    kvd_status_t s = KVD_OK;
+    if (capacity == 0) {
+        c->ev_on = false;
+    } else {
+        /* Read from now on: past the newest number, the daemon answers
+         * with the newest. */
+        c->ev_seq = UINT64_MAX;
+        size_t n = 0;
+        uint64_t missed = 0;
+        s = cl_events_call(c, NULL, 0, &n, &missed);
+        c->ev_on = s == KVD_OK;
+    }
+    pthread_mutex_unlock(&c->ev_mu);
+    return s;
+}
+
+kvd_status_t kvd_client_take_events(kvd_client_t *c, kvd_store_event_t *out,
+                                    size_t max, size_t *n_out,
+                                    uint64_t *dropped_out)
+{
+    *n_out = 0;
+    if (dropped_out != NULL) {
+        *dropped_out = 0;
+    }
+    pthread_mutex_lock(&c->ev_mu);
+    kvd_status_t s = KVD_OK;
+    if (c->ev_on && c->ev_n_watch > 0 && max > 0) {
+        uint64_t missed = 0;
+        s = cl_events_call(c, out, max, n_out, &missed);
+        if (s == KVD_OK && dropped_out != NULL) {
+            *dropped_out = missed;
+        }
+    }
+    pthread_mutex_unlock(&c->ev_mu);
+    return s;
+}
+
+kvd_status_t kvd_client_events_watch(kvd_client_t *c, const kvd_namespace_t *ns,
+                                     size_t num)
+{
+    pthread_mutex_lock(&c->ev_mu);
+    if (num > 0) {
+        memcpy(c->ev_watch, ns, num * sizeof *ns);
+    }
+    c->ev_n_watch = num;
+    pthread_mutex_unlock(&c->ev_mu);
+    return KVD_OK;
+}

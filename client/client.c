@@ -206,6 +206,7 @@ kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
         c->arena_fd = -1;
         c->handoff_fd = -1;
         pthread_mutex_init(&c->mu, NULL);
+        pthread_mutex_init(&c->ev_mu, NULL);
         pthread_cond_init(&c->get_cv, NULL);
         kvd_status_t s = cl_open_remote(c, cfg, err, err_len);
         if (s != KVD_OK) {
@@ -240,6 +241,7 @@ kvd_status_t kvd_client_open(const kvd_client_config_t *cfg,
     c->arena_fd = -1;
     c->handoff_fd = -1;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->ev_mu, NULL);
     pthread_cond_init(&c->get_cv, NULL);
     size_t cap = 2;
     while (cap < cfg->get_queue) {
@@ -333,6 +335,7 @@ void kvd_client_close(kvd_client_t *c)
     free(c->groups);
     free(c->lblocks);
     pthread_cond_destroy(&c->get_cv);
+    pthread_mutex_destroy(&c->ev_mu);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }

@@ -203,6 +203,18 @@ kvd_status_t kvd_client_cluster_nodes(kvd_client_t *c,
                                       kvd_client_cluster_t *out);
 
 /* Admin ping: the daemon's version and node id (for the CLI). */
+/* Key events of the daemon's store (Admin events, protocol revision 8),
+ * behind kvd_store_events_enable / _take_events / _events_watch in daemon
+ * mode (store.h): enable starts reading from the daemon's newest event,
+ * take asks for the watched namespaces' events after the last one read
+ * (*dropped_out: events the daemon no longer held). Thread: any. */
+kvd_status_t kvd_client_events_enable(kvd_client_t *c, size_t capacity);
+kvd_status_t kvd_client_take_events(kvd_client_t *c, kvd_store_event_t *out,
+                                    size_t max, size_t *n_out,
+                                    uint64_t *dropped_out);
+kvd_status_t kvd_client_events_watch(kvd_client_t *c, const kvd_namespace_t *ns,
+                                     size_t num);
+
 kvd_status_t kvd_client_ping(kvd_client_t *c, char *version, size_t version_len,
                              char *node_id, size_t node_len);
 

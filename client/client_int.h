@@ -126,6 +126,14 @@ struct kvd_client {
     int arena_fd;
     int handoff_fd; /* the hand-off connection, kept open (mapping.c) */
 
+    /* Key events (admin.c kvd_client_events_*): the namespaces watched,
+     * the last event number read, recording on. Guarded by `ev_mu`. */
+    pthread_mutex_t ev_mu;
+    kvd_namespace_t ev_watch[KVD_STORE_EVENTS_WATCH_MAX];
+    size_t ev_n_watch;
+    uint64_t ev_seq;
+    bool ev_on;
+
     cl_group_t *groups;
     uint32_t n_groups, cap_groups, free_head;
     cl_lblock_t *lblocks;

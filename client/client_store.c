@@ -9,7 +9,8 @@
  * kvd_client_remote_ops: a client over TCP (store.address tcp:HOST:PORT)
  * maps no arena, so only the calls that need none are there: lookup,
  * release, delete, flush, stats (and the admin calls of client.h); the
- * rest are left out (KVD_ERR_UNSUPPORTED, NULL pointers).
+ * rest are left out (KVD_ERR_UNSUPPORTED, NULL pointers). Both read the
+ * daemon's key events (kvd_client_events_*).
  */
 #include "client/client.h"
 #include "store/ops.h"
@@ -145,6 +146,24 @@ static kvd_status_t cl_stats(kvd_store_t *s, kvd_store_stats_t *out)
     return kvd_client_stats(cl(s), out);
 }
 
+static kvd_status_t cl_events_enable(kvd_store_t *s, size_t capacity)
+{
+    return kvd_client_events_enable(cl(s), capacity);
+}
+
+static kvd_status_t cl_take_events(kvd_store_t *s, kvd_store_event_t *out,
+                                   size_t max, size_t *n_out,
+                                   uint64_t *dropped_out)
+{
+    return kvd_client_take_events(cl(s), out, max, n_out, dropped_out);
+}
+
+static kvd_status_t cl_events_watch(kvd_store_t *s, const kvd_namespace_t *ns,
+                                    size_t num)
+{
+    return kvd_client_events_watch(cl(s), ns, num);
+}
+
 const kvd_store_ops_t kvd_client_store_ops = {
     .name = "daemon",
     .close = cl_close,
@@ -170,6 +189,9 @@ const kvd_store_ops_t kvd_client_store_ops = {
     .flush = cl_flush,
     .pin = cl_pin,
     .stats = cl_stats,
+    .events_enable = cl_events_enable,
+    .take_events = cl_take_events,
+    .events_watch = cl_events_watch,
 };
 
 static void *cl_remote_arena_ptr(kvd_store_t *s, uint64_t off, uint64_t len)
@@ -190,4 +212,7 @@ const kvd_store_ops_t kvd_client_remote_ops = {
     .flush = cl_flush,
     .pin = cl_pin,
     .stats = cl_stats,
+    .events_enable = cl_events_enable,
+    .take_events = cl_take_events,
+    .events_watch = cl_events_watch,
 };

@@ -79,7 +79,7 @@ extern "C" {
 #define KVD_PROTO_MAJOR 1
 /* Additive revision of v1 this build speaks (PingReply.protocol_revision);
  * bumped whenever a field, message or enum value is added. */
-#define KVD_PROTO_REVISION 7
+#define KVD_PROTO_REVISION 8
 
 /* ------------------------------------------------------------------------ */
 /* Validation limits (docs/protocol.md explains each choice)                */
@@ -114,6 +114,9 @@ extern "C" {
 #define KVD_PROTO_MAX_CLUSTER_NODES 1024
 /* Keys in one Admin pin. */
 #define KVD_PROTO_MAX_PIN_KEYS 4096
+/* Namespaces one Admin events call names, and events in one reply. */
+#define KVD_PROTO_MAX_EVENT_NAMESPACES 64
+#define KVD_PROTO_MAX_EVENTS 4096
 /* Entries of a ConfigDumpReply, and the longest key, value or source. */
 #define KVD_PROTO_MAX_CONFIG_ENTRIES 256
 #define KVD_PROTO_MAX_CONFIG_TEXT 1024
@@ -229,6 +232,9 @@ KVD_PROTO_TYPEDEF_(cluster_node, CLUSTER_NODE, ClusterNode)
 KVD_PROTO_TYPEDEF_(cluster_nodes_reply, CLUSTER_NODES_REPLY, ClusterNodesReply)
 KVD_PROTO_TYPEDEF_(pin, PIN, Pin)
 KVD_PROTO_TYPEDEF_(pin_reply, PIN_REPLY, PinReply)
+KVD_PROTO_TYPEDEF_(events, EVENTS, Events)
+KVD_PROTO_TYPEDEF_(store_event, STORE_EVENT, StoreEvent)
+KVD_PROTO_TYPEDEF_(events_reply, EVENTS_REPLY, EventsReply)
 #undef KVD_PROTO_TYPEDEF_
 
 /* "step_plan", ... (the reason prefix); NULL for an unknown type. */

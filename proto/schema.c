@@ -175,6 +175,13 @@ static const kvd_proto_rule_t rules[] = {
     {D(pin), "namespace_id", REQ | RNG, NS_BYTES, NS_BYTES, 0},
     {D(pin), "block_hashes", REQ | UNIQ | RNG, HASH_BYTES, HASH_BYTES,
      KVD_PROTO_MAX_PIN_KEYS},
+    {D(events), "namespace_ids", UNIQ | RNG, NS_BYTES, NS_BYTES,
+     KVD_PROTO_MAX_EVENT_NAMESPACES},
+    {D(events), "max_events", RNG, 0, KVD_PROTO_MAX_EVENTS, 0},
+    {D(store_event), "namespace_index", RNG, 0,
+     KVD_PROTO_MAX_EVENT_NAMESPACES - 1, 0},
+    {D(store_event), "block_hash", REQ | RNG, HASH_BYTES, HASH_BYTES, 0},
+    {D(events_reply), "events", 0, 0, 0, KVD_PROTO_MAX_EVENTS},
 };
 
 /* ------------------------------------------------------------------------ */

@@ -232,8 +232,10 @@ kvd_status_t kvd_service_create(const kvd_service_config_t *cfg,
     }
     svc->next_id >>= 1; /* room before wrapping */
     pthread_mutex_init(&svc->mu, NULL);
+    pthread_mutex_init(&svc->ev_mu, NULL);
     int rc = pthread_create(&svc->thread, NULL, svc_main, svc);
     if (rc != 0) {
+        pthread_mutex_destroy(&svc->ev_mu);
         pthread_mutex_destroy(&svc->mu);
         free(svc);
         return kvd_status_from_errno(rc);
@@ -256,6 +258,8 @@ void kvd_service_destroy(kvd_service_t *svc)
     svc_reclaim_all(svc);
     pthread_mutex_unlock(&svc->mu);
     pthread_mutex_destroy(&svc->mu);
+    svc_events_free(svc);
+    pthread_mutex_destroy(&svc->ev_mu);
     free(svc->held);
     free(svc->sessions);
     free(svc);

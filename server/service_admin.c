@@ -302,6 +302,7 @@ typedef struct svc_admin_reply {
     kvd_member_t *members;
     kvd_pb_cluster_node_t *nodes, **nodep;
     kvd_pb_pin_reply_t pin;
+    svc_events_reply_t events;
 } svc_admin_reply_t;
 
 static void admin_reply_init(svc_admin_reply_t *a)
@@ -316,6 +317,7 @@ static void admin_reply_init(svc_admin_reply_t *a)
         .dump = KVDEPOT__V1__CONFIG_DUMP_REPLY__INIT,
         .cluster = KVDEPOT__V1__CLUSTER_NODES_REPLY__INIT,
         .pin = KVDEPOT__V1__PIN_REPLY__INIT,
+        .events = {.reply = KVDEPOT__V1__EVENTS_REPLY__INIT},
     };
     svc_listing_init(&a->list);
 }
@@ -328,6 +330,7 @@ static void admin_reply_free(svc_admin_reply_t *a)
     free(a->nodes);
     free(a->nodep);
     svc_listing_free(&a->list);
+    svc_events_reply_free(&a->events);
 }
 
 static void admin_ping(kvd_service_t *svc, svc_admin_reply_t *a)
@@ -602,6 +605,15 @@ static kvd_status_t admin_op(kvd_service_t *svc,
         return admin_cluster_nodes(svc, a);
     case KVDEPOT__V1__ADMIN_REQUEST__OP_PIN:
         return admin_pin(svc, rq, a, reason, reason_len);
+    case KVDEPOT__V1__ADMIN_REQUEST__OP_EVENTS: {
+        kvd_status_t s =
+            svc_events(svc, rq->events, &a->events, reason, reason_len);
+        if (s == KVD_OK) {
+            a->rsp.result_case = KVDEPOT__V1__ADMIN_RESPONSE__RESULT_EVENTS;
+            a->rsp.events = &a->events.reply;
+        }
+        return s;
+    }
     default:
         kvd_config_err(reason, reason_len, "admin: unknown op %d",
                        (int)rq->op_case);

@@ -108,6 +108,7 @@ void *svc_main(void *arg)
             pthread_mutex_lock(&svc->mu);
             svc_expire(svc, now);
             pthread_mutex_unlock(&svc->mu);
+            svc_events_pull(svc);
             next_tick = now + (uint64_t)svc->cfg.tick_ms * 1000000u;
             /* Proof of life for the systemd watchdog (main.c): the store
              * answered its poll and the service's lock was free. */

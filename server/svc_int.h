@@ -10,6 +10,8 @@
  *   service_resv.c         reservation records, Reserve, Commit, Abort;
  *   service_admin.c        Stats, Admin, Delete;
  *   service_housekeeping.c the thread: get completions, expiry;
+ *   service_events.c       the store's key events for clients (Admin
+ *                          events);
  *   service_quarantine.c   sessions, and the expired leases and
  *                          reservations kept for them.
  *
@@ -41,6 +43,10 @@
 
 #define SVC_BUCKETS 4096u
 #define SVC_POLL_BATCH 64u
+/* Key events the service keeps for its clients (service_events.c). */
+#define SVC_EVENTS 65536u
+
+typedef struct svc_event svc_event_t;
 
 /* ---- records ------------------------------------------------------------ */
 
@@ -136,6 +142,14 @@ struct kvd_service {
     bool stopping;         /* atomic */
     bool draining;         /* atomic: Reserve refuses while set */
     uint64_t heartbeat_ns; /* atomic: end of the thread's last expiry pass */
+
+    /* The key event log (service_events.c): `ev_mu` guards it; ev_on
+     * (atomic) once the first Admin events call started it. */
+    pthread_mutex_t ev_mu;
+    svc_event_t *ev;
+    size_t ev_head, ev_len;
+    uint64_t ev_next; /* the number the next event gets */
+    bool ev_on;
 
     /* Counters (atomic, relaxed). */
     kvd_service_method_stats_t m[KVD_RPC_COUNT];
@@ -337,5 +351,24 @@ kvd_status_t svc_admin(kvd_service_t *svc, const uint8_t *req, size_t len,
 kvd_status_t svc_delete(kvd_service_t *svc, const uint8_t *req, size_t len,
                         uint8_t **out, size_t *out_len, char *reason,
                         size_t reason_len);
+
+/* ---- service_events.c ---------------------------------------------------- */
+
+/* What an Admin events reply points at until it is packed. */
+typedef struct svc_events_reply {
+    kvd_pb_events_reply_t reply;
+    kvd_pb_store_event_t *events, **eventp;
+    kvd_block_hash_t *hashes;
+} svc_events_reply_t;
+
+/* Admin events: the events of the request's namespaces after its
+ * after_seq into r (r->reply initialised by the caller; free with
+ * svc_events_reply_free). Starts the log on the first call. */
+kvd_status_t svc_events(kvd_service_t *svc, const kvd_pb_events_t *rq,
+                        svc_events_reply_t *r, char *reason, size_t reason_len);
+void svc_events_reply_free(svc_events_reply_t *r);
+/* Moves the store's queued events into the log (housekeeping). */
+void svc_events_pull(kvd_service_t *svc);
+void svc_events_free(kvd_service_t *svc);
 
 #endif /* KVD_SERVER_SVC_INT_H */

@@ -18,8 +18,9 @@
  * arguments already checked as store.h says (store non-NULL, NULL pointers
  * with a non-zero count rejected with KVD_ERR_INVALID before the op is
  * called). `lookup` is kvd_store_lookup_from (source_node NULL or "" for
- * none). `scan`, `tenant_set_quota`, `events_enable` and `take_events` may be
- * NULL: the call then answers KVD_ERR_UNSUPPORTED. Threading as store.h.
+ * none). `scan`, `tenant_set_quota`, `events_enable`, `take_events` and
+ * `events_watch` may be NULL: the call then answers KVD_ERR_UNSUPPORTED.
+ * Threading as store.h.
  */
 #ifndef KVD_STORE_OPS_H
 #define KVD_STORE_OPS_H
@@ -81,6 +82,8 @@ typedef struct kvd_store_ops {
     kvd_status_t (*take_events)(kvd_store_t *s, kvd_store_event_t *out,
                                 size_t max, size_t *n_out,
                                 uint64_t *dropped_out);
+    kvd_status_t (*events_watch)(kvd_store_t *s, const kvd_namespace_t *ns,
+                                 size_t num);
 } kvd_store_ops_t;
 
 /* The head of every store implementation. */

@@ -821,4 +821,5 @@ const kvd_store_ops_t kvd_store_embedded_ops = {
     .stats = store_op_stats,
     .events_enable = store_op_events_enable,
     .take_events = store_op_take_events,
+    .events_watch = store_op_events_watch,
 };

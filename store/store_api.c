@@ -316,3 +316,17 @@ KVD_API kvd_status_t kvd_store_take_events(kvd_store_t *store,
     }
     return store->ops->take_events(store, out, max, n_out, dropped_out);
 }
+
+KVD_API kvd_status_t kvd_store_events_watch(kvd_store_t *store,
+                                            const kvd_namespace_t *ns,
+                                            size_t num)
+{
+    if (store == NULL || (num > 0 && ns == NULL) ||
+        num > KVD_STORE_EVENTS_WATCH_MAX) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->ops->events_watch == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
+    return store->ops->events_watch(store, ns, num);
+}

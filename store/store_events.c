@@ -72,19 +72,47 @@ kvd_status_t store_op_events_enable(kvd_store_t *base, size_t capacity)
     return KVD_OK;
 }
 
+kvd_status_t store_op_events_watch(kvd_store_t *base, const kvd_namespace_t *ns,
+                                   size_t num)
+{
+    kvd_embedded_t *st = store_embedded(base);
+    pthread_mutex_lock(&st->ev_mu);
+    if (num > 0) {
+        memcpy(st->ev_watch, ns, num * sizeof *ns);
+    }
+    st->ev_n_watch = num;
+    pthread_mutex_unlock(&st->ev_mu);
+    return KVD_OK;
+}
+
+/* Whether `ns` is watched (`ev_mu` held). */
+static bool watched(const kvd_embedded_t *st, const kvd_namespace_t *ns)
+{
+    if (st->ev_n_watch == 0) {
+        return true;
+    }
+    for (size_t i = 0; i < st->ev_n_watch; i++) {
+        if (memcmp(st->ev_watch[i].bytes, ns->bytes, sizeof ns->bytes) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
 kvd_status_t store_op_take_events(kvd_store_t *base, kvd_store_event_t *out,
                                   size_t max, size_t *n_out,
                                   uint64_t *dropped_out)
 {
     kvd_embedded_t *st = store_embedded(base);
     pthread_mutex_lock(&st->ev_mu);
-    size_t n = st->ev_len < max ? st->ev_len : max;
-    for (size_t i = 0; i < n; i++) {
-        out[i] = st->ev[(st->ev_head + i) % st->ev_cap];
-    }
-    if (n > 0) {
-        st->ev_head = (st->ev_head + n) % st->ev_cap;
-        st->ev_len -= n;
+    size_t n = 0;
+    while (st->ev_len > 0 && n < max) {
+        const kvd_store_event_t *e = &st->ev[st->ev_head];
+        if (watched(st, &e->key.ns)) {
+            out[n++] = *e;
+        }
+        st->ev_head = (st->ev_head + 1) % st->ev_cap;
+        st->ev_len--;
     }
     if (dropped_out != NULL) {
         *dropped_out = st->ev_dropped;

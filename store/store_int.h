@@ -187,6 +187,8 @@ struct kvd_embedded {
     kvd_store_event_t *ev;
     size_t ev_cap, ev_head, ev_len;
     uint64_t ev_dropped;
+    kvd_namespace_t ev_watch[KVD_STORE_EVENTS_WATCH_MAX];
+    size_t ev_n_watch; /* 0: every namespace */
 };
 
 /* The engine behind `store`, or NULL when it is not an embedded store. */
@@ -244,6 +246,8 @@ kvd_status_t store_op_pin(kvd_store_t *base, const kvd_store_key_t *keys,
                           size_t *num_missing_out);
 kvd_status_t store_op_stats(kvd_store_t *base, kvd_store_stats_t *out);
 kvd_status_t store_op_events_enable(kvd_store_t *base, size_t capacity);
+kvd_status_t store_op_events_watch(kvd_store_t *base, const kvd_namespace_t *ns,
+                                   size_t num);
 kvd_status_t store_op_take_events(kvd_store_t *base, kvd_store_event_t *out,
                                   size_t max, size_t *n_out,
                                   uint64_t *dropped_out);

@@ -618,6 +618,8 @@ typedef struct kvd_store_event {
 
 /* The most events kvd_store_events_enable queues. */
 #define KVD_STORE_EVENTS_MAX (1u << 20)
+/* The most namespaces kvd_store_events_watch names. */
+#define KVD_STORE_EVENTS_WATCH_MAX 64
 
 /*
  * Starts (capacity > 0) or stops (0) recording key events: from this call
@@ -628,10 +630,15 @@ typedef struct kvd_store_event {
  * keeps the newest `capacity` events (at most KVD_STORE_EVENTS_MAX): when
  * full the oldest is dropped and counted (kvd_store_take_events). Calling
  * it again resizes the queue, discarding what it held; stopping discards
- * it. Off by default, and costs nothing then. Errors: KVD_ERR_INVALID
- * (NULL store, capacity over KVD_STORE_EVENTS_MAX), KVD_ERR_NOMEM
- * (nothing changed), KVD_ERR_UNSUPPORTED (daemon mode: the daemon does
- * not send its store's events to clients). Thread: any.
+ * it. Off by default, and costs nothing then.
+ * Daemon mode: the events are the daemon's store's, of the namespaces named
+ * by kvd_store_events_watch (none until it is called; a client bound to a
+ * tenant sees its tenant's objects only); the daemon keeps them (its newest
+ * 65536), so `capacity` only turns recording on or off, and reading starts
+ * at this call (protocol revision 8; an older daemon: KVD_ERR_UNSUPPORTED
+ * or KVD_ERR_PROTO). Errors: KVD_ERR_INVALID (NULL store, capacity over
+ * KVD_STORE_EVENTS_MAX), KVD_ERR_NOMEM (nothing changed); daemon mode: the
+ * failed call's status. Thread: any.
  */
 KVD_API kvd_status_t kvd_store_events_enable(kvd_store_t *store,
                                              size_t capacity);
@@ -641,13 +648,29 @@ KVD_API kvd_status_t kvd_store_events_enable(kvd_store_t *store,
  * their number into *n_out; *dropped_out (may be NULL) gets how many
  * events were dropped for lack of room since the previous call (the
  * caller has then missed some: a router should resynchronise). Recording
- * off: *n_out 0. Errors: KVD_ERR_INVALID (NULL store or n_out, NULL out
- * with max > 0), KVD_ERR_UNSUPPORTED (daemon mode). Thread: any.
+ * off: *n_out 0. Daemon mode: one call to the daemon, at most 4096 events
+ * per call; *dropped_out counts events the daemon no longer held (of any
+ * namespace: some of ours may be among them). Errors: KVD_ERR_INVALID
+ * (NULL store or n_out, NULL out with max > 0); daemon mode: the failed
+ * call's status. Thread: any.
  */
 KVD_API kvd_status_t kvd_store_take_events(kvd_store_t *store,
                                            kvd_store_event_t *out, size_t max,
                                            size_t *n_out,
                                            uint64_t *dropped_out);
+
+/*
+ * Which namespaces' events kvd_store_take_events returns: the `num` of
+ * `ns` (at most KVD_STORE_EVENTS_WATCH_MAX; num 0: every namespace in an
+ * embedded store, none in daemon mode, where a client is told only about
+ * namespaces it names). Events of other namespaces are skipped (embedded:
+ * dropped from the queue as they are taken). Replaces the previous list.
+ * Errors: KVD_ERR_INVALID (NULL store, NULL ns with num > 0, num over
+ * KVD_STORE_EVENTS_WATCH_MAX). Thread: any.
+ */
+KVD_API kvd_status_t kvd_store_events_watch(kvd_store_t *store,
+                                            const kvd_namespace_t *ns,
+                                            size_t num);
 
 #ifdef __cplusplus
 }

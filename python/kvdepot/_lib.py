@@ -334,7 +334,7 @@ _MIRRORS = (
 
 # store.h kvd_store_event_kind_t.
 STORE_EVENT_STORED, STORE_EVENT_REMOVED = 1, 2
-KVD_ERR_UNSUPPORTED = -6
+KVD_ERR_PROTO, KVD_ERR_UNSUPPORTED = -5, -6
 
 
 def _declare(h):
@@ -392,6 +392,7 @@ def _declare(h):
         "kvd_leader_take_saved_blocks": (sz, [vp, P(LeaderSavedBlock), sz,
                                               P(u64)]),
         "kvd_store_events_enable": (st, [vp, sz]),
+        "kvd_store_events_watch": (st, [vp, P(Namespace), sz]),
         "kvd_store_take_events": (st, [vp, P(StoreEvent), sz, P(sz),
                                        P(u64)]),
     }
@@ -501,12 +502,22 @@ class Store:
             self.handle, keys, len(hashes), ctypes.byref(n)))
         return n.value
 
+    def events_watch(self, namespaces):
+        """Only these namespaces' events (16-byte values; store.h
+        kvd_store_events_watch): needed in daemon mode, where the daemon
+        reports only the namespaces a client names."""
+        arr = (Namespace * max(1, len(namespaces)))()
+        for i, ns in enumerate(namespaces):
+            ctypes.memmove(arr[i].bytes, bytes(ns), 16)
+        _check("store events_watch", lib().kvd_store_events_watch(
+            self.handle, arr, len(namespaces)))
+
     def events_enable(self, capacity):
         """Starts (capacity > 0) or stops (0) recording key events
         (store.h kvd_store_events_enable). False when the store cannot
-        (daemon mode)."""
+        (a daemon before protocol revision 8)."""
         s = lib().kvd_store_events_enable(self.handle, capacity)
-        if s == KVD_ERR_UNSUPPORTED:
+        if s in (KVD_ERR_UNSUPPORTED, KVD_ERR_PROTO):
             return False
         _check("store events", s)
         return True

@@ -786,8 +786,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         """KV events are collected when vLLM publishes them
         (kv_events_config.enable_kv_cache_events) or the kv_events setting
         asks: the leaders queue the blocks whose saves finished, and an
-        embedded store its commits and removals (a daemon's store does
-        not send them: then no BlockRemoved, and a BlockStored for every
+        embedded store or the daemon its store's commits and removals of
+        this engine's namespaces (a daemon before protocol revision 8
+        sends none: then no BlockRemoved, and a BlockStored for every
         save the workers finished, docs/vllm.md)."""
         kec = getattr(vllm_config, "kv_events_config", None)
         self._events_on = bool(self.settings.kv_events or getattr(
@@ -799,8 +800,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             return
         for leader in self.leaders:
             leader.set_saved_queue(_EVENTS_QUEUE)
-        self._store_events = self.store.events_enable(_EVENTS_QUEUE)
         self._event_ns = {bytes(ns.bytes) for ns in self.group_ns}
+        self.store.events_watch(sorted(self._event_ns))
+        self._store_events = self.store.events_enable(_EVENTS_QUEUE)
 
     def _collect_events(self):
         """Turns what the store and the leaders queued into vLLM events."""
@@ -1144,6 +1146,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self._collect_events()
             self._committed.clear()
             self._event_ns = {bytes(ns.bytes) for ns in self.group_ns}
+            self.store.events_watch(sorted(self._event_ns))
             self._events.append(_vllm_obs.make_event(
                 _vllm_obs.AllBlocksCleared))
         log.info("kvdepot: cache reset: namespace generation %d",

@@ -219,6 +219,42 @@ static void test_drained_while_saving(void **state)
     kvd_test_dir_remove(&d);
 }
 
+/* kvd_store_events_watch: only the named namespaces' events come out
+ * (the others are dropped as they are taken); none named: all. */
+static void test_watch(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "events-watch");
+    kvd_store_t *st = open_store(&d, true);
+    kvd_store_event_t ev[16];
+    size_t n = 0;
+    kvd_namespace_t other;
+    memset(other.bytes, 0x77, sizeof other.bytes);
+    kvd_namespace_t ours = test_ns();
+    assert_int_equal(kvd_store_events_enable(st, 16), KVD_OK);
+    assert_int_equal(kvd_store_events_watch(st, &other, 1), KVD_OK);
+    assert_int_equal(put_one(st, 1), KVD_OK);
+    assert_int_equal(kvd_store_take_events(st, ev, 16, &n, NULL), KVD_OK);
+    assert_int_equal(n, 0); /* test_ns() is not watched */
+    kvd_namespace_t both[2] = {other, ours};
+    assert_int_equal(kvd_store_events_watch(st, both, 2), KVD_OK);
+    assert_int_equal(put_one(st, 2), KVD_OK);
+    assert_int_equal(kvd_store_take_events(st, ev, 16, &n, NULL), KVD_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(index_of(&ev[0]), 2);
+    assert_int_equal(kvd_store_events_watch(st, NULL, 0), KVD_OK);
+    assert_int_equal(put_one(st, 3), KVD_OK);
+    assert_int_equal(kvd_store_take_events(st, ev, 16, &n, NULL), KVD_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(kvd_store_events_watch(st, NULL, 1), KVD_ERR_INVALID);
+    assert_int_equal(
+        kvd_store_events_watch(st, both, KVD_STORE_EVENTS_WATCH_MAX + 1),
+        KVD_ERR_INVALID);
+    kvd_store_close(st);
+    kvd_test_dir_remove(&d);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -247,6 +283,7 @@ int main(void)
         cmocka_unit_test(test_commits_and_deletes),
         cmocka_unit_test(test_eviction_from_the_last_tier),
         cmocka_unit_test(test_drained_while_saving),
+        cmocka_unit_test(test_watch),
         cmocka_unit_test(test_bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -3,7 +3,8 @@ the stand-ins for vLLM's classes (no vLLM needed), with real torch CPU
 tensors, the host backend and the embedded store: counters per interval
 from the workers and the scheduler, aggregated and rebuilt from a dict as
 vLLM's logger does, observed into a prometheus_client registry, and
-BlockStored after a save, BlockRemoved after an eviction or a delete.
+BlockStored after a save, BlockRemoved after an eviction or a delete,
+in an embedded store and through a kvdepotd (daemon mode).
 """
 
 import tempfile
@@ -16,6 +17,7 @@ from test_vllm_connector import (BS, PROMPT, Blocks, Request, caches,  # noqa: E
                                  connector_pair, sched_output, vllm_config,
                                  worker_step)
 from kvdepot import _lib, _vllm_obs, vllm as kv  # noqa: E402
+from conftest import KVDEPOTD, start_daemon, stop_daemon  # noqa: E402
 
 OBJ_TOKENS = 96  # the 6 full blocks of a PROMPT-token prompt
 
@@ -212,6 +214,46 @@ def test_events_after_eviction():
         assert s.store.delete(s.ns, [first[0]]) == 0
         s.shutdown()
         w.shutdown()
+
+
+@pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
+def test_events_from_the_daemons_store(tmp_path):
+    """Daemon mode: the daemon's store evicts (a 1 MiB arena, no disk) and
+    the connector reports it: BlockRemoved for blocks it announced, as in
+    an embedded store; a delete by another client of the daemon is
+    reported too (namespace filtering and tenants: test_service_admin.c,
+    test_events)."""
+    proc = start_daemon(tmp_path, "store.arena_size=1m",
+                        "store.arena_chunk=1m")[0]
+    try:
+        kvs = caches("flash", fill=True)
+        cfg = vllm_config("", store_mode="daemon", kv_events=True,
+                          store_address=f"unix:{tmp_path}/d.sock")
+        s, w, names = connector_pair(cfg, kvs)
+        assert s._store_events  # the daemon sends its store's events
+        announced, gone = [], []
+        for i in range(10):
+            compute(s, w, kvs, names, f"r{i}", prompt(30 + i), range(7))
+            ev = s.take_events()
+            announced += [h for e in stored(ev) for h in e.block_hashes]
+            gone += removed(ev)
+        assert gone, "nothing evicted: the arena holds every prompt"
+        assert set(gone) <= set(announced)
+        assert len(set(announced)) == len(announced) == 60
+        # Another client of the same daemon deletes a block this engine
+        # stored.
+        other = _lib.Store({"store.mode": "daemon",
+                            "store.address": f"unix:{tmp_path}/d.sock"})
+        try:
+            last = announced[-1]
+            assert other.delete(s.ns, [last]) == 1
+        finally:
+            other.close()
+        assert removed(s.take_events()) == [last]
+        s.shutdown()
+        w.shutdown()
+    finally:
+        stop_daemon(proc)
 
 
 class NS_events:

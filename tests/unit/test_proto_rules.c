@@ -290,7 +290,7 @@ static void m_admin_unset(kvd_samples_t *s)
 }
 static void m_admin_bad_case(kvd_samples_t *s)
 {
-    S->admin_response.result_case = (Kvdepot__V1__AdminResponse__ResultCase)10;
+    S->admin_response.result_case = (Kvdepot__V1__AdminResponse__ResultCase)11;
 }
 static void m_ping_major(kvd_samples_t *s)
 {
@@ -445,7 +445,7 @@ static const rule_case_t rule_cases[] = {
     {KVD_PROTO_MSG_ADMIN_REQUEST, 0, m_admin_unset,
      "admin_request.op: unset, required", NULL},
     {KVD_PROTO_MSG_ADMIN_RESPONSE, 0, m_admin_bad_case,
-     "admin_response.result: case 10 names no member", ""},
+     "admin_response.result: case 11 names no member", ""},
     {KVD_PROTO_MSG_ADMIN_RESPONSE, 0, m_ping_major,
      "admin_response.ping.protocol_major: 2, want 1..1", NULL},
     {KVD_PROTO_MSG_ADMIN_REQUEST, 1, m_drop_ns,

@@ -5,7 +5,8 @@
  * as an operator and as a caller bound to a tenant (who sees and drops
  * its own objects only, gets its own tenant's Stats, and is refused the
  * daemon-wide operations); bad calls are refused and counted by status;
- * cluster_nodes alone and with a (stale) membership view.
+ * cluster_nodes alone and with a (stale) membership view; the key events
+ * a caller reads (Admin events).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -514,6 +515,111 @@ static void test_pin(void **state)
     assert_int_equal(s, KVD_ERR_AUTH);
 }
 
+/* Admin events as `tenant` for namespaces nsb[0..n_ns) after `after`. */
+static kvd_pb_admin_response_t *events(kvd_test_svc_t *t, const uint8_t *nsb,
+                                       size_t n_ns, uint64_t after,
+                                       uint32_t max, const char *tenant)
+{
+    kvd_namespace_t ns[4];
+    ProtobufCBinaryData ids[4];
+    for (size_t i = 0; i < n_ns; i++) {
+        ids[i] = kvd_test_svc_ns_field(&ns[i], nsb[i]);
+    }
+    kvd_pb_events_t op = KVDEPOT__V1__EVENTS__INIT;
+    op.n_namespace_ids = n_ns;
+    op.namespace_ids = ids;
+    op.after_seq = after;
+    op.max_events = max;
+    kvd_pb_admin_request_t rq = KVDEPOT__V1__ADMIN_REQUEST__INIT;
+    rq.op_case = KVDEPOT__V1__ADMIN_REQUEST__OP_EVENTS;
+    rq.events = &op;
+    kvd_status_t s;
+    kvd_pb_admin_response_t *r = admin(t, &rq, tenant, &s);
+    assert_int_equal(s, KVD_OK);
+    return r;
+}
+
+/* Event i of r is a store (or removal) of hash `idx` of namespace
+ * index `nsi`. */
+static void assert_event(const kvd_pb_admin_response_t *r, size_t i,
+                         uint32_t nsi, uint32_t idx, bool removed)
+{
+    kvd_block_hash_t h[1];
+    ProtobufCBinaryData f[1];
+    kvd_test_svc_hash_fields(idx, 1, h, f);
+    assert_true(i < r->events->n_events);
+    const kvd_pb_store_event_t *e = r->events->events[i];
+    assert_int_equal(e->namespace_index, nsi);
+    assert_int_equal(e->removed, removed);
+    assert_memory_equal(e->block_hash.data, h[0].bytes, KVD_SHA256_BYTES);
+}
+
+/* events: from the first call on, commits and removals of the namespaces
+ * a caller names, numbered, read on from the last number seen, in pages
+ * of max_events; a tenant names its own namespaces and sees its copies
+ * only. */
+static void test_events(void **state)
+{
+    kvd_test_svc_t *t = *state;
+    const uint8_t ns1[] = {NS}, both[] = {NS2, NS};
+    kvd_test_svc_save(t, NS, 10, 1, NULL); /* before the first call */
+    kvd_pb_admin_response_t *r = events(t, ns1, 1, UINT64_MAX, 0, NULL);
+    assert_int_equal(r->events->n_events, 0);
+    uint64_t start = r->events->next_seq;
+    kvd_proto_admin_response_free(r);
+
+    kvd_test_svc_save(t, NS, 0, 3, NULL);
+    kvd_test_svc_save(t, NS2, 0, 2, NULL);
+    kvd_test_svc_save(t, NS, 0, 2, TA);
+    r = events(t, ns1, 1, start, 0, NULL);
+    assert_int_equal(r->events->n_events, 3);
+    for (uint32_t i = 0; i < 3; i++) {
+        assert_event(r, i, 0, i, false);
+    }
+    assert_int_equal(r->events->missed, 0);
+    assert_int_equal(r->events->next_seq, start + 7);
+    kvd_proto_admin_response_free(r);
+
+    /* Two namespaces: each event names its index in the request. */
+    r = events(t, both, 2, start, 0, NULL);
+    assert_int_equal(r->events->n_events, 5);
+    assert_event(r, 3, 0, 0, false);
+    assert_event(r, 4, 0, 1, false);
+    kvd_proto_admin_response_free(r);
+
+    /* team-a names NS and gets its own two. */
+    r = events(t, ns1, 1, start, 0, TA);
+    assert_int_equal(r->events->n_events, 2);
+    assert_event(r, 1, 0, 1, false);
+    kvd_proto_admin_response_free(r);
+
+    /* Pages of one: next_seq is the last event returned. */
+    r = events(t, ns1, 1, start, 1, NULL);
+    assert_int_equal(r->events->n_events, 1);
+    assert_event(r, 0, 0, 0, false);
+    uint64_t next = r->events->next_seq;
+    kvd_proto_admin_response_free(r);
+    r = events(t, ns1, 1, next, 1, NULL);
+    assert_event(r, 0, 0, 1, false);
+    kvd_proto_admin_response_free(r);
+
+    /* A delete is a removal; the reader who saw everything gets only it. */
+    kvd_pb_delete_response_t *d = NULL;
+    assert_int_equal(delete_keys(t, NS, 0, 1, NULL, &d), KVD_OK);
+    kvd_proto_delete_response_free(d);
+    r = events(t, ns1, 1, start + 7, 0, NULL);
+    assert_int_equal(r->events->n_events, 1);
+    assert_event(r, 0, 0, 0, true);
+    assert_int_equal(r->events->next_seq, start + 8);
+    kvd_proto_admin_response_free(r);
+
+    /* No namespace: no events, only the newest number. */
+    r = events(t, ns1, 0, start, 0, NULL);
+    assert_int_equal(r->events->n_events, 0);
+    assert_int_equal(r->events->next_seq, start + 8);
+    kvd_proto_admin_response_free(r);
+}
+
 static void test_refused_calls(void **state)
 {
     kvd_test_svc_t *t = *state;
@@ -558,6 +664,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refused_calls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cluster_nodes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pin, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_events, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
