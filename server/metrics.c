@@ -536,6 +536,64 @@ static void metrics_methods(mbuf_t *b, const kvd_service_stats_t *sv)
     }
 }
 
+/* Usage of the namespaces holding the most bytes (KVD_SERVER_NS_TOP),
+ * from a scan of the store refreshed at most every 30 s. Namespace labels
+ * come from clients, so only a bounded top list becomes series. */
+static void metrics_namespaces(mbuf_t *b, kvd_server_t *server)
+{
+    kvd_service_ns_usage_t top[KVD_SERVER_NS_TOP];
+    size_t all = 0;
+    uint64_t age_ms = 0;
+    size_t n = kvd_server_namespaces(server, top, &all, &age_ms);
+    single(b, "kvdepot_namespaces", "gauge",
+           "Namespaces holding objects (counted up to 4096), from the scan "
+           "behind kvdepot_namespace_*.",
+           all);
+    family(b, "kvdepot_namespace_scan_age_seconds", "gauge",
+           "Age of the store scan behind kvdepot_namespace_* (made at most "
+           "every 30 s).");
+    mb(b, "kvdepot_namespace_scan_age_seconds %.3f\n", (double)age_ms / 1e3);
+    char hex[2 * KVD_NAMESPACE_BYTES + 1];
+    char tenant[80];
+    family(b, "kvdepot_namespace_objects", "gauge",
+           "Objects per tier of the 20 namespaces holding the most bytes "
+           "(namespace: the stored digest, a tenant's own copy for its "
+           "objects; tenant: the settings' name, (none) without one).");
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            family(b, "kvdepot_namespace_bytes", "gauge",
+                   "Bytes of the objects of the 20 namespaces holding the "
+                   "most, both tiers.");
+        }
+        for (size_t i = 0; i < n; i++) {
+            for (size_t k = 0; k < KVD_NAMESPACE_BYTES; k++) {
+                snprintf(hex + 2 * k, 3, "%02x", top[i].ns.bytes[k]);
+            }
+            if (top[i].tenant_name != NULL && top[i].tenant_name[0] != '\0') {
+                snprintf(tenant, sizeof tenant, "%s", top[i].tenant_name);
+            } else if (top[i].tenant == 0) {
+                snprintf(tenant, sizeof tenant, "(none)");
+            } else {
+                snprintf(tenant, sizeof tenant, "id %u", top[i].tenant);
+            }
+            if (pass == 0) {
+                mb(b,
+                   "kvdepot_namespace_objects{namespace=\"%s\",tenant=\"%s\","
+                   "tier=\"host\"} %llu\n"
+                   "kvdepot_namespace_objects{namespace=\"%s\",tenant=\"%s\","
+                   "tier=\"disk\"} %llu\n",
+                   hex, tenant, (unsigned long long)top[i].host_objects, hex,
+                   tenant, (unsigned long long)top[i].disk_objects);
+            } else {
+                mb(b,
+                   "kvdepot_namespace_bytes{namespace=\"%s\",tenant=\"%s\"} "
+                   "%llu\n",
+                   hex, tenant, (unsigned long long)top[i].bytes);
+            }
+        }
+    }
+}
+
 char *kvd_metrics_render(kvd_server_t *server)
 {
     kvd_store_stats_t st;
@@ -548,6 +606,7 @@ char *kvd_metrics_render(kvd_server_t *server)
     metrics_arenas(&b, server);
     metrics_store(&b, &st);
     metrics_tenants(&b, server);
+    metrics_namespaces(&b, server);
     metrics_service(&b, &sv);
     metrics_methods(&b, &sv);
     if (b.failed) {

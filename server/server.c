@@ -57,6 +57,7 @@ static void server_free(kvd_server_t *srv)
     }
     free(srv->sessions);
     pthread_mutex_destroy(&srv->sess_mu);
+    pthread_mutex_destroy(&srv->ns_mu);
     pthread_rwlock_destroy(&srv->remote_lock);
     if (srv->tenancy != NULL) {
         OPENSSL_cleanse(srv->tenancy, sizeof *srv->tenancy);
@@ -181,10 +182,13 @@ static kvd_server_t *server_new(void)
     }
     srv->handoff_fd = -1;
     pthread_mutex_init(&srv->sess_mu, NULL);
+    pthread_mutex_init(&srv->ns_mu, NULL);
     pthread_rwlock_init(&srv->remote_lock, NULL);
     srv->sessions = calloc(SRV_SESSIONS_MAX, sizeof *srv->sessions);
     if (srv->sessions == NULL) {
         pthread_mutex_destroy(&srv->sess_mu);
+        pthread_mutex_destroy(&srv->ns_mu);
+        pthread_rwlock_destroy(&srv->remote_lock);
         free(srv);
         return NULL;
     }
@@ -574,6 +578,33 @@ size_t kvd_server_tenants(kvd_server_t *server, kvd_server_tenant_t *out,
     for (size_t i = 0; i < tn->n_arenas; i++) {
         server_tenant_add(server, out, max, &n, tn->arenas[i].tenant);
     }
+    return n;
+}
+
+#define SRV_NS_REFRESH_MS 30000u
+
+size_t kvd_server_namespaces(kvd_server_t *server, kvd_service_ns_usage_t *out,
+                             size_t *n_all_out, uint64_t *age_ms_out)
+{
+    pthread_mutex_lock(&server->ns_mu);
+    uint64_t now = kvd_time_now_ns();
+    if (server->ns_at_ns == 0 ||
+        now - server->ns_at_ns >= SRV_NS_REFRESH_MS * UINT64_C(1000000)) {
+        size_t n = 0, all = 0;
+        if (kvd_service_namespace_usage(server->svc, server->ns_top,
+                                        KVD_SERVER_NS_TOP, &n,
+                                        &all) == KVD_OK) {
+            server->ns_n = n;
+            server->ns_all = all;
+            server->ns_at_ns = now;
+        }
+    }
+    size_t n = server->ns_n;
+    memcpy(out, server->ns_top, n * sizeof *out);
+    *n_all_out = server->ns_all;
+    *age_ms_out =
+        server->ns_at_ns != 0 ? (now - server->ns_at_ns) / 1000000u : 0;
+    pthread_mutex_unlock(&server->ns_mu);
     return n;
 }
 

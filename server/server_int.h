@@ -177,6 +177,14 @@ typedef struct kvd_server_tenant {
 size_t kvd_server_tenants(kvd_server_t *server, kvd_server_tenant_t *out,
                           size_t max);
 
+/* The namespaces /metrics lists: the KVD_SERVER_NS_TOP holding the most
+ * bytes, from a scan of the store made at most every 30 s (the figures
+ * are that old at most). Returns how many were written to out;
+ * *n_all_out how many namespaces hold objects. Thread: any. */
+#define KVD_SERVER_NS_TOP 20
+size_t kvd_server_namespaces(kvd_server_t *server, kvd_service_ns_usage_t *out,
+                             size_t *n_all_out, uint64_t *age_ms_out);
+
 /* What backs the daemon's arena memory (every arena: one mapping). */
 kvd_arena_backing_t kvd_server_arena_backing(kvd_server_t *server);
 

@@ -27,7 +27,8 @@ typedef struct svc_listing {
     kvd_pb_namespace_usage_t **nsp;
     kvd_pb_tenant_usage_t *tn;
     kvd_pb_tenant_usage_t **tnp;
-    uint8_t *ns_ids; /* 16 bytes per namespace */
+    uint8_t *ns_ids;     /* 16 bytes per namespace */
+    uint32_t *ns_tenant; /* the tenant of each namespace's first object */
 } svc_listing_t;
 
 static void svc_listing_init(svc_listing_t *l)
@@ -43,6 +44,7 @@ static void svc_listing_free(svc_listing_t *l)
     free(l->tn);
     free(l->tnp);
     free(l->ns_ids);
+    free(l->ns_tenant);
 }
 
 /* The name the settings give tenant id `id` ("" when none does). The
@@ -71,8 +73,9 @@ static kvd_status_t svc_list(kvd_service_t *svc, svc_listing_t *l,
     l->tn = calloc(cap, sizeof *l->tn);
     l->tnp = calloc(cap, sizeof *l->tnp);
     l->ns_ids = calloc(cap, KVD_NAMESPACE_BYTES);
+    l->ns_tenant = calloc(cap, sizeof *l->ns_tenant);
     if (chunk == NULL || l->ns == NULL || l->nsp == NULL || l->tn == NULL ||
-        l->tnp == NULL || l->ns_ids == NULL) {
+        l->tnp == NULL || l->ns_ids == NULL || l->ns_tenant == NULL) {
         free(chunk);
         return KVD_ERR_NOMEM;
     }
@@ -108,6 +111,7 @@ static kvd_status_t svc_list(kvd_service_t *svc, svc_listing_t *l,
                 l->ns[nn].namespace_id.data =
                     l->ns_ids + nn * KVD_NAMESPACE_BYTES;
                 l->ns[nn].namespace_id.len = KVD_NAMESPACE_BYTES;
+                l->ns_tenant[nn] = o->tenant;
                 l->nsp[nn] = &l->ns[nn];
                 nn++;
             }
@@ -151,6 +155,46 @@ static kvd_status_t svc_list(kvd_service_t *svc, svc_listing_t *l,
     l->reply.namespaces = l->nsp;
     l->reply.n_tenants = nt;
     l->reply.tenants = l->tnp;
+    return s;
+}
+
+static int ns_usage_by_bytes(const void *a, const void *b)
+{
+    const kvd_service_ns_usage_t *x = a, *y = b;
+    return x->bytes < y->bytes ? 1 : x->bytes > y->bytes ? -1 : 0;
+}
+
+kvd_status_t kvd_service_namespace_usage(kvd_service_t *svc,
+                                         kvd_service_ns_usage_t *out,
+                                         size_t max, size_t *n_out,
+                                         size_t *n_all_out)
+{
+    svc_listing_t l;
+    svc_listing_init(&l);
+    kvd_status_t s = svc_list(svc, &l, NULL);
+    size_t nn = l.reply.n_namespaces;
+    kvd_service_ns_usage_t *all =
+        s == KVD_OK ? calloc(nn > 0 ? nn : 1, sizeof *all) : NULL;
+    if (s == KVD_OK && all == NULL) {
+        s = KVD_ERR_NOMEM;
+    }
+    if (s == KVD_OK) {
+        for (size_t i = 0; i < nn; i++) {
+            memcpy(all[i].ns.bytes, l.ns[i].namespace_id.data,
+                   KVD_NAMESPACE_BYTES);
+            all[i].tenant = l.ns_tenant[i];
+            all[i].tenant_name = svc_tenant_name(svc, l.ns_tenant[i]);
+            all[i].host_objects = l.ns[i].host_objects;
+            all[i].disk_objects = l.ns[i].disk_objects;
+            all[i].bytes = l.ns[i].bytes;
+        }
+        qsort(all, nn, sizeof *all, ns_usage_by_bytes);
+        *n_out = nn < max ? nn : max;
+        memcpy(out, all, *n_out * sizeof *out);
+        *n_all_out = nn;
+    }
+    free(all);
+    svc_listing_free(&l);
     return s;
 }
 

@@ -243,6 +243,26 @@ void kvd_service_count_refused(kvd_service_t *svc, kvd_status_t status);
  * gives a bound caller; zeros for a tenant that has looked up nothing.
  * Callers bound to no tenant are not counted per tenant. Read-only; takes
  * the service's lock briefly. Thread: any. */
+/* One namespace's usage (kvd_service_namespace_usage): the stored
+ * namespace (a tenant's copy for a tenant's objects), the tenant of its
+ * objects (and its name in the settings, "" if none; borrowed from the
+ * service), objects per tier and bytes. */
+typedef struct kvd_service_ns_usage {
+    kvd_namespace_t ns;
+    uint32_t tenant;
+    const char *tenant_name;
+    uint64_t host_objects, disk_objects, bytes;
+} kvd_service_ns_usage_t;
+
+/* The `max` namespaces holding the most bytes, most first, into out
+ * (*n_out of them); *n_all_out how many namespaces hold objects (counted
+ * up to KVD_PROTO_MAX_NAMESPACES). Scans every stored object: call it
+ * seldom (/metrics caches it). Thread: any. */
+kvd_status_t kvd_service_namespace_usage(kvd_service_t *svc,
+                                         kvd_service_ns_usage_t *out,
+                                         size_t max, size_t *n_out,
+                                         size_t *n_all_out);
+
 void kvd_service_tenant_lookups(kvd_service_t *svc, const char *tenant,
                                 uint64_t hits_out[2], uint64_t misses_out[2]);
 

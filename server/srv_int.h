@@ -116,6 +116,12 @@ struct kvd_server {
      * service's tenant listing. */
     const char *tenant_names[5 * SRV_TENANTS_MAX];
     size_t n_tenant_names;
+    /* /metrics' namespaces holding the most (kvd_server_namespaces): a
+     * scan of the store at most every SRV_NS_REFRESH_MS, under ns_mu. */
+    pthread_mutex_t ns_mu;
+    kvd_service_ns_usage_t ns_top[KVD_SERVER_NS_TOP];
+    size_t ns_n, ns_all;
+    uint64_t ns_at_ns; /* when ns_top was taken; 0: never */
     pthread_mutex_t sess_mu;
     srv_session_t *sessions; /* SRV_SESSIONS_MAX */
     uint64_t sess_ids;       /* the last session id given */
