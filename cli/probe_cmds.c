@@ -384,8 +384,9 @@ static kvd_status_t lookup_tiers(kvd_store_t *store, const kvd_namespace_t *ns,
 }
 
 static void lookup_print(const lookup_args_t *a, const kvd_cli_conn_t *conn,
-                         size_t n_tokens, const kvd_block_hash_t *hashes,
-                         const uint32_t *tiers, size_t n, size_t matched)
+                         const char *node, size_t n_tokens,
+                         const kvd_block_hash_t *hashes, const uint32_t *tiers,
+                         size_t n, size_t matched)
 {
     size_t behind = 0;
     for (size_t i = matched; i < n; i++) {
@@ -393,11 +394,13 @@ static void lookup_print(const lookup_args_t *a, const kvd_cli_conn_t *conn,
     }
     char hex[2 * KVD_SHA256_BYTES + 1];
     if (a->json) {
-        printf("{\"address\":\"%s\",\"namespace\":\"%s\",\"tokens\":%zu,"
+        printf("{\"address\":\"%s\",\"node\":", conn->address);
+        kvd_cli_json_string(node);
+        printf(",\"namespace\":\"%s\",\"tokens\":%zu,"
                "\"block_size\":%zu,\"blocks\":%zu,\"matched_blocks\":%zu,"
                "\"matched_tokens\":%zu,\"stored_behind_miss\":%zu,"
                "\"block_list\":[",
-               conn->address, a->ns_hex, n_tokens, a->block_size, n, matched,
+               a->ns_hex, n_tokens, a->block_size, n, matched,
                matched * a->block_size, behind);
         for (size_t i = 0; i < n; i++) {
             kvd_cli_hex_format(hashes[i].bytes, KVD_SHA256_BYTES, hex);
@@ -409,7 +412,8 @@ static void lookup_print(const lookup_args_t *a, const kvd_cli_conn_t *conn,
         printf("]}\n");
         return;
     }
-    printf("kvdepotd at %s, namespace %s\n", conn->address, a->ns_hex);
+    printf("kvdepotd at %s (node %s), namespace %s\n", conn->address,
+           node[0] != '\0' ? node : "(none)", a->ns_hex);
     printf("%zu tokens, block size %zu: %zu full blocks", n_tokens,
            a->block_size, n);
     if (n_tokens % a->block_size != 0) {
@@ -620,9 +624,14 @@ int kvd_cli_lookup_run(int argc, char **argv)
         fprintf(stderr, "kvdepot lookup: out of memory\n");
     } else if (kvd_cli_conn_open(&conn, &store)) {
         size_t matched = 0;
+        /* The node answering: in a cluster, blocks other nodes held are
+         * fetched to it before it answers, so the tiers are its own. */
+        char version[80] = "", node[160] = "";
+        (void)kvd_client_ping(kvd_client_of(store), version, sizeof version,
+                              node, sizeof node);
         kvd_status_t st = lookup_tiers(store, &ns, hashes, n, tiers, &matched);
         if (st == KVD_OK) {
-            lookup_print(&a, &conn, n_tokens, hashes, tiers, n, matched);
+            lookup_print(&a, &conn, node, n_tokens, hashes, tiers, n, matched);
             rc = a.act != LOOKUP_SHOW
                      ? lookup_act(&a, store, &conn, &ns, hashes, tiers, n)
                      : KVD_CLI_EXIT_OK;

@@ -188,6 +188,22 @@ def test_events_after_save_and_delete():
         w.shutdown()
 
 
+def evict_by_saving(s, w, kvs, names, seed):
+    """Saves 10 prompts of 6 blocks into a store that holds about 40 and
+    collects the events: every block announced stored once, some removed
+    again, each of those announced before. Returns (announced, gone)."""
+    announced, gone = [], []
+    for i in range(10):
+        compute(s, w, kvs, names, f"r{i}", prompt(seed + i), range(7))
+        ev = s.take_events()
+        announced += [h for e in stored(ev) for h in e.block_hashes]
+        gone += removed(ev)
+    assert gone, "nothing evicted: the arena holds every prompt"
+    assert set(gone) <= set(announced)
+    assert len(set(announced)) == len(announced) == 60
+    return announced, gone
+
+
 def test_events_after_eviction():
     """A host arena without disk holding about 40 objects: saving 10
     prompts of 6 blocks evicts the first ones, which are then gone from
@@ -199,15 +215,7 @@ def test_events_after_eviction():
         extra.update(store_dir="", arena_size="1m",
                      store_settings={"store.arena_chunk": "1m"})
         s, w, names = connector_pair(cfg, kvs)
-        announced, gone = [], []
-        for i in range(10):
-            compute(s, w, kvs, names, f"r{i}", prompt(10 + i), range(7))
-            ev = s.take_events()
-            announced += [h for e in stored(ev) for h in e.block_hashes]
-            gone += removed(ev)
-        assert gone, "nothing evicted: the arena holds every prompt"
-        assert set(gone) <= set(announced)
-        assert len(set(announced)) == len(announced) == 60
+        announced, gone = evict_by_saving(s, w, kvs, names, 10)
         # What was removed is no longer matched.
         first = announced[:6]
         assert first[0] in gone
@@ -231,15 +239,7 @@ def test_events_from_the_daemons_store(tmp_path):
                           store_address=f"unix:{tmp_path}/d.sock")
         s, w, names = connector_pair(cfg, kvs)
         assert s._store_events  # the daemon sends its store's events
-        announced, gone = [], []
-        for i in range(10):
-            compute(s, w, kvs, names, f"r{i}", prompt(30 + i), range(7))
-            ev = s.take_events()
-            announced += [h for e in stored(ev) for h in e.block_hashes]
-            gone += removed(ev)
-        assert gone, "nothing evicted: the arena holds every prompt"
-        assert set(gone) <= set(announced)
-        assert len(set(announced)) == len(announced) == 60
+        announced, gone = evict_by_saving(s, w, kvs, names, 30)
         # Another client of the same daemon deletes a block this engine
         # stored.
         other = _lib.Store({"store.mode": "daemon",
