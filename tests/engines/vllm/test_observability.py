@@ -98,3 +98,35 @@ def test_events_are_vllms():
         assert [type(x) for x in gone] == [BlockRemoved]
         s.shutdown()
         w.shutdown()
+
+
+@pytest.mark.skipif(not tvc.KVDEPOTD, reason="KVDEPOTD not set")
+def test_events_from_a_daemon_are_vllms(tmp_path):
+    """Daemon mode: the daemon's store commits and deletes reach take_events
+    as vLLM's BlockStored and BlockRemoved."""
+    proc = tvc.start_daemon(tmp_path)[0]
+    try:
+        cfg = tvc.vllm_config("", store_mode="daemon",
+                              store_address=f"unix:{tmp_path}/d.sock")
+        cfg.kv_events_config = NS(enable_kv_cache_events=True)
+        kvs = tvc.caches("flash", fill=True)
+        s, w, names = tvc.connector_pair(cfg, kvs)
+        tokens = [(i * 7 + 11) % 32000 for i in range(tvc.PROMPT)]
+        req = tvc.Request("d", tokens)
+        s.get_num_new_matched_tokens(req, 0)
+        s.update_state_after_alloc(req, tvc.Blocks(range(7)), 0)
+        meta = s.build_connector_meta(tvc.sched_output(
+            new=[(req, 0)], tokens={"d": tvc.PROMPT}))
+        s.update_connector_output(tvc.worker_step(w, meta, kvs, names))
+        events = list(s.take_events())
+        assert [type(x) for x in events] == [BlockStored]
+        hashes = events[0].block_hashes
+        assert len(hashes) == 6
+        assert s.store.delete(s.ns, hashes[:2]) == 2
+        gone = list(s.take_events())
+        assert [type(x) for x in gone] == [BlockRemoved, BlockRemoved]
+        assert [h for x in gone for h in x.block_hashes] == hashes[:2]
+        s.shutdown()
+        w.shutdown()
+    finally:
+        tvc.stop_daemon(proc)
