@@ -315,9 +315,11 @@ static int store_disk_write(const char *dir, double *bytes_per_s,
 
 /* Reads every object back after a reopen; with `copy_out`, each object is
  * also copied there (object i at i * OBJ_BYTES) as its completion arrives,
- * inside the timed part, as a caller that wants the bytes would. */
+ * inside the timed part, as a caller that wants the bytes would. `src`:
+ * what store_disk_write copied in (NULL: its fill pattern), whose last
+ * byte of each object is checked after the clock stops. */
 static int store_disk_read(const char *dir, double *bytes_per_s,
-                           uint8_t *copy_out)
+                           uint8_t *copy_out, const uint8_t *src)
 {
     kvd_store_t *st = store_open_disk(dir);
     if (st == NULL) {
@@ -356,8 +358,12 @@ static int store_disk_read(const char *dir, double *bytes_per_s,
     for (size_t i = 0; i < got; i++) {
         const uint8_t *p =
             kvd_store_arena_ptr(st, c[i].lease.arena_offset, OBJ_BYTES);
-        bad += c[i].status != KVD_OK || p == NULL ||
-               p[OBJ_BYTES - 1] != (uint8_t)(c[i].user_data * 7 + 1);
+        uint64_t k = c[i].user_data;
+        uint8_t want =
+            src != NULL
+                ? src[(size_t)(k % ARENA_OBJECTS) * OBJ_BYTES + OBJ_BYTES - 1]
+                : (uint8_t)(k * 7 + 1);
+        bad += c[i].status != KVD_OK || p == NULL || p[OBJ_BYTES - 1] != want;
         l[i] = c[i].lease;
     }
     (void)kvd_store_release(st, l, got);
@@ -419,7 +425,7 @@ static int bench_nvme(double *fio_write_out)
         double b = fio_run(fio_file, "read");
         unlink(fio_file);
         if (store_disk_write(dir, &w, NULL) != 0 ||
-            store_disk_read(dir, &r, NULL) != 0 || a <= 0 || b <= 0) {
+            store_disk_read(dir, &r, NULL, NULL) != 0 || a <= 0 || b <= 0) {
             fprintf(stderr, "bench_store: NVMe part failed (fio %s)\n",
                     a <= 0 || b <= 0 ? "failed or missing" : "ok");
             rm_store_dir(root);
@@ -532,7 +538,7 @@ static int bench_peers(void)
         unlink(fio_file);
         rc = fw[p] <= 0 || fr[p] <= 0 ||
              store_disk_write(dir, &dw[p], src) != 0 ||
-             store_disk_read(dir, &dr[p], dst) != 0 ||
+             store_disk_read(dir, &dr[p], dst, src) != 0 ||
              peers_disk_check(dst, src) != 0;
         rm_store_dir(dir);
     }
