@@ -23,6 +23,8 @@
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
 #                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
+#   make bench-curves    benchmarks swept over a parameter, drawn as PNGs in
+#                        docs/perf/ (bench/curves.py; not make test)
 #   make bench-peers     kvdepot against LMCache, Mooncake and NIXL in one run
 #                        (PyPI peers in a venv under build/; not make test)
 #   make soak            32 client processes against one kvdepotd for 10 min
@@ -48,7 +50,7 @@ CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
 .PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo wheel bench bench-peers soak \
-        deb image test-deb test-image test-package chart \
+        deb image test-deb test-image test-package chart bench-curves \
         fuzz fuzz-all fmt \
         format-check check-sizes lint install clean
 
@@ -150,6 +152,10 @@ test-package: test-deb test-image
 
 chart:
 	@python3 deploy/helm/build_chart.py dist
+
+bench-curves: build
+	@scripts/install-deps.sh bench
+	@/usr/bin/python3 bench/curves.py --build build/dev --out docs/perf
 
 # The peers come from PyPI into build/peers-venv (scripts/install-peers.sh).
 bench-peers: build

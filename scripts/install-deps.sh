@@ -12,6 +12,7 @@
 #            test     (default) build + runtime + what the test suite, the
 #                     demo and the benchmarks use: what `make demo` and
 #                     `make test` need
+#            bench    test + what `make bench-curves` draws with (matplotlib)
 #            package  build + what `make deb`, `make image` and their tests
 #                     use: mmdebstrap for a clean Debian root, podman (with
 #                     runc) for the image
@@ -23,11 +24,11 @@ profile=test
 action=install
 for arg in "$@"; do
     case "$arg" in
-    build | runtime | test | package) profile=$arg ;;
+    build | runtime | test | bench | package) profile=$arg ;;
     --check) action=check ;;
     --list) action=list ;;
     *)
-        echo "usage: $0 [build|runtime|test|package] [--check|--list]" >&2
+        echo "usage: $0 [build|runtime|test|bench|package] [--check|--list]" >&2
         exit 2
         ;;
     esac
@@ -99,6 +100,8 @@ case "$profile" in
 build) pkgs=("${build_pkgs[@]}") ;;
 runtime) pkgs=("${runtime_pkgs[@]}") ;;
 test) pkgs=("${build_pkgs[@]}" "${runtime_pkgs[@]}" "${test_pkgs[@]}") ;;
+bench) pkgs=("${build_pkgs[@]}" "${runtime_pkgs[@]}" "${test_pkgs[@]}"
+    python3-matplotlib) ;;
 package) pkgs=("${build_pkgs[@]}" "${package_pkgs[@]}") ;;
 esac
 if [[ $action == list ]]; then

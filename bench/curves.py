@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""`make bench-curves`: benchmarks swept over a parameter instead of measured
+at one point, each written as a CSV and drawn as a PNG in docs/perf/, with
+kvdepot and its peer on the same axes.
+
+  arena_object_size   bench_store --sweep: the host arena's put and get
+                      (reserve, copy in, commit / lookup, copy out,
+                      release) of objects of 16 KiB .. 32 MiB, against
+                      memcpy of the same bytes into and out of a plain
+                      buffer; bytes per second (medians of three
+                      interleaved passes, with their range) and the p50 and
+                      p99 of every operation.
+
+Usage: bench/curves.py [--out DIR] [--build DIR]
+  --build  the tree whose bench/ programs run (default build/dev)
+  --out    where the CSV and PNG files go (default docs/perf)
+Each curve's header line names the machine, the date and the commit.
+"""
+import argparse
+import csv
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sitting():
+    """The date, commit and machine of this run, for every figure."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short",
+                             "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain",
+                            "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    cpus = os.cpu_count()
+    model = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{datetime.date.today().isoformat()}, commit {commit}"
+            f"{' (with local changes)' if dirty else ''}, {cpus} CPUs "
+            f"({model}), {platform.system()} {platform.release()}")
+
+
+def sweep_lines(cmd, tag):
+    """Runs cmd and returns the JSON of its `TAG {...}` lines."""
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        raise SystemExit(f"curves: {' '.join(cmd)} exited {p.returncode}")
+    return [json.loads(line[len(tag) + 1:]) for line in p.stdout.splitlines()
+            if line.startswith(tag + " ")]
+
+
+def size_label(n):
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n // k} {unit}"
+    return f"{n} B"
+
+
+def arena_object_size(build, out, when):
+    rows = sweep_lines([str(build / "bench" / "bench_store"), "--sweep"],
+                       "SWEEP")
+    if not rows:
+        raise SystemExit("curves: bench_store --sweep printed no SWEEP line")
+    with open(out / "arena_object_size.csv", "w", newline="") as f:
+        f.write(f"# bench_store --sweep, {when}\n")
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sizes = [r["size"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
+    gb = 1e9
+    a.plot(sizes, [r["store_bytes_per_s"] / gb for r in rows], "o-",
+           label="kvdepot arena: put + get")
+    a.plot(sizes, [r["memcpy_bytes_per_s"] / gb for r in rows], "s--",
+           label="memcpy in + out (peer)")
+    a.set_xscale("log", base=2)
+    a.set_xticks(sizes)
+    a.set_xticklabels([size_label(s) for s in sizes], rotation=45)
+    a.set_ylabel("GB/s moved (median of passes)")
+    a.set_xlabel("object size")
+    a.set_ylim(bottom=0)
+    a.grid(True, alpha=0.3)
+    a.legend()
+    a.set_title("throughput")
+    for key, style, label in (("put", "o-", "kvdepot put"),
+                              ("get", "^-", "kvdepot get"),
+                              ("memcpy", "s--", "memcpy in + out")):
+        b.plot(sizes, [r[f"{key}_p50_us"] for r in rows], style,
+               label=f"{label} p50")
+        b.plot(sizes, [r[f"{key}_p99_us"] for r in rows], style, alpha=0.4,
+               label=f"{label} p99")
+    b.set_xscale("log", base=2)
+    b.set_yscale("log")
+    b.set_xticks(sizes)
+    b.set_xticklabels([size_label(s) for s in sizes], rotation=45)
+    b.set_ylabel("microseconds per operation")
+    b.set_xlabel("object size")
+    b.grid(True, alpha=0.3, which="both")
+    b.legend(fontsize=8)
+    b.set_title("latency")
+    fig.suptitle("Host arena against memcpy, by object size\n" + when,
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "arena_object_size.png", dpi=110)
+    plt.close(fig)
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "docs" / "perf"))
+    ap.add_argument("--build", default=str(ROOT / "build" / "dev"))
+    a = ap.parse_args(argv)
+    out, build = Path(a.out), Path(a.build)
+    out.mkdir(parents=True, exist_ok=True)
+    when = sitting()
+    rows = arena_object_size(build, out, when)
+    worst = min(rows, key=lambda r: r["ratio"])
+    print(f"arena_object_size: {len(rows)} sizes -> "
+          f"{out / 'arena_object_size.png'}")
+    print(f"BENCH curves: arena_put_get_vs_memcpy_worst_size = "
+          f"{worst['ratio']:.3g} at {size_label(worst['size'])} "
+          f"(target >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()
