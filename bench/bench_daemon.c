@@ -60,6 +60,10 @@
 #include "kvdepot/store.h"
 
 #define CLIENTS 16
+/* `--sweep`: lookups by 1 .. MAX_CLIENTS client processes. */
+#define MAX_CLIENTS 64
+/* Per-call times a client keeps for its percentiles (the first ones). */
+#define LAT_MAX 65536
 #define CHAIN_LEN 512
 #define CHAIN_OBJ_BYTES 4096u
 #define LOCATION_BYTES 24
@@ -79,6 +83,8 @@ typedef struct bench {
     char ready[128];
     char redis_sock[128];
     pid_t daemon_pid, redis_pid;
+    int n_clients; /* forked lookup clients; passes use the first `active` */
+    int active;
     int redis_port;
     double seconds; /* per pass and side */
     kvd_namespace_t ns;
@@ -106,8 +112,20 @@ typedef struct client_cmd {
 
 typedef struct client_res {
     uint64_t keys;
+    double p50_s, p99_s; /* of this client's calls in the pass */
     int32_t ok;
 } client_res_t;
+
+/* A client's call times in the current pass (its own process's). */
+static double call_lat[LAT_MAX];
+static size_t n_call_lat;
+
+static void call_timed(double t0)
+{
+    if (n_call_lat < LAT_MAX) {
+        call_lat[n_call_lat++] = now_s() - t0;
+    }
+}
 
 static char headlines[6][200];
 static size_t num_headlines;
@@ -338,6 +356,7 @@ static int64_t lookup_kvd_run(const bench_t *b, kvd_store_t *st,
     int64_t keys = 0;
     while (now_s() < deadline) {
         size_t m = 0;
+        double t0 = now_s();
         kvd_status_t s =
             kvd_store_lookup(st, &b->ns, b->chain, CHAIN_LEN, leases, &m);
         kvd_status_t rs =
@@ -349,6 +368,7 @@ static int64_t lookup_kvd_run(const bench_t *b, kvd_store_t *st,
                     kvd_status_str(s), m, CHAIN_LEN, kvd_status_str(rs));
             return -1;
         }
+        call_timed(t0);
         keys += CHAIN_LEN;
     }
     return keys;
@@ -360,6 +380,7 @@ static int64_t lookup_redis_run(const bench_t *b, redisContext *rc,
 {
     int64_t keys = 0;
     while (now_s() < deadline) {
+        double t0 = now_s();
         redisReply *r = redisCommandArgv(
             rc, CHAIN_LEN + 1, (const char **)b->mget_argv, b->mget_len);
         bool ok = r != NULL && r->type == REDIS_REPLY_ARRAY &&
@@ -371,6 +392,7 @@ static int64_t lookup_redis_run(const bench_t *b, redisContext *rc,
                     rc->err != 0 ? rc->errstr : "bad reply");
             return -1;
         }
+        call_timed(t0);
         keys += CHAIN_LEN;
     }
     return keys;
@@ -390,11 +412,18 @@ static void client_main(bench_t *b, int cmd_fd, int res_fd)
            read(cmd_fd, &cmd, sizeof cmd) == (ssize_t)sizeof cmd &&
            cmd.side != SIDE_QUIT) {
         sleep_until(cmd.start);
+        n_call_lat = 0;
         int64_t keys = cmd.side == SIDE_KVD
                            ? lookup_kvd_run(b, st, leases, cmd.deadline)
                            : lookup_redis_run(b, rc, cmd.deadline);
         res.keys = keys > 0 ? (uint64_t)keys : 0;
         res.ok = keys >= 0;
+        res.p50_s = res.p99_s = 0;
+        if (n_call_lat > 0) {
+            qsort(call_lat, n_call_lat, sizeof call_lat[0], cmp_double);
+            res.p50_s = call_lat[n_call_lat / 2];
+            res.p99_s = call_lat[(n_call_lat - 1) * 99 / 100];
+        }
         up = write(res_fd, &res, sizeof res) == (ssize_t)sizeof res;
     }
     kvd_store_close(st);
@@ -407,7 +436,7 @@ static void client_main(bench_t *b, int cmd_fd, int res_fd)
 static int clients_start(bench_t *b, client_t *c)
 {
     pid_t parent = getpid();
-    for (int i = 0; i < CLIENTS; i++) {
+    for (int i = 0; i < b->n_clients; i++) {
         int cmd[2], res[2];
         if (pipe2(cmd, O_CLOEXEC) != 0) {
             fprintf(stderr, "bench_daemon: pipe: %s\n", strerror(errno));
@@ -446,7 +475,7 @@ static int clients_start(bench_t *b, client_t *c)
             return -1;
         }
     }
-    for (int i = 0; i < CLIENTS; i++) {
+    for (int i = 0; i < b->n_clients; i++) {
         client_res_t r;
         if (read(c[i].res_fd, &r, sizeof r) != (ssize_t)sizeof r || !r.ok) {
             fprintf(stderr, "bench_daemon: lookup client %d did not connect\n",
@@ -459,7 +488,7 @@ static int clients_start(bench_t *b, client_t *c)
 
 static void clients_stop(client_t *c)
 {
-    for (int i = 0; i < CLIENTS; i++) {
+    for (int i = 0; i < MAX_CLIENTS; i++) {
         if (c[i].cmd_fd >= 0) {
             close(c[i].cmd_fd); /* a closed pipe sends the client home */
         }
@@ -472,23 +501,33 @@ static void clients_stop(client_t *c)
     }
 }
 
-/* Every client runs `side` for b->seconds from a common start; keys per
- * second of them all, or -1 if a call failed or a client went away. */
-static double lookup_pass(bench_t *b, client_t *c, int side)
+/* Every active client runs `side` for b->seconds from a common start;
+ * keys per second of them all, or -1 if a call failed or a client went
+ * away. lat (may be NULL): the median of the clients' p50 call times and
+ * the largest of their p99s, in seconds. */
+static double lookup_pass(bench_t *b, client_t *c, int side, double lat[2])
 {
     double t0 = now_s() + 0.05; /* time for every client to get the word */
     client_cmd_t cmd = {.side = side, .start = t0, .deadline = t0 + b->seconds};
     bool failed = false;
-    for (int i = 0; i < CLIENTS && !failed; i++) {
+    for (int i = 0; i < b->active && !failed; i++) {
         failed = write(c[i].cmd_fd, &cmd, sizeof cmd) != (ssize_t)sizeof cmd;
     }
     uint64_t keys = 0;
-    for (int i = 0; i < CLIENTS && !failed; i++) {
+    double p50[MAX_CLIENTS], p99 = 0;
+    for (int i = 0; i < b->active && !failed; i++) {
         client_res_t r;
         failed = read(c[i].res_fd, &r, sizeof r) != (ssize_t)sizeof r || !r.ok;
         keys += r.keys;
+        p50[i] = r.p50_s;
+        p99 = r.p99_s > p99 ? r.p99_s : p99;
     }
     double t1 = now_s();
+    if (lat != NULL && !failed) {
+        qsort(p50, (size_t)b->active, sizeof p50[0], cmp_double);
+        lat[0] = p50[b->active / 2];
+        lat[1] = p99;
+    }
     return failed ? -1 : (double)keys / (t1 - t0);
 }
 
@@ -615,8 +654,8 @@ static int bench_lookup(bench_t *b, client_t *c, figure_t *f)
 {
     int rc = 0;
     for (int p = 0; p < PASSES && rc == 0; p++) {
-        f->kvd[p] = lookup_pass(b, c, SIDE_KVD);
-        f->redis[p] = lookup_pass(b, c, SIDE_REDIS);
+        f->kvd[p] = lookup_pass(b, c, SIDE_KVD, NULL);
+        f->redis[p] = lookup_pass(b, c, SIDE_REDIS, NULL);
         f->ratio[p] = f->kvd[p] / f->redis[p];
         rc = f->kvd[p] < 0 || f->redis[p] < 0 ? -1 : 0;
     }
@@ -693,6 +732,54 @@ static int bench_run(bench_t *b, client_t *clients, kvd_store_t *st,
     return 0;
 }
 
+/* `--sweep`: the lookup of the 512-key chain by 1, 2, 4 .. MAX_CLIENTS
+ * client processes against redis MGET over its unix socket, PASSES
+ * interleaved passes each; one JSON line per client count (keys per
+ * second, medians with the range of the per-pass ratios; per-call p50:
+ * median over the clients, p99: the largest client p99, medians over the
+ * passes). bench/curves.py draws it. */
+static int bench_sweep(bench_t *b, client_t *clients, kvd_store_t *st,
+                       redisContext *rc)
+{
+    if (chain_store(b, st) != 0 || chain_check(b) != 0 ||
+        chain_store_redis(b, rc) != 0) {
+        return -1;
+    }
+    for (int n = 1; n <= MAX_CLIENTS; n *= 2) {
+        b->active = n;
+        figure_t f;
+        double kl[PASSES][2], rl[PASSES][2], v[4][PASSES];
+        for (int p = 0; p < PASSES; p++) {
+            f.kvd[p] = lookup_pass(b, clients, SIDE_KVD, kl[p]);
+            f.redis[p] = lookup_pass(b, clients, SIDE_REDIS, rl[p]);
+            if (f.kvd[p] < 0 || f.redis[p] < 0) {
+                return -1;
+            }
+            f.ratio[p] = f.kvd[p] / f.redis[p];
+            v[0][p] = kl[p][0];
+            v[1][p] = kl[p][1];
+            v[2][p] = rl[p][0];
+            v[3][p] = rl[p][1];
+        }
+        double lo = f.ratio[0], hi = f.ratio[0];
+        for (int p = 1; p < PASSES; p++) {
+            lo = f.ratio[p] < lo ? f.ratio[p] : lo;
+            hi = f.ratio[p] > hi ? f.ratio[p] : hi;
+        }
+        printf("SWEEP {\"clients\": %d, \"passes\": %d, \"seconds\": %.2f, "
+               "\"kvd_keys_per_s\": %.0f, \"redis_keys_per_s\": %.0f, "
+               "\"ratio\": %.4f, \"ratio_min\": %.4f, \"ratio_max\": %.4f, "
+               "\"kvd_p50_us\": %.1f, \"kvd_p99_us\": %.1f, "
+               "\"redis_p50_us\": %.1f, \"redis_p99_us\": %.1f}\n",
+               n, PASSES, b->seconds, median(f.kvd, PASSES),
+               median(f.redis, PASSES), median(f.ratio, PASSES), lo, hi,
+               median(v[0], PASSES) * 1e6, median(v[1], PASSES) * 1e6,
+               median(v[2], PASSES) * 1e6, median(v[3], PASSES) * 1e6);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 static int rm_entry(const char *path, const struct stat *sb, int flag,
                     struct FTW *ftw)
 {
@@ -708,11 +795,18 @@ static const char *env_or(const char *name, const char *def)
     return v != NULL && v[0] != '\0' ? v : def;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
     bench_prog = "bench_daemon";
     static bench_t b = {.daemon_pid = -1, .redis_pid = -1};
-    static client_t clients[CLIENTS];
+    static client_t clients[MAX_CLIENTS];
+    bool sweep = argc == 2 && strcmp(argv[1], "--sweep") == 0;
+    if (argc > 1 && !sweep) {
+        fprintf(stderr, "usage: bench_daemon [--sweep]\n");
+        return 2;
+    }
+    b.n_clients = sweep ? MAX_CLIENTS : CLIENTS;
+    b.active = CLIENTS;
     double total = atof(env_or("KVDEPOT_BENCH_SECONDS", "3"));
     b.seconds = (total > 0 ? total : 3.0) / PASSES;
     /* A server that dies mid-call must fail the call, not kill us. */
@@ -730,7 +824,7 @@ int main(void)
     kvd_store_t *st = NULL;
     redisContext *redis = NULL, *redis_tcp = NULL;
     chain_make(&b);
-    for (int i = 0; i < CLIENTS; i++) {
+    for (int i = 0; i < MAX_CLIENTS; i++) {
         clients[i].pid = -1;
         clients[i].cmd_fd = clients[i].res_fd = -1;
     }
@@ -744,7 +838,8 @@ int main(void)
         clients_start(&b, clients) != 0 || (st = client_open(&b)) == NULL) {
         goto err_stop;
     }
-    if (bench_run(&b, clients, st, redis, redis_tcp) == 0) {
+    if ((sweep ? bench_sweep(&b, clients, st, redis)
+               : bench_run(&b, clients, st, redis, redis_tcp)) == 0) {
         rc = 0;
     }
 err_stop:

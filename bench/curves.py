@@ -10,6 +10,11 @@ kvdepot and its peer on the same axes.
                       buffer; bytes per second (medians of three
                       interleaved passes, with their range) and the p50 and
                       p99 of every operation.
+  daemon_clients      bench_daemon --sweep: lookup + release of a stored
+                      512-key chain by 1, 2, 4 .. 64 client processes
+                      against redis MGET of the same keys over its unix
+                      socket (the same transport); keys per second and the
+                      per-call p50 and p99 (three interleaved passes).
 
 Usage: bench/curves.py [--out DIR] [--build DIR]
   --build  the tree whose bench/ programs run (default build/dev)
@@ -122,6 +127,58 @@ def arena_object_size(build, out, when):
     return rows
 
 
+def daemon_clients(build, out, when):
+    rows = sweep_lines([str(build / "bench" / "bench_daemon"), "--sweep"],
+                       "SWEEP")
+    if not rows:
+        raise SystemExit("curves: bench_daemon --sweep printed no SWEEP line")
+    with open(out / "daemon_clients.csv", "w", newline="") as f:
+        f.write(f"# bench_daemon --sweep, {when}\n")
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = [r["clients"] for r in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
+    a.plot(n, [r["kvd_keys_per_s"] / 1e6 for r in rows], "o-",
+           label="kvdepotd: lookup + release")
+    a.plot(n, [r["redis_keys_per_s"] / 1e6 for r in rows], "s--",
+           label="redis MGET, unix socket (peer)")
+    a.set_xscale("log", base=2)
+    a.set_xticks(n)
+    a.set_xticklabels([str(x) for x in n])
+    a.set_xlabel("client processes")
+    a.set_ylabel("M keys/s (median of passes)")
+    a.set_ylim(bottom=0)
+    a.grid(True, alpha=0.3)
+    a.legend()
+    a.set_title("throughput, 512-key chains")
+    for key, style, label in (("kvd", "o-", "kvdepotd"),
+                              ("redis", "s--", "redis")):
+        b.plot(n, [r[f"{key}_p50_us"] / 1e3 for r in rows], style,
+               label=f"{label} p50")
+        b.plot(n, [r[f"{key}_p99_us"] / 1e3 for r in rows], style,
+               alpha=0.4, label=f"{label} p99")
+    b.set_xscale("log", base=2)
+    b.set_yscale("log")
+    b.set_xticks(n)
+    b.set_xticklabels([str(x) for x in n])
+    b.set_xlabel("client processes")
+    b.set_ylabel("ms per call")
+    b.grid(True, alpha=0.3, which="both")
+    b.legend(fontsize=8)
+    b.set_title("latency per call (p50: median client, p99: worst client)")
+    fig.suptitle("kvdepotd lookups against redis, by client count\n" + when,
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "daemon_clients.png", dpi=110)
+    plt.close(fig)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "perf"))
@@ -134,9 +191,16 @@ def main(argv=None):
     worst = min(rows, key=lambda r: r["ratio"])
     print(f"arena_object_size: {len(rows)} sizes -> "
           f"{out / 'arena_object_size.png'}")
+    drows = daemon_clients(build, out, when)
+    dworst = min(drows, key=lambda r: r["ratio"])
+    print(f"daemon_clients: {len(drows)} client counts -> "
+          f"{out / 'daemon_clients.png'}")
     print(f"BENCH curves: arena_put_get_vs_memcpy_worst_size = "
           f"{worst['ratio']:.3g} at {size_label(worst['size'])} "
           f"(target >= 0.9)")
+    print(f"BENCH curves: lookup_keys_per_s_vs_redis_mget_unix_worst_clients "
+          f"= {dworst['ratio']:.3g} at {dworst['clients']} clients "
+          f"(target >= 1.0)")
 
 
 if __name__ == "__main__":
