@@ -12,12 +12,16 @@
 #                        transformers in build/hf-venv; .ci/run runs it)
 #   make wheel           dist/kvdepot-*.whl with libkvdepot.so inside (release
 #                        build; needs Debian's libraries, DEBIAN_DEPENDS)
+#   make wheel-manylinux dist/kvdepot-*-manylinux_2_34_x86_64.whl: the wheel
+#                        with its Debian libraries inside (auditwheel, PyPI),
+#                        for other distributions (the vLLM image)
 #   make deb             dist/kvdepot_<version>_<arch>.deb (CPack; the daemon,
 #                        CLI, library, unit, sysusers/tmpfiles, /etc config)
 #   make image           dist/kvdepotd_<version>_oci.tar: the .deb in a minbase
 #                        Debian 12 root (mmdebstrap), imported by podman
-#   make test-package    the .deb installed into a clean Debian root and the
-#                        image run by podman (root; .ci/run runs it)
+#   make test-package    the .deb installed into a clean Debian root, the image
+#                        run by podman, the manylinux wheel in a root without
+#                        kvdepot's libraries (root; .ci/run runs it)
 #   make chart           dist/kvdepot-<version>.tgz: the Helm chart, built
 #                        from deploy/k8s (deploy/helm/build_chart.py)
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
@@ -51,6 +55,7 @@ SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
 .PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo wheel bench bench-peers soak \
         deb image test-deb test-image test-package chart bench-curves \
+        wheel-manylinux test-wheel-manylinux \
         fuzz fuzz-all fmt \
         format-check check-sizes lint install clean
 
@@ -148,7 +153,14 @@ test-deb: deb
 test-image: image
 	@tests/packaging/test_image.sh $(IMAGE) build/package/cli/kvdepot
 
-test-package: test-deb test-image
+test-package: test-deb test-image test-wheel-manylinux
+
+# The wheel with its libraries inside, and its test where they are absent.
+wheel-manylinux: wheel
+	@scripts/repair-wheel.sh $$(ls dist/kvdepot-*-py3-none-linux_*.whl) dist
+
+test-wheel-manylinux: wheel-manylinux
+	@tests/packaging/test_wheel_manylinux.sh $$(ls dist/kvdepot-*-manylinux_*.whl)
 
 chart:
 	@python3 deploy/helm/build_chart.py dist
