@@ -6,8 +6,9 @@
 # into a directory on PYTHONPATH (what pip install does for it), then the
 # package loads its library, which finds every library it needs among its
 # own copies or the system's base (libc, libm, libstdc++, libgcc_s, zlib),
-# passes the version and layout handshake, and stores and loads an object
-# in an embedded store. `make test-wheel-manylinux`; needs root.
+# passes the version and layout handshake (every ctypes struct against the
+# library's sizes), and opens an embedded store and calls it (a delete,
+# key events on). `make test-wheel-manylinux`; needs root.
 # Usage: tests/packaging/test_wheel_manylinux.sh WHEEL
 set -euo pipefail
 
