@@ -69,5 +69,5 @@ trap 'rm -rf "$tmp"' EXIT
 start=$SECONDS
 "$src/scripts/debian-root.sh" "$tmp/root" --include=python3
 unshare --mount --pid --fork --kill-child "$0" --inside "$tmp/root" "$whl"
-echo "test_wheel_manylinux: $(basename "$whl") loads and stores in a Debian" \
+echo "test_wheel_manylinux: $(basename "$whl") loads and opens a store in a Debian" \
     "root without kvdepot's libraries ($((SECONDS - start)) s)"
