@@ -29,6 +29,9 @@
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
 #   make bench-curves    benchmarks swept over a parameter, drawn as PNGs in
 #                        docs/perf/ (bench/curves.py; not make test)
+#   make dashboard-png   the Grafana dashboard's panels on a loaded local
+#                        cluster, through a real Prometheus, as
+#                        docs/perf/dashboard.png (not make test)
 #   make bench-peers     kvdepot against LMCache, Mooncake and NIXL in one run
 #                        (PyPI peers in a venv under build/; not make test)
 #   make soak            32 client processes against one kvdepotd for 10 min
@@ -55,7 +58,7 @@ SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
 .PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo wheel bench bench-peers soak \
         deb image test-deb test-image test-package chart bench-curves \
-        wheel-manylinux test-wheel-manylinux \
+        wheel-manylinux test-wheel-manylinux dashboard-png \
         fuzz fuzz-all fmt \
         format-check check-sizes lint install clean
 
@@ -168,6 +171,11 @@ chart:
 bench-curves: build
 	@scripts/install-deps.sh bench
 	@/usr/bin/python3 bench/curves.py --build build/dev --out docs/perf
+
+dashboard-png: build
+	@scripts/install-deps.sh bench
+	@KVDEPOTD=$(CURDIR)/build/dev/server/kvdepotd KVDEPOT_CLI=$(CURDIR)/build/dev/cli/kvdepot \
+	    /usr/bin/python3 deploy/monitoring/render_dashboard.py docs/perf/dashboard.png
 
 # The peers come from PyPI into build/peers-venv (scripts/install-peers.sh).
 bench-peers: build

@@ -12,7 +12,9 @@
 #            test     (default) build + runtime + what the test suite, the
 #                     demo and the benchmarks use: what `make demo` and
 #                     `make test` need
-#            bench    test + what `make bench-curves` draws with (matplotlib)
+#            bench    test + what `make bench-curves` and `make dashboard-png`
+#                     use: matplotlib, and prometheus for the dashboard
+#                     (Debian's package also installs a Prometheus service)
 #            package  build + what `make deb`, `make image` and their tests
 #                     use: mmdebstrap for a clean Debian root, podman (with
 #                     runc) for the image
@@ -101,7 +103,7 @@ build) pkgs=("${build_pkgs[@]}") ;;
 runtime) pkgs=("${runtime_pkgs[@]}") ;;
 test) pkgs=("${build_pkgs[@]}" "${runtime_pkgs[@]}" "${test_pkgs[@]}") ;;
 bench) pkgs=("${build_pkgs[@]}" "${runtime_pkgs[@]}" "${test_pkgs[@]}"
-    python3-matplotlib) ;;
+    python3-matplotlib prometheus) ;;
 package) pkgs=("${build_pkgs[@]}" "${package_pkgs[@]}") ;;
 esac
 if [[ $action == list ]]; then
