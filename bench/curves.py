@@ -66,6 +66,49 @@ def sweep_lines(cmd, tag):
             if line.startswith(tag + " ")]
 
 
+def sweep(build, program, out, name, when):
+    """Runs `program --sweep`, writes its rows to OUT/NAME.csv (the sitting
+    on the first line) and returns them."""
+    rows = sweep_lines([str(build / "bench" / program), "--sweep"], "SWEEP")
+    if not rows:
+        raise SystemExit(f"curves: {program} --sweep printed no SWEEP line")
+    with open(out / f"{name}.csv", "w", newline="") as f:
+        f.write(f"# {program} --sweep, {when}\n")
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+def figure():
+    """A figure of two panels side by side (matplotlib, no display)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
+    return plt, fig, a, b
+
+
+def log2_axis(ax, xs, labels, xlabel, ylabel, log_y=False):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(xs)
+    ax.set_xticklabels(labels, rotation=45 if len(labels[0]) > 3 else 0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3, which="both" if log_y else "major")
+
+
+def finish(plt, fig, title, when, path):
+    fig.suptitle(title + "\n" + when, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def size_label(n):
     for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= k:
@@ -74,33 +117,16 @@ def size_label(n):
 
 
 def arena_object_size(build, out, when):
-    rows = sweep_lines([str(build / "bench" / "bench_store"), "--sweep"],
-                       "SWEEP")
-    if not rows:
-        raise SystemExit("curves: bench_store --sweep printed no SWEEP line")
-    with open(out / "arena_object_size.csv", "w", newline="") as f:
-        f.write(f"# bench_store --sweep, {when}\n")
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    rows = sweep(build, "bench_store", out, "arena_object_size", when)
+    plt, fig, a, b = figure()
     sizes = [r["size"] for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
-    gb = 1e9
-    a.plot(sizes, [r["store_bytes_per_s"] / gb for r in rows], "o-",
+    labels = [size_label(x) for x in sizes]
+    a.plot(sizes, [r["store_bytes_per_s"] / 1e9 for r in rows], "o-",
            label="kvdepot arena: put + get")
-    a.plot(sizes, [r["memcpy_bytes_per_s"] / gb for r in rows], "s--",
+    a.plot(sizes, [r["memcpy_bytes_per_s"] / 1e9 for r in rows], "s--",
            label="memcpy in + out (peer)")
-    a.set_xscale("log", base=2)
-    a.set_xticks(sizes)
-    a.set_xticklabels([size_label(s) for s in sizes], rotation=45)
-    a.set_ylabel("GB/s moved (median of passes)")
-    a.set_xlabel("object size")
-    a.set_ylim(bottom=0)
-    a.grid(True, alpha=0.3)
+    log2_axis(a, sizes, labels, "object size",
+              "GB/s moved (median of passes)")
     a.legend()
     a.set_title("throughput")
     for key, style, label in (("put", "o-", "kvdepot put"),
@@ -110,50 +136,25 @@ def arena_object_size(build, out, when):
                label=f"{label} p50")
         b.plot(sizes, [r[f"{key}_p99_us"] for r in rows], style, alpha=0.4,
                label=f"{label} p99")
-    b.set_xscale("log", base=2)
-    b.set_yscale("log")
-    b.set_xticks(sizes)
-    b.set_xticklabels([size_label(s) for s in sizes], rotation=45)
-    b.set_ylabel("microseconds per operation")
-    b.set_xlabel("object size")
-    b.grid(True, alpha=0.3, which="both")
+    log2_axis(b, sizes, labels, "object size", "microseconds per operation",
+              log_y=True)
     b.legend(fontsize=8)
     b.set_title("latency")
-    fig.suptitle("Host arena against memcpy, by object size\n" + when,
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out / "arena_object_size.png", dpi=110)
-    plt.close(fig)
+    finish(plt, fig, "Host arena against memcpy, by object size", when,
+           out / "arena_object_size.png")
     return rows
 
 
 def daemon_clients(build, out, when):
-    rows = sweep_lines([str(build / "bench" / "bench_daemon"), "--sweep"],
-                       "SWEEP")
-    if not rows:
-        raise SystemExit("curves: bench_daemon --sweep printed no SWEEP line")
-    with open(out / "daemon_clients.csv", "w", newline="") as f:
-        f.write(f"# bench_daemon --sweep, {when}\n")
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    rows = sweep(build, "bench_daemon", out, "daemon_clients", when)
+    plt, fig, a, b = figure()
     n = [r["clients"] for r in rows]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.6))
+    labels = [str(x) for x in n]
     a.plot(n, [r["kvd_keys_per_s"] / 1e6 for r in rows], "o-",
            label="kvdepotd: lookup + release")
     a.plot(n, [r["redis_keys_per_s"] / 1e6 for r in rows], "s--",
            label="redis MGET, unix socket (peer)")
-    a.set_xscale("log", base=2)
-    a.set_xticks(n)
-    a.set_xticklabels([str(x) for x in n])
-    a.set_xlabel("client processes")
-    a.set_ylabel("M keys/s (median of passes)")
-    a.set_ylim(bottom=0)
-    a.grid(True, alpha=0.3)
+    log2_axis(a, n, labels, "client processes", "M keys/s (median of passes)")
     a.legend()
     a.set_title("throughput, 512-key chains")
     for key, style, label in (("kvd", "o-", "kvdepotd"),
@@ -162,20 +163,11 @@ def daemon_clients(build, out, when):
                label=f"{label} p50")
         b.plot(n, [r[f"{key}_p99_us"] / 1e3 for r in rows], style,
                alpha=0.4, label=f"{label} p99")
-    b.set_xscale("log", base=2)
-    b.set_yscale("log")
-    b.set_xticks(n)
-    b.set_xticklabels([str(x) for x in n])
-    b.set_xlabel("client processes")
-    b.set_ylabel("ms per call")
-    b.grid(True, alpha=0.3, which="both")
+    log2_axis(b, n, labels, "client processes", "ms per call", log_y=True)
     b.legend(fontsize=8)
     b.set_title("latency per call (p50: median client, p99: worst client)")
-    fig.suptitle("kvdepotd lookups against redis, by client count\n" + when,
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out / "daemon_clients.png", dpi=110)
-    plt.close(fig)
+    finish(plt, fig, "kvdepotd lookups against redis, by client count", when,
+           out / "daemon_clients.png")
     return rows
 
 
