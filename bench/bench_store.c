@@ -347,6 +347,81 @@ static int bench_arena_sweep(void)
     return rc;
 }
 
+/* `bench_store --sweep-pressure`: puts into an arena with room (half of it
+ * free) against the same puts into an arena that is full, where every
+ * reserve first evicts (no disk tier: an evicted object is gone), for
+ * object sizes 64 KiB .. 8 MiB; three interleaved passes, every put
+ * timed. */
+static int pressure_size(kvd_store_t *st, size_t size, const uint8_t *src)
+{
+    uint32_t n = (uint32_t)((128u << 20) / size);
+    uint32_t fill = (uint32_t)((256u << 20) / size) + 8;
+    double *lat = malloc(sizeof *lat * n * 6);
+    if (lat == NULL) {
+        return 1;
+    }
+    double *room = lat, *full = lat + 3 * n, room_s[3], full_s[3], ratio[3];
+    kvd_namespace_t ns, filler;
+    memset(ns.bytes, 7, sizeof ns.bytes);
+    memset(filler.bytes, 8, sizeof filler.bytes);
+    int rc = 0;
+    for (uint32_t p = 0; p < 3 && rc == 0; p++) {
+        arena_run_t a = {100 + p, n, size, room + p * n};
+        double t0 = now_s();
+        rc = arena_put_run(st, &ns, &a, src);
+        room_s[p] = now_s() - t0;
+        arena_delete_run(st, &ns, &a);
+        /* Fill the arena (more than it holds: the oldest go), then the
+         * same puts again, each evicting. */
+        arena_run_t f = {200 + p, fill, size, NULL};
+        a.lat = full + p * n;
+        rc = rc != 0 || arena_put_run(st, &filler, &f, src) != 0;
+        t0 = now_s();
+        rc = rc != 0 || arena_put_run(st, &ns, &a, src) != 0;
+        full_s[p] = now_s() - t0;
+        ratio[p] = room_s[p] / full_s[p];
+        arena_delete_run(st, &ns, &a);
+        arena_delete_run(st, &filler, &f);
+    }
+    if (rc == 0) {
+        size_t all = (size_t)n * 3;
+        double bytes = (double)n * (double)size;
+        double r = median(ratio, 3);
+        printf("SWEEP {\"size\": %zu, \"objects\": %u, \"passes\": 3, "
+               "\"room_bytes_per_s\": %.0f, \"full_bytes_per_s\": %.0f, "
+               "\"ratio\": %.4f, \"ratio_min\": %.4f, \"ratio_max\": %.4f, "
+               "\"room_p50_us\": %.2f, \"room_p99_us\": %.2f, "
+               "\"full_p50_us\": %.2f, \"full_p99_us\": %.2f}\n",
+               size, n, bytes / median(room_s, 3), bytes / median(full_s, 3), r,
+               ratio[0], ratio[2], percentile(room, all, 50) * 1e6,
+               percentile(room, all, 99) * 1e6, percentile(full, all, 50) * 1e6,
+               percentile(full, all, 99) * 1e6);
+        fflush(stdout);
+    }
+    free(lat);
+    return rc;
+}
+
+static int bench_pressure_sweep(void)
+{
+    static const char *const kv[] = {
+        "store.arena_size",      "256m", "store.arena_chunk",    "64m",
+        "store.arena_hugepages", "auto", "store.arena_prefault", "true"};
+    kvd_store_t *st = store_open(kv, sizeof kv / sizeof kv[0]);
+    size_t total = (size_t)(128u << 20) + (8u << 20);
+    uint8_t *src = malloc(total + (256u << 20));
+    int rc = st == NULL || src == NULL;
+    if (rc == 0) {
+        memset(src, 0x3c, total + (256u << 20));
+    }
+    for (size_t size = 64u << 10; size <= (8u << 20) && rc == 0; size *= 4) {
+        rc = pressure_size(st, size, src);
+    }
+    kvd_store_close(st);
+    free(src);
+    return rc;
+}
+
 /* ---- NVMe vs fio -------------------------------------------------------- */
 
 /* Runs fio and returns bytes per second of `dir` ("read" or "write"). */
@@ -706,6 +781,125 @@ static int bench_peers(void)
     return 0;
 }
 
+/* ---- restart time against index size ------------------------------------ */
+
+#define RESTART_OBJ 4096u
+
+static kvd_store_t *store_open_restart(const char *dir, uint32_t n)
+{
+    char disk[32], maxo[32];
+    uint64_t bytes = (uint64_t)n * RESTART_OBJ * 3 / 2;
+    snprintf(disk, sizeof disk, "%llum",
+             (unsigned long long)(bytes >> 20 > 64 ? (bytes >> 20) + 64 : 128));
+    snprintf(maxo, sizeof maxo, "%u", n * 2);
+    const char *kv[] = {
+        "store.arena_size",     "256m",  "store.arena_chunk",      "4m",
+        "store.arena_prefault", "false", "store.disk_path",        dir,
+        "store.disk_size",      disk,    "store.disk_max_objects", maxo,
+        "store.l1_max_objects", maxo,    "store.disk_write",       "through",
+        "store.disk_admission", "all"};
+    return store_open(kv, sizeof kv / sizeof kv[0]);
+}
+
+/* n objects of RESTART_OBJ bytes written through to disk in runs of 256,
+ * then the store closed; 0 on success. */
+static int restart_fill(const char *dir, uint32_t n)
+{
+    kvd_store_t *st = store_open_restart(dir, n);
+    if (st == NULL) {
+        return 1;
+    }
+    kvd_namespace_t ns;
+    memset(ns.bytes, 6, sizeof ns.bytes);
+    kvd_block_hash_t h[256];
+    kvd_store_reservation_t r[256];
+    kvd_store_key_t keys[256];
+    int rc = 0;
+    for (uint32_t i = 0; i < n && rc == 0; i += 256) {
+        uint32_t k = n - i < 256 ? n - i : 256;
+        for (uint32_t j = 0; j < k; j++) {
+            h[j] = hash_of(9, i + j);
+            keys[j].ns = ns;
+            keys[j].hash = h[j];
+        }
+        (void)kvd_store_reserve(st, &ns, h, k, RESTART_OBJ, 0, r);
+        for (uint32_t j = 0; j < k && rc == 0; j++) {
+            rc = r[j].status != KVD_OK;
+            if (rc == 0) {
+                memset(kvd_store_arena_ptr(st, r[j].arena_offset, RESTART_OBJ),
+                       (int)(i + j), RESTART_OBJ);
+            }
+        }
+        rc = rc != 0 || kvd_store_commit(st, keys, k, NULL) != KVD_OK;
+    }
+    rc = rc != 0 || kvd_store_flush(st, -1) != KVD_OK;
+    kvd_store_close(st);
+    return rc;
+}
+
+/* `bench_store --sweep-restart`: how long a store with n objects on its
+ * NVMe tier takes to open (the index and the tier's files), and its first
+ * lookup of all n keys, for n = 1k .. 64k. */
+static int bench_restart_sweep(void)
+{
+    const char *base = getenv("KVDEPOT_BENCH_DIR");
+    char root[512], dir[600];
+    snprintf(root, sizeof root, "%s/kvd_bench_restart_XXXXXX",
+             base != NULL && base[0] != '\0' ? base : "/var/tmp");
+    if (mkdtemp(root) == NULL) {
+        return 1;
+    }
+    int rc = 0;
+    for (uint32_t n = 1024; n <= 65536 && rc == 0; n *= 4) {
+        snprintf(dir, sizeof dir, "%s/store-%u", root, n);
+        double opens[3], looks[3];
+        rc = restart_fill(dir, n);
+        for (int p = 0; p < 3 && rc == 0; p++) {
+            double t0 = now_s();
+            kvd_store_t *st = store_open_restart(dir, n);
+            double t1 = now_s();
+            if (st == NULL) {
+                rc = 1;
+                break;
+            }
+            kvd_namespace_t ns;
+            memset(ns.bytes, 6, sizeof ns.bytes);
+            size_t found = 0;
+            for (uint32_t i = 0; i < n; i++) {
+                kvd_block_hash_t h = hash_of(9, i);
+                kvd_store_lease_t l;
+                size_t m = 0;
+                if (kvd_store_lookup(st, &ns, &h, 1, &l, &m) == KVD_OK &&
+                    m == 1) {
+                    found++;
+                    (void)kvd_store_release(st, &l, 1);
+                }
+            }
+            double t2 = now_s();
+            kvd_store_close(st);
+            opens[p] = t1 - t0;
+            looks[p] = t2 - t1;
+            rc = found != n;
+            if (rc != 0) {
+                fprintf(stderr, "bench_store: restart: %zu of %u found\n",
+                        found, n);
+            }
+        }
+        if (rc == 0) {
+            double open_med = median(opens, 3); /* sorts opens */
+            printf("SWEEP {\"objects\": %u, \"object_bytes\": %u, "
+                   "\"passes\": 3, \"open_s\": %.4f, \"open_min_s\": %.4f, "
+                   "\"open_max_s\": %.4f, \"lookup_all_s\": %.4f}\n",
+                   n, RESTART_OBJ, open_med, opens[0], opens[2],
+                   median(looks, 3));
+            fflush(stdout);
+        }
+        rm_store_dir(dir);
+    }
+    rm_store_dir(root);
+    return rc;
+}
+
 /* ---- index -------------------------------------------------------------- */
 
 static int bench_index(double fio_write_bytes_per_s)
@@ -789,8 +983,16 @@ int main(int argc, char **argv)
     if (argc == 2 && strcmp(argv[1], "--sweep") == 0) {
         return bench_arena_sweep();
     }
+    if (argc == 2 && strcmp(argv[1], "--sweep-restart") == 0) {
+        return bench_restart_sweep();
+    }
+    if (argc == 2 && strcmp(argv[1], "--sweep-pressure") == 0) {
+        return bench_pressure_sweep();
+    }
     if (argc != 1) {
-        fprintf(stderr, "usage: bench_store [--peers | --sweep]\n");
+        fprintf(stderr,
+                "usage: bench_store [--peers | --sweep | --sweep-restart | "
+                "--sweep-pressure]\n");
         return 2;
     }
     double fio_write = 0;

@@ -10,6 +10,13 @@ kvdepot and its peer on the same axes.
                       buffer; bytes per second (medians of three
                       interleaved passes, with their range) and the p50 and
                       p99 of every operation.
+  store_restart       bench_store --sweep-restart: how long a store whose
+                      NVMe tier holds 1k .. 64k objects (4 KiB each) takes
+                      to open again (index and files), and to look every
+                      object up once after (three passes each; no peer).
+  arena_pressure      bench_store --sweep-pressure: puts into an arena with
+                      room against the same puts into a full one, where
+                      every reserve first evicts, 64 KiB .. 8 MiB objects.
   daemon_clients      bench_daemon --sweep: lookup + release of a stored
                       512-key chain by 1, 2, 4 .. 64 client processes
                       against redis MGET of the same keys over its unix
@@ -66,14 +73,14 @@ def sweep_lines(cmd, tag):
             if line.startswith(tag + " ")]
 
 
-def sweep(build, program, out, name, when):
-    """Runs `program --sweep`, writes its rows to OUT/NAME.csv (the sitting
-    on the first line) and returns them."""
-    rows = sweep_lines([str(build / "bench" / program), "--sweep"], "SWEEP")
+def sweep(build, program, out, name, when, flag="--sweep"):
+    """Runs `program FLAG`, writes its rows to OUT/NAME.csv (the sitting on
+    the first line) and returns them."""
+    rows = sweep_lines([str(build / "bench" / program), flag], "SWEEP")
     if not rows:
-        raise SystemExit(f"curves: {program} --sweep printed no SWEEP line")
+        raise SystemExit(f"curves: {program} {flag} printed no SWEEP line")
     with open(out / f"{name}.csv", "w", newline="") as f:
-        f.write(f"# {program} --sweep, {when}\n")
+        f.write(f"# {program} {flag}, {when}\n")
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
@@ -145,6 +152,57 @@ def arena_object_size(build, out, when):
     return rows
 
 
+def store_restart(build, out, when):
+    rows = sweep(build, "bench_store", out, "store_restart", when,
+                 "--sweep-restart")
+    plt, fig, a, b = figure()
+    n = [r["objects"] for r in rows]
+    labels = [f"{x // 1024}k" for x in n]
+    a.errorbar(n, [r["open_s"] * 1e3 for r in rows],
+               yerr=[[(r["open_s"] - r["open_min_s"]) * 1e3 for r in rows],
+                     [(r["open_max_s"] - r["open_s"]) * 1e3 for r in rows]],
+               fmt="o-", capsize=3, label="open (median, min-max)")
+    log2_axis(a, n, labels, "objects on the NVMe tier", "ms")
+    a.legend()
+    a.set_title("restart: kvd_store_open")
+    b.plot(n, [r["objects"] / r["lookup_all_s"] / 1e3 for r in rows], "o-",
+           label="lookups of every object after the restart")
+    log2_axis(b, n, labels, "objects on the NVMe tier", "k lookups/s")
+    b.legend()
+    b.set_title("first lookups after the restart")
+    finish(plt, fig, "Store restart against index size (4 KiB objects)",
+           when, out / "store_restart.png")
+    return rows
+
+
+def arena_pressure(build, out, when):
+    rows = sweep(build, "bench_store", out, "arena_pressure", when,
+                 "--sweep-pressure")
+    plt, fig, a, b = figure()
+    sizes = [r["size"] for r in rows]
+    labels = [size_label(x) for x in sizes]
+    a.plot(sizes, [r["room_bytes_per_s"] / 1e9 for r in rows], "o-",
+           label="arena with room")
+    a.plot(sizes, [r["full_bytes_per_s"] / 1e9 for r in rows], "s--",
+           label="arena full: every put evicts")
+    log2_axis(a, sizes, labels, "object size", "GB/s put (median of passes)")
+    a.legend()
+    a.set_title("put throughput")
+    for key, style, label in (("room", "o-", "with room"),
+                              ("full", "s--", "full")):
+        b.plot(sizes, [r[f"{key}_p50_us"] for r in rows], style,
+               label=f"{label} p50")
+        b.plot(sizes, [r[f"{key}_p99_us"] for r in rows], style, alpha=0.4,
+               label=f"{label} p99")
+    log2_axis(b, sizes, labels, "object size", "microseconds per put",
+              log_y=True)
+    b.legend(fontsize=8)
+    b.set_title("put latency")
+    finish(plt, fig, "Host arena puts under eviction pressure", when,
+           out / "arena_pressure.png")
+    return rows
+
+
 def daemon_clients(build, out, when):
     rows = sweep(build, "bench_daemon", out, "daemon_clients", when)
     plt, fig, a, b = figure()
@@ -183,6 +241,10 @@ def main(argv=None):
     worst = min(rows, key=lambda r: r["ratio"])
     print(f"arena_object_size: {len(rows)} sizes -> "
           f"{out / 'arena_object_size.png'}")
+    prows = arena_pressure(build, out, when)
+    print(f"arena_pressure: {len(prows)} sizes -> {out / 'arena_pressure.png'}")
+    rrows = store_restart(build, out, when)
+    print(f"store_restart: {len(rrows)} sizes -> {out / 'store_restart.png'}")
     drows = daemon_clients(build, out, when)
     dworst = min(drows, key=lambda r: r["ratio"])
     print(f"daemon_clients: {len(drows)} client counts -> "
