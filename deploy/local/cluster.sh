@@ -47,7 +47,7 @@ done
 
 usage()
 {
-    sed -n '8,16p' "$0" | sed 's/^# \{0,1\}//' >&2
+    awk 'NR >= 8 { if (!/^#/) exit; sub(/^# ?/, ""); print }' "$0" >&2
     exit 2
 }
 die()
