@@ -385,9 +385,15 @@ static kvd_status_t cl_events_call(kvd_client_t *c, kvd_store_event_t *out,
         n++;
     }
     if (s == KVD_OK) {
-        c->ev_seq = r->next_seq;
-        *n_out = n;
+        /* A number below the one we read on from: the daemon restarted and
+         * numbers its new log from 1. Read that log from its start (the
+         * caller repeats the call), rather than skip its first events. */
+        bool restarted =
+            op.after_seq != UINT64_MAX && r->next_seq < op.after_seq;
+        c->ev_seq = restarted ? 0 : r->next_seq;
+        *n_out = restarted ? 0 : n;
         *missed_out = r->missed;
+        s = restarted ? KVD_AGAIN : KVD_OK;
     }
     kvd_proto_admin_response_free(rsp);
     return s;
@@ -425,6 +431,9 @@ kvd_status_t kvd_client_take_events(kvd_client_t *c, kvd_store_event_t *out,
     if (c->ev_on && c->ev_n_watch > 0 && max > 0) {
         uint64_t missed = 0;
         s = cl_events_call(c, out, max, n_out, &missed);
+        if (s == KVD_AGAIN) { /* a new daemon: from its first event */
+            s = cl_events_call(c, out, max, n_out, &missed);
+        }
         if (s == KVD_OK && dropped_out != NULL) {
             *dropped_out = missed;
         }

@@ -127,9 +127,12 @@ static kvd_status_t events_collect_locked(kvd_service_t *svc,
                                           size_t n_want, uint64_t after,
                                           size_t max, svc_events_reply_t *r)
 {
-    r->events = calloc(max, sizeof *r->events);
-    r->eventp = calloc(max, sizeof *r->eventp);
-    r->hashes = calloc(max, sizeof *r->hashes);
+    /* No more than the log holds: a call every engine step costs that. */
+    max = max < svc->ev_len ? max : svc->ev_len;
+    size_t cap = max > 0 ? max : 1;
+    r->events = calloc(cap, sizeof *r->events);
+    r->eventp = calloc(cap, sizeof *r->eventp);
+    r->hashes = calloc(cap, sizeof *r->hashes);
     if (r->events == NULL || r->eventp == NULL || r->hashes == NULL) {
         return KVD_ERR_NOMEM;
     }

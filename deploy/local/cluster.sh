@@ -187,7 +187,7 @@ up()
     local t
     for t in cluster-token admin-token; do
         if [[ ! -s $dir/$t ]]; then
-            (umask 077 && openssl rand -hex 32 >"$dir/$t")
+            (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(32))' >"$dir/$t")
         fi
     done
     trap 'echo "cluster.sh: start failed; stopping what started" >&2; down' ERR

@@ -8,6 +8,7 @@ in an embedded store and through a kvdepotd (daemon mode).
 """
 
 import tempfile
+import time
 
 import pytest
 
@@ -250,6 +251,30 @@ def test_events_from_the_daemons_store(tmp_path):
         finally:
             other.close()
         assert removed(s.take_events()) == [last]
+        # The daemon restarts (its event log numbered from 1 again; another
+        # client starts it before this engine asks): the next save's blocks
+        # are still announced, not skipped as numbers already read.
+        stop_daemon(proc)
+        proc = start_daemon(tmp_path, "store.arena_size=1m",
+                            "store.arena_chunk=1m")[0]
+        watcher = _lib.Store({"store.mode": "daemon",
+                              "store.address": f"unix:{tmp_path}/d.sock"})
+        try:
+            watcher.events_watch([bytes(s.ns.bytes)])
+            assert watcher.events_enable(8)
+            saved = w.kvdepot_stats()["blocks_saved"]
+            deadline, k = time.monotonic() + 20, 0
+            while time.monotonic() < deadline:
+                # the engine's client reconnects after a back-off
+                compute(s, w, kvs, names, f"after-{k}", prompt(90 + k),
+                        range(7))
+                k += 1
+                if w.kvdepot_stats()["blocks_saved"] > saved:
+                    break
+            stored_after = stored(s.take_events())
+        finally:
+            watcher.close()
+        assert stored_after and len(stored_after[0].block_hashes) == 6
         s.shutdown()
         w.shutdown()
     finally:
