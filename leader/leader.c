@@ -143,6 +143,7 @@ void kvd_lreq_end_loads(kvd_leader_t *ld, lreq_t *r)
     r->plan_loads = false;
     r->load_reports = 0;
     kvd_lreq_release_leases(ld, r);
+    kvd_chunk_release(ld, r);
 }
 
 /* Ends the request's loads and forgets its answer: the engine asks again
@@ -169,6 +170,9 @@ static void req_free(lreq_t *r)
     free(r->mm_text);
     free(r->mm_keys);
     free(r->embeds);
+    free(r->content);
+    free(r->has_content);
+    free(r->chunk_leases);
     free(r->leases);
     free(r->block_ids);
     free(r);
@@ -197,6 +201,7 @@ void kvd_lreq_maybe_drop(kvd_leader_t *ld, lreq_t *r)
     if (r->finished && !r->saves_inflight && !r->loads_inflight) {
         req_unlink(ld, r);
         kvd_lreq_release_leases(ld, r);
+        kvd_chunk_release(ld, r);
         req_free(r);
     }
 }
@@ -266,7 +271,7 @@ kvd_status_t kvd_lreq_extend_hashes(kvd_leader_t *ld, lreq_t *r)
 {
     size_t bs = ld->cfg.block_size, full = r->num_tokens / bs;
     if (r->hashes_mode || full <= r->num_hashes) {
-        return KVD_OK;
+        return kvd_lreq_extend_content(ld, r);
     }
     if (!kvd_grow((void **)&r->hashes, &r->cap_hashes, full,
                   sizeof *r->hashes)) {
@@ -296,7 +301,7 @@ kvd_status_t kvd_lreq_extend_hashes(kvd_leader_t *ld, lreq_t *r)
         }
         r->num_hashes = b + 1;
     }
-    return KVD_OK;
+    return kvd_lreq_extend_content(ld, r);
 }
 
 /* Copies the request's multimodal inputs (token mode): one array, one
@@ -348,6 +353,8 @@ kvd_status_t kvd_lreq_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
     bool ok = true;
     snprintf(r->id, sizeof r->id, "%s", q->request_id);
     r->prompt_tokens = q->num_tokens;
+    r->chunk_on = ld->chunk.enabled;
+    r->chunk_from = SIZE_MAX;
     r->lora = dup_or_null(q->lora_name, &ok);
     r->salt = dup_or_null(q->cache_salt, &ok);
     r->source = dup_or_null(q->source_node, &ok);
@@ -467,6 +474,7 @@ KVD_API void kvd_leader_destroy(kvd_leader_t *leader)
         for (lreq_t *r = leader->table[b], *next; r != NULL; r = next) {
             next = r->next;
             kvd_lreq_release_leases(leader, r);
+            kvd_chunk_release(leader, r);
             req_free(r);
         }
     }
@@ -543,7 +551,7 @@ KVD_API kvd_status_t kvd_leader_request_finished_transfer(
     }
     /* Full blocks stored or sent to the workers for saving; saves not yet
      * in a plan are dropped by finishing, so they are not handed off. */
-    size_t n = r->save_from;
+    size_t n = r->save_from < r->chunk_from ? r->save_from : r->chunk_from;
     if (n > 0 && !kvd_grow((void **)&leader->handoff, &leader->cap_handoff, n,
                            sizeof *leader->handoff)) {
         return KVD_ERR_NOMEM;

@@ -23,6 +23,11 @@
 #define LEADER_ID_MAX 255u
 #define LEADER_BLOCK_SIZE_MAX 4096u
 
+/* lreq_t.has_content values. */
+#define CHUNK_NO_KEY 0u
+#define CHUNK_KEYED 1u
+#define CHUNK_LOADED 2u
+
 typedef struct lreq lreq_t;
 struct lreq {
     lreq_t *next;         /* table chain */
@@ -94,6 +99,24 @@ struct lreq {
      * flight: queued as saved (saved.c) when the reports finish them. */
     size_t saved_event_from, saved_event_upto;
 
+    /* Non-prefix reuse (chunk.c). Content keys of full blocks
+     * [0, num_content), valid where has_content[b] is not CHUNK_NO_KEY
+     * (CHUNK_LOADED: the block was loaded by content). The chunk answer:
+     * chunk_leases[b] for blocks [0, chunk_cap), tier NONE where block b
+     * was not matched by content; chunk_hits leases held. chunk_from is
+     * the first block loaded by content (SIZE_MAX: none): from there on
+     * nothing is saved under prefix keys, for the rest of the request. */
+    bool chunk_on;
+    kvd_block_hash_t *content;
+    size_t num_content, cap_content;
+    uint8_t *has_content;
+    size_t cap_has_content;
+    bool chunk_answered;
+    bool chunk_async;
+    kvd_store_lease_t *chunk_leases;
+    size_t chunk_cap, chunk_hits;
+    size_t chunk_from;
+
     bool preempted; /* list in the next plan */
     bool finished;  /* engine is done; kept until its saves finish */
 };
@@ -135,6 +158,7 @@ struct kvd_leader {
     kvd_block_hash_t *handoff; /* last hand-off's hashes */
     size_t cap_handoff;
     kvd_leader_stats_t st;
+    kvd_leader_chunk_config_t chunk; /* kvd_leader_set_chunk_reuse */
     /* Saved blocks for kvd_leader_take_saved_blocks (saved.c): a ring of
      * saved_cap from saved_head, saved_len queued; those handed out by
      * the last take (valid until the next take). */
@@ -190,6 +214,21 @@ void kvd_lreq_forget_answer(kvd_leader_t *ld, lreq_t *r);
 /* Frees a finished request once nothing of it is in flight; r is invalid
  * after it when it was dropped. */
 void kvd_lreq_maybe_drop(kvd_leader_t *ld, lreq_t *r);
+
+/* ---- non-prefix reuse (chunk.c) ---------------------------------------- */
+
+/* Computes the content keys of full blocks not keyed yet (a request created
+ * with chunk reuse on, in token mode). KVD_ERR_NOMEM or kvd_sha256's
+ * error; the keys computed before stay. */
+kvd_status_t kvd_lreq_extend_content(kvd_leader_t *ld, lreq_t *r);
+/* Gives the chunk answer's leases back and forgets the answer (chunk_from
+ * stays: what was loaded by content stays in the engine's cache). */
+void kvd_chunk_release(kvd_leader_t *ld, lreq_t *r);
+/* Blocks the engine's table must hold for the content loads. */
+size_t kvd_chunk_blocks_needed(const lreq_t *r);
+/* update_state_after_alloc took the answer: the content loads will be
+ * planned with the prefix's (or, without hits, the answer is dropped). */
+void kvd_chunk_after_alloc(kvd_leader_t *ld, lreq_t *r);
 
 /* ---- saved blocks (saved.c) --------------------------------------------- */
 

@@ -186,6 +186,7 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
          * another request, or evicted): the promised blocks are not the
          * same ones, so look up again. */
         kvd_lreq_release_leases(ld, r);
+        kvd_chunk_release(ld, r);
         r->looked_up = false;
         r->matched_tokens = 0;
         r->async = false;
@@ -300,6 +301,10 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
     if (blocks > 0 && r->first_block + blocks > num_block_ids) {
         return KVD_ERR_RANGE;
     }
+    if (!r->allocated && r->chunk_answered &&
+        kvd_chunk_blocks_needed(r) > num_block_ids) {
+        return KVD_ERR_RANGE;
+    }
     if (!kvd_grow((void **)&r->block_ids, &r->cap_block_ids, num_block_ids,
                   sizeof *r->block_ids)) {
         return KVD_ERR_NOMEM;
@@ -314,6 +319,11 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
         return KVD_OK;
     }
     r->allocated = true;
+    if (blocks < r->num_leases) {
+        /* The engine computes part of the prefix: the chunk answer was
+         * made for blocks after the whole prefix, so it no longer holds. */
+        kvd_chunk_release(ld, r);
+    }
     /* Leases beyond what the engine takes go back now, in every shard. */
     kvd_lreq_release_tail(ld, r, blocks);
     if (blocks == 0) {
@@ -321,7 +331,8 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
     }
     r->load_blocks = blocks;
     r->load_tokens = num_external_tokens;
-    r->plan_loads = blocks > 0;
+    kvd_chunk_after_alloc(ld, r);
+    r->plan_loads = blocks > 0 || r->chunk_hits > 0;
     if (r->async && blocks > 0) {
         /* From now on another request matching these blocks waits for this
          * load: in vLLM it is matched in this same schedule() pass, before

@@ -104,6 +104,9 @@ void kvd_leader_saved_push(kvd_leader_t *ld, lreq_t *r)
     if (upto > r->num_hashes) {
         upto = r->num_hashes;
     }
+    if (upto > r->chunk_from) {
+        upto = r->chunk_from; /* stored under content keys only */
+    }
     for (size_t blk = from; blk < upto; blk++) {
         if (blk < r->num_block_ids &&
             r->block_ids[blk] == KVD_LEADER_NO_BLOCK) {

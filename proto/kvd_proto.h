@@ -122,6 +122,9 @@ extern "C" {
 #define KVD_PROTO_MAX_CONFIG_TEXT 1024
 /* Engine block ids and worker ranks are non-negative int32 values. */
 #define KVD_PROTO_MAX_BLOCK_ID INT32_MAX
+/* A token's position in a request (StepPlan loads and saves): 2^40, far
+ * beyond any context length, and exact in a double. */
+#define KVD_PROTO_MAX_POSITION (INT64_C(1) << 40)
 /* Layers per shard and per-layer checksums per object; KV heads; head
  * elements; tokens per block; tensor-parallel size. */
 #define KVD_PROTO_MAX_LAYERS 1024

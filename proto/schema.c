@@ -65,6 +65,8 @@ static const kvd_proto_rule_t rules[] = {
     {D(block_load), "source", REQ, 0, 0, 0},
     {D(block_save), "block_id", RNG, 0, KVD_PROTO_MAX_BLOCK_ID, 0},
     {D(block_save), "key", REQ, 0, 0, 0},
+    {D(block_save), "position", RNG, 0, KVD_PROTO_MAX_POSITION, 0},
+    {D(block_load), "position", RNG, 0, KVD_PROTO_MAX_POSITION, 0},
     {D(step_request), "request_id", REQ | RNG, 1, ID_MAX, 0},
     {D(step_request), "loads", 0, 0, 0, KVD_PROTO_MAX_BLOCKS_PER_REQUEST},
     {D(step_request), "saves", 0, 0, 0, KVD_PROTO_MAX_BLOCKS_PER_REQUEST},
@@ -213,28 +215,34 @@ static void item_set(kvd_proto_item_t *item, size_t index, const void *bytes,
     item->index = index;
 }
 
-/* num_load_tokens must be what the loads carry: every block full except
- * possibly one token short of the last (the engine computes at least one
- * token itself when the whole prompt hit). */
+/* num_load_tokens must be what the prefix loads carry: every block full
+ * except possibly one token short of the last (the engine computes at least
+ * one token itself when the whole prompt hit). Content loads (non-prefix
+ * reuse) are whole blocks outside the prefix and not counted. */
 static kvd_status_t check_load_tokens(kvd_proto_walk_t *walk,
                                       const kvd_pb_step_request_t *r,
                                       uint32_t block_size)
 {
     uint64_t tokens = r->num_load_tokens;
-    if (r->n_loads == 0) {
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_loads; i++) {
+        n += !r->loads[i]->content;
+    }
+    if (n == 0) {
         if (tokens != 0) {
-            return FAIL_AT(walk, "num_load_tokens", "%llu tokens without loads",
+            return FAIL_AT(walk, "num_load_tokens",
+                           "%llu tokens without prefix loads",
                            (unsigned long long)tokens);
         }
         return KVD_OK;
     }
-    uint64_t hi = (uint64_t)r->n_loads * block_size;
+    uint64_t hi = (uint64_t)n * block_size;
     uint64_t lo = hi - block_size + 1;
     if (tokens < lo || tokens > hi) {
         return FAIL_AT(walk, "num_load_tokens",
                        "%llu, want %llu..%llu for %zu loads of %u tokens",
                        (unsigned long long)tokens, (unsigned long long)lo,
-                       (unsigned long long)hi, r->n_loads, block_size);
+                       (unsigned long long)hi, n, block_size);
     }
     return KVD_OK;
 }

@@ -79,6 +79,12 @@ typedef struct cres {
     int32_t *ids_host; /* pinned */
     int32_t *ids_dev;
     kvd_cuda_tables_t *tables;
+    /* Content loads (kvd_worker_set_rope), made at the first that moves:
+     * one rotation per id, same regions as the ids, and the rope. */
+    int64_t *deltas_host; /* pinned */
+    int64_t *deltas_dev;
+    kvd_cuda_rope_t *rope;
+    uint32_t rope_gen; /* w->rope_gen it was made from */
 } cres_t;
 
 struct wcuda {
@@ -249,6 +255,9 @@ static void res_destroy(kvd_worker_t *w, cres_t *r)
         (void)kvd_cuda_stream_wait(r->stream);
     }
     kvd_cuda_tables_destroy(r->tables);
+    kvd_cuda_rope_destroy(r->rope);
+    kvd_cuda_mem_destroy(r->deltas_dev);
+    kvd_cuda_host_free(r->deltas_host);
     kvd_cuda_mem_destroy(r->ids_dev);
     kvd_cuda_host_free(r->ids_host);
     kvd_cuda_mem_destroy(r->staging);
@@ -479,6 +488,59 @@ static kvd_status_t ids_upload(wcuda_t *c, size_t at, const int32_t *ids,
                                n * sizeof *ids, c->res->stream);
 }
 
+/* The rotation's device state, made at the first content load that moves
+ * a block (mu held, the device current): the rope's frequencies and room
+ * for one rotation per id. After kvd_worker_set_rope changed the rope, the
+ * old copy goes once the stream has run what may still read it. */
+static kvd_status_t rope_ready(kvd_worker_t *w)
+{
+    wcuda_t *c = w->cuda;
+    cres_t *r = c->res;
+    kvd_status_t st = KVD_OK;
+    if (r->deltas_host == NULL) {
+        st = kvd_cuda_host_alloc(c->ids_cap * sizeof(int64_t),
+                                 (void **)&r->deltas_host);
+    }
+    if (st == KVD_OK && r->deltas_dev == NULL) {
+        st = kvd_cuda_mem_create(c->ids_cap * sizeof(int64_t),
+                                 (void **)&r->deltas_dev);
+    }
+    uint32_t gen = __atomic_load_n(&w->rope_gen, __ATOMIC_ACQUIRE);
+    if (st == KVD_OK && r->rope != NULL && r->rope_gen != gen) {
+        st = kvd_cuda_stream_wait(r->stream);
+        if (st == KVD_OK) {
+            kvd_cuda_rope_destroy(r->rope);
+            r->rope = NULL;
+        }
+    }
+    if (st == KVD_OK && r->rope == NULL) {
+        st = kvd_cuda_rope_create(&w->rope, &r->rope);
+        r->rope_gen = gen;
+    }
+    return st;
+}
+
+/* Copies `n` rotations into region `at`, in stream order (mu held). */
+static kvd_status_t deltas_upload(wcuda_t *c, size_t at, const int64_t *d,
+                                  size_t n)
+{
+    memcpy(c->res->deltas_host + at, d, n * sizeof *d);
+    return kvd_cuda_copy_async(c->res->deltas_dev + at,
+                               c->res->deltas_host + at, n * sizeof *d,
+                               c->res->stream);
+}
+
+/* Rotates the keys of layer `layer` of `n` loaded blocks by the rotations
+ * at region `at`, after their copies in stream order (mu held). */
+static kvd_status_t layer_rotate(kvd_worker_t *w, uint32_t layer,
+                                 const int32_t *ids, size_t at, size_t n)
+{
+    cres_t *r = w->cuda->res;
+    return kvd_cuda_rope_shift_layer(&w->layout, &w->cfg.format, r->rope, layer,
+                                     ids, r->ids_dev + at, r->deltas_dev + at,
+                                     n, w->cfg.format.block_size, r->stream);
+}
+
 /* n copies of `len` bytes at offset `off` of each object: arena -> staging
  * (to_device) or staging -> arena (mu held). */
 static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
@@ -570,6 +632,17 @@ static kvd_status_t cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
                         c->res->ids_dev + IDS_LOADS + first,
                         s->load_objs + first, count, true);
     }
+    if (st == KVD_OK && s->any_delta && !s->dev_load_deltas) {
+        st = rope_ready(w);
+        if (st == KVD_OK) {
+            st = deltas_upload(c, IDS_LOADS, s->load_deltas, s->n_load_ok);
+        }
+        s->dev_load_deltas = st == KVD_OK;
+    }
+    if (st == KVD_OK && s->any_delta) {
+        st = layer_rotate(w, layer, s->load_ids + first, IDS_LOADS + first,
+                          count);
+    }
     /* Recorded even after an error: the engine's stream then waits for
      * what was enqueued, and the failed blocks are reported. */
     kvd_status_t rec =
@@ -605,7 +678,8 @@ static kvd_status_t cuda_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
 }
 
 static kvd_status_t cuda_load_async(kvd_worker_t *w, const int32_t *ids,
-                                    void *const *objs, size_t n)
+                                    void *const *objs, const int64_t *deltas,
+                                    size_t n)
 {
     wcuda_t *c = w->cuda;
     kvd_status_t st = kvd_cuda_device_set(c->res->device);
@@ -631,12 +705,21 @@ static kvd_status_t cuda_load_async(kvd_worker_t *w, const int32_t *ids,
     c->slot_busy |= (uint64_t)1 << slot;
     const int32_t *ids_dev = c->res->ids_dev + IDS_ASYNC(slot);
     st = ids_upload(c, IDS_ASYNC(slot), ids, n);
+    if (st == KVD_OK && deltas != NULL) {
+        st = rope_ready(w);
+        if (st == KVD_OK) {
+            st = deltas_upload(c, IDS_ASYNC(slot), deltas, n);
+        }
+    }
     pthread_mutex_unlock(&c->mu);
     /* One layer per lock: a step's loads and saves get the stream between
      * them. */
     for (uint32_t l = 0; l < w->cfg.format.num_layers && st == KVD_OK; l++) {
         pthread_mutex_lock(&c->mu);
         st = layer_copy(w, l, ids, ids_dev, objs, n, true);
+        if (st == KVD_OK && deltas != NULL) {
+            st = layer_rotate(w, l, ids, IDS_ASYNC(slot), n);
+        }
         pthread_mutex_unlock(&c->mu);
     }
     pthread_mutex_lock(&c->mu);
@@ -715,4 +798,5 @@ const wdevice_ops_t kvd_worker_device_cuda = {
     .stream_wait = cuda_stream_wait,
     .save_order = cuda_save_order,
     .drain = cuda_drain,
+    .can_rotate = true,
 };

@@ -120,6 +120,35 @@ static void load_block_finish(kvd_worker_t *w, wblock_t *b)
     }
 }
 
+/* A content load: the rotation from the position its header records to
+ * the plan's. A block that needs one the worker cannot do fails (a load
+ * error: the engine computes it). */
+static void block_delta(kvd_worker_t *w, wblock_t *b)
+{
+    b->delta = 0;
+    if (!b->content) {
+        return;
+    }
+    kvd_object_header_t h;
+    if (kvd_object_header_unpack((const uint8_t *)b->obj + w->payload_bytes,
+                                 KVD_OBJECT_HEADER_BYTES, &h, NULL,
+                                 0) != KVD_OK) {
+        b->status = KVD_ERR_CORRUPT; /* checked just before: not reached */
+        return;
+    }
+    b->delta = (int64_t)b->position - (int64_t)h.position;
+    if (b->delta != 0 && (!w->has_rope || !w->dev->can_rotate)) {
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
+                            "worker: block %d (request %s) reused by content "
+                            "at another position, but %s: computed instead",
+                            b->block_id, b->req->id,
+                            w->has_rope ? "this backend cannot rotate keys"
+                                        : "no rotary embedding is set "
+                                          "(kvd_worker_set_rope)");
+        b->status = KVD_ERR_UNSUPPORTED;
+    }
+}
+
 /* The object `b` leased is the one asked for, as its header says; else
  * the block fails (a load error, never the bytes). The first mismatch is
  * logged with its reason, later ones at DEBUG (counted: header_errors). */
@@ -129,6 +158,7 @@ static void block_header_check(kvd_worker_t *w, wblock_t *b)
     if (kvd_object_header_check(&w->cfg.format, &w->cfg.ns, &b->hash, b->obj,
                                 b->lease.size_bytes, why,
                                 sizeof why) == KVD_OK) {
+        block_delta(w, b);
         return;
     }
     bool first =
@@ -175,6 +205,8 @@ static void step_loads_issue(kvd_worker_t *w, wstep_t *s)
         if (b->status == KVD_OK) {
             s->load_ids[n] = b->block_id;
             s->load_objs[n] = b->obj;
+            s->load_deltas[n] = b->delta;
+            s->any_delta = s->any_delta || b->delta != 0;
             s->load_blocks[n] = b;
             n++;
         }
@@ -547,18 +579,22 @@ static void run_async(kvd_worker_t *w, wreq_t *r)
     pthread_mutex_unlock(&w->mu);
 
     size_t n = 0;
+    bool any_delta = false;
     for (size_t i = 0; i < r->n_loads && !canceled; i++) {
         wblock_t *b = &r->loads[i];
         if (b->status == KVD_OK) {
             r->ids[n] = b->block_id;
             r->objs[n] = b->obj;
+            r->deltas[n] = b->delta;
+            any_delta = any_delta || b->delta != 0;
             n++;
         }
     }
     kvd_status_t st = KVD_OK;
     if (n > 0) {
         /* Returns once the copies ran: the leases may go. */
-        st = w->dev->load_async(w, r->ids, r->objs, n);
+        st = w->dev->load_async(w, r->ids, r->objs,
+                                any_delta ? r->deltas : NULL, n);
     }
     pthread_mutex_lock(&w->mu);
     for (size_t i = 0; i < r->n_loads; i++) {

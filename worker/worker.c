@@ -142,6 +142,7 @@ void kvd_worker_req_free(wreq_t *r)
     free(r->saves);
     free(r->ids);
     free(r->objs);
+    free(r->deltas);
     free(r);
 }
 
@@ -157,6 +158,7 @@ static void step_free(wstep_t *s)
     free(s->sync);
     free(s->load_ids);
     free(s->load_objs);
+    free(s->load_deltas);
     free(s->load_blocks);
     free(s->layer_left);
     free(s->saves);
@@ -407,25 +409,39 @@ static kvd_status_t req_build(kvd_worker_t *w, const kvd_pb_step_request_t *q,
     r->async_load = q->async_load;
     r->layerwise = q->layerwise;
     r->n_loads = q->n_loads;
+    /* A save with a content key is two objects from one engine block. */
     r->n_saves = q->n_saves;
+    for (size_t i = 0; i < q->n_saves; i++) {
+        r->n_saves += q->saves[i]->content_key != NULL;
+    }
     r->loads = calloc(q->n_loads + 1, sizeof *r->loads);
-    r->saves = calloc(q->n_saves + 1, sizeof *r->saves);
+    r->saves = calloc(r->n_saves + 1, sizeof *r->saves);
     if (r->async_load) {
         r->ids = calloc(q->n_loads + 1, sizeof *r->ids);
         r->objs = calloc(q->n_loads + 1, sizeof *r->objs);
+        r->deltas = calloc(q->n_loads + 1, sizeof *r->deltas);
     }
     kvd_status_t s = KVD_OK;
     if (r->loads == NULL || r->saves == NULL ||
-        (r->async_load && (r->ids == NULL || r->objs == NULL))) {
+        (r->async_load &&
+         (r->ids == NULL || r->objs == NULL || r->deltas == NULL))) {
         s = KVD_ERR_NOMEM;
     }
     for (size_t i = 0; s == KVD_OK && i < q->n_loads; i++) {
         s = plan_block(w, q->loads[i]->key, q->loads[i]->block_id, r,
                        &r->loads[i], err, err_len);
+        r->loads[i].position = q->loads[i]->position;
+        r->loads[i].content = q->loads[i]->content;
     }
-    for (size_t i = 0; s == KVD_OK && i < q->n_saves; i++) {
-        s = plan_block(w, q->saves[i]->key, q->saves[i]->block_id, r,
-                       &r->saves[i], err, err_len);
+    for (size_t i = 0, j = 0; s == KVD_OK && i < q->n_saves; i++) {
+        const kvd_pb_block_save_t *sv = q->saves[i];
+        s = plan_block(w, sv->key, sv->block_id, r, &r->saves[j], err, err_len);
+        r->saves[j++].position = sv->position;
+        if (s == KVD_OK && sv->content_key != NULL) {
+            s = plan_block(w, sv->content_key, sv->block_id, r, &r->saves[j],
+                           err, err_len);
+            r->saves[j++].position = sv->position;
+        }
     }
     if (s != KVD_OK) {
         kvd_worker_req_free(r);
@@ -494,8 +510,8 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
                 }
                 /* The header first: the payload is written by the copies,
                  * and everything goes to the store at commit. */
-                (void)kvd_object_header_pack(
-                    &w->cfg.format, &w->cfg.ns, &blk->hash,
+                (void)kvd_object_header_pack_at(
+                    &w->cfg.format, &w->cfg.ns, &blk->hash, blk->position,
                     (uint8_t *)blk->obj + w->payload_bytes);
                 s->saves[s->n_saves] = blk;
                 s->save_ids[s->n_saves] = blk->block_id;
@@ -543,12 +559,13 @@ static kvd_status_t step_arrays(kvd_worker_t *w, wstep_t *s)
     s->sync = calloc(s->n_sync + 1, sizeof *s->sync);
     s->load_ids = calloc(s->n_sync + 1, sizeof *s->load_ids);
     s->load_objs = calloc(s->n_sync + 1, sizeof *s->load_objs);
+    s->load_deltas = calloc(s->n_sync + 1, sizeof *s->load_deltas);
     s->load_blocks = calloc(s->n_sync + 1, sizeof *s->load_blocks);
     s->layer_left = calloc(layers, sizeof *s->layer_left);
     s->save_issued = calloc(layers, sizeof *s->save_issued);
     if (s->sync == NULL || s->load_ids == NULL || s->load_objs == NULL ||
-        s->load_blocks == NULL || s->layer_left == NULL ||
-        s->save_issued == NULL) {
+        s->load_deltas == NULL || s->load_blocks == NULL ||
+        s->layer_left == NULL || s->save_issued == NULL) {
         return KVD_ERR_NOMEM;
     }
     size_t n = 0;
@@ -906,6 +923,42 @@ KVD_API kvd_status_t kvd_worker_set_namespace(kvd_worker_t *worker,
     worker->cfg.plan_ns = *plan_ns;
     worker->plan_ns =
         memcmp(plan_ns, &zero_ns, sizeof zero_ns) == 0 ? *ns : *plan_ns;
+    pthread_mutex_unlock(&worker->mu);
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_worker_set_rope(kvd_worker_t *worker,
+                                         const kvd_rope_t *rope)
+{
+    if (worker == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    if (worker->step != NULL) {
+        return KVD_ERR_STATE;
+    }
+    const kvd_object_format_t *f = &worker->cfg.format;
+    if (rope != NULL) {
+        if (kvd_rope_check(rope, NULL, 0) != KVD_OK ||
+            rope->head_dim != f->head_dim) {
+            return KVD_ERR_INVALID;
+        }
+        if (f->num_planes != 2 || kvd_dtype_is_fp8(f->dtype)) {
+            return KVD_ERR_UNSUPPORTED;
+        }
+    }
+    /* The poller reads it under mu (header checks of promotions); the pool
+     * threads read it without, while they copy an asynchronous load: none
+     * may be in flight. */
+    pthread_mutex_lock(&worker->mu);
+    if (worker->async != NULL) {
+        pthread_mutex_unlock(&worker->mu);
+        return KVD_ERR_STATE;
+    }
+    worker->has_rope = rope != NULL;
+    if (rope != NULL) {
+        worker->rope = *rope;
+    }
+    __atomic_add_fetch(&worker->rope_gen, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&worker->mu);
     return KVD_OK;
 }

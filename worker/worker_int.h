@@ -39,6 +39,9 @@ typedef struct wblock {
     void *obj;             /* the object's bytes in the arena */
     kvd_status_t status;   /* first error, or KVD_OK */
     bool aborted;          /* save: aborted with its step (saves_aborted) */
+    uint64_t position;     /* the block's first token in the request */
+    bool content;          /* load: by content key, may need rotating */
+    int64_t delta;         /* load: rotate keys by this (header check) */
     bool bad_header;       /* load: refused by its header (header_errors) */
 } wblock_t;
 
@@ -76,6 +79,7 @@ struct wreq {
     wtask_t task;
     int32_t *ids; /* n_loads: the blocks the copy writes */
     void **objs;
+    int64_t *deltas; /* n_loads: their rotations (content loads) */
 };
 
 struct wstep {
@@ -92,6 +96,8 @@ struct wstep {
     bool loads_done;   /* every copy done, leases given back */
     int32_t *load_ids;
     void **load_objs;
+    int64_t *load_deltas; /* rotations of the loads (content loads) */
+    bool any_delta;
     wblock_t **load_blocks;
     size_t n_load_ok;
     uint32_t *layer_left; /* per layer: load tasks not finished */
@@ -110,8 +116,9 @@ struct wstep {
     /* Task storage: layers * (load chunks + save chunks), used in order. */
     wtask_t *tasks;
     size_t n_tasks, used_tasks;
-    /* CUDA backend: the step's block ids are on the device (its lock). */
-    bool dev_load_ids, dev_save_ids;
+    /* CUDA backend: the step's block ids (and the loads' rotations) are on
+     * the device (its lock). */
+    bool dev_load_ids, dev_save_ids, dev_load_deltas;
 };
 
 typedef struct wfin {
@@ -195,6 +202,11 @@ struct kvd_worker {
      * calls through it. Set by kvd_worker_create before anything can
      * fail, never changed. */
     const wdevice_ops_t *dev;
+    /* kvd_worker_set_rope: rotations of content loads; rope_gen counts the
+     * calls (a backend's copy of the rope is remade when it changed). */
+    bool has_rope;
+    kvd_rope_t rope;
+    uint32_t rope_gen;
     /* The CUDA backend's state, device_cuda.c's alone; NULL otherwise. */
     wcuda_t *cuda;
 };
@@ -279,10 +291,12 @@ struct wdevice_ops {
     /* Layer `layer` of the step's saves [first, first + count). */
     kvd_status_t (*save)(kvd_worker_t *w, wstep_t *s, uint32_t layer,
                          size_t first, size_t count);
-    /* Every layer of one asynchronous request's `n` blocks (n > 0);
-     * returns once the copies are done, so the leases may go. */
+    /* Every layer of one asynchronous request's `n` blocks (n > 0), keys
+     * rotated by deltas[i] (NULL: none); returns once the copies are done,
+     * so the leases may go. */
     kvd_status_t (*load_async)(kvd_worker_t *w, const int32_t *ids,
-                               void *const *objs, size_t n);
+                               void *const *objs, const int64_t *deltas,
+                               size_t n);
     /* Makes the engine's `stream` wait for layer `layer`'s loads (or
      * every layer's) once they are enqueued. */
     kvd_status_t (*stream_wait)(kvd_worker_t *w, uint32_t layer, void *stream);
@@ -290,6 +304,11 @@ struct wdevice_ops {
     kvd_status_t (*save_order)(kvd_worker_t *w, void *stream);
     /* Blocks until every copy enqueued so far has run. */
     kvd_status_t (*drain)(kvd_worker_t *w);
+    /* The backend rotates loaded keys (content loads, kvd_worker_set_rope):
+     * `load` by s->load_deltas when s->any_delta, `load_async` by its
+     * `deltas` when not NULL, each layer before it is reported loaded.
+     * False: such loads fail. */
+    bool can_rotate;
 };
 
 /* The host backend (device_host.c): the cache in host memory, the CPU

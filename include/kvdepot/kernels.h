@@ -152,7 +152,13 @@ typedef struct kvd_object_header {
     uint64_t payload_bytes; /* kvd_object_bytes(&format) */
     kvd_namespace_t ns;
     kvd_block_hash_t hash;
+    /* Where the block's first token was when its KV was computed (0 for
+     * objects written before positions were recorded). */
+    uint64_t position;
 } kvd_object_header_t;
+
+/* The largest position a header records: 2^40. */
+#define KVD_OBJECT_MAX_POSITION (UINT64_C(1) << 40)
 
 /* Bytes a stored object takes: kvd_object_bytes(fmt) followed by the
  * header. 0 where kvd_object_bytes is 0. Pure function. */
@@ -169,6 +175,15 @@ KVD_API kvd_status_t kvd_object_header_pack(const kvd_object_format_t *fmt,
                                             const kvd_namespace_t *ns,
                                             const kvd_block_hash_t *hash,
                                             void *out);
+
+/* kvd_object_header_pack recording `position` (at most
+ * KVD_OBJECT_MAX_POSITION, else KVD_ERR_INVALID): where the block's first
+ * token was when its KV was computed. kvd_object_header_pack is this with
+ * position 0. */
+KVD_API kvd_status_t kvd_object_header_pack_at(const kvd_object_format_t *fmt,
+                                               const kvd_namespace_t *ns,
+                                               const kvd_block_hash_t *hash,
+                                               uint64_t position, void *out);
 
 /*
  * Parses `len` bytes as a header. Errors: KVD_ERR_INVALID (NULL argument),
@@ -332,6 +347,109 @@ KVD_API kvd_status_t kvd_ref_scatter_layer(
     const kvd_codec_tables_t *tables, unsigned layer, const int32_t *block_ids,
     size_t num_blocks, uint32_t num_valid_tokens_last,
     const void *const *objects);
+
+/* ------------------------------------------------------------------------ */
+/* Rotary position re-rotation (rope.c)                                     */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Engines store keys after rotary position embedding (RoPE): the K vector
+ * of a token at position q is R(q) k, a rotation of each channel pair by
+ * q * inv_freq[i]. Rotations compose, R(q + delta) = R(delta) R(q), so a
+ * block of keys computed at positions q.. can be reused at q + delta.. by
+ * rotating every stored K vector by delta (non-prefix chunk reuse,
+ * CacheBlend / KVBoost style). V is not rotated. docs/codecs.md,
+ * "Re-rotating reused keys (RoPE)", gives the formulas and the precision.
+ */
+typedef enum kvd_rope_style {
+    /* pairs (i, i + rotary_dim/2): Llama, Qwen, Mistral, Gemma (HF
+     * rotate_half) */
+    KVD_ROPE_NEOX = 0,
+    KVD_ROPE_GPTJ = 1 /* pairs (2i, 2i + 1): GPT-J, interleaved */
+} kvd_rope_style_t;
+
+/* How inv_freq is derived from the base (HF transformers' rope_type).
+ * Not implemented, so refused: YaRN (static frequencies, so it could be
+ * added; its attention factor scales cos and sin alike, which a rotation
+ * keeps), dynamic NTK and longrope (their frequencies depend on the
+ * sequence length when the key was computed, so a stored key's angle is
+ * not its position times a fixed frequency). */
+typedef enum kvd_rope_scaling {
+    KVD_ROPE_SCALING_NONE = 0,
+    KVD_ROPE_SCALING_LINEAR = 1, /* inv_freq / factor (HF "linear") */
+    /* HF "llama3": factor, low_freq_factor, high_freq_factor,
+     * original_max_position */
+    KVD_ROPE_SCALING_LLAMA3 = 2
+} kvd_rope_scaling_t;
+
+/* A model's rotary embedding, as its HF config describes it. */
+typedef struct kvd_rope {
+    uint32_t head_dim; /* must equal the format's head_dim, 2..1024 */
+    /* even, 2..head_dim: channels [0, rotary_dim) rotate (partial rotary,
+     * HF partial_rotary_factor * head_dim); the rest pass through */
+    uint32_t rotary_dim;
+    kvd_rope_style_t style;
+    double base; /* rope_theta, finite and > 1 */
+    kvd_rope_scaling_t scaling;
+    double factor; /* LINEAR / LLAMA3: finite, >= 1; else ignored */
+    /* LLAMA3: finite, 0 < low_freq_factor < high_freq_factor */
+    double low_freq_factor, high_freq_factor;
+    uint32_t original_max_position; /* LLAMA3, > 0 */
+} kvd_rope_t;
+
+/*
+ * Checks the ranges above. KVD_ERR_INVALID for a NULL rope or a value out
+ * of range, KVD_ERR_UNSUPPORTED for a style or scaling value not listed
+ * above, with a reason written into `err` (may be NULL). Pure function.
+ */
+KVD_API kvd_status_t kvd_rope_check(const kvd_rope_t *rope, char *err,
+                                    size_t err_len);
+
+/*
+ * Writes the rotation frequencies, rotary_dim/2 of them, to inv_freq_out:
+ * inv_freq[i] = 1 / base^(2i / rotary_dim), then the scaling, exactly as
+ * HF transformers computes inv_freq for that rope_type, but in double
+ * (HF computes in float32). Pair i rotates by position * inv_freq[i].
+ * Errors (nothing written): kvd_rope_check's, KVD_ERR_INVALID for a NULL
+ * inv_freq_out. Pure function.
+ */
+KVD_API kvd_status_t kvd_rope_inv_freq(const kvd_rope_t *rope,
+                                       double *inv_freq_out);
+
+/*
+ * Rotates the K plane (plane 0) of layer `layer` of each listed block in
+ * the engine cache, in place, by deltas[i] positions: the block's tokens
+ * were rotated at positions q and are now meant for q + deltas[i]. A delta
+ * may be negative; 0 leaves the block untouched (not even rewritten). The
+ * last block may be partial: only its first num_valid_tokens_last tokens
+ * are read and written (block_size for a full block). Channels >=
+ * rotary_dim, the V plane, other layers and other blocks are never
+ * written. A block id listed twice is rotated twice, in list order.
+ *
+ * Per block and pair i the angle delta * inv_freq[i] is computed exactly
+ * and reduced modulo 2*pi in double (error about 1e-15 rad for |delta| <=
+ * 2^53, so deltas of 2^40 stay accurate; larger ones are rounded to
+ * double first), its cosine and sine are rounded to float, and each pair
+ * is rotated in float without fused multiply-add, then rounded to the
+ * format's dtype (fp16 or bf16) to nearest even: each result is within
+ * half an ulp of the dtype plus 2^-22 of the pair's length of the exact
+ * rotation of the stored values. kvd_cuda_rope_shift_layer writes the
+ * same bytes.
+ *
+ * num_blocks == 0 is a no-op (block_ids and deltas may then be NULL).
+ * Errors, all before any cache byte is written: KVD_ERR_INVALID (NULL
+ * argument, bad format or layout as kvd_kv_layout_check, bad rope as
+ * kvd_rope_check, rope->head_dim != fmt->head_dim, layer >= num_layers,
+ * valid count outside 1..block_size), KVD_ERR_UNSUPPORTED (an fp8 cache
+ * dtype, a one-plane (MLA) format, a rope style or scaling not listed
+ * above), KVD_ERR_RANGE (block id < 0 or >= layout->num_blocks).
+ * Allocates nothing. Thread: any; the caller keeps other writers off the
+ * listed blocks during the call.
+ */
+KVD_API kvd_status_t kvd_ref_rope_shift_layer(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_rope_t *rope, unsigned layer, const int32_t *block_ids,
+    const int64_t *deltas, size_t num_blocks, uint32_t num_valid_tokens_last);
 
 #ifdef __cplusplus
 }

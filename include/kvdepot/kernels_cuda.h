@@ -4,12 +4,13 @@
  * Every function translates cudaError_t into kvd_status_t in one place
  * (kvd_cuda_status in device.cu) and logs the CUDA error string there.
  *
- * Four groups live here: device discovery (device.cu), the paged
+ * Five groups live here: device discovery (device.cu), the paged
  * gather/scatter kernels with their codecs (gather.cu, codec_*.cuh; the
  * contract and the object format are those of kvdepot/kernels.h, and the
- * bytes equal kvd_ref_gather_layer's), the runtime wrappers the worker's
- * device backend drives its stream with (stream.cu), and small synchronous
- * helpers for tests and the bench program (util.cu, bench.cu).
+ * bytes equal kvd_ref_gather_layer's), the RoPE re-rotation of reused keys
+ * (rope.cu, the twin of kvd_ref_rope_shift_layer), the runtime wrappers the
+ * worker's device backend drives its stream with (stream.cu), and small
+ * synchronous helpers for tests and the bench program (util.cu, bench.cu).
  *
  * Errors, unless a function says more: KVD_ERR_INVALID for a NULL pointer
  * or a zero size where one is needed (checked before any CUDA call), else
@@ -158,6 +159,70 @@ kvd_status_t kvd_cuda_scatter_layer(
     const int32_t *block_ids_dev, size_t num_blocks,
     uint32_t num_valid_tokens_last, const void *objects_dev_base,
     size_t object_stride_bytes, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* RoPE re-rotation of reused keys (rope.cu)                                */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Device copy of a kvd_rope_t: the rope and its kvd_rope_inv_freq
+ * frequencies (doubles) in device memory, uploaded once so the kernel
+ * reads exactly the values the reference uses. Immutable after create; one
+ * object may be used by any number of concurrent launches on any stream of
+ * the device that was current at create time.
+ */
+typedef struct kvd_cuda_rope kvd_cuda_rope_t;
+
+/*
+ * Allocates device memory on the current device and uploads `rope`'s
+ * frequencies (synchronously: `rope` may be freed as soon as this
+ * returns). Errors: KVD_ERR_INVALID (NULL argument, a rope kvd_rope_check
+ * refuses as invalid), KVD_ERR_UNSUPPORTED (a style or scaling it does not
+ * know), KVD_ERR_NOMEM (host or device), KVD_ERR_NO_DEVICE,
+ * KVD_ERR_DEVICE. *rope_out is written on success only.
+ */
+kvd_status_t kvd_cuda_rope_create(const kvd_rope_t *rope,
+                                  kvd_cuda_rope_t **rope_out);
+
+/* Frees the device copy; accepts NULL. The caller guarantees that no
+ * launch using it is still pending (synchronize the streams first). */
+void kvd_cuda_rope_destroy(kvd_cuda_rope_t *rope);
+
+/*
+ * The device twin of kvd_ref_rope_shift_layer: rotates the K plane of
+ * layer `layer` of each listed block in place by deltas[i] positions
+ * (tokens < valid count only, rotary channels only, delta 0 untouched),
+ * writing the bytes kvd_ref_rope_shift_layer writes (same angle reduction,
+ * cosine and sine, float rotation without FMA and RNE rounding: the
+ * arithmetic is shared source, kernels/ref/rope_int.h).
+ *
+ * Arguments as kvd_cuda_scatter_layer: layout->layer_base is a host array
+ * of device pointers; block_ids is a host array, validated here before
+ * anything is enqueued; block_ids_dev and deltas_dev hold the same
+ * num_blocks ids and the deltas in device memory, written by the caller in
+ * stream order before this call (the kernel reads them when it runs). The
+ * host arguments are read during the call only. Block ids must be
+ * distinct: two CTAs rotating one block race. `rope` comes from
+ * kvd_cuda_rope_create and must describe fmt->head_dim.
+ *
+ * Work: one kernel launch, grid (listed block, head); each CTA computes
+ * its block's cos/sin table in shared memory, then rotates its head's
+ * valid rows. Nothing is allocated and nothing synchronizes: the call
+ * returns once the launch is enqueued on `stream` (a cudaStream_t; NULL is
+ * the default stream).
+ *
+ * Returns KVD_OK when enqueued (num_blocks == 0 enqueues nothing). Errors,
+ * all before anything was enqueued: those of kvd_ref_rope_shift_layer
+ * (with a NULL rope, block_ids_dev or deltas_dev as KVD_ERR_INVALID, and
+ * more than INT32_MAX blocks too), and KVD_ERR_UNSUPPORTED for a base or
+ * strides that are not multiples of the element size. A failed launch
+ * returns KVD_ERR_DEVICE / KVD_ERR_NO_DEVICE.
+ */
+kvd_status_t kvd_cuda_rope_shift_layer(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_cuda_rope_t *rope, unsigned layer, const int32_t *block_ids,
+    const int32_t *block_ids_dev, const int64_t *deltas_dev, size_t num_blocks,
+    uint32_t num_valid_tokens_last, void *stream);
 
 /* ------------------------------------------------------------------------ */
 /* Runtime wrappers for the worker's device backend (stream.cu)             */

@@ -391,6 +391,95 @@ KVD_API size_t kvd_leader_take_saved_blocks(kvd_leader_t *leader,
                                             kvd_leader_saved_block_t *out,
                                             size_t max, uint64_t *dropped_out);
 
+/* ------------------------------------------------------------------------ */
+/* Non-prefix reuse (docs/chunk-reuse.md)                                   */
+/* ------------------------------------------------------------------------ */
+
+/* How the engine repairs the seams of reused chunks (tokens whose stored
+ * KV was computed behind another context). */
+typedef enum kvd_repair {
+    KVD_REPAIR_NONE = 0,      /* load reused blocks as they are */
+    KVD_REPAIR_SELECTIVE = 1, /* recompute the first boundary_window tokens
+                                 of every reused run, all layers */
+    KVD_REPAIR_CACHEBLEND = 2 /* recompute the recompute_ratio of reused
+                                 tokens whose KV deviates most, chosen by
+                                 the engine from one layer's deviation */
+} kvd_repair_t;
+
+typedef struct kvd_leader_chunk_config {
+    bool enabled; /* content keys on saves, kvd_leader_match_chunks */
+    kvd_repair_t repair;
+    uint32_t boundary_window; /* SELECTIVE: tokens per run, >= 1 */
+    double recompute_ratio;   /* CACHEBLEND: (0, 1] of the reused tokens */
+    /* Tokens before a block that enter its content key, so that a block
+     * matches only behind the same overlap_k tokens (0: its own tokens
+     * alone), at most 4096. */
+    uint32_t overlap_k;
+    /* The prompt's first sink_tokens tokens are never taken from a
+     * content match (they are loaded by prefix or computed). */
+    uint32_t sink_tokens;
+} kvd_leader_chunk_config_t;
+
+/*
+ * Turns non-prefix reuse on (or off) for requests created from now on.
+ * With it, every full block a request saves is stored under its prefix key
+ * and also under its content key: SHA-256 of a domain tag, block_size,
+ * overlap_k, the LoRA name, the cache salt and the block's tokens preceded
+ * by overlap_k tokens (the namespace is the key's own). Blocks that
+ * overlap a multimodal input, prompts given as embeddings and requests
+ * created with the engine's hashes get no content key. Copied. Errors:
+ * KVD_ERR_INVALID (NULL, a repair out of range, boundary_window 0 with
+ * SELECTIVE, recompute_ratio outside (0, 1] with CACHEBLEND, overlap_k over
+ * 4096), KVD_ERR_UNSUPPORTED (a leader with shard namespaces: chunk reuse
+ * is for one rank for now).
+ */
+KVD_API kvd_status_t kvd_leader_set_chunk_reuse(
+    kvd_leader_t *leader, const kvd_leader_chunk_config_t *cfg);
+
+/* Where a prompt block's KV comes from (kvd_leader_match_chunks). */
+typedef enum kvd_chunk_source {
+    KVD_CHUNK_COMPUTE = 0, /* the engine computes it */
+    KVD_CHUNK_PREFIX = 1,  /* loaded by the prefix match, exact */
+    KVD_CHUNK_CONTENT = 2, /* loaded by content, rotated to its position */
+    KVD_CHUNK_HELD = 3     /* the engine holds it already */
+} kvd_chunk_source_t;
+
+typedef struct kvd_leader_chunk_match {
+    uint64_t prefix_tokens;    /* tokens of PREFIX and HELD blocks */
+    uint64_t reused_tokens;    /* tokens of CONTENT blocks */
+    uint64_t recompute_budget; /* CACHEBLEND: reused tokens to recompute */
+    size_t num_blocks;         /* entries written to source_out */
+    size_t num_recompute;      /* entries written to recompute_out */
+    bool async;                /* the loads (prefix or content) are async */
+} kvd_leader_chunk_match_t;
+
+/*
+ * For an engine that can compute any set of positions (not vLLM: its
+ * scheduler computes a prefix's suffix): after get_num_new_matched_tokens
+ * answered the request (KVD_OK) and before update_state_after_alloc, looks
+ * up the content key of every full prompt block after the prefix match
+ * (never the block of the last prompt token, nor one overlapping the first
+ * sink_tokens tokens) and leases the hits. Writes the source of every
+ * full prompt block, block 0 first, into source_out (max_blocks entries;
+ * uint8_t kvd_chunk_source_t values), and the seam repair's plan: with
+ * SELECTIVE, the positions to recompute (sorted, into recompute_out,
+ * max_recompute entries); with CACHEBLEND, the budget in *out. The content
+ * loads are planned with the prefix loads by update_state_after_alloc (to
+ * the block table it is given); the worker rotates their keys to the new
+ * positions (kvd_worker_set_rope). From the first CONTENT block on, the
+ * request saves no block under its prefix key (its KV is not what the
+ * prefix computes) and saves the blocks it computes under their content
+ * keys only. A second call repeats the answer. Errors: KVD_ERR_INVALID
+ * (NULL, bad id), KVD_ERR_NOT_FOUND, KVD_ERR_STATE (chunk reuse off, no
+ * answer standing, or update_state_after_alloc already ran),
+ * KVD_ERR_RANGE (max_blocks or max_recompute too small: nothing leased),
+ * KVD_ERR_NOMEM. A store lookup that fails counts as a miss.
+ */
+KVD_API kvd_status_t kvd_leader_match_chunks(
+    kvd_leader_t *leader, const char *request_id, uint8_t *source_out,
+    size_t max_blocks, uint32_t *recompute_out, size_t max_recompute,
+    kvd_leader_chunk_match_t *out);
+
 typedef struct kvd_leader_stats {
     uint64_t requests;       /* tracked now */
     uint64_t leases;         /* held now, every namespace's: a block
@@ -402,8 +491,10 @@ typedef struct kvd_leader_stats {
     uint64_t failed_loads;
     uint64_t not_yet;  /* answers "not yet" */
     uint64_t timeouts; /* requests that stopped waiting (lookup_timeout_ms) */
-    uint64_t lookup_errors; /* store lookups that failed: answered as
-                               misses (the engine computes) */
+    uint64_t lookup_errors;   /* store lookups that failed: answered as
+                                 misses (the engine computes) */
+    uint64_t content_lookups; /* content keys looked up */
+    uint64_t content_blocks;  /* blocks matched by content */
 } kvd_leader_stats_t;
 
 /* Copies the leader's counters into *out. Errors: KVD_ERR_INVALID (NULL

@@ -335,6 +335,25 @@ KVD_API kvd_status_t kvd_worker_set_namespace(kvd_worker_t *worker,
                                               const kvd_namespace_t *ns,
                                               const kvd_namespace_t *plan_ns);
 
+/*
+ * The model's rotary embedding, for loads by content (non-prefix reuse,
+ * docs/chunk-reuse.md): a plan's load marked `content` may bring a block
+ * computed at another position; once its header is checked, its keys
+ * (plane 0) are rotated by the difference between the plan's position and
+ * the position the header records, layer by layer, before the layer is
+ * reported loaded (the host backend with the reference kernel, the CUDA
+ * backend on its side stream before the layer's event). Without it such a
+ * block fails as a load error (KVD_ERR_UNSUPPORTED) and the engine
+ * computes it; a content block at its own position needs no rotation.
+ * `rope` is copied; NULL turns it off. Errors: KVD_ERR_INVALID (NULL
+ * worker, a rope kvd_rope_check refuses, or one whose head_dim is not the
+ * format's), KVD_ERR_UNSUPPORTED (a format the rotation cannot serve: fp8
+ * caches, one plane), KVD_ERR_STATE (a plan is bound, or an asynchronous
+ * load is in flight). Thread: the engine thread, like bind_metadata.
+ */
+KVD_API kvd_status_t kvd_worker_set_rope(kvd_worker_t *worker,
+                                         const kvd_rope_t *rope);
+
 /* Ends the bound step and unbinds the plan. Saves wait_for_save has not
  * committed are aborted as kvd_worker_abort_step does: a step cleared
  * without wait_for_save did not finish, and its layers not saved hold

@@ -21,7 +21,11 @@
  *  12 num_layers u32     16 num_heads u32    20 head_dim u32
  *  24 block_size u32     28 zero u32         32 tq_seed u64
  *  40 payload bytes u64  48 namespace (16)   64 block hash (32)
- *  96 zero (24)         120 XXH3-64 of bytes 0..119
+ *  96 position u64     104 zero (16)        120 XXH3-64 of bytes 0..119
+ * The position is where the block's first token was when its KV was
+ * computed (keys are stored after the rotary embedding, so a block reused
+ * at another position is rotated by the difference); objects written
+ * before it was recorded read as position 0.
  * Fields the format does not use are written as zero (codec[1] with one
  * plane, tq_seed without a TurboQuant plane) so two equal formats always
  * give equal headers.
@@ -62,7 +66,16 @@ kvd_status_t kvd_object_header_pack(const kvd_object_format_t *fmt,
                                     const kvd_namespace_t *ns,
                                     const kvd_block_hash_t *hash, void *out)
 {
+    return kvd_object_header_pack_at(fmt, ns, hash, 0, out);
+}
+
+kvd_status_t kvd_object_header_pack_at(const kvd_object_format_t *fmt,
+                                       const kvd_namespace_t *ns,
+                                       const kvd_block_hash_t *hash,
+                                       uint64_t position, void *out)
+{
     if (fmt == NULL || ns == NULL || hash == NULL || out == NULL ||
+        position > KVD_OBJECT_MAX_POSITION ||
         kvd_object_format_check(fmt, NULL, 0) != KVD_OK) {
         return KVD_ERR_INVALID;
     }
@@ -84,6 +97,7 @@ kvd_status_t kvd_object_header_pack(const kvd_object_format_t *fmt,
     kvd_put_le64(h + 40, kvd_object_bytes(fmt));
     memcpy(h + 48, ns->bytes, KVD_NAMESPACE_BYTES);
     memcpy(h + 64, hash->bytes, KVD_SHA256_BYTES);
+    kvd_put_le64(h + 96, position);
     kvd_put_le64(h + HDR_SUM_AT, kvd_xxh3_64(h, HDR_SUM_AT));
     memcpy(out, h, sizeof h);
     return KVD_OK;
@@ -137,10 +151,16 @@ kvd_status_t kvd_object_header_unpack(const void *buf, size_t len,
     o.payload_bytes = kvd_get_le64(h + 40);
     memcpy(o.ns.bytes, h + 48, KVD_NAMESPACE_BYTES);
     memcpy(o.hash.bytes, h + 64, KVD_SHA256_BYTES);
+    o.position = kvd_get_le64(h + 96);
     char why[160] = "";
-    if (!zero_bytes(h + 28, 4) || !zero_bytes(h + 96, 24)) {
+    if (!zero_bytes(h + 28, 4) || !zero_bytes(h + 104, 16)) {
         return kvd_format_fail(KVD_ERR_CORRUPT, err, err_len,
                                "object header: reserved bytes set");
+    }
+    if (o.position > KVD_OBJECT_MAX_POSITION) {
+        return kvd_format_fail(KVD_ERR_CORRUPT, err, err_len,
+                               "object header: position %llu out of range",
+                               (unsigned long long)o.position);
     }
     if (kvd_object_format_check(&o.format, why, sizeof why) != KVD_OK) {
         return kvd_format_fail(KVD_ERR_CORRUPT, err, err_len,

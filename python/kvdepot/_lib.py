@@ -300,7 +300,7 @@ class LeaderStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "requests", "leases", "lookups", "matched_blocks", "planned_loads",
         "planned_saves", "failed_loads", "not_yet", "timeouts",
-        "lookup_errors")]
+        "lookup_errors", "content_lookups", "content_blocks")]
 
 
 class LeaderSavedBlock(ctypes.Structure):

@@ -7,16 +7,17 @@
  * What it models is the part that is the worker's to get right: stream
  * order and the host's view of it. "Device memory" is host memory this
  * file allocated (pointer queries say which is which); every enqueued
- * operation (copy, gather, scatter, a wait on another stream's event) is
- * queued on its stream and runs only when something waits for it: a
- * synchronize of that stream, a wait on an event recorded after it, or a
- * stream that must wait for that event and is itself run. So a worker
+ * operation (copy, gather, scatter, RoPE shift, a wait on another stream's
+ * event) is queued on its stream and runs only when something waits for
+ * it: a synchronize of that stream, a wait on an event recorded after it,
+ * or a stream that must wait for that event and is itself run. So a worker
  * that reads, commits or releases before waiting sees stale bytes, as it
  * would on a GPU, and block ids are read from the "device" array when the
- * kernel runs, as on a GPU. Gather and scatter run the C reference kernels
- * (bit-exact with the CUDA ones for every codec but TurboQuant, which is
- * specified within a tolerance). Argument checks happen at enqueue, as in
- * gather.cu.
+ * kernel runs, as on a GPU. Gather, scatter and the RoPE shift run the C
+ * reference kernels (bit-exact with the CUDA ones for every codec but
+ * TurboQuant, which is specified within a tolerance). Argument checks
+ * happen at enqueue, as in gather.cu and rope.cu (element alignment is not
+ * checked).
  *
  * Not modelled: concurrency between streams (everything runs on the thread
  * that waits, under one recursive lock), device faults, and the copy
@@ -30,11 +31,13 @@
 
 #include "kvdepot/kernels_cuda.h"
 #include "kernels/ref/ref.h"
+#include "kernels/ref/rope_int.h"
 
 typedef enum fop_kind {
     FOP_COPY,
     FOP_GATHER,
     FOP_SCATTER,
+    FOP_ROPE,
     FOP_WAIT
 } fop_kind_t;
 
@@ -58,6 +61,9 @@ typedef struct fop {
     uint32_t valid_last;
     unsigned char *base;
     size_t stride;
+    /* FOP_ROPE (with layout, layer_ptr, fmt, layer, ids_dev, n, valid_last) */
+    const kvd_rope_t *rope;
+    const int64_t *deltas_dev;
     /* FOP_WAIT: run `on` up to operation `seq` first */
     fstream_t *on;
     uint64_t seq;
@@ -78,6 +84,10 @@ typedef struct fevent {
 
 struct kvd_cuda_tables {
     kvd_codec_tables_t host;
+};
+
+struct kvd_cuda_rope {
+    kvd_rope_t host;
 };
 
 typedef struct frange {
@@ -120,6 +130,26 @@ static fstream_t *stream_of(void *stream)
 }
 
 static void run_until(fstream_t *s, uint64_t seq);
+
+/* A RoPE shift as the kernel runs it: ids and deltas as they are in
+ * "device" memory now, the layer's base captured at launch. */
+static void op_rope_run(fop_t *op)
+{
+    void **bases = malloc(op->fmt.num_layers * sizeof *bases);
+    if (bases == NULL) {
+        abort();
+    }
+    for (unsigned l = 0; l < op->fmt.num_layers; l++) {
+        bases[l] = op->layer_ptr;
+    }
+    op->layout.layer_base = bases;
+    if (kvd_ref_rope_shift_layer(&op->layout, &op->fmt, op->rope, op->layer,
+                                 op->ids_dev, op->deltas_dev, op->n,
+                                 op->valid_last) != KVD_OK) {
+        abort(); /* checked at enqueue, as gather and scatter */
+    }
+    free(bases);
+}
 
 static void op_run(fop_t *op)
 {
@@ -166,6 +196,7 @@ static void op_run(fop_t *op)
         }
         free(bases);
         break;
+    case FOP_ROPE: op_rope_run(op); break;
     }
 }
 
@@ -630,4 +661,68 @@ kvd_status_t kvd_cuda_scatter_layer(
     return gs_enqueue(FOP_SCATTER, layout, fmt, tables, layer, block_ids,
                       block_ids_dev, num_blocks, num_valid_tokens_last,
                       objects_dev_base, object_stride_bytes, stream);
+}
+
+/* ---- RoPE re-rotation (rope.cu) ----------------------------------------- */
+
+kvd_status_t kvd_cuda_rope_create(const kvd_rope_t *rope,
+                                  kvd_cuda_rope_t **rope_out)
+{
+    if (rope == NULL || rope_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t st = kvd_rope_check(rope, NULL, 0);
+    if (st != KVD_OK) {
+        return st;
+    }
+    kvd_cuda_rope_t *r = malloc(sizeof *r);
+    if (r == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    r->host = *rope;
+    *rope_out = r;
+    return KVD_OK;
+}
+
+void kvd_cuda_rope_destroy(kvd_cuda_rope_t *rope)
+{
+    free(rope);
+}
+
+kvd_status_t kvd_cuda_rope_shift_layer(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_cuda_rope_t *rope, unsigned layer, const int32_t *block_ids,
+    const int32_t *block_ids_dev, const int64_t *deltas_dev, size_t num_blocks,
+    uint32_t num_valid_tokens_last, void *stream)
+{
+    if (rope == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    /* rope.cu's checks: the reference's, then the device arrays. */
+    kvd_status_t st =
+        kvd_rope_args_check(layout, fmt, &rope->host, layer, block_ids,
+                            deltas_dev, num_blocks, num_valid_tokens_last);
+    if (st != KVD_OK || num_blocks == 0) {
+        return st;
+    }
+    lock();
+    bool device = in_ranges(g_device, block_ids_dev) &&
+                  in_ranges(g_device, deltas_dev) &&
+                  in_ranges(g_device, layout->layer_base[layer]);
+    unlock();
+    if (!device) {
+        return KVD_ERR_INVALID;
+    }
+    fop_t op = {.kind = FOP_ROPE,
+                .layout = *layout,
+                .layer_ptr = layout->layer_base[layer],
+                .fmt = *fmt,
+                .layer = layer,
+                .ids_dev = block_ids_dev,
+                .n = num_blocks,
+                .valid_last = num_valid_tokens_last,
+                .rope = &rope->host,
+                .deltas_dev = deltas_dev};
+    op.layout.layer_base = NULL;
+    return enqueue(stream, &op);
 }

@@ -699,6 +699,122 @@ static void test_register_host_memory_refused(void **state)
     dev_cache_cleanup(&d);
     cache_cleanup(&c);
 }
+
+/* ---- content loads: keys rotated to new positions ----------------------- */
+
+static const kvd_rope_t g_rope = {.head_dim = DIM,
+                                  .rotary_dim = DIM,
+                                  .style = KVD_ROPE_NEOX,
+                                  .base = 10000.0,
+                                  .scaling = KVD_ROPE_SCALING_NONE};
+
+/* Saves save_blocks at positions 0, 16, 32, 48 and loads them as content
+ * loads at 160, 16 (its own: not rotated), 400, 0 into a poisoned cache
+ * on `dev`'s backend; returns the loaded cache's bytes (host copy). */
+static void content_round_trip(kvd_worker_device_t dev, bool async,
+                               const test_cache_t *src, test_cache_t *got)
+{
+    static const uint64_t saved_at[N] = {0, 16, 32, 48};
+    static const uint64_t load_at[N] = {160, 16, 400, 0};
+    kvd_object_format_t fmt = cache_format(src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    kvd_store_t *st = store_open();
+    side_t sd;
+    side_open(&sd, st, &fmt, dev, 0x55, 0);
+    assert_int_equal(kvd_worker_set_rope(sd.w, &g_rope), KVD_OK);
+    dev_cache_t dsrc, ddst;
+    bool cuda = dev == KVD_WORKER_DEVICE_CUDA;
+    memset(got->mem, POISON, got->bytes);
+    if (cuda) {
+        dev_cache_init(&dsrc, src);
+        dev_cache_init(&ddst, got);
+        assert_int_equal(kvd_cuda_mem_copy(dsrc.mem, src->mem, src->bytes),
+                         KVD_OK);
+        assert_int_equal(kvd_cuda_mem_set(ddst.mem, POISON, got->bytes),
+                         KVD_OK);
+    }
+    side_register(&sd, cuda ? &dsrc.layout : &src->layout);
+    kvd_block_hash_t h[N];
+    hashes_of(h);
+    kvd_testplan_req_t w = {.id = "writer",
+                            .layerwise = true,
+                            .n_saves = N,
+                            .save_ids = save_blocks,
+                            .save_hashes = h,
+                            .save_positions = saved_at};
+    side_bind(&sd, &w);
+    assert_int_equal(kvd_worker_start_load_kv(sd.w, NULL), KVD_OK);
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        assert_int_equal(kvd_worker_save_kv_layer(sd.w, l, NULL), KVD_OK);
+    }
+    assert_int_equal(kvd_worker_wait_for_save(sd.w, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_clear_metadata(sd.w), KVD_OK);
+    side_register(&sd, cuda ? &ddst.layout : &got->layout);
+    kvd_testplan_req_t r = {.id = "reader",
+                            .async = async,
+                            .layerwise = !async,
+                            .n_loads = N,
+                            .load_ids = load_blocks,
+                            .load_hashes = h,
+                            .load_positions = load_at,
+                            .content = true};
+    side_bind(&sd, &r);
+    assert_int_equal(kvd_worker_start_load_kv(sd.w, NULL), KVD_OK);
+    if (async) {
+        assert_int_equal(kvd_worker_clear_metadata(sd.w), KVD_OK);
+        wait_loaded(sd.w, "reader");
+    } else {
+        for (uint32_t l = 0; l < LAYERS; l++) {
+            assert_int_equal(kvd_worker_wait_for_layer_load(sd.w, l, NULL),
+                             KVD_OK);
+        }
+        assert_int_equal(kvd_worker_wait_for_save(sd.w, NULL), KVD_OK);
+        kvd_worker_finished_t f;
+        assert_int_equal(kvd_worker_get_finished(sd.w, NULL, 0, &f), KVD_OK);
+        assert_int_equal(f.num_failed_loads, 0);
+        assert_int_equal(kvd_worker_clear_metadata(sd.w), KVD_OK);
+    }
+    if (cuda) {
+        assert_int_equal(kvd_cuda_mem_copy(got->mem, ddst.mem, got->bytes),
+                         KVD_OK);
+        dev_cache_cleanup(&dsrc);
+        dev_cache_cleanup(&ddst);
+    }
+    kvd_worker_destroy(sd.w);
+    kvd_store_close(st);
+}
+
+/* The CUDA backend rotates a content load's keys as the host backend
+ * does, byte for byte (the kernels share their arithmetic), synchronous
+ * layer by layer and asynchronous; V, the block loaded at its own
+ * position and everything outside the listed blocks are as loaded. */
+static void test_content_loads_rotated(void **state)
+{
+    (void)state;
+    for (int async = 0; async < 2; async++) {
+        test_cache_t src, ref, got;
+        cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+        cache_init(&ref, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+        cache_init(&got, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+        fill_random(&src, 91);
+        content_round_trip(KVD_WORKER_DEVICE_HOST, async, &src, &ref);
+        content_round_trip(KVD_WORKER_DEVICE_CUDA, async, &src, &got);
+        assert_memory_equal(ref.mem, got.mem, ref.bytes);
+        /* The rotation happened: block 160's keys differ from the saved
+         * ones; the block loaded at its own position (16) does not. */
+        size_t k0 = flat_index(&ref, 0, 0, (uint32_t)load_blocks[0], 0, 0, 0);
+        size_t s0 = flat_index(&src, 0, 0, (uint32_t)save_blocks[0], 0, 0, 0);
+        assert_true(memcmp(ref.mem + 2 * k0 + 2 * DIM * HEADS,
+                           src.mem + 2 * s0 + 2 * DIM * HEADS,
+                           2 * DIM * HEADS) != 0);
+        size_t k1 = flat_index(&ref, 0, 0, (uint32_t)load_blocks[1], 0, 0, 0);
+        size_t s1 = flat_index(&src, 0, 0, (uint32_t)save_blocks[1], 0, 0, 0);
+        assert_memory_equal(ref.mem + 2 * k1, src.mem + 2 * s1,
+                            2 * DIM * HEADS * BS);
+        cache_cleanup(&src);
+        cache_cleanup(&ref);
+        cache_cleanup(&got);
+    }
+}
 #endif
 
 int main(void)
@@ -713,6 +829,7 @@ int main(void)
         cmocka_unit_test(test_round_trips),
         cmocka_unit_test(test_async_load),
         cmocka_unit_test(test_aborted_steps),
+        cmocka_unit_test(test_content_loads_rotated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 #endif

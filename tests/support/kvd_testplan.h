@@ -23,6 +23,12 @@ typedef struct kvd_testplan_req {
     const kvd_block_hash_t *load_hashes;
     const int32_t *save_ids;
     const kvd_block_hash_t *save_hashes;
+    /* Optional (NULL: 0): each block's first token in the request; with
+     * `content`, the loads are content loads (non-prefix reuse) that the
+     * worker rotates from the position their header records. */
+    const uint64_t *load_positions;
+    const uint64_t *save_positions;
+    bool content;
 } kvd_testplan_req_t;
 
 static inline uint8_t *kvd_testplan_pack(uint64_t step, uint32_t block_size,
@@ -59,7 +65,8 @@ static inline uint8_t *kvd_testplan_pack(uint64_t step, uint32_t block_size,
         rq[i].layerwise = r->layerwise;
         rq[i].loads = ldp + li;
         rq[i].n_loads = r->n_loads;
-        rq[i].num_load_tokens = (uint32_t)(r->n_loads * block_size);
+        rq[i].num_load_tokens =
+            r->content ? 0 : (uint32_t)(r->n_loads * block_size);
         rq[i].saves = svp + si;
         rq[i].n_saves = r->n_saves;
         for (size_t b = 0; b < r->n_loads + r->n_saves; b++, ki++) {
@@ -82,6 +89,9 @@ static inline uint8_t *kvd_testplan_pack(uint64_t step, uint32_t block_size,
                 ld[li] = linit;
                 ld[li].block_id = (uint32_t)r->load_ids[k];
                 ld[li].key = &keys[ki];
+                ld[li].content = r->content;
+                ld[li].position =
+                    r->load_positions != NULL ? r->load_positions[k] : 0;
                 ld[li].source = &src[li];
                 ldp[li] = &ld[li];
                 li++;
@@ -90,6 +100,8 @@ static inline uint8_t *kvd_testplan_pack(uint64_t step, uint32_t block_size,
                 sv[si] = vinit;
                 sv[si].block_id = (uint32_t)r->save_ids[k];
                 sv[si].key = &keys[ki];
+                sv[si].position =
+                    r->save_positions != NULL ? r->save_positions[k] : 0;
                 svp[si] = &sv[si];
                 si++;
             }

@@ -91,6 +91,18 @@ static void m_tokens_no_loads(kvd_samples_t *s)
 {
     S->request[0].n_loads = 0;
 }
+static void m_tokens_content_loads(kvd_samples_t *s)
+{
+    /* Content loads (non-prefix reuse) carry no prefix tokens. */
+    for (size_t i = 0; i < S->request[0].n_loads; i++) {
+        S->load[0][i].content = true;
+        S->load[0][i].position = 16 * i;
+    }
+}
+static void m_position_big(kvd_samples_t *s)
+{
+    S->load[0][0].position = (UINT64_C(1) << 40) + 1;
+}
 static void m_tier_unset(kvd_samples_t *s)
 {
     S->source[0][0].tier = KVDEPOT__V1__TIER__TIER_UNSPECIFIED;
@@ -331,7 +343,17 @@ static const rule_case_t rule_cases[] = {
     {KVD_PROTO_MSG_STEP_PLAN, 1, m_tokens_short,
      "step_plan.requests[0].num_load_tokens: 48, want 49..64", NULL},
     {KVD_PROTO_MSG_STEP_PLAN, 1, m_tokens_no_loads,
-     "step_plan.requests[0].num_load_tokens: 64 tokens without loads", NULL},
+     "step_plan.requests[0].num_load_tokens: 64 tokens without prefix "
+     "loads",
+     NULL},
+    {KVD_PROTO_MSG_STEP_PLAN, 1, m_tokens_content_loads,
+     "step_plan.requests[0].num_load_tokens: 64 tokens without prefix "
+     "loads",
+     NULL},
+    {KVD_PROTO_MSG_STEP_PLAN, 1, m_position_big,
+     "step_plan.requests[0].loads[0].position: 1099511627777, want "
+     "0..1099511627776",
+     NULL},
     {KVD_PROTO_MSG_STEP_PLAN, 1, m_tier_unset,
      "step_plan.requests[0].loads[0].source.tier: unset (TIER_UNSPECIFIED)",
      NULL},
