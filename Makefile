@@ -26,6 +26,7 @@
 #                        from deploy/k8s (deploy/helm/build_chart.py)
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
 #                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
+#   make demo-rag        chunk reuse: shuffled documents, each seam repair
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
 #   make bench-curves    benchmarks swept over a parameter, drawn as PNGs in
 #                        docs/perf/ (bench/curves.py; not make test)
@@ -56,7 +57,7 @@ FUZZ_SECONDS ?= 60
 CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo wheel bench bench-peers soak \
+.PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo demo-rag wheel bench bench-peers soak \
         deb image test-deb test-image test-package chart bench-curves \
         wheel-manylinux test-wheel-manylinux dashboard-png \
         fuzz fuzz-all fmt \
@@ -126,6 +127,11 @@ test-hf: build
 
 demo: build
 	@build/dev/demo/kvdepot-demo $(DEMO_ARGS)
+
+# Non-prefix reuse (docs/chunk-reuse.md): the same documents shuffled behind
+# another question, cold, prefix-only and chunk reuse with each seam repair.
+demo-rag: build
+	@build/dev/demo/kvdepot-demo rag --dir .kvdepot-rag $(DEMO_ARGS)
 
 # The Python package as a platform wheel carrying the release library.
 wheel: deps

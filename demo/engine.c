@@ -12,6 +12,7 @@
  * process finds it there, loads it asynchronously, and computes only the
  * rest.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,6 +76,13 @@ typedef struct engine {
     bool cuda;           /* the cache is in GPU memory */
     void **dev;          /* CUDA: per layer, the cache in GPU memory */
     kvd_status_t dev_st; /* CUDA: the first failed copy of a step */
+    /* Chunk reuse (opts.chunks): the leader's answer per prompt block
+     * (kvd_chunk_source_t), the selective repair's positions, the
+     * CacheBlend budget, and the request blocks whose load failed. */
+    uint8_t *src;
+    uint32_t *repair;
+    kvd_leader_chunk_match_t chunk;
+    uint8_t *failed_mask;
     char *err;
     size_t err_len;
 } engine_t;
@@ -207,6 +215,35 @@ kvd_status_t kvd_demo_namespace(const kvd_demo_opts_t *o,
     return kvd_namespace_digest(&d, ns);
 }
 
+/* Chunk reuse on: content keys on every save, the repair the request
+ * asks for, and the model's rotary embedding (pairs (2i, 2i + 1), all of
+ * head_dim) for the worker's rotation of reused keys. */
+static kvd_status_t chunks_setup(engine_t *e)
+{
+    static const kvd_repair_t repairs[] = {
+        [KVD_DEMO_REUSE_PREFIX] = KVD_REPAIR_NONE,
+        [KVD_DEMO_REUSE_CHUNKS] = KVD_REPAIR_NONE,
+        [KVD_DEMO_REUSE_SELECTIVE] = KVD_REPAIR_SELECTIVE,
+        [KVD_DEMO_REUSE_CACHEBLEND] = KVD_REPAIR_CACHEBLEND};
+    kvd_leader_chunk_config_t cc = {.enabled = true,
+                                    .repair = repairs[e->o->reuse],
+                                    .boundary_window = KVD_DEMO_BLOCK_SIZE,
+                                    .recompute_ratio = 0.15};
+    kvd_rope_t rope = {.head_dim = e->model.head_dim,
+                       .rotary_dim = e->model.head_dim,
+                       .style = KVD_ROPE_GPTJ,
+                       .base = e->model.cfg.rope_theta,
+                       .scaling = KVD_ROPE_SCALING_NONE};
+    kvd_status_t st = kvd_leader_set_chunk_reuse(e->leader, &cc);
+    if (st == KVD_OK) {
+        st = kvd_worker_set_rope(e->worker, &rope);
+    }
+    if (st != KVD_OK) {
+        snprintf(e->err, e->err_len, "chunk reuse: %s", kvd_status_str(st));
+    }
+    return st;
+}
+
 static kvd_status_t open_connector(engine_t *e)
 {
     const kvd_demo_config_t *c = &e->model.cfg;
@@ -247,6 +284,9 @@ static kvd_status_t open_connector(engine_t *e)
      * nothing (worker.h, layerwise_saves). */
     wc.layerwise_saves = true;
     st = kvd_worker_create(&wc, &e->worker, e->err, e->err_len);
+    if (st == KVD_OK && e->o->chunks) {
+        st = chunks_setup(e);
+    }
     if (st != KVD_OK) {
         return st;
     }
@@ -275,16 +315,49 @@ static void engine_close(engine_t *e)
     kvd_demo_cache_free(&e->cache);
     kvd_demo_model_free(&e->model);
     free(e->table);
+    free(e->src);
+    free(e->repair);
+    free(e->failed_mask);
 }
 
 /* ---- one engine step ---------------------------------------------------- */
 
 typedef struct step_forward {
     const uint32_t *tokens;
+    const uint32_t *pos; /* NULL: pos0, pos0 + 1, ... */
     size_t n;
     uint32_t pos0;
+    const kvd_demo_blend_t *blend;
     uint32_t next;
+    float *logits; /* or NULL */
 } step_forward_t;
+
+/* The model over the step's tokens (positions from pos0 unless given). */
+static kvd_status_t step_model(engine_t *e, step_forward_t *fw,
+                               const kvd_demo_hooks_t *hooks)
+{
+    if (fw->pos == NULL && fw->logits == NULL) {
+        return kvd_demo_forward(&e->model, &e->cache, e->table, fw->tokens,
+                                fw->n, fw->pos0, hooks, &fw->next);
+    }
+    uint32_t *own = NULL;
+    const uint32_t *pos = fw->pos;
+    if (pos == NULL) {
+        own = malloc(fw->n * sizeof *own);
+        if (own == NULL) {
+            return KVD_ERR_NOMEM;
+        }
+        for (size_t t = 0; t < fw->n; t++) {
+            own[t] = fw->pos0 + (uint32_t)t;
+        }
+        pos = own;
+    }
+    kvd_status_t st =
+        kvd_demo_forward_at(&e->model, &e->cache, e->table, fw->tokens, pos,
+                            fw->n, fw->blend, hooks, &fw->next, fw->logits);
+    free(own);
+    return st;
+}
 
 static void hook_before(void *ctx, uint32_t layer)
 {
@@ -319,8 +392,7 @@ static kvd_status_t engine_step(engine_t *e, step_forward_t *fw,
     (void)kvd_worker_start_load_kv(e->worker, NULL);
     if (fw != NULL) {
         kvd_demo_hooks_t hooks = {e, hook_before, hook_after};
-        st = kvd_demo_forward(&e->model, &e->cache, e->table, fw->tokens, fw->n,
-                              fw->pos0, &hooks, &fw->next);
+        st = step_model(e, fw, &hooks);
         if (st == KVD_OK && e->dev_st != KVD_OK) {
             snprintf(e->err, e->err_len, "KV cache copy to or from the GPU: %s",
                      kvd_status_str(e->dev_st));
@@ -343,6 +415,9 @@ static kvd_status_t engine_step(engine_t *e, step_forward_t *fw,
                 if (e->table[b] == ids[i] && b < *failed_min) {
                     *failed_min = b;
                 }
+                if (e->table[b] == ids[i] && e->failed_mask != NULL) {
+                    e->failed_mask[b] = 1;
+                }
             }
         }
     }
@@ -354,6 +429,26 @@ static kvd_status_t engine_step(engine_t *e, step_forward_t *fw,
 }
 
 /* ---- the request -------------------------------------------------------- */
+
+/* The content matches after the prefix (docs/chunk-reuse.md). */
+static kvd_status_t match_chunks(engine_t *e, uint32_t n,
+                                 uint32_t prompt_blocks, bool *async)
+{
+    e->src = calloc(prompt_blocks + 1, 1);
+    e->repair = calloc(n + 1, sizeof *e->repair);
+    e->failed_mask = calloc(e->num_blocks + 1, 1);
+    if (e->src == NULL || e->repair == NULL || e->failed_mask == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    kvd_status_t st = kvd_leader_match_chunks(
+        e->leader, REQ_ID, e->src, prompt_blocks, e->repair, n, &e->chunk);
+    if (st != KVD_OK) {
+        snprintf(e->err, e->err_len, "chunk match: %s", kvd_status_str(st));
+        return st;
+    }
+    *async = e->chunk.async;
+    return KVD_OK;
+}
 
 /* Matches the prompt and brings what is stored into the cache; returns the
  * number of prompt tokens the cache now holds. */
@@ -376,6 +471,12 @@ static kvd_status_t admit(engine_t *e, const uint32_t *prompt, uint32_t n,
     r->matched_tokens = (uint32_t)m;
     uint32_t prompt_blocks =
         (n + KVD_DEMO_BLOCK_SIZE - 1) / KVD_DEMO_BLOCK_SIZE;
+    if (e->o->chunks && e->o->reuse != KVD_DEMO_REUSE_PREFIX) {
+        st = match_chunks(e, n, prompt_blocks, &async);
+        if (st != KVD_OK) {
+            return st;
+        }
+    }
     st = kvd_leader_update_state_after_alloc(e->leader, REQ_ID, e->table,
                                              prompt_blocks, m);
     if (st != KVD_OK) {
@@ -383,6 +484,11 @@ static kvd_status_t admit(engine_t *e, const uint32_t *prompt, uint32_t n,
         return st;
     }
     uint32_t failed = UINT32_MAX;
+    if (!async && e->src != NULL && e->chunk.reused_tokens > 0) {
+        /* Content loads land before the forward pass, so that one that
+         * failed is computed rather than used. */
+        st = engine_step(e, NULL, &failed);
+    }
     if (async) {
         /* The request waits while the worker brings its blocks from NVMe;
          * the engine keeps stepping (other requests would run here). */
@@ -410,17 +516,100 @@ static kvd_status_t admit(engine_t *e, const uint32_t *prompt, uint32_t n,
     return st;
 }
 
+/* With content matches: the positions from `have` on that the forward
+ * pass computes (and, for CacheBlend, the reused ones it may keep), and
+ * the counts of the result. */
+typedef struct chunk_plan {
+    uint32_t *pos, *tok;
+    size_t n;
+    uint8_t *reused; /* per position */
+    kvd_demo_blend_t blend;
+} chunk_plan_t;
+
+static kvd_status_t chunk_plan(engine_t *e, const uint32_t *prompt, uint32_t n,
+                               uint32_t have, kvd_demo_result_t *r,
+                               chunk_plan_t *cp)
+{
+    cp->pos = calloc(n + 1, sizeof *cp->pos);
+    cp->tok = calloc(n + 1, sizeof *cp->tok);
+    cp->reused = calloc(n + 1, 1);
+    if (cp->pos == NULL || cp->tok == NULL || cp->reused == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    kvd_demo_reuse_t mode = e->o->reuse;
+    size_t ri = 0;
+    for (uint32_t p = have; p < n; p++) {
+        uint32_t b = p / KVD_DEMO_BLOCK_SIZE;
+        bool reused = b < e->chunk.num_blocks &&
+                      e->src[b] == KVD_CHUNK_CONTENT && !e->failed_mask[b];
+        while (ri < e->chunk.num_recompute && e->repair[ri] < p) {
+            ri++;
+        }
+        bool repair = mode == KVD_DEMO_REUSE_SELECTIVE && reused &&
+                      ri < e->chunk.num_recompute && e->repair[ri] == p;
+        cp->reused[p] = reused;
+        r->reused_tokens += reused;
+        r->recomputed_tokens += repair;
+        r->computed_tokens += !reused;
+        if (!reused || repair || mode == KVD_DEMO_REUSE_CACHEBLEND) {
+            cp->pos[cp->n] = p;
+            cp->tok[cp->n++] = prompt[p];
+        }
+    }
+    if (mode == KVD_DEMO_REUSE_CACHEBLEND) {
+        uint64_t budget = e->chunk.recompute_budget;
+        cp->blend.reused = cp->reused;
+        cp->blend.check_layer = e->model.cfg.num_layers > 1 ? 1 : 0;
+        cp->blend.budget =
+            (uint32_t)(budget < r->reused_tokens ? budget : r->reused_tokens);
+        r->recomputed_tokens = cp->blend.budget;
+    }
+    return KVD_OK;
+}
+
+/* Prefill with content matches: one forward pass over the planned
+ * positions (their loads landed before it). */
+static kvd_status_t prefill_chunks(engine_t *e, const uint32_t *prompt,
+                                   uint32_t n, uint32_t have,
+                                   kvd_demo_result_t *r, uint32_t *first_out,
+                                   float *logits)
+{
+    chunk_plan_t cp = {0};
+    kvd_status_t st = chunk_plan(e, prompt, n, have, r, &cp);
+    if (st == KVD_OK) {
+        st = kvd_leader_request_scheduled(e->leader, REQ_ID, NULL, 0, NULL, 0,
+                                          NULL, 0, n);
+    }
+    if (st == KVD_OK) {
+        uint32_t failed = UINT32_MAX;
+        step_forward_t fw = {cp.tok, cp.pos, cp.n, 0, NULL, 0, logits};
+        if (e->o->reuse == KVD_DEMO_REUSE_CACHEBLEND) {
+            fw.blend = &cp.blend;
+        }
+        st = engine_step(e, &fw, &failed);
+        *first_out = fw.next;
+    }
+    free(cp.pos);
+    free(cp.tok);
+    free(cp.reused);
+    return st;
+}
+
 /* Prefills prompt[have..n) (synchronous loads, if any, arrive in the same
  * step); computes again from a block whose load failed. */
 static kvd_status_t prefill(engine_t *e, const uint32_t *prompt, uint32_t n,
                             uint32_t have, kvd_demo_result_t *r,
-                            uint32_t *first_out)
+                            uint32_t *first_out, float *logits)
 {
+    if (e->src != NULL) {
+        return prefill_chunks(e, prompt, n, have, r, first_out, logits);
+    }
     kvd_status_t st = kvd_leader_request_scheduled(e->leader, REQ_ID, NULL, 0,
                                                    NULL, 0, NULL, 0, n);
     for (int round = 0; st == KVD_OK && round < 2; round++) {
         uint32_t failed = UINT32_MAX;
-        step_forward_t fw = {prompt + have, n - have, have, 0};
+        step_forward_t fw = {prompt + have, NULL, n - have, have,
+                             NULL,          0,    logits};
         st = engine_step(e, &fw, &failed);
         r->computed_tokens += n - have;
         *first_out = fw.next;
@@ -435,6 +624,45 @@ static kvd_status_t prefill(engine_t *e, const uint32_t *prompt, uint32_t n,
     return st;
 }
 
+/* Log-softmax of step `i`'s logits into the result (first steps only). */
+static void keep_logp(const engine_t *e, kvd_demo_result_t *r, uint32_t i,
+                      const float *logits)
+{
+    uint32_t v = e->model.cfg.vocab_size;
+    if (i >= KVD_DEMO_LOGP_STEPS || v > KVD_DEMO_LOGP_VOCAB) {
+        return;
+    }
+    double mx = logits[0], sum = 0;
+    for (uint32_t k = 1; k < v; k++) {
+        mx = logits[k] > mx ? logits[k] : mx;
+    }
+    for (uint32_t k = 0; k < v; k++) {
+        sum += exp(logits[k] - mx);
+    }
+    double lse = mx + log(sum);
+    for (uint32_t k = 0; k < v; k++) {
+        r->logp[i][k] = (float)(logits[k] - lse);
+    }
+}
+
+/* Mean KL(reference || this run) over the kept steps. */
+static double mean_kl(const engine_t *e, const kvd_demo_result_t *r)
+{
+    uint32_t v = e->model.cfg.vocab_size, steps = r->num_tokens;
+    steps = steps < KVD_DEMO_LOGP_STEPS ? steps : KVD_DEMO_LOGP_STEPS;
+    if (e->o->ref_logp == NULL || v > KVD_DEMO_LOGP_VOCAB || steps == 0) {
+        return 0;
+    }
+    double total = 0;
+    for (uint32_t i = 0; i < steps; i++) {
+        const float *ref = e->o->ref_logp + (size_t)i * KVD_DEMO_LOGP_VOCAB;
+        for (uint32_t k = 0; k < v; k++) {
+            total += exp(ref[k]) * ((double)ref[k] - r->logp[i][k]);
+        }
+    }
+    return total / steps;
+}
+
 static kvd_status_t decode(engine_t *e, uint32_t n, uint32_t first,
                            kvd_demo_result_t *r)
 {
@@ -442,7 +670,14 @@ static kvd_status_t decode(engine_t *e, uint32_t n, uint32_t first,
     r->tokens[0] = first;
     r->num_tokens = 1;
     kvd_status_t st = KVD_OK;
+    float *logits = malloc(e->model.cfg.vocab_size * sizeof *logits);
+    if (logits == NULL) {
+        return KVD_ERR_NOMEM;
+    }
     for (uint32_t i = 1; i < e->o->gen_tokens && st == KVD_OK; i++) {
+        if (e->o->force != NULL) {
+            tok = e->o->force[i - 1]; /* teacher forcing */
+        }
         uint32_t pos = n + i - 1; /* where `tok` goes */
         uint32_t blk = pos / KVD_DEMO_BLOCK_SIZE, new_block = 0;
         size_t num_new = 0;
@@ -453,13 +688,16 @@ static kvd_status_t decode(engine_t *e, uint32_t n, uint32_t first,
         st = kvd_leader_request_scheduled(e->leader, REQ_ID, &new_block,
                                           num_new, &tok, 1, NULL, 0, pos + 1);
         uint32_t failed = UINT32_MAX;
-        step_forward_t fw = {&tok, 1, pos, 0};
+        step_forward_t fw = {&tok, NULL, 1, pos, NULL, 0, logits};
         if (st == KVD_OK) {
             st = engine_step(e, &fw, &failed);
         }
+        keep_logp(e, r, i, logits);
         tok = fw.next;
         r->tokens[r->num_tokens++] = tok;
     }
+    free(logits);
+    r->kl_mean = mean_kl(e, r);
     return st;
 }
 
@@ -512,7 +750,11 @@ kvd_status_t kvd_demo_run(const kvd_demo_opts_t *o, kvd_demo_result_t *r,
                 e.table[i] = e.num_blocks - 1 - i;
             }
         }
-        kvd_demo_prompt(n, o->question, prompt);
+        if (o->prompt != NULL) {
+            memcpy(prompt, o->prompt, (size_t)n * sizeof *prompt);
+        } else {
+            kvd_demo_prompt(n, o->question, prompt);
+        }
         st = kvd_demo_cache_init(&e.model, e.num_blocks, KVD_DEMO_BLOCK_SIZE,
                                  &e.cache);
     }
@@ -531,10 +773,18 @@ kvd_status_t kvd_demo_run(const kvd_demo_opts_t *o, kvd_demo_result_t *r,
     if (st == KVD_OK) {
         st = admit(&e, prompt, n, r, &have);
     }
+    float *logits = calloc(e.model.cfg.vocab_size + 1, sizeof *logits);
+    if (st == KVD_OK && logits == NULL) {
+        st = KVD_ERR_NOMEM;
+    }
     if (st == KVD_OK) {
-        st = prefill(&e, prompt, n, have, r, &first);
+        st = prefill(&e, prompt, n, have, r, &first, logits);
     }
     r->ttft_ms = now_ms() - t0;
+    if (st == KVD_OK) {
+        keep_logp(&e, r, 0, logits);
+    }
+    free(logits);
     r->prompt_tokens = n;
     if (st == KVD_OK) {
         st = decode(&e, n, first, r);

@@ -26,6 +26,18 @@ typedef enum kvd_demo_device {
     KVD_DEMO_DEVICE_CUDA = 2  /* GPU memory, the worker's CUDA backend */
 } kvd_demo_device_t;
 
+/* How a request reuses stored KV (docs/chunk-reuse.md). */
+typedef enum kvd_demo_reuse {
+    KVD_DEMO_REUSE_PREFIX = 0,    /* prefix matches only */
+    KVD_DEMO_REUSE_CHUNKS = 1,    /* and content matches, no seam repair */
+    KVD_DEMO_REUSE_SELECTIVE = 2, /* and recompute each run's first tokens */
+    KVD_DEMO_REUSE_CACHEBLEND = 3 /* and recompute the most deviated 15 % */
+} kvd_demo_reuse_t;
+
+/* Teacher-forced steps whose log-probabilities a result keeps (KL). */
+#define KVD_DEMO_LOGP_STEPS 64u
+#define KVD_DEMO_LOGP_VOCAB 256u
+
 typedef struct kvd_demo_opts {
     const char *store_dir;     /* NVMe tier and index live here */
     const char *store_address; /* kvdepotd's "unix:PATH", or NULL: the
@@ -43,6 +55,22 @@ typedef struct kvd_demo_opts {
      * Decided inside kvd_demo_run (a process that forks must not touch
      * CUDA before it forks). */
     kvd_demo_device_t device;
+    /* Chunk reuse: content keys on every save (the leader's chunk reuse),
+     * the worker rotating reused keys, and `reuse` deciding what the
+     * request matches. Off: the persistence demo's prefix path. */
+    bool chunks;
+    kvd_demo_reuse_t reuse;
+    /* The prompt's tokens (prompt_tokens of them), or NULL: kvd_demo_prompt
+     * with `question`. */
+    const uint32_t *prompt;
+    /* Teacher forcing: decode step i feeds force[i - 1] instead of the
+     * model's own token (the result's tokens are still its own argmax), so
+     * that log-probabilities compare step by step with a reference's. */
+    const uint32_t *force;
+    /* The reference's log-probabilities (KVD_DEMO_LOGP_STEPS rows of
+     * KVD_DEMO_LOGP_VOCAB): with them the result gets the mean KL
+     * divergence KL(reference || this run) over the generated steps. */
+    const float *ref_logp;
 } kvd_demo_opts_t;
 
 typedef struct kvd_demo_result {
@@ -60,6 +88,14 @@ typedef struct kvd_demo_result {
      * (prompt and generated tokens but the last), read back from the GPU
      * when the cache is there. */
     uint64_t kv_digest;
+    /* Chunk reuse: prompt tokens loaded by content, and of those the ones
+     * the seam repair computed again (CACHEBLEND: after the check layer;
+     * every reused token is computed in layers 0 and 1). */
+    uint32_t reused_tokens, recomputed_tokens;
+    double kl_mean; /* with opts.ref_logp */
+    /* Log-probabilities of the first min(gen, KVD_DEMO_LOGP_STEPS) steps
+     * (vocabularies up to KVD_DEMO_LOGP_VOCAB). */
+    float logp[KVD_DEMO_LOGP_STEPS][KVD_DEMO_LOGP_VOCAB];
 } kvd_demo_result_t;
 
 /* The prompt: a fixed text repeated up to prompt_tokens - len(question)
@@ -76,5 +112,17 @@ kvd_status_t kvd_demo_namespace(const kvd_demo_opts_t *opts,
 /* Serves one request; `err` gets the reason of a failure. */
 kvd_status_t kvd_demo_run(const kvd_demo_opts_t *opts,
                           kvd_demo_result_t *result, char *err, size_t err_len);
+
+/* What kvd_demo_run_child's process sends back. */
+typedef struct kvd_demo_outcome {
+    kvd_status_t status;
+    char err[256];
+    kvd_demo_result_t r;
+} kvd_demo_outcome_t;
+
+/* Runs kvd_demo_run in a new process (fork: nothing of this one is open
+ * there) and waits for its outcome. Returns 0, or -1 with the reason on
+ * stderr (the process died, or the run failed). */
+int kvd_demo_run_child(const kvd_demo_opts_t *o, kvd_demo_outcome_t *out);
 
 #endif /* KVD_DEMO_ENGINE_INT_H */

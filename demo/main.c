@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "demo/engine_int.h"
+#include "demo/rag_int.h"
 
 #define QUESTION_A " Question: what does kvdepot keep?"
 #define QUESTION_C " Question: where do the blocks go?"
@@ -41,13 +42,23 @@ typedef struct args {
     kvd_demo_opts_t o;
     char dir[512];
     bool run_one;
+    bool rag;            /* the retrieval scenario of chunk reuse */
+    bool layers_given;   /* rag: else KVD_DEMO_RAG_LAYERS layers */
+    uint32_t doc_tokens; /* rag: tokens per document */
+    uint32_t rounds;     /* rag: rounds of every run, for medians */
 } args_t;
+
+/* The retrieval scenario's model: deep enough that prefill is not just
+ * its first two layers (CacheBlend computes those in full). */
+#define KVD_DEMO_RAG_LAYERS 12u
 
 static void usage(void)
 {
     fprintf(stderr,
-            "usage: kvdepot-demo [run] [--prompt-tokens N] [--gen N] "
+            "usage: kvdepot-demo [run|rag] [--prompt-tokens N] [--gen N] "
             "[--dir PATH]\n"
+            "       [--doc-tokens N] [--rounds N] (rag: tokens per document, "
+            "a multiple of 16; rounds for the TTFT medians, 1..9)\n"
             "       [--codec raw|fp8_e4m3|int8|kivi4|kivi2|tq4|tq3|tq2] "
             "[--question TEXT]\n"
             "       [--layers N] [--dim N] [--heads N] [--kv-heads N] "
@@ -83,6 +94,12 @@ static int parse(int argc, char **argv, args_t *a)
     if (argc > 1 && strcmp(argv[1], "run") == 0) {
         a->run_one = true;
         i = 2;
+    } else if (argc > 1 && strcmp(argv[1], "rag") == 0) {
+        a->rag = true;
+        o->gen_tokens = KVD_DEMO_LOGP_STEPS;
+        a->doc_tokens = 448;
+        a->rounds = 3;
+        i = 2;
     }
     for (; i < argc; i++) {
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -114,6 +131,13 @@ static int parse(int argc, char **argv, args_t *a)
                 o->gen_tokens = (uint32_t)n;
             } else if (strcmp(k, "--layers") == 0) {
                 o->model.num_layers = (uint32_t)n;
+                a->layers_given = true;
+            } else if (strcmp(k, "--doc-tokens") == 0 && n > 0 &&
+                       n % KVD_DEMO_BLOCK_SIZE == 0 && n <= 8192) {
+                a->doc_tokens = (uint32_t)n;
+            } else if (strcmp(k, "--rounds") == 0 && n > 0 &&
+                       n <= KVD_DEMO_RAG_MAX_ROUNDS) {
+                a->rounds = (uint32_t)n;
             } else if (strcmp(k, "--dim") == 0) {
                 o->model.dim = (uint32_t)n;
             } else if (strcmp(k, "--heads") == 0) {
@@ -139,58 +163,8 @@ static int parse(int argc, char **argv, args_t *a)
         i++;
     }
     o->store_dir = a->dir;
-    return 0;
-}
-
-/* What a child sends back through its pipe. */
-typedef struct outcome {
-    kvd_status_t status;
-    char err[256];
-    kvd_demo_result_t r;
-} outcome_t;
-
-/* Runs one request in a new process and waits for its outcome. */
-static int run_in_child(const kvd_demo_opts_t *o, outcome_t *out)
-{
-    int fds[2];
-    if (pipe(fds) != 0) {
-        perror("pipe");
-        return -1;
-    }
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid < 0) {
-        perror("fork");
-        return -1;
-    }
-    if (pid == 0) {
-        close(fds[0]);
-        outcome_t oc;
-        memset(&oc, 0, sizeof oc);
-        oc.status = kvd_demo_run(o, &oc.r, oc.err, sizeof oc.err);
-        ssize_t w = write(fds[1], &oc, sizeof oc);
-        _exit(w == (ssize_t)sizeof oc ? 0 : 1);
-    }
-    close(fds[1]);
-    size_t got = 0;
-    while (got < sizeof *out) {
-        ssize_t n = read(fds[0], (char *)out + got, sizeof *out - got);
-        if (n <= 0) {
-            break;
-        }
-        got += (size_t)n;
-    }
-    close(fds[0]);
-    int wst = 0;
-    waitpid(pid, &wst, 0);
-    if (got != sizeof *out || !WIFEXITED(wst) || WEXITSTATUS(wst) != 0) {
-        fprintf(stderr, "kvdepot-demo: a scenario process died\n");
-        return -1;
-    }
-    if (out->status != KVD_OK) {
-        fprintf(stderr, "kvdepot-demo: %s: %s\n", kvd_status_str(out->status),
-                out->err);
-        return -1;
+    if (a->rag && !a->layers_given) {
+        o->model.num_layers = KVD_DEMO_RAG_LAYERS;
     }
     return 0;
 }
@@ -233,7 +207,7 @@ static int demo(args_t *a)
         return 1;
     }
     kvd_demo_opts_t o = a->o;
-    outcome_t A, B, C, Cref, q[2][2];
+    kvd_demo_outcome_t A, B, C, Cref, q[2][2];
     printf("kvdepot persistence round trip: %u-token prompt, %u tokens "
            "generated, model %u layers x dim %u (%u heads, %u kv heads), "
            "store %s %s\n\n",
@@ -241,11 +215,11 @@ static int demo(args_t *a)
            o.model.num_heads, o.model.num_kv_heads,
            o.store_address != NULL ? "kvdepotd at" : "in",
            o.store_address != NULL ? o.store_address : a->dir);
-    if (run_in_child(&o, &A) != 0 || run_in_child(&o, &B) != 0) {
+    if (kvd_demo_run_child(&o, &A) != 0 || kvd_demo_run_child(&o, &B) != 0) {
         return 1;
     }
     o.question = QUESTION_C;
-    if (run_in_child(&o, &C) != 0) {
+    if (kvd_demo_run_child(&o, &C) != 0) {
         return 1;
     }
     char ref_dir[600];
@@ -257,7 +231,7 @@ static int demo(args_t *a)
     }
     o.store_dir = ref_dir;
     o.store_address = NULL; /* cold means a store of its own */
-    if (run_in_child(&o, &Cref) != 0) {
+    if (kvd_demo_run_child(&o, &Cref) != 0) {
         return 1;
     }
     o.store_dir = a->dir;
@@ -266,8 +240,8 @@ static int demo(args_t *a)
     static const kvd_codec_t lossy[2] = {KVD_CODEC_FP8_E4M3, KVD_CODEC_TQ4};
     for (int k = 0; k < 2; k++) {
         o.codec = lossy[k];
-        if (run_in_child(&o, &q[k][0]) != 0 ||
-            run_in_child(&o, &q[k][1]) != 0) {
+        if (kvd_demo_run_child(&o, &q[k][0]) != 0 ||
+            kvd_demo_run_child(&o, &q[k][1]) != 0) {
             return 1;
         }
     }
@@ -315,11 +289,55 @@ static int demo(args_t *a)
     return raw_ok && part_ok ? 0 : 1;
 }
 
+/* `kvdepot-demo rag`: the table, then the targets of the cacheblend row. */
+static int rag(args_t *a)
+{
+    static kvd_demo_rag_t x; /* large: not on the stack */
+    const kvd_demo_opts_t *o = &a->o;
+    printf("kvdepot chunk reuse: %u documents of %u tokens shuffled behind "
+           "another question, %u tokens generated (teacher-forced on the "
+           "cold run), model %u layers x dim %u, codec %s, store in %s\n\n",
+           KVD_DEMO_RAG_DOCS, a->doc_tokens, o->gen_tokens, o->model.num_layers,
+           o->model.dim, kvd_codec_name(o->codec), a->dir);
+    if (kvd_demo_rag_run(o, a->dir, a->doc_tokens, a->rounds, &x) != 0) {
+        return 1;
+    }
+    kvd_demo_rag_print(&x);
+    const kvd_demo_result_t *cb = &x.rows[KVD_DEMO_REUSE_CACHEBLEND].run.r;
+    const kvd_demo_result_t *pre = &x.rows[KVD_DEMO_REUSE_PREFIX].run.r;
+    double cold_ms = 0, cb_ms = 0, lo = 0, hi = 0;
+    kvd_demo_rag_stats(x.cold_ttft_ms, x.rounds, &cold_ms, &lo, &hi);
+    kvd_demo_rag_stats(x.rows[KVD_DEMO_REUSE_CACHEBLEND].ttft_ms, x.rounds,
+                       &cb_ms, &lo, &hi);
+    double ttft = cold_ms > 0 ? cb_ms / cold_ms : 0;
+    double agreement =
+        cb->num_tokens > 0
+            ? (double)x.rows[KVD_DEMO_REUSE_CACHEBLEND].agree / cb->num_tokens
+            : 0;
+    printf("\ncacheblend: kept %.1f %% of the prompt's KV (target >= 60 %%), "
+           "TTFT %.2f of cold (medians of %u rounds; target <= 0.5), agreement "
+           "%.3f (target >= "
+           "0.95), mean KL %.2e\n",
+           100.0 * kvd_demo_rag_kept(cb), ttft, x.rounds, agreement,
+           cb->kl_mean);
+    /* Prefix matching loads exact KV: it must be the cold run, step for
+     * step. */
+    bool exact = x.rows[KVD_DEMO_REUSE_PREFIX].agree == pre->num_tokens &&
+                 pre->kl_mean == 0.0;
+    printf("prefix only: %s\n",
+           exact ? "the cold run's tokens and distributions, exactly"
+                 : "DIFFERS FROM THE COLD RUN");
+    return exact ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     args_t a;
     if (parse(argc, argv, &a) != 0) {
         return 2;
+    }
+    if (a.rag) {
+        return rag(&a);
     }
     if (!a.run_one) {
         return demo(&a);

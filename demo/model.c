@@ -385,21 +385,23 @@ static void scratch_free(scratch_t *s)
     free(s->logits);
 }
 
-/* Attention of every token of the step in layer `l` over the staged K/V. */
-static void attend(const kvd_demo_model_t *m, scratch_t *s, size_t n,
-                   uint32_t pos0, const kvd_demo_layer_t *ly)
+/* Attention of the active tokens act[0..na) (indexes into the step's
+ * arrays, at positions pos[]) in layer `l` over the staged K/V. */
+static void attend(const kvd_demo_model_t *m, scratch_t *s, const uint32_t *act,
+                   size_t na, const uint32_t *pos, const kvd_demo_layer_t *ly)
 {
     uint32_t hd = m->head_dim, nh = m->cfg.num_heads;
     uint32_t group = nh / m->cfg.num_kv_heads;
     size_t dim = m->cfg.dim, kv = (size_t)hd * m->cfg.num_kv_heads;
     float inv = 1.0f / sqrtf((float)hd);
-    for (size_t t = 0; t < n; t++) {
-        uint32_t pos = pos0 + (uint32_t)t;
+    for (size_t a = 0; a < na; a++) {
+        size_t t = act[a];
+        uint32_t end = pos[t];
         for (uint32_t h = 0; h < nh; h++) {
             const float *q = s->q + t * dim + (size_t)h * hd;
             size_t koff = (size_t)(h / group) * hd;
             float mx = -INFINITY;
-            for (uint32_t p = 0; p <= pos; p++) {
+            for (uint32_t p = 0; p <= end; p++) {
                 const float *k = s->kst + p * kv + koff;
                 float d = 0.0f;
                 for (uint32_t i = 0; i < hd; i++) {
@@ -409,17 +411,17 @@ static void attend(const kvd_demo_model_t *m, scratch_t *s, size_t n,
                 mx = s->att[p] > mx ? s->att[p] : mx;
             }
             float sum = 0.0f;
-            for (uint32_t p = 0; p <= pos; p++) {
+            for (uint32_t p = 0; p <= end; p++) {
                 s->att[p] = expf(s->att[p] - mx);
                 sum += s->att[p];
             }
             float *o = s->xb2 + (size_t)h * hd;
             memset(o, 0, hd * sizeof(float));
-            for (uint32_t p = 0; p <= pos; p++) {
+            for (uint32_t p = 0; p <= end; p++) {
                 const float *v = s->vst + p * kv + koff;
-                float a = s->att[p] / sum;
+                float w = s->att[p] / sum;
                 for (uint32_t i = 0; i < hd; i++) {
-                    o[i] += a * v[i];
+                    o[i] += w * v[i];
                 }
             }
         }
@@ -430,12 +432,12 @@ static void attend(const kvd_demo_model_t *m, scratch_t *s, size_t n,
     }
 }
 
-static void mlp(const kvd_demo_model_t *m, scratch_t *s, size_t n,
-                const kvd_demo_layer_t *ly)
+static void mlp(const kvd_demo_model_t *m, scratch_t *s, const uint32_t *act,
+                size_t na, const kvd_demo_layer_t *ly)
 {
     size_t dim = m->cfg.dim, hid = m->cfg.hidden_dim;
-    for (size_t t = 0; t < n; t++) {
-        float *x = s->x + t * dim;
+    for (size_t a = 0; a < na; a++) {
+        float *x = s->x + (size_t)act[a] * dim;
         rmsnorm(s->xb, x, ly->rms_ffn, dim);
         matmul(s->hb, ly->w1, s->xb, hid, dim);
         matmul(s->hb2, ly->w3, s->xb, hid, dim);
@@ -450,6 +452,198 @@ static void mlp(const kvd_demo_model_t *m, scratch_t *s, size_t n,
     }
 }
 
+/* Squared distance between a fresh K/V pair and what the cache holds. */
+static float kv_deviation(const float *fresh, const uint16_t *k,
+                          const uint16_t *v, size_t kv, float *tmp)
+{
+    float d = 0.0f;
+    for (uint32_t p = 0; p < 2; p++) {
+        kvd_ref_load_f32(KVD_DTYPE_FP16, p == 0 ? k : v, tmp, kv);
+        for (size_t i = 0; i < kv; i++) {
+            float e = fresh[p * kv + i] - tmp[i];
+            d += e * e;
+        }
+    }
+    return d;
+}
+
+/* Q, K and V of the active tokens in layer `l`, K and V written to the
+ * cache; with `dev`, first the deviation of each from the cached rows. */
+static void project(const kvd_demo_model_t *m, kvd_demo_cache_t *c,
+                    const uint32_t *table, scratch_t *s, const uint32_t *act,
+                    size_t na, const uint32_t *pos, uint32_t l, float *dev)
+{
+    const kvd_demo_layer_t *ly = &m->layers[l];
+    size_t dim = m->cfg.dim, kv = (size_t)m->head_dim * m->cfg.num_kv_heads;
+    for (size_t a = 0; a < na; a++) {
+        size_t t = act[a];
+        rmsnorm(s->xb, s->x + t * dim, ly->rms_att, dim);
+        matmul(s->q + t * dim, ly->wq, s->xb, dim, dim);
+        matmul(s->kv, ly->wk, s->xb, kv, dim);
+        matmul(s->kv + kv, ly->wv, s->xb, kv, dim);
+        rope(s->q + t * dim, dim, m->head_dim, pos[t], m->cfg.rope_theta);
+        rope(s->kv, kv, m->head_dim, pos[t], m->cfg.rope_theta);
+        if (dev != NULL) {
+            dev[t] =
+                kv_deviation(s->kv, cache_row(c, l, 0, table, pos[t], kv),
+                             cache_row(c, l, 1, table, pos[t], kv), kv, s->kst);
+        }
+        for (uint32_t p = 0; p < 2; p++) {
+            kvd_ref_store_f32(KVD_DTYPE_FP16, s->kv + p * kv,
+                              cache_row(c, l, p, table, pos[t], kv), kv);
+        }
+    }
+}
+
+/* CacheBlend's choice after the check layer: the active set keeps every
+ * token that is not reused and the `budget` reused ones whose K/V
+ * deviated most. Returns the new count (act stays sorted). */
+static size_t blend_select(const kvd_demo_blend_t *b, const uint32_t *pos,
+                           uint32_t *act, size_t na, const float *dev)
+{
+    /* The budget-th largest deviation among reused tokens, by selection
+     * on a copy (n is a prompt: a few thousand). */
+    size_t nr = 0;
+    float *d = malloc((na + 1) * sizeof *d);
+    if (d == NULL) {
+        return na; /* keep everything: exact, only slower */
+    }
+    for (size_t a = 0; a < na; a++) {
+        if (b->reused[pos[act[a]]]) {
+            d[nr++] = dev[act[a]];
+        }
+    }
+    size_t keep = b->budget < nr ? b->budget : nr, out = 0, taken = 0;
+    float cut = INFINITY;
+    if (keep > 0 && keep < nr) {
+        for (size_t i = 0; i < keep; i++) { /* partial selection sort */
+            size_t best = i;
+            for (size_t j = i + 1; j < nr; j++) {
+                best = d[j] > d[best] ? j : best;
+            }
+            float tmp = d[i];
+            d[i] = d[best];
+            d[best] = tmp;
+        }
+        cut = d[keep - 1];
+    } else if (keep == nr) {
+        cut = -INFINITY;
+    }
+    for (size_t a = 0; a < na; a++) {
+        bool reused = b->reused[pos[act[a]]];
+        if (!reused ||
+            (taken < keep && (dev[act[a]] >= cut || cut == -INFINITY))) {
+            taken += reused;
+            act[out++] = act[a];
+        }
+    }
+    free(d);
+    return out;
+}
+
+/*
+ * The forward pass over tokens[t] at positions pos[t] (t < n, positions
+ * increasing): K/V of every active token written into the cache before
+ * any attention reads positions 0..pos[t] from it. With `blend`, layers up
+ * to check_layer compute every token and the rest only those blend_select
+ * keeps. The logits of the last token go to s->logits.
+ */
+static kvd_status_t forward_core(const kvd_demo_model_t *m, kvd_demo_cache_t *c,
+                                 const uint32_t *table, const uint32_t *tokens,
+                                 const uint32_t *pos, size_t n,
+                                 const kvd_demo_blend_t *blend,
+                                 const kvd_demo_hooks_t *hooks, scratch_t *s,
+                                 uint32_t *act, float *dev)
+{
+    size_t dim = m->cfg.dim, kv = (size_t)m->head_dim * m->cfg.num_kv_heads;
+    size_t npos = (size_t)pos[n - 1] + 1, na = n;
+    for (size_t t = 0; t < n; t++) {
+        memcpy(s->x + t * dim, m->embed + (size_t)tokens[t] * dim,
+               dim * sizeof(float));
+        act[t] = (uint32_t)t;
+    }
+    for (uint32_t l = 0; l < m->cfg.num_layers; l++) {
+        const kvd_demo_layer_t *ly = &m->layers[l];
+        if (hooks != NULL && hooks->before_layer != NULL) {
+            hooks->before_layer(hooks->ctx, l);
+        }
+        bool check = blend != NULL && l == blend->check_layer;
+        project(m, c, table, s, act, na, pos, l, check ? dev : NULL);
+        /* K and V of every position so far, read back from the cache. */
+        for (uint32_t p = 0; p < npos; p++) {
+            kvd_ref_load_f32(KVD_DTYPE_FP16, cache_row(c, l, 0, table, p, kv),
+                             s->kst + (size_t)p * kv, kv);
+            kvd_ref_load_f32(KVD_DTYPE_FP16, cache_row(c, l, 1, table, p, kv),
+                             s->vst + (size_t)p * kv, kv);
+        }
+        attend(m, s, act, na, pos, ly);
+        mlp(m, s, act, na, ly);
+        if (check) {
+            na = blend_select(blend, pos, act, na, dev);
+        }
+        if (hooks != NULL && hooks->after_layer != NULL) {
+            hooks->after_layer(hooks->ctx, l);
+        }
+    }
+    rmsnorm(s->xb, s->x + (n - 1) * dim, m->rms_final, dim);
+    matmul(s->logits, m->wcls, s->xb, m->cfg.vocab_size, dim);
+    return KVD_OK;
+}
+
+static uint32_t argmax(const float *v, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++) {
+        best = v[i] > v[best] ? i : best;
+    }
+    return best;
+}
+
+kvd_status_t kvd_demo_forward_at(const kvd_demo_model_t *m, kvd_demo_cache_t *c,
+                                 const uint32_t *block_table,
+                                 const uint32_t *tokens, const uint32_t *pos,
+                                 size_t n, const kvd_demo_blend_t *blend,
+                                 const kvd_demo_hooks_t *hooks,
+                                 uint32_t *next_out, float *logits_out)
+{
+    if (n == 0) {
+        return KVD_ERR_RANGE;
+    }
+    for (size_t t = 0; t < n; t++) {
+        if (tokens[t] >= m->cfg.vocab_size || pos[t] >= m->cfg.max_seq ||
+            pos[t] >= (size_t)c->num_blocks * c->block_size ||
+            (t > 0 && pos[t] <= pos[t - 1])) {
+            return KVD_ERR_RANGE;
+        }
+    }
+    if (blend != NULL && (blend->check_layer >= m->cfg.num_layers ||
+                          blend->reused[pos[n - 1]])) {
+        return KVD_ERR_INVALID; /* the last token is always computed */
+    }
+    size_t npos = (size_t)pos[n - 1] + 1;
+    scratch_t s = {0};
+    uint32_t *act = malloc(n * sizeof *act);
+    float *dev = calloc(n, sizeof *dev);
+    kvd_status_t st = scratch_init(&s, m, n, npos);
+    if (st == KVD_OK && (act == NULL || dev == NULL)) {
+        st = KVD_ERR_NOMEM;
+    }
+    if (st == KVD_OK) {
+        st = forward_core(m, c, block_table, tokens, pos, n, blend, hooks, &s,
+                          act, dev);
+    }
+    if (st == KVD_OK) {
+        *next_out = argmax(s.logits, m->cfg.vocab_size);
+        if (logits_out != NULL) {
+            memcpy(logits_out, s.logits, m->cfg.vocab_size * sizeof(float));
+        }
+    }
+    free(act);
+    free(dev);
+    scratch_free(&s);
+    return st;
+}
+
 kvd_status_t kvd_demo_forward(const kvd_demo_model_t *m, kvd_demo_cache_t *c,
                               const uint32_t *block_table,
                               const uint32_t *tokens, size_t n, uint32_t pos0,
@@ -459,64 +653,15 @@ kvd_status_t kvd_demo_forward(const kvd_demo_model_t *m, kvd_demo_cache_t *c,
         (size_t)pos0 + n > (size_t)c->num_blocks * c->block_size) {
         return KVD_ERR_RANGE;
     }
-    for (size_t t = 0; t < n; t++) {
-        if (tokens[t] >= m->cfg.vocab_size) {
-            return KVD_ERR_RANGE;
-        }
-    }
-    size_t npos = pos0 + n, dim = m->cfg.dim;
-    size_t kv = (size_t)m->head_dim * m->cfg.num_kv_heads;
-    scratch_t s = {0};
-    if (scratch_init(&s, m, n, npos) != KVD_OK) {
-        scratch_free(&s);
+    uint32_t *pos = malloc(n * sizeof *pos);
+    if (pos == NULL) {
         return KVD_ERR_NOMEM;
     }
     for (size_t t = 0; t < n; t++) {
-        memcpy(s.x + t * dim, m->embed + (size_t)tokens[t] * dim,
-               dim * sizeof(float));
+        pos[t] = pos0 + (uint32_t)t;
     }
-    for (uint32_t l = 0; l < m->cfg.num_layers; l++) {
-        const kvd_demo_layer_t *ly = &m->layers[l];
-        if (hooks != NULL && hooks->before_layer != NULL) {
-            hooks->before_layer(hooks->ctx, l);
-        }
-        for (size_t t = 0; t < n; t++) {
-            uint32_t pos = pos0 + (uint32_t)t;
-            rmsnorm(s.xb, s.x + t * dim, ly->rms_att, dim);
-            matmul(s.q + t * dim, ly->wq, s.xb, dim, dim);
-            matmul(s.kv, ly->wk, s.xb, kv, dim);
-            matmul(s.kv + kv, ly->wv, s.xb, kv, dim);
-            rope(s.q + t * dim, dim, m->head_dim, pos, m->cfg.rope_theta);
-            rope(s.kv, kv, m->head_dim, pos, m->cfg.rope_theta);
-            for (uint32_t p = 0; p < 2; p++) {
-                kvd_ref_store_f32(KVD_DTYPE_FP16, s.kv + p * kv,
-                                  cache_row(c, l, p, block_table, pos, kv), kv);
-            }
-        }
-        /* K and V of every position so far, read back from the cache. */
-        for (uint32_t p = 0; p < npos; p++) {
-            kvd_ref_load_f32(KVD_DTYPE_FP16,
-                             cache_row(c, l, 0, block_table, p, kv),
-                             s.kst + (size_t)p * kv, kv);
-            kvd_ref_load_f32(KVD_DTYPE_FP16,
-                             cache_row(c, l, 1, block_table, p, kv),
-                             s.vst + (size_t)p * kv, kv);
-        }
-        attend(m, &s, n, pos0, ly);
-        mlp(m, &s, n, ly);
-        if (hooks != NULL && hooks->after_layer != NULL) {
-            hooks->after_layer(hooks->ctx, l);
-        }
-    }
-    rmsnorm(s.xb, s.x + (n - 1) * dim, m->rms_final, dim);
-    matmul(s.logits, m->wcls, s.xb, m->cfg.vocab_size, dim);
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < m->cfg.vocab_size; i++) {
-        if (s.logits[i] > s.logits[best]) {
-            best = i;
-        }
-    }
-    *next_out = best;
-    scratch_free(&s);
-    return KVD_OK;
+    kvd_status_t st = kvd_demo_forward_at(m, c, block_table, tokens, pos, n,
+                                          NULL, hooks, next_out, NULL);
+    free(pos);
+    return st;
 }

@@ -98,4 +98,31 @@ kvd_status_t kvd_demo_forward(const kvd_demo_model_t *m, kvd_demo_cache_t *c,
                               const kvd_demo_hooks_t *hooks,
                               uint32_t *next_out);
 
+/* CacheBlend's selection for kvd_demo_forward_at: layers 0..check_layer
+ * compute every token of the step; after check_layer only the tokens not
+ * reused and the `budget` reused ones whose fresh K/V deviated most from
+ * the cached (loaded) rows in check_layer go on (the others keep their
+ * loaded KV in the later layers). */
+typedef struct kvd_demo_blend {
+    const uint8_t *reused; /* per position: loaded by content */
+    uint32_t check_layer;
+    uint32_t budget;
+} kvd_demo_blend_t;
+
+/*
+ * kvd_demo_forward for any set of positions: tokens[t] at pos[t]
+ * (increasing, t < n); every position not in the set must already be in
+ * the cache (computed before, or loaded). Writes the greedy next token
+ * after the last one into *next_out and, when logits_out is not NULL, the
+ * vocab_size logits. `blend` may be NULL; the last token must not be a
+ * reused one. Errors: KVD_ERR_RANGE (positions, tokens), KVD_ERR_INVALID
+ * (blend), KVD_ERR_NOMEM.
+ */
+kvd_status_t kvd_demo_forward_at(const kvd_demo_model_t *m, kvd_demo_cache_t *c,
+                                 const uint32_t *block_table,
+                                 const uint32_t *tokens, const uint32_t *pos,
+                                 size_t n, const kvd_demo_blend_t *blend,
+                                 const kvd_demo_hooks_t *hooks,
+                                 uint32_t *next_out, float *logits_out);
+
 #endif /* KVD_DEMO_MODEL_INT_H */

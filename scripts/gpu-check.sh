@@ -112,10 +112,10 @@ configure() {
 build() {
     # -k 0: a target that fails to build leaves the others to run.
     cmake --build build/gpu -j "$jobs" --target test_cuda_device \
-        test_cuda_kernels test_cuda_worker test_cuda_worker_fake \
+        test_cuda_kernels test_cuda_rope test_cuda_worker test_cuda_worker_fake \
         test_worker_roundtrip test_worker_async test_worker_plans \
         test_worker_errors test_worker_steps test_worker_header test_demo_model \
-        test_demo_roundtrip test_demo_cuda_fake bench_kernels bench_worker \
+        test_demo_roundtrip test_demo_rag test_demo_cuda_fake bench_kernels bench_worker \
         kvdepot-demo kvdepot kvdepotd -- -k 0
 }
 

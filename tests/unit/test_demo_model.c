@@ -4,7 +4,8 @@
  * separate classifiers, truncated and malformed files refused), and the
  * paged cache: a forward pass over a block table in any order gives the
  * same tokens as one over blocks in order, and a prompt computed in two
- * steps gives the same tokens as in one.
+ * steps gives the same tokens as in one; CacheBlend's choice of the reused
+ * tokens to recompute, on crafted deviations.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -103,6 +104,81 @@ static void write_bytes(const char *path, const void *p, size_t n)
     fclose(f);
 }
 
+/* Row of (layer, plane, position) in a cache whose blocks are in order. */
+static uint16_t *row_at(const kvd_demo_cache_t *c, uint32_t l, uint32_t p,
+                        uint32_t pos, size_t kv)
+{
+    size_t slot =
+        ((size_t)p * c->num_blocks + pos / c->block_size) * c->block_size +
+        pos % c->block_size;
+    return c->layer[l] + slot * kv;
+}
+
+/* CacheBlend's choice on crafted inputs: a prompt computed exactly, then
+ * every reused position's rows in layers 2-3 overwritten with a marker and
+ * two positions' rows in the check layer (1) zeroed. The forward pass over
+ * the prompt with budget 2 must pick exactly those two (their fresh K/V
+ * deviate, the others' match): their later-layer rows come back computed,
+ * every other reused position keeps the marker. Positions over the set
+ * (not reused) are computed at every layer. */
+static void test_blend_picks_the_most_deviated(void **state)
+{
+    (void)state;
+    kvd_demo_config_t cfg = small;
+    cfg.num_layers = 4;
+    kvd_demo_model_t m;
+    assert_int_equal(kvd_demo_model_init(&cfg, 7, &m), KVD_OK);
+    kvd_demo_cache_t c;
+    assert_int_equal(kvd_demo_cache_init(&m, 8, 16, &c), KVD_OK);
+    uint32_t table[8] = {0, 1, 2, 3, 4, 5, 6, 7}, tok[40], pos[40], next = 0;
+    size_t n = 40, kv = (size_t)m.head_dim * cfg.num_kv_heads;
+    prompt(tok, n);
+    assert_int_equal(kvd_demo_forward(&m, &c, table, tok, n, 0, NULL, &next),
+                     KVD_OK);
+    uint8_t reused[40] = {0};
+    for (uint32_t p = 8; p < 32; p++) {
+        reused[p] = 1;
+    }
+    const uint16_t marker = 0x3c00; /* 1.0 */
+    for (uint32_t l = 2; l < 4; l++) {
+        for (uint32_t p = 8; p < 32; p++) {
+            for (size_t i = 0; i < kv; i++) {
+                row_at(&c, l, 0, p, kv)[i] = marker;
+            }
+        }
+    }
+    for (uint32_t pl = 0; pl < 2; pl++) {
+        memset(row_at(&c, 1, pl, 11, kv), 0, kv * 2);
+        memset(row_at(&c, 1, pl, 27, kv), 0, kv * 2);
+    }
+    for (uint32_t p = 0; p < n; p++) {
+        pos[p] = p;
+    }
+    kvd_demo_blend_t b = {reused, 1, 2};
+    /* Positions 8.. of the prompt: 0..7 are the exact prefix. */
+    assert_int_equal(kvd_demo_forward_at(&m, &c, table, tok + 8, pos + 8, n - 8,
+                                         &b, NULL, &next, NULL),
+                     KVD_OK);
+    for (uint32_t p = 8; p < 32; p++) {
+        bool picked = p == 11 || p == 27;
+        for (uint32_t l = 2; l < 4; l++) {
+            bool kept = row_at(&c, l, 0, p, kv)[0] == marker &&
+                        row_at(&c, l, 0, p, kv)[1] == marker;
+            if (kept == picked) {
+                fail_msg("position %u layer %u: %s", p, l,
+                         picked ? "not recomputed" : "recomputed");
+            }
+        }
+    }
+    /* A reused last token, or a check layer past the model, is refused. */
+    reused[39] = 1;
+    assert_int_equal(kvd_demo_forward_at(&m, &c, table, tok + 8, pos + 8, n - 8,
+                                         &b, NULL, &next, NULL),
+                     KVD_ERR_INVALID);
+    kvd_demo_cache_free(&c);
+    kvd_demo_model_free(&m);
+}
+
 static void test_checkpoint_loader(void **state)
 {
     (void)state;
@@ -170,6 +246,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_paged_cache_and_steps),
         cmocka_unit_test(test_checkpoint_loader),
+        cmocka_unit_test(test_blend_picks_the_most_deviated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
