@@ -1,8 +1,9 @@
 /*
  * Fuzz target for the leader's call sequences: the input is a program of
  * engine calls (match, allocate, schedule, plan, worker report, preempt,
- * finish, drain) over four requests whose prompts share prefixes, against
- * a scripted store whose contents, tiers and readiness the input also
+ * finish, drain, and with chunk reuse on the chunk match) over four
+ * requests whose prompts share prefixes, against a scripted store whose
+ * contents (content keys too), tiers and readiness the input also
  * chooses. The leader must never crash, every plan it builds must unpack
  * and validate (kvd_proto_step_plan_unpack: the round trip through the
  * protocol) and name only requests and engine blocks the engine gave it,
@@ -37,6 +38,7 @@ typedef struct fstore {
     uint32_t stored_mask; /* bit i: block i of the base prompt is stored */
     uint32_t disk_mask;   /* bit i: ... on DISK */
     bool busy;            /* lookups answer KVD_AGAIN */
+    unsigned content;     /* 0..4: how often a content key is stored */
     long leases;
     kvd_block_hash_t base[MAX_BLOCKS];
     size_t num_base;
@@ -53,6 +55,23 @@ static kvd_status_t fs_lookup(kvd_store_t *ctx, const kvd_namespace_t *ns,
         return KVD_AGAIN;
     }
     size_t m = 0;
+    if (n == 1 && (f->num_base == 0 ||
+                   memcmp(&hashes[0], &f->base[0], sizeof hashes[0]) != 0)) {
+        /* A content key (chunk reuse): stored for some hashes. */
+        if (hashes[0].bytes[0] % 4u < f->content) {
+            memset(&out[0], 0, sizeof out[0]);
+            out[0].key.ns = *ns;
+            out[0].key.hash = hashes[0];
+            out[0].tier = hashes[0].bytes[1] & 1u ? KVD_STORE_TIER_DISK
+                                                  : KVD_STORE_TIER_HOST;
+            out[0].size_bytes = 1;
+            f->leases++;
+            *matched = 1;
+            return KVD_OK;
+        }
+        *matched = 0;
+        return KVD_OK;
+    }
     for (; m < n && m < f->num_base; m++) {
         if (!(f->stored_mask >> m & 1u) ||
             memcmp(&hashes[m], &f->base[m], sizeof hashes[m]) != 0) {
@@ -225,7 +244,7 @@ static void op(world_t *w, prog_t *g)
 {
     unsigned code = next(g);
     slot_t *s = &w->slot[(code >> 4) % SLOTS];
-    switch ((code & 15u) % 10) {
+    switch ((code & 15u) % 11) {
     case 0: { /* get_num_new_matched_tokens */
         kvd_leader_request_t q = {
             .request_id = s->id, .tokens = s->tok, .num_tokens = s->num_tokens};
@@ -307,6 +326,15 @@ static void op(world_t *w, prog_t *g)
         break;
     }
     case 9: w->store.busy = !w->store.busy; break;
+    case 10: { /* chunk reuse's match, in any state */
+        uint8_t src[MAX_BLOCKS];
+        uint32_t rec[MAX_TOKENS];
+        kvd_leader_chunk_match_t m;
+        size_t max_blocks = next(g) & 1u ? MAX_BLOCKS : 1;
+        (void)kvd_leader_match_chunks(w->ld, s->id, src, max_blocks, rec,
+                                      next(g) % (MAX_TOKENS + 1), &m);
+        break;
+    }
     }
 }
 
@@ -357,6 +385,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     w.store.self.ops = &fs_ops;
     if (kvd_leader_create(&cfg, &w.store.self, &w.ld) != KVD_OK) {
         abort();
+    }
+    if (flags & 16u) {
+        kvd_leader_chunk_config_t cc = {
+            .enabled = true,
+            .repair = (kvd_repair_t)(flags >> 5 & 3u) % 3u,
+            .boundary_window = 4,
+            .recompute_ratio = 0.5,
+            .overlap_k = flags >> 7 & 1u ? 8 : 0,
+            .sink_tokens = 4};
+        if (kvd_leader_set_chunk_reuse(w.ld, &cc) != KVD_OK) {
+            abort();
+        }
+        w.store.content = next(&g) % 5;
     }
     for (int steps = 0; g.left > 0 && steps < 4096; steps++) {
         op(&w, &g);
