@@ -28,6 +28,7 @@
 #include <cmocka.h>
 
 #include "tests/unit/kvd_testcache_int.h"
+#include "tests/integration/kvd_testconnector_int.h"
 #include "tests/unit/kvd_testdata_int.h"
 
 #include "kernels/ref/ref.h"
@@ -205,34 +206,11 @@ static void engine_stop(engine_t *e)
     cache_cleanup(&e->cache);
 }
 
-/* One step: the plan through the worker and its report back; returns the
- * failed loads. */
+/* One engine step (tests/integration/kvd_testconnector_int.h); returns
+ * the failed loads. */
 static size_t engine_step(engine_t *e)
 {
-    uint8_t *plan = NULL;
-    size_t len = 0;
-    assert_int_equal(kvd_leader_build_connector_meta(e->leader, &plan, &len),
-                     KVD_OK);
-    char err[256] = "";
-    kvd_status_t s =
-        kvd_worker_bind_metadata(e->worker, plan, len, err, sizeof err);
-    if (s != KVD_OK) {
-        fail_msg("bind: %s", err);
-    }
-    free(plan);
-    assert_int_equal(kvd_worker_start_load_kv(e->worker, NULL), KVD_OK);
-    for (uint32_t l = 0; l < LAYERS; l++) {
-        (void)kvd_worker_wait_for_layer_load(e->worker, l, NULL);
-        assert_int_equal(kvd_worker_save_kv_layer(e->worker, l, NULL), KVD_OK);
-    }
-    assert_int_equal(kvd_worker_wait_for_save(e->worker, NULL), KVD_OK);
-    kvd_worker_finished_t f;
-    assert_int_equal(kvd_worker_get_finished(e->worker, NULL, 0, &f), KVD_OK);
-    assert_int_equal(
-        kvd_leader_update_connector_output(e->leader, f.report, f.report_len),
-        KVD_OK);
-    assert_int_equal(kvd_worker_clear_metadata(e->worker), KVD_OK);
-    return f.num_failed_loads;
+    return kvd_test_connector_step(e->leader, e->worker, LAYERS, false);
 }
 
 typedef struct outcome {
