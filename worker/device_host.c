@@ -33,28 +33,28 @@ static size_t host_chunks(const kvd_worker_t *w, size_t n)
     return n < w->num_threads ? n : w->num_threads;
 }
 
-/* Keys of layer `layer` of the blocks rotated to their new positions
- * (content loads; a delta of 0 leaves a block alone). */
-static kvd_status_t host_rotate(kvd_worker_t *w, uint32_t layer,
-                                const int32_t *ids, const int64_t *deltas,
-                                size_t n)
+/* Layer `layer` of `n` objects into their blocks; with deltas (content
+ * loads), each block's keys rotated to its new position in the same pass
+ * (a delta of 0 leaves a block as loaded). */
+static kvd_status_t host_scatter(kvd_worker_t *w, uint32_t layer,
+                                 const int32_t *ids, void *const *objs,
+                                 const int64_t *deltas, size_t n)
 {
-    return kvd_ref_rope_shift_layer(&w->layout, &w->cfg.format, &w->rope, layer,
-                                    ids, deltas, n, w->cfg.format.block_size);
+    const void *const *o = (const void *const *)objs;
+    if (deltas != NULL) {
+        return kvd_ref_scatter_layer_rope(
+            &w->layout, &w->cfg.format, w->tables, layer, ids, n,
+            w->cfg.format.block_size, o, &w->rope, deltas);
+    }
+    return kvd_ref_scatter_layer(&w->layout, &w->cfg.format, w->tables, layer,
+                                 ids, n, w->cfg.format.block_size, o);
 }
 
 static kvd_status_t host_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
                               size_t first, size_t count)
 {
-    kvd_status_t st = kvd_ref_scatter_layer(
-        &w->layout, &w->cfg.format, w->tables, layer, s->load_ids + first,
-        count, w->cfg.format.block_size,
-        (const void *const *)(s->load_objs + first));
-    if (st == KVD_OK && s->any_delta) {
-        st = host_rotate(w, layer, s->load_ids + first, s->load_deltas + first,
-                         count);
-    }
-    return st;
+    return host_scatter(w, layer, s->load_ids + first, s->load_objs + first,
+                        s->any_delta ? s->load_deltas + first : NULL, count);
 }
 
 static kvd_status_t host_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
@@ -72,12 +72,7 @@ static kvd_status_t host_load_async(kvd_worker_t *w, const int32_t *ids,
 {
     kvd_status_t st = KVD_OK;
     for (uint32_t l = 0; l < w->cfg.format.num_layers && st == KVD_OK; l++) {
-        st = kvd_ref_scatter_layer(&w->layout, &w->cfg.format, w->tables, l,
-                                   ids, n, w->cfg.format.block_size,
-                                   (const void *const *)objs);
-        if (st == KVD_OK && deltas != NULL) {
-            st = host_rotate(w, l, ids, deltas, n);
-        }
+        st = host_scatter(w, l, ids, objs, deltas, n);
     }
     return st;
 }

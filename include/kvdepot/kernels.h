@@ -451,6 +451,21 @@ KVD_API kvd_status_t kvd_ref_rope_shift_layer(
     const kvd_rope_t *rope, unsigned layer, const int32_t *block_ids,
     const int64_t *deltas, size_t num_blocks, uint32_t num_valid_tokens_last);
 
+/*
+ * kvd_ref_scatter_layer and kvd_ref_rope_shift_layer in one pass: each
+ * block is decoded into the cache and its keys rotated by deltas[i] at
+ * once, while its rows are still in the CPU's caches (the load of a block
+ * reused at another position, docs/chunk-reuse.md). Writes exactly the
+ * bytes of the two calls one after the other. Arguments and errors are the
+ * union of both (every check before any cache byte is written; `rope` and
+ * `deltas` NULL: KVD_ERR_INVALID). Thread: any.
+ */
+KVD_API kvd_status_t kvd_ref_scatter_layer_rope(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_codec_tables_t *tables, unsigned layer, const int32_t *block_ids,
+    size_t num_blocks, uint32_t num_valid_tokens_last,
+    const void *const *objects, const kvd_rope_t *rope, const int64_t *deltas);
+
 #ifdef __cplusplus
 }
 #endif

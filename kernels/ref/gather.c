@@ -18,6 +18,7 @@
 
 #include "common/log_int.h"
 #include "kernels/ref/plane_int.h"
+#include "kernels/ref/rope_int.h"
 
 /* Object offsets of one layer's regions, computed once per call. */
 typedef struct kvd_layer_regions {
@@ -225,17 +226,23 @@ kvd_status_t kvd_ref_gather_layer(
     return KVD_OK;
 }
 
-kvd_status_t kvd_ref_scatter_layer(const kvd_kv_layout_t *layout,
-                                   const kvd_object_format_t *fmt,
-                                   const kvd_codec_tables_t *tables,
-                                   unsigned layer, const int32_t *block_ids,
-                                   size_t num_blocks,
-                                   uint32_t num_valid_tokens_last,
-                                   const void *const *objects)
+/* Scatter, and with `rope` each block's keys rotated by deltas[i] right
+ * after the block is written, while its rows are still in the CPU's
+ * cache (one pass over the engine cache instead of two). */
+static kvd_status_t
+scatter_core(const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+             const kvd_codec_tables_t *tables, unsigned layer,
+             const int32_t *block_ids, size_t num_blocks,
+             uint32_t num_valid_tokens_last, const void *const *objects,
+             const kvd_rope_t *rope, const int64_t *deltas)
 {
     kvd_status_t st =
         kvd_layer_args_check(layout, fmt, tables, layer, block_ids, num_blocks,
                              num_valid_tokens_last, objects);
+    if (st == KVD_OK && rope != NULL) {
+        st = kvd_rope_args_check(layout, fmt, rope, layer, block_ids, deltas,
+                                 num_blocks, num_valid_tokens_last);
+    }
     if (st != KVD_OK || num_blocks == 0) {
         return st;
     }
@@ -269,7 +276,37 @@ kvd_status_t kvd_ref_scatter_layer(const kvd_kv_layout_t *layout,
                 }
             }
         }
+        if (rope != NULL && deltas[i] != 0) {
+            /* Checked above for every block: cannot fail. */
+            (void)kvd_ref_rope_shift_layer(layout, fmt, rope, layer,
+                                           &block_ids[i], &deltas[i], 1, valid);
+        }
     }
     free(scratch.mem);
     return KVD_OK;
+}
+
+kvd_status_t kvd_ref_scatter_layer(const kvd_kv_layout_t *layout,
+                                   const kvd_object_format_t *fmt,
+                                   const kvd_codec_tables_t *tables,
+                                   unsigned layer, const int32_t *block_ids,
+                                   size_t num_blocks,
+                                   uint32_t num_valid_tokens_last,
+                                   const void *const *objects)
+{
+    return scatter_core(layout, fmt, tables, layer, block_ids, num_blocks,
+                        num_valid_tokens_last, objects, NULL, NULL);
+}
+
+kvd_status_t kvd_ref_scatter_layer_rope(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_codec_tables_t *tables, unsigned layer, const int32_t *block_ids,
+    size_t num_blocks, uint32_t num_valid_tokens_last,
+    const void *const *objects, const kvd_rope_t *rope, const int64_t *deltas)
+{
+    if (rope == NULL || (deltas == NULL && num_blocks > 0)) {
+        return KVD_ERR_INVALID;
+    }
+    return scatter_core(layout, fmt, tables, layer, block_ids, num_blocks,
+                        num_valid_tokens_last, objects, rope, deltas);
 }

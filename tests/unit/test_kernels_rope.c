@@ -680,6 +680,93 @@ static void test_shift_errors(void **state)
 }
 
 /* A block listed twice turns twice, in order: by the sum of its deltas. */
+/* kvd_ref_scatter_layer_rope writes exactly what scatter then shift
+ * write, for every codec family and both vLLM layouts, with a delta of 0,
+ * negative and large ones and a partial last block; and checks its rope
+ * before writing anything. */
+static void test_scatter_fused(void **state)
+{
+    (void)state;
+    static const kvd_codec_t codecs[] = {KVD_CODEC_RAW, KVD_CODEC_FP8_E4M3,
+                                         KVD_CODEC_INT8, KVD_CODEC_KIVI4,
+                                         KVD_CODEC_TQ4};
+    static const engine_layout_t kinds[] = {LAYOUT_VLLM_NHD, LAYOUT_VLLM_HND};
+    const int64_t deltas[TEST_LISTED] = {-37, 0, 123456789};
+    kvd_rope_t r = {.head_dim = 64,
+                    .rotary_dim = 64,
+                    .style = KVD_ROPE_NEOX,
+                    .base = 500000.0,
+                    .scaling = KVD_ROPE_SCALING_NONE};
+    for (size_t k = 0; k < 2; k++) {
+        for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++) {
+            test_cache_t src, a, b;
+            cache_init(&src, kinds[k], 2, TEST_LAYERS, TEST_BLOCKS, TEST_BS,
+                       TEST_HEADS, 64);
+            cache_init(&a, kinds[k], 2, TEST_LAYERS, TEST_BLOCKS, TEST_BS,
+                       TEST_HEADS, 64);
+            cache_init(&b, kinds[k], 2, TEST_LAYERS, TEST_BLOCKS, TEST_BS,
+                       TEST_HEADS, 64);
+            uint16_t *e = (uint16_t *)(void *)src.mem;
+            uint64_t seed = 17 + c;
+            for (size_t i = 0; i < src.bytes / 2; i++) {
+                e[i] = kvd_float_to_half((float)kvd_test_gauss(&seed));
+            }
+            memset(a.mem, 0x33, a.bytes);
+            memset(b.mem, 0x33, b.bytes);
+            kvd_object_format_t f =
+                cache_format(&src, KVD_DTYPE_FP16, codecs[c]);
+            kvd_codec_tables_t *tab = NULL;
+            assert_int_equal(kvd_codec_tables_create(&f, &tab), KVD_OK);
+            size_t bytes = (kvd_object_bytes(&f) + 63) / 64 * 64;
+            void *objs[TEST_LISTED];
+            for (unsigned i = 0; i < TEST_LISTED; i++) {
+                objs[i] = aligned_alloc(64, bytes);
+                assert_non_null(objs[i]);
+            }
+            const int32_t from[TEST_LISTED] = {1, 3, 5};
+            for (unsigned i = 0; i < TEST_LISTED; i++) {
+                assert_int_equal(kvd_ref_gather_layer(&src.layout, &f, tab,
+                                                      TEST_LAYER, &from[i], 1,
+                                                      TEST_BS, &objs[i]),
+                                 KVD_OK);
+            }
+            const void *const *o = (const void *const *)objs;
+            assert_int_equal(
+                kvd_ref_scatter_layer(&a.layout, &f, tab, TEST_LAYER, test_ids,
+                                      TEST_LISTED, TEST_VALID_LAST, o),
+                KVD_OK);
+            assert_int_equal(kvd_ref_rope_shift_layer(
+                                 &a.layout, &f, &r, TEST_LAYER, test_ids,
+                                 deltas, TEST_LISTED, TEST_VALID_LAST),
+                             KVD_OK);
+            kvd_rope_t bad = r;
+            bad.rotary_dim = 3;
+            assert_int_equal(kvd_ref_scatter_layer_rope(
+                                 &b.layout, &f, tab, TEST_LAYER, test_ids,
+                                 TEST_LISTED, TEST_VALID_LAST, o, &bad, deltas),
+                             KVD_ERR_INVALID);
+            for (size_t i = 0; i < b.bytes; i++) {
+                assert_int_equal(b.mem[i], 0x33); /* nothing written */
+            }
+            assert_int_equal(kvd_ref_scatter_layer_rope(
+                                 &b.layout, &f, tab, TEST_LAYER, test_ids,
+                                 TEST_LISTED, TEST_VALID_LAST, o, &r, deltas),
+                             KVD_OK);
+            if (memcmp(a.mem, b.mem, a.bytes) != 0) {
+                fail_msg("%s %s: fused scatter differs from scatter + shift",
+                         layout_name(kinds[k]), kvd_codec_name(codecs[c]));
+            }
+            for (unsigned i = 0; i < TEST_LISTED; i++) {
+                free(objs[i]);
+            }
+            kvd_codec_tables_destroy(tab);
+            cache_cleanup(&src);
+            cache_cleanup(&a);
+            cache_cleanup(&b);
+        }
+    }
+}
+
 static void test_listed_twice(void **state)
 {
     (void)state;
@@ -738,6 +825,7 @@ int main(void)
         cmocka_unit_test(test_large_delta),
         cmocka_unit_test(test_zero_delta),
         cmocka_unit_test(test_listed_twice),
+        cmocka_unit_test(test_scatter_fused),
         cmocka_unit_test(test_shift_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
