@@ -34,6 +34,7 @@ static const struct {
     KVD_ABI_ENTRY(kvd_leader_mm_input_t),
     KVD_ABI_ENTRY(kvd_leader_request_t),
     KVD_ABI_ENTRY(kvd_leader_stats_t),
+    KVD_ABI_ENTRY(kvd_leader_gate_t),
     KVD_ABI_ENTRY(kvd_leader_saved_block_t),
     KVD_ABI_ENTRY(kvd_object_format_t),
     KVD_ABI_ENTRY(kvd_kv_layout_t),

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "kvdepot/leader.h"
+#include "proto/kvd_proto.h"
 
 #define LEADER_BUCKETS 1024u
 #define LEADER_HASH_BUCKETS 4096u
@@ -159,6 +160,7 @@ struct kvd_leader {
     size_t cap_handoff;
     kvd_leader_stats_t st;
     kvd_leader_chunk_config_t chunk; /* kvd_leader_set_chunk_reuse */
+    kvd_leader_gate_t gate;          /* kvd_leader_set_gate, as learned */
     /* Saved blocks for kvd_leader_take_saved_blocks (saved.c): a ring of
      * saved_cap from saved_head, saved_len queued; those handed out by
      * the last take (valid until the next take). */
@@ -229,6 +231,17 @@ size_t kvd_chunk_blocks_needed(const lreq_t *r);
 /* update_state_after_alloc took the answer: the content loads will be
  * planned with the prefix's (or, without hits, the answer is dropped). */
 void kvd_chunk_after_alloc(kvd_leader_t *ld, lreq_t *r);
+
+/* ---- the recompute-vs-fetch gate (gate.c) -------------------------------- */
+
+/* How many of the blocks [first, m) leased in `leases` (row 0: their
+ * tiers) the gate keeps loading: first + k for the k that saves the most,
+ * or `first` when none saves. m when the gate is off. Counts its
+ * decision. */
+size_t kvd_gate_cut(kvd_leader_t *ld, const kvd_store_lease_t *leases,
+                    size_t first, size_t m);
+/* A worker's tier timings move the per-block estimates. */
+void kvd_gate_observe(kvd_leader_t *ld, const kvd_pb_worker_report_t *rep);
 
 /* ---- saved blocks (saved.c) --------------------------------------------- */
 

@@ -267,6 +267,12 @@ KVD_API kvd_status_t kvd_leader_get_num_new_matched_tokens(
         }
         return s;
     }
+    /* The gate keeps what is predicted to load faster than it computes. */
+    size_t keep = kvd_gate_cut(ld, leases, first, m);
+    if (keep < m) {
+        rows_release(ld, leases, 1 + ld->cfg.num_shard_ns, cap, keep, m);
+        m = keep;
+    }
     req_answer_leases(ld, r, first, leases, 1 + ld->cfg.num_shard_ns, cap, m,
                       num_computed_tokens);
     *matched_out = r->matched_tokens;

@@ -53,6 +53,7 @@ KVD_API kvd_status_t kvd_leader_update_connector_output(kvd_leader_t *leader,
                             "leader: worker report rejected: %s", reason);
         return s;
     }
+    kvd_gate_observe(ld, rep);
     for (size_t i = 0; i < rep->n_failed_loads; i++) {
         lreq_t *r = kvd_lreq_find(ld, rep->failed_loads[i]->request_id);
         failed_push(ld, rep->failed_loads[i]->block_id);

@@ -85,6 +85,10 @@ static const kvd_proto_rule_t rules[] = {
     {D(worker_report), "finished_loading", UNIQ | RNG, 1, ID_MAX,
      KVD_PROTO_MAX_REQUESTS},
     {D(worker_report), "failed_loads", 0, 0, 0, KVD_PROTO_MAX_BLOCKS_PER_PLAN},
+    {D(worker_report), "tier_loads", 0, 0, 0, KVD_PROTO_MAX_TIERS},
+    {D(tier_load), "tier", REQ, 0, 0, 0},
+    {D(tier_load), "blocks", RNG, 1, KVD_PROTO_MAX_BLOCKS_PER_PLAN, 0},
+    {D(tier_load), "loads", RNG, 1, KVD_PROTO_MAX_BLOCKS_PER_PLAN, 0},
 
     /* store.proto */
     {D(lookup_request), "namespace_id", REQ | RNG, NS_BYTES, NS_BYTES, 0},

@@ -36,6 +36,7 @@
 
 #include "common/grow_int.h"
 #include "common/log_int.h"
+#include "common/time_int.h"
 #include "worker/worker_int.h"
 
 #define POLL_BATCH 64u
@@ -177,6 +178,18 @@ static void req_loads_report(kvd_worker_t *w, wreq_t *r)
     memcpy(f.id, r->id, sizeof f.id);
     f.async = r->async_load;
     kvd_worker_queue_push(w, &w->fin_load, &f);
+    /* Its timing, for the leader's gate: the blocks that loaded. */
+    uint64_t ok = 0;
+    for (size_t i = 0; i < r->n_loads; i++) {
+        ok += r->loads[i].status == KVD_OK;
+    }
+    if (ok > 0 && r->load_start_ns != 0) {
+        wtier_t *t = &w->tier_acc[r->load_disk ? 1 : 0];
+        t->loads++;
+        t->blocks += ok;
+        t->bytes += ok * w->object_bytes;
+        t->nanos += kvd_time_now_ns() - r->load_start_ns;
+    }
 }
 
 /* Every copy of the step's synchronous loads ran (or none was needed). */
@@ -269,6 +282,9 @@ static void block_accept(kvd_worker_t *w, wblock_t *b,
 {
     b->lease = *lease;
     b->leased = true;
+    if (lease->tier != KVD_STORE_TIER_HOST) {
+        b->req->load_disk = true;
+    }
     if (b->lease.size_bytes != w->object_bytes) {
         KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
                             "worker: object of block %d (request %s) has %llu "
@@ -430,6 +446,10 @@ static void async_begin(kvd_worker_t *w, wreq_t *r, size_t num_gets)
 void kvd_worker_loads_start(kvd_worker_t *w, wstep_t *s)
 {
     s->loads_started = true;
+    uint64_t now = kvd_time_now_ns();
+    for (size_t i = 0; i < s->n_reqs; i++) {
+        s->reqs[i]->load_start_ns = now;
+    }
     size_t most = s->n_sync;
     for (size_t i = 0; i < s->n_reqs; i++) {
         if (s->reqs[i]->async_load && s->reqs[i]->n_loads > most) {

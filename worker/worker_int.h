@@ -77,7 +77,9 @@ struct wreq {
     bool canceled;       /* the engine finished the request */
     bool running;        /* the copy task started */
     wtask_t task;
-    int32_t *ids; /* n_loads: the blocks the copy writes */
+    uint64_t load_start_ns; /* loads_start, for the tier timings */
+    bool load_disk;         /* some block was on the NVMe tier */
+    int32_t *ids;           /* n_loads: the blocks the copy writes */
     void **objs;
     int64_t *deltas; /* n_loads: their rotations (content loads) */
 };
@@ -120,6 +122,12 @@ struct wstep {
      * the device (its lock). */
     bool dev_load_ids, dev_save_ids, dev_load_deltas;
 };
+
+/* Loads finished since the last report, of one tier (WorkerReport
+ * tier_loads: the leader's gate learns each tier's cost). */
+typedef struct wtier {
+    uint64_t loads, blocks, bytes, nanos;
+} wtier_t;
 
 typedef struct wfin {
     char id[WORKER_ID_BYTES];
@@ -180,6 +188,7 @@ struct kvd_worker {
     size_t n_backlog, cap_backlog;
 
     wqueue_t fin_save, fin_load, failed;
+    wtier_t tier_acc[2]; /* host, disk (mu) */
     /* What the last get_finished handed out. */
     wfin_t *taken_save, *taken_load;
     wfail_t *taken_failed;

@@ -480,6 +480,53 @@ KVD_API kvd_status_t kvd_leader_match_chunks(
     size_t max_blocks, uint32_t *recompute_out, size_t max_recompute,
     kvd_leader_chunk_match_t *out);
 
+/* ------------------------------------------------------------------------ */
+/* Recompute-vs-fetch gate                                                  */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * The gate matches a stored prefix only where loading it is predicted to
+ * be faster than computing it. Loading k blocks of a request is predicted
+ * as the sum over its blocks of their tier's seconds per block, plus each
+ * tier's latency once; computing them as k * block_size tokens at the
+ * engine's prefill rate. Of the prefix the store holds, the gate keeps the
+ * k (from 0 up to all of it) that saves the most, counting the load time
+ * times (1 + margin), and gives the other leases back; nothing saved, no
+ * match. Per-block times start at the values given here and follow the
+ * workers' reports (WorkerReport.tier_loads: an exponential moving average
+ * with weight `alpha`), the prefill rate follows kvd_leader_report_prefill.
+ */
+typedef struct kvd_leader_gate {
+    bool enabled;
+    double margin;               /* >= 0: load must win by this fraction */
+    double prefill_tokens_per_s; /* > 0: the engine's prefill rate */
+    /* Per tier (kvd_store_tier_t HOST, DISK; REMOTE blocks count as DISK):
+     * seconds per block and per-load latency, > 0 and >= 0. */
+    double host_s_per_block, disk_s_per_block;
+    double host_latency_s, disk_latency_s;
+    double alpha; /* (0, 1]: weight of a new report in the averages */
+} kvd_leader_gate_t;
+
+/*
+ * Sets (or turns off) the gate for lookups from now on; `gate` is copied.
+ * Errors: KVD_ERR_INVALID (NULL, a value out of the ranges above).
+ */
+KVD_API kvd_status_t kvd_leader_set_gate(kvd_leader_t *leader,
+                                         const kvd_leader_gate_t *gate);
+
+/* The gate's estimates now (the configured values as the reports moved
+ * them). Errors: KVD_ERR_INVALID (NULL). */
+KVD_API kvd_status_t kvd_leader_gate_estimates(kvd_leader_t *leader,
+                                               kvd_leader_gate_t *out);
+
+/*
+ * The engine computed `tokens` prompt tokens in `seconds` (a prefill step
+ * it timed): the gate's prefill rate moves toward tokens / seconds.
+ * Errors: KVD_ERR_INVALID (NULL leader, tokens 0, seconds not > 0).
+ */
+KVD_API kvd_status_t kvd_leader_report_prefill(kvd_leader_t *leader,
+                                               uint64_t tokens, double seconds);
+
 typedef struct kvd_leader_stats {
     uint64_t requests;       /* tracked now */
     uint64_t leases;         /* held now, every namespace's: a block
@@ -495,6 +542,8 @@ typedef struct kvd_leader_stats {
                                  misses (the engine computes) */
     uint64_t content_lookups; /* content keys looked up */
     uint64_t content_blocks;  /* blocks matched by content */
+    uint64_t gate_loaded;     /* blocks the gate let load */
+    uint64_t gate_skipped;    /* stored blocks the gate had computed */
 } kvd_leader_stats_t;
 
 /* Copies the leader's counters into *out. Errors: KVD_ERR_INVALID (NULL

@@ -296,11 +296,20 @@ class WorkerStats(ctypes.Structure):
         "async_loads_active", "saves_aborted", "header_errors")]
 
 
+class LeaderGate(ctypes.Structure):
+    _fields_ = [("enabled", ctypes.c_bool)] + [
+        (name, ctypes.c_double) for name in (
+            "margin", "prefill_tokens_per_s", "host_s_per_block",
+            "disk_s_per_block", "host_latency_s", "disk_latency_s",
+            "alpha")]
+
+
 class LeaderStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "requests", "leases", "lookups", "matched_blocks", "planned_loads",
         "planned_saves", "failed_loads", "not_yet", "timeouts",
-        "lookup_errors", "content_lookups", "content_blocks")]
+        "lookup_errors", "content_lookups", "content_blocks", "gate_loaded",
+        "gate_skipped")]
 
 
 class LeaderSavedBlock(ctypes.Structure):
@@ -327,6 +336,7 @@ _MIRRORS = (
     (FailedLoad, "kvd_worker_failed_load_t"),
     (WorkerFinished, "kvd_worker_finished_t"),
     (WorkerStats, "kvd_worker_stats_t"), (LeaderStats, "kvd_leader_stats_t"),
+    (LeaderGate, "kvd_leader_gate_t"),
     (LeaderSavedBlock, "kvd_leader_saved_block_t"),
     (StoreEvent, "kvd_store_event_t"),
 )
@@ -389,6 +399,10 @@ def _declare(h):
         "kvd_worker_stats": (st, [vp, P(WorkerStats)]),
         "kvd_leader_stats": (st, [vp, P(LeaderStats)]),
         "kvd_leader_set_saved_queue": (st, [vp, sz]),
+        "kvd_leader_set_gate": (st, [vp, P(LeaderGate)]),
+        "kvd_leader_gate_estimates": (st, [vp, P(LeaderGate)]),
+        "kvd_leader_report_prefill": (st, [vp, ctypes.c_uint64,
+                                           ctypes.c_double]),
         "kvd_leader_take_saved_blocks": (sz, [vp, P(LeaderSavedBlock), sz,
                                               P(u64)]),
         "kvd_store_events_enable": (st, [vp, sz]),
@@ -711,6 +725,26 @@ class Leader:
         _check("leader stats", lib().kvd_leader_stats(self.handle,
                                                       ctypes.byref(s)))
         return {name: getattr(s, name) for name, _ in LeaderStats._fields_}
+
+    def set_gate(self, **gate):
+        """Turns the recompute-vs-fetch gate on with these values
+        (leader.h kvd_leader_gate_t: margin, prefill_tokens_per_s,
+        host_s_per_block, disk_s_per_block, host_latency_s, disk_latency_s,
+        alpha), or off with enabled=False."""
+        g = LeaderGate(enabled=gate.pop("enabled", True))
+        for k, v in gate.items():
+            if k not in dict(LeaderGate._fields_):
+                raise ValueError(f"kvdepot: unknown gate setting {k!r}")
+            setattr(g, k, float(v))
+        _check("leader gate", lib().kvd_leader_set_gate(self.handle,
+                                                        ctypes.byref(g)))
+
+    def gate_estimates(self):
+        """The gate's estimates now, as a dict."""
+        g = LeaderGate()
+        _check("leader gate estimates", lib().kvd_leader_gate_estimates(
+            self.handle, ctypes.byref(g)))
+        return {name: getattr(g, name) for name, _ in LeaderGate._fields_}
 
     def set_saved_queue(self, capacity):
         """Queue (capacity > 0) or not (0) the blocks whose saves every

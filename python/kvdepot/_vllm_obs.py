@@ -68,6 +68,8 @@ COUNTERS = {
     "hit_tokens": "Tokens the engine took from kvdepot instead of computing",
     "hit_requests": "Requests that took tokens from kvdepot",
     "lookup_errors": "kvdepot store lookups that failed (computed instead)",
+    "gate_loaded": "Stored KV blocks the recompute-vs-fetch gate let load",
+    "gate_skipped": "Stored KV blocks the gate had computed instead",
     "blocks_loaded": "KV blocks loaded from kvdepot",
     "blocks_loaded_disk": "KV blocks loaded from kvdepot's disk tier",
     "bytes_loaded": "Bytes of KV loaded from kvdepot",

@@ -39,10 +39,45 @@ class Settings:
     #   BlockRemoved) even when vLLM's kv_events_config does not enable them
     spawn_idle_exit: str = "10s"   # spawn: the started kvdepotd stops once
     #   no engine process has had its store open for this long
+    gate: dict = field(default_factory=dict)  # recompute-vs-fetch gate:
+    #   {} off; else GATE_DEFAULTS' keys, prefill_tokens_per_s required
+    #   (the engine's prefill rate; docs/vllm.md, "The gate")
 
     @property
     def codecs(self):
         return (self.codec_k or self.codec, self.codec_v or self.codec)
+
+
+# The gate's settings and their defaults (leader.h kvd_leader_gate_t):
+# the per-block times and latencies are the first estimates, which the
+# workers' measurements then move.
+GATE_DEFAULTS = {"prefill_tokens_per_s": 0.0, "margin": 0.1,
+                 "host_s_per_block": 1e-5, "disk_s_per_block": 5e-4,
+                 "host_latency_s": 0.0, "disk_latency_s": 2e-4,
+                 "alpha": 0.2}
+
+
+def gate_settings(s):
+    """The gate's values (GATE_DEFAULTS filled in), or None when off."""
+    if not s.gate:
+        return None
+    out = dict(GATE_DEFAULTS)
+    out.update(s.gate)
+    return out
+
+
+def _check_gate(g):
+    unknown = sorted(set(g) - set(GATE_DEFAULTS))
+    if unknown:
+        raise ValueError(f"kvdepot: unknown gate key(s) {unknown}; known "
+                         f"keys: {sorted(GATE_DEFAULTS)}")
+    for k, v in g.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise ValueError(f"kvdepot: gate {k} must be a number >= 0, "
+                             f"not {v!r}")
+    if g and not g.get("prefill_tokens_per_s"):
+        raise ValueError("kvdepot: gate needs prefill_tokens_per_s (the "
+                         "engine's prefill rate, tokens per second)")
 
 
 def parse(extra):
@@ -76,6 +111,7 @@ def parse(extra):
     if s.disk_write not in ("back", "through"):
         raise ValueError(f"kvdepot: disk_write {s.disk_write!r}: 'back' or "
                          "'through'")
+    _check_gate(s.gate)
     for k in s.store_settings:
         if not str(k).startswith("store."):
             raise ValueError(f"kvdepot: store_settings key {k!r} must start "

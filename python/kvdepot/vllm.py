@@ -523,6 +523,10 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                     layerwise=self.settings.layerwise,
                     lookup_timeout_ms=self.settings.lookup_timeout_ms,
                     node_id=self.settings.node_id or socket.gethostname()))
+            gate = config.gate_settings(self.settings)
+            for leader in self.leaders:
+                if gate is not None:
+                    leader.set_gate(**gate)
             self._log_start(vllm_config)
             self._requests = {}   # id -> [request, tokens given, async]
             self._embeds = {}     # id -> prompt-embeds digests, until answered
@@ -547,7 +551,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self._stats = _vllm_obs.KvdepotConnectorStats()
         self._sched_totals = dict.fromkeys(
             ("lookup_tokens", "hit_tokens", "hit_requests"), 0)
-        self._leader_errors_seen = 0
+        self._leader_seen = {}  # leader counters at the last interval
 
     def _set_namespaces(self):
         """Each group's namespace for this rank and stage, for rank 0 of
@@ -1082,10 +1086,15 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         call, and how long the step waited for loads when it loaded
         blocks; the scheduler: lookups, hits and failed store lookups."""
         if self.leaders:
-            errors = sum(ld.stats()["lookup_errors"] for ld in self.leaders)
-            self._stats.add({"lookup_errors":
-                             errors - self._leader_errors_seen})
-            self._leader_errors_seen = errors
+            now = {k: 0 for k in ("lookup_errors", "gate_loaded",
+                                  "gate_skipped")}
+            for ld in self.leaders:
+                st = ld.stats()
+                for k in now:
+                    now[k] += st[k]
+            self._stats.add({k: v - self._leader_seen.get(k, 0)
+                             for k, v in now.items()})
+            self._leader_seen = now
         elif self.workers:
             now = self.kvdepot_stats()
             delta = {k: v - self._stats_seen.get(k, 0)

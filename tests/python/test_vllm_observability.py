@@ -104,6 +104,34 @@ def test_interval_stats_from_workers_and_scheduler():
         w.shutdown()
 
 
+def test_gate_decisions_counted():
+    """The recompute-vs-fetch gate from kv_connector_extra_config: an
+    engine said to prefill a billion tokens a second computes the stored
+    prefix (loading it cannot win) and counts it skipped; one at a thousand
+    loads it and counts it loaded; a gate setting that does not exist is
+    refused by name."""
+    for rate, hit in ((1e9, 0), (1000.0, OBJ_TOKENS)):
+        with tempfile.TemporaryDirectory() as d:
+            cfg = vllm_config(d, gate={"prefill_tokens_per_s": rate})
+            kvs = caches("flash", fill=True)
+            s, w, names = connector_pair(cfg, kvs)
+            tokens = prompt(3)
+            assert compute(s, w, kvs, names, "a", tokens, range(7)) == 0
+            s.get_kv_connector_stats()
+            n, _ = s.get_num_new_matched_tokens(Request("b", tokens), 0)
+            assert n == hit
+            ss = s.get_kv_connector_stats()
+            assert ss.data["gate_loaded"] == hit // BS
+            assert ss.data["gate_skipped"] == 6 - hit // BS
+            s.shutdown()
+            w.shutdown()
+    with pytest.raises(ValueError, match="unknown gate key"):
+        kv.config.parse({"gate": {"prefill_tokens_per_s": 1.0,
+                                  "disk_speed": 2}})
+    with pytest.raises(ValueError, match="prefill_tokens_per_s"):
+        kv.config.parse({"gate": {"margin": 0.5}})
+
+
 def test_prometheus_metrics():
     prom = pytest.importorskip("prometheus_client")
     reg = prom.CollectorRegistry()

@@ -70,6 +70,15 @@ static void test_async_load_from_disk_after_restart(void **state)
     assert_int_equal(rep->worker_rank, 3);
     assert_int_equal(rep->n_finished_loading, 1);
     assert_string_equal(rep->finished_loading[0], "late");
+    /* And how long the NVMe tier took, for the leader's gate: one load of
+     * four blocks. */
+    assert_int_equal(rep->n_tier_loads, 1);
+    assert_int_equal(rep->tier_loads[0]->tier, KVDEPOT__V1__TIER__TIER_DISK);
+    assert_int_equal(rep->tier_loads[0]->loads, 1);
+    assert_int_equal(rep->tier_loads[0]->blocks, 4);
+    assert_int_equal(rep->tier_loads[0]->bytes,
+                     4 * kvd_object_stored_bytes(&fmt));
+    assert_true(rep->tier_loads[0]->nanos > 0);
     kvd_proto_worker_report_free(rep);
     kvd_worker_stats_t ws;
     assert_int_equal(kvd_worker_stats(w, &ws), KVD_OK);
