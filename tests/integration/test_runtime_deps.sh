@@ -18,13 +18,24 @@ command -v readelf >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1 || {
 allowed=$("$src/scripts/install-deps.sh" runtime --list) || exit 1
 allowed="$allowed libc6 libgcc-s1 libstdc++6"
 fails=0
+# ldd once per binary and dpkg -S once per library path: each call is slow
+# (a sanitizer binary's ldd, dpkg's whole file database), and the same
+# libraries come back for every binary.
+seen=$(mktemp)
+trap 'rm -f "$seen"' EXIT
 for bin in "$@"; do
+    deps=$(ldd "$bin")
     for lib in $(readelf -d "$bin" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
         case "$lib" in ld-linux*) continue ;; esac # the loader: libc6
-        path=$(ldd "$bin" | awk -v l="$lib" '$1 == l {print $3}')
+        path=$(printf '%s\n' "$deps" | awk -v l="$lib" '$1 == l {print $3}')
         [ -n "$path" ] || { echo "FAIL: $bin: $lib not found" >&2; fails=$((fails + 1)); continue; }
-        pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null || dpkg -S "$path" 2>/dev/null)
-        pkg=${pkg%%:*}
+        pkg=$(awk -v p="$path" '$1 == p {print $2}' "$seen")
+        if [ -z "$pkg" ]; then
+            pkg=$(dpkg -S "$(readlink -f "$path")" 2>/dev/null || dpkg -S "$path" 2>/dev/null)
+            pkg=${pkg%%:*}
+            echo "$path ${pkg:--}" >>"$seen"
+        fi
+        [ "$pkg" = "-" ] && pkg=""
         case "$pkg" in libasan* | libubsan* | libtsan*) continue ;; esac # sanitizer trees
         case " $(echo $allowed) " in
         *" $pkg "*) ;;
