@@ -45,6 +45,8 @@ typedef struct kvd_samples {
     /* worker report */
     kvd_pb_failed_load_t failed[2];
     kvd_pb_failed_load_t *faileds[2];
+    kvd_pb_tier_load_t tier_load[2];
+    kvd_pb_tier_load_t *tier_loads[2];
     char *finished_saving[2];
     char *finished_loading[2];
     kvd_pb_worker_report_t worker_report;
@@ -197,6 +199,19 @@ static inline void kvd_samples_report(kvd_samples_t *s, unsigned variant)
         }
         report.n_failed_loads = 2;
         report.failed_loads = s->faileds;
+        for (unsigned i = 0; i < 2; i++) {
+            kvd_pb_tier_load_t t = KVDEPOT__V1__TIER_LOAD__INIT;
+            t.tier = i == 0 ? KVDEPOT__V1__TIER__TIER_HOST
+                            : KVDEPOT__V1__TIER__TIER_DISK;
+            t.loads = 1 + i;
+            t.blocks = 6 + i;
+            t.bytes = 6 * 32768u + i;
+            t.nanos = 250000u * (1 + i);
+            s->tier_load[i] = t;
+            s->tier_loads[i] = &s->tier_load[i];
+        }
+        report.n_tier_loads = 2;
+        report.tier_loads = s->tier_loads;
     }
     s->worker_report = report;
 }
