@@ -220,26 +220,62 @@ static kvd_status_t chunk_answer(const kvd_leader_t *ld, const lreq_t *r,
     return KVD_OK;
 }
 
-/* Looks block b's content key up; a hit is leased in chunk_leases[b]. */
-static void chunk_lookup_one(kvd_leader_t *ld, lreq_t *r, size_t b)
+/* Keys one store lookup asks for: a lookup stops at the first key the
+ * store does not hold, so a batch costs one call per miss, not per block
+ * (one round trip each with a daemon). */
+#define CHUNK_BATCH 64u
+
+/* The batch from candidate `at` of `blocks` (block indexes with a content
+ * key): up to CHUNK_BATCH of them, stopping before a key already in it (a
+ * store batch names each key once; a document twice in one prompt). */
+static size_t chunk_batch(const lreq_t *r, const size_t *blocks, size_t at,
+                          size_t n, kvd_block_hash_t *keys)
 {
-    kvd_store_lease_t lease;
-    size_t got = 0;
-    ld->st.content_lookups++;
-    kvd_status_t s = kvd_store_lookup_from(
-        ld->store, &ld->cfg.ns, &r->content[b], 1, NULL, &lease, &got);
-    if (s != KVD_OK || got != 1) {
-        if (s != KVD_OK && s != KVD_AGAIN) {
-            ld->st.lookup_errors++;
+    size_t k = 0;
+    for (; at + k < n && k < CHUNK_BATCH; k++) {
+        const kvd_block_hash_t *h = &r->content[blocks[at + k]];
+        for (size_t j = 0; j < k; j++) {
+            if (memcmp(&keys[j], h, sizeof *h) == 0) {
+                return k;
+            }
         }
-        return;
+        keys[k] = *h;
     }
-    r->chunk_leases[b] = lease;
-    r->chunk_hits++;
-    ld->st.leases++;
-    ld->st.content_blocks++;
-    r->chunk_async = r->chunk_async || lease.tier != KVD_STORE_TIER_HOST ||
-                     ld->cfg.async_host_loads;
+    return k;
+}
+
+/* Looks the content keys of `blocks` up; each hit is leased in
+ * chunk_leases[its block]. A lookup that fails ends the search (what was
+ * found stays): the engine computes the rest. */
+static void chunk_lookup(kvd_leader_t *ld, lreq_t *r, const size_t *blocks,
+                         size_t n)
+{
+    kvd_block_hash_t keys[CHUNK_BATCH];
+    kvd_store_lease_t leases[CHUNK_BATCH];
+    for (size_t at = 0; at < n;) {
+        size_t k = chunk_batch(r, blocks, at, n, keys), got = 0;
+        kvd_status_t s = kvd_store_lookup_from(ld->store, &ld->cfg.ns, keys, k,
+                                               NULL, leases, &got);
+        if (s != KVD_OK) {
+            if (s != KVD_AGAIN) {
+                ld->st.lookup_errors++;
+            }
+            return;
+        }
+        for (size_t i = 0; i < got; i++) {
+            r->chunk_leases[blocks[at + i]] = leases[i];
+            r->chunk_async = r->chunk_async ||
+                             leases[i].tier != KVD_STORE_TIER_HOST ||
+                             ld->cfg.async_host_loads;
+        }
+        r->chunk_hits += got;
+        ld->st.leases += got;
+        ld->st.content_blocks += got;
+        /* Past the hits, and past the miss that stopped the lookup. */
+        size_t asked = got < k ? got + 1 : k;
+        ld->st.content_lookups += asked;
+        at += asked;
+    }
 }
 
 KVD_API kvd_status_t kvd_leader_match_chunks(
@@ -282,11 +318,18 @@ KVD_API kvd_status_t kvd_leader_match_chunks(
         return KVD_ERR_NOMEM;
     }
     r->chunk_cap = cap;
+    size_t *blocks = malloc((cap + 1) * sizeof *blocks), n = 0;
+    if (blocks == NULL) {
+        kvd_chunk_release(ld, r);
+        return KVD_ERR_NOMEM;
+    }
     for (size_t b = from; b < cap; b++) {
         if (r->has_content[b]) {
-            chunk_lookup_one(ld, r, b);
+            blocks[n++] = b;
         }
     }
+    chunk_lookup(ld, r, blocks, n);
+    free(blocks);
     kvd_status_t s = chunk_answer(ld, r, source_out, max_blocks, recompute_out,
                                   max_recompute, out);
     if (s != KVD_OK) {

@@ -42,7 +42,20 @@ typedef struct fstore {
     long leases;
     kvd_block_hash_t base[MAX_BLOCKS];
     size_t num_base;
+    kvd_block_hash_t first[SLOTS]; /* each prompt's block 0: a prefix lookup */
+    size_t num_first;
 } fstore_t;
+
+/* True for a prefix lookup (a request's chain starts with its block 0). */
+static bool fs_prefix(const fstore_t *f, const kvd_block_hash_t *h)
+{
+    for (size_t i = 0; i < f->num_first; i++) {
+        if (memcmp(h, &f->first[i], sizeof *h) == 0) {
+            return true;
+        }
+    }
+    return f->num_base > 0 && memcmp(h, &f->base[0], sizeof *h) == 0;
+}
 
 static kvd_status_t fs_lookup(kvd_store_t *ctx, const kvd_namespace_t *ns,
                               const kvd_block_hash_t *hashes, size_t n,
@@ -55,21 +68,19 @@ static kvd_status_t fs_lookup(kvd_store_t *ctx, const kvd_namespace_t *ns,
         return KVD_AGAIN;
     }
     size_t m = 0;
-    if (n == 1 && (f->num_base == 0 ||
-                   memcmp(&hashes[0], &f->base[0], sizeof hashes[0]) != 0)) {
-        /* A content key (chunk reuse): stored for some hashes. */
-        if (hashes[0].bytes[0] % 4u < f->content) {
-            memset(&out[0], 0, sizeof out[0]);
-            out[0].key.ns = *ns;
-            out[0].key.hash = hashes[0];
-            out[0].tier = hashes[0].bytes[1] & 1u ? KVD_STORE_TIER_DISK
+    if (!fs_prefix(f, &hashes[0])) {
+        /* Not the base prompt's chain: content keys (chunk reuse), stored
+         * for some hashes; the lookup stops at the first missing one. */
+        for (; m < n && hashes[m].bytes[0] % 4u < f->content; m++) {
+            memset(&out[m], 0, sizeof out[m]);
+            out[m].key.ns = *ns;
+            out[m].key.hash = hashes[m];
+            out[m].tier = hashes[m].bytes[1] & 1u ? KVD_STORE_TIER_DISK
                                                   : KVD_STORE_TIER_HOST;
-            out[0].size_bytes = 1;
-            f->leases++;
-            *matched = 1;
-            return KVD_OK;
+            out[m].size_bytes = 1;
         }
-        *matched = 0;
+        f->leases += (long)m;
+        *matched = m;
         return KVD_OK;
     }
     for (; m < n && m < f->num_base; m++) {
@@ -377,6 +388,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t split = next(&g) % (s->num_tokens + 1);
         for (size_t t = 0; t < s->num_tokens; t++) {
             s->tok[t] = t < split ? base[t] : base[t] + 1000u + i;
+        }
+        size_t nf = 0;
+        if (s->num_tokens >= BS &&
+            kvd_block_hash_chain(&cfg.root, s->tok, BS, BS, NULL, NULL,
+                                 &w.store.first[w.store.num_first], 1,
+                                 &nf) == KVD_OK &&
+            nf == 1) {
+            w.store.num_first++;
         }
     }
 
