@@ -266,7 +266,28 @@ static kvd_status_t check_request_blocks(kvd_proto_walk_t *walk,
     for (size_t i = 0; i < r->n_saves; i++) {
         item_set(&items[i], i, NULL, 0, r->saves[i]->block_id);
     }
-    return kvd_proto_walk_unique(walk, items, r->n_saves, "saves", "block_id");
+    status =
+        kvd_proto_walk_unique(walk, items, r->n_saves, "saves", "block_id");
+    if (status != KVD_OK) {
+        return status;
+    }
+    /* Every object the saves name once: a save's content key is a second
+     * object, and the worker reserves them all in one batch, which names
+     * each key once. */
+    size_t k = 0;
+    for (size_t i = 0; i < r->n_saves; i++) {
+        const kvd_pb_block_save_t *sv = r->saves[i];
+        if (sv->key != NULL) {
+            item_set(&items[k++], i, sv->key->block_hash.data,
+                     sv->key->block_hash.len, 0);
+        }
+        if (sv->content_key != NULL) {
+            item_set(&items[k++], i, sv->content_key->block_hash.data,
+                     sv->content_key->block_hash.len, 0);
+        }
+    }
+    return kvd_proto_walk_unique(walk, items, k, "saves",
+                                 "block_hash (key or content_key)");
 }
 
 static kvd_status_t check_step_plan(kvd_proto_walk_t *walk,
@@ -277,7 +298,8 @@ static kvd_status_t check_step_plan(kvd_proto_walk_t *walk,
     for (size_t i = 0; i < plan->n_requests; i++) {
         const kvd_pb_step_request_t *r = plan->requests[i];
         scratch = r->n_loads > scratch ? r->n_loads : scratch;
-        scratch = r->n_saves > scratch ? r->n_saves : scratch;
+        /* Saves: a key and a content key each. */
+        scratch = 2 * r->n_saves > scratch ? 2 * r->n_saves : scratch;
         total += r->n_loads + r->n_saves;
     }
     if (total > KVD_PROTO_MAX_BLOCKS_PER_PLAN) {

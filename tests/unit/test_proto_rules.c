@@ -103,6 +103,15 @@ static void m_position_big(kvd_samples_t *s)
 {
     S->load[0][0].position = (UINT64_C(1) << 40) + 1;
 }
+static void m_content_key_is_key(kvd_samples_t *s)
+{
+    /* A second copy under the same key: one reservation names it twice. */
+    S->save[0][0].content_key = S->save[0][0].key;
+}
+static void m_content_key_is_other(kvd_samples_t *s)
+{
+    S->save[0][0].content_key = S->save[0][1].key;
+}
 static void m_tier_unset(kvd_samples_t *s)
 {
     S->source[0][0].tier = KVDEPOT__V1__TIER__TIER_UNSPECIFIED;
@@ -349,6 +358,14 @@ static const rule_case_t rule_cases[] = {
     {KVD_PROTO_MSG_STEP_PLAN, 1, m_tokens_content_loads,
      "step_plan.requests[0].num_load_tokens: 64 tokens without prefix "
      "loads",
+     NULL},
+    {KVD_PROTO_MSG_STEP_PLAN, 1, m_content_key_is_key,
+     "step_plan.requests[0].saves[0].block_hash (key or content_key): "
+     "duplicates saves[0]",
+     NULL},
+    {KVD_PROTO_MSG_STEP_PLAN, 1, m_content_key_is_other,
+     "step_plan.requests[0].saves[1].block_hash (key or content_key): "
+     "duplicates saves[0]",
      NULL},
     {KVD_PROTO_MSG_STEP_PLAN, 1, m_position_big,
      "step_plan.requests[0].loads[0].position: 1099511627777, want "
