@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/failpoint_int.h"
 #include "common/log_int.h"
@@ -29,13 +30,16 @@
 /* N in "@N" is capped so that counting to it can never wrap. */
 #define KVD_FAILPOINT_NTH_MAX 1000000000000000000ull
 #define KVD_FAILPOINT_ERRNO_MAX 4095
+#define KVD_FAILPOINT_DELAY_MAX_MS 60000u
+#define KVD_FAILPOINT_DELAY "delay:"
 
 typedef struct kvd_failpoint {
     char name[KVD_FAILPOINT_NAME_MAX + 1];
-    int err;        /* positive errno injected */
-    uint64_t nth;   /* 0: every evaluation; else the Nth (1-based) */
-    bool and_later; /* "@N+": the Nth and every later one */
-    uint64_t count; /* evaluations since armed */
+    int err;           /* positive errno injected, or 0 with a delay */
+    uint32_t delay_ms; /* "delay:MS": the evaluation sleeps, then passes */
+    uint64_t nth;      /* 0: every evaluation; else the Nth (1-based) */
+    bool and_later;    /* "@N+": the Nth and every later one */
+    uint64_t count;    /* evaluations since armed */
 } kvd_failpoint_t;
 
 typedef struct kvd_failpoint_spec {
@@ -175,7 +179,22 @@ static kvd_status_t entry_parse(const char *b, const char *e,
     memset(fp, 0, sizeof(*fp));
     memcpy(fp->name, b, nlen);
     const char *at = memchr(eq + 1, '@', (size_t)(e - eq - 1));
-    kvd_status_t st = errno_parse(eq + 1, at != NULL ? at : e, &fp->err, err);
+    const char *vend = at != NULL ? at : e;
+    size_t dl = sizeof KVD_FAILPOINT_DELAY - 1;
+    kvd_status_t st = KVD_OK;
+    if ((size_t)(vend - eq - 1) >= dl &&
+        memcmp(eq + 1, KVD_FAILPOINT_DELAY, dl) == 0) {
+        uint64_t ms = 0;
+        if (!digits_parse(eq + 1 + dl, vend, KVD_FAILPOINT_DELAY_MAX_MS, &ms) ||
+            ms == 0) {
+            return fp_fail(err, KVD_ERR_INVALID,
+                           "'%.*s': expected delay:MS with MS in 1..%u",
+                           (int)(e - b), b, KVD_FAILPOINT_DELAY_MAX_MS);
+        }
+        fp->delay_ms = (uint32_t)ms;
+    } else {
+        st = errno_parse(eq + 1, vend, &fp->err, err);
+    }
     if (st != KVD_OK || at == NULL) {
         return st;
     }
@@ -268,6 +287,7 @@ int kvd_failpoint_hit(const char *name)
         return 0;
     }
     int inject = 0;
+    uint32_t delay_ms = 0;
     uint64_t count = 0;
     pthread_mutex_lock(&armed_lock);
     for (size_t i = 0; i < armed.num_points; i++) {
@@ -279,10 +299,18 @@ int kvd_failpoint_hit(const char *name)
         if (fp->nth == 0 || count == fp->nth ||
             (fp->and_later && count > fp->nth)) {
             inject = fp->err;
+            delay_ms = fp->delay_ms;
         }
         break;
     }
     pthread_mutex_unlock(&armed_lock);
+    if (delay_ms > 0) {
+        /* Outside the lock: other threads' evaluations go on. */
+        struct timespec ts = {(time_t)(delay_ms / 1000u),
+                              (long)(delay_ms % 1000u) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
     if (inject != 0) {
         KVD_LOG_DEBUG("failpoint %s: injecting errno %d (evaluation %llu)",
                       name, inject, (unsigned long long)count);

@@ -11,13 +11,17 @@
  *
  *     KVDEPOT_FAILPOINTS=nvme.write=EIO@3,arena.alloc=ENOMEM
  *
- * Spec grammar: comma-separated entries `name=ERR[@N[+]]`, no spaces.
+ * Spec grammar: comma-separated entries `name=ERR[@N[+]]` or
+ * `name=delay:MS[@N[+]]`, no spaces.
  *   name  [a-z0-9_.-]+, at most KVD_FAILPOINT_NAME_MAX bytes; each name at
  *         most once per spec; at most KVD_FAILPOINT_MAX entries.
  *   ERR   an errno name (EIO ENOSPC ENOMEM EAGAIN ETIMEDOUT ECONNRESET
  *         ECONNREFUSED EINVAL EPIPE ENOENT EACCES EDQUOT EBUSY ECANCELED
  *         EPROTO EEXIST EINTR EFAULT EBADF ENODEV EPERM ENOTCONN EMSGSIZE)
  *         or a decimal errno 1..4095.
+ *   delay:MS  instead of failing, the evaluation sleeps MS milliseconds
+ *         (1..60000) and passes (returns 0): a slow disk or network for
+ *         benchmarks and timing tests (nvme.read=delay:20);
  *   none  every evaluation fails;
  *   @N    only the Nth evaluation fails (1-based);
  *   @N+   the Nth and every later evaluation fail.

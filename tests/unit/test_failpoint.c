@@ -1,8 +1,8 @@
 /*
  * Failpoints: the spec grammar (valid and malformed), every-time / @N / @N+
- * semantics, evaluation counts, exact counting under concurrent hits,
- * clear, and KVDEPOT_FAILPOINTS (read once per process, so checked in a
- * re-executed child).
+ * semantics, delays instead of errors, evaluation counts, exact counting under
+ * concurrent hits, clear, and KVDEPOT_FAILPOINTS (read once per process, so
+ * checked in a re-executed child).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -76,6 +77,37 @@ static void test_nth_and_later(void **state)
     assert_int_equal(kvd_failpoint_set("x=EAGAIN@1+", NULL, 0), KVD_OK);
     assert_int_equal(kvd_failpoint_hit("x"), EAGAIN);
     assert_int_equal(kvd_failpoint_hit("x"), EAGAIN);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* "delay:MS": the chosen evaluations sleep and pass (return 0); counted
+ * like any other point. */
+static void test_delay(void **state)
+{
+    (void)state;
+    assert_int_equal(
+        kvd_failpoint_set("slow=delay:40@2,every=delay:5", NULL, 0), KVD_OK);
+    double took[3];
+    for (int i = 0; i < 3; i++) {
+        double t0 = now_ms();
+        assert_int_equal(kvd_failpoint_hit("slow"), 0);
+        took[i] = now_ms() - t0;
+    }
+    /* Only lower bounds: a sleep lasts at least its time (an upper bound
+     * would be a timing assertion a loaded machine breaks). */
+    assert_true(took[1] >= 40.0);
+    double t0 = now_ms();
+    assert_int_equal(kvd_failpoint_hit("every"), 0);
+    assert_int_equal(kvd_failpoint_hit("every"), 0);
+    assert_true(now_ms() - t0 >= 10.0);
+    assert_int_equal(kvd_failpoint_count("slow"), 3);
+    assert_int_equal(kvd_failpoint_count("every"), 2);
 }
 
 static void test_macro(void **state)
@@ -165,6 +197,11 @@ static void test_malformed(void **state)
         {"a=EIO,a=ENOSPC", KVD_ERR_INVALID, "failpoint 'a' given twice"},
         {" a=EIO", KVD_ERR_INVALID, "name may hold only"},
         {"a=EIO ", KVD_ERR_INVALID, "unknown errno name 'EIO '"},
+        {"a=delay:", KVD_ERR_INVALID, "expected delay:MS with MS in 1..60000"},
+        {"a=delay:0", KVD_ERR_INVALID, "expected delay:MS"},
+        {"a=delay:60001", KVD_ERR_INVALID, "expected delay:MS"},
+        {"a=delay:5x", KVD_ERR_INVALID, "expected delay:MS"},
+        {"a=delay:5@0", KVD_ERR_INVALID, "expected @N or @N+"},
     };
     /* A bad spec leaves the armed set as it was. */
     assert_int_equal(kvd_failpoint_set("keep=EIO", NULL, 0), KVD_OK);
@@ -383,6 +420,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_nth_only, setup),
         cmocka_unit_test_setup(test_nth_and_later, setup),
         cmocka_unit_test_setup(test_macro, setup),
+        cmocka_unit_test_setup(test_delay, setup),
         cmocka_unit_test_setup(test_every_errno_name, setup),
         cmocka_unit_test_setup(test_malformed, setup),
         cmocka_unit_test_setup(test_set_replaces_and_clears, setup),
