@@ -27,6 +27,7 @@
 #   make demo            the persistence round-trip demo (DEMO_ARGS=... passes
 #                        options, e.g. DEMO_ARGS="--prompt-tokens 4000")
 #   make demo-rag        chunk reuse: shuffled documents, each seam repair
+#   make demo-gate       the recompute-vs-fetch gate on a slowed NVMe tier
 #   make bench NAME=x    run one benchmark from bench/ (make bench lists them)
 #   make bench-curves    benchmarks swept over a parameter, drawn as PNGs in
 #                        docs/perf/ (bench/curves.py; not make test)
@@ -57,7 +58,7 @@ FUZZ_SECONDS ?= 60
 CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo demo-rag wheel bench bench-peers soak \
+.PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo demo-rag demo-gate wheel bench bench-peers soak \
         deb image test-deb test-image test-package chart bench-curves \
         wheel-manylinux test-wheel-manylinux dashboard-png \
         fuzz fuzz-all fmt \
@@ -132,6 +133,11 @@ demo: build
 # another question, cold, prefix-only and chunk reuse with each seam repair.
 demo-rag: build
 	@build/dev/demo/kvdepot-demo rag --dir .kvdepot-rag $(DEMO_ARGS)
+
+# The recompute-vs-fetch gate on an NVMe tier made slow by a failpoint
+# delay, over a sweep of prefix lengths.
+demo-gate: build
+	@build/dev/demo/kvdepot-demo gate --dir .kvdepot-gate $(DEMO_ARGS)
 
 # The Python package as a platform wheel carrying the release library.
 wheel: deps

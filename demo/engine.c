@@ -263,6 +263,9 @@ static kvd_status_t open_connector(engine_t *e)
     if (st == KVD_OK) {
         st = kvd_leader_create(&lc, e->store, &e->leader);
     }
+    if (st == KVD_OK && e->o->gate != NULL) {
+        st = kvd_leader_set_gate(e->leader, e->o->gate);
+    }
     if (st != KVD_OK) {
         snprintf(e->err, e->err_len, "leader: %s", kvd_status_str(st));
         return st;
@@ -807,6 +810,9 @@ kvd_status_t kvd_demo_run(const kvd_demo_opts_t *o, kvd_demo_result_t *r,
     if (e.worker != NULL && kvd_worker_stats(e.worker, &ws) == KVD_OK) {
         r->bytes_loaded = ws.bytes_loaded;
         r->bytes_stored = ws.bytes_saved;
+    }
+    if (e.leader != NULL) {
+        (void)kvd_leader_gate_estimates(e.leader, &r->gate_est);
     }
     engine_close(&e);
     free(prompt);

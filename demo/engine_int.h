@@ -15,6 +15,7 @@
 
 #include "demo/model_int.h"
 #include "kvdepot/kernels.h"
+#include "kvdepot/leader.h"
 
 #define KVD_DEMO_MAX_GEN 256u
 #define KVD_DEMO_BLOCK_SIZE 16u
@@ -71,6 +72,9 @@ typedef struct kvd_demo_opts {
      * KVD_DEMO_LOGP_VOCAB): with them the result gets the mean KL
      * divergence KL(reference || this run) over the generated steps. */
     const float *ref_logp;
+    /* The leader's recompute-vs-fetch gate (kvd_leader_set_gate), or NULL:
+     * off. The result reports its estimates after the request. */
+    const kvd_leader_gate_t *gate;
 } kvd_demo_opts_t;
 
 typedef struct kvd_demo_result {
@@ -93,6 +97,9 @@ typedef struct kvd_demo_result {
      * every reused token is computed in layers 0 and 1). */
     uint32_t reused_tokens, recomputed_tokens;
     double kl_mean; /* with opts.ref_logp */
+    /* With opts.gate: the gate's estimates once the request is done (the
+     * worker's measured loads folded in). */
+    kvd_leader_gate_t gate_est;
     /* Log-probabilities of the first min(gen, KVD_DEMO_LOGP_STEPS) steps
      * (vocabularies up to KVD_DEMO_LOGP_VOCAB). */
     float logp[KVD_DEMO_LOGP_STEPS][KVD_DEMO_LOGP_VOCAB];

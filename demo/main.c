@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "demo/engine_int.h"
+#include "demo/gate_int.h"
 #include "demo/rag_int.h"
 
 #define QUESTION_A " Question: what does kvdepot keep?"
@@ -43,6 +44,9 @@ typedef struct args {
     char dir[512];
     bool run_one;
     bool rag;            /* the retrieval scenario of chunk reuse */
+    bool gate;           /* the recompute-vs-fetch gate on a slow tier */
+    uint32_t delay_ms;   /* gate: an NVMe read's delay */
+    bool delay_every;    /* gate: every read delayed, not the first */
     bool layers_given;   /* rag: else KVD_DEMO_RAG_LAYERS layers */
     uint32_t doc_tokens; /* rag: tokens per document */
     uint32_t rounds;     /* rag: rounds of every run, for medians */
@@ -59,6 +63,8 @@ static void usage(void)
             "[--dir PATH]\n"
             "       [--doc-tokens N] [--rounds N] (rag: tokens per document, "
             "a multiple of 16; rounds for the TTFT medians, 1..9)\n"
+            "       [--delay MS] [--delay-every] (gate: the first NVMe read "
+            "of each process delayed MS, default 300, or every read)\n"
             "       [--codec raw|fp8_e4m3|int8|kivi4|kivi2|tq4|tq3|tq2] "
             "[--question TEXT]\n"
             "       [--layers N] [--dim N] [--heads N] [--kv-heads N] "
@@ -94,6 +100,13 @@ static int parse(int argc, char **argv, args_t *a)
     if (argc > 1 && strcmp(argv[1], "run") == 0) {
         a->run_one = true;
         i = 2;
+    } else if (argc > 1 && strcmp(argv[1], "gate") == 0) {
+        a->gate = true;
+        o->prompt_tokens = 1024;
+        o->gen_tokens = 1;
+        a->delay_ms = 300;
+        a->rounds = 3;
+        i = 2;
     } else if (argc > 1 && strcmp(argv[1], "rag") == 0) {
         a->rag = true;
         o->gen_tokens = KVD_DEMO_LOGP_STEPS;
@@ -105,6 +118,10 @@ static int parse(int argc, char **argv, args_t *a)
         const char *k = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint64_t n = 0;
         bool ok = v != NULL;
+        if (strcmp(k, "--delay-every") == 0) {
+            a->delay_every = true;
+            continue;
+        }
         if (ok && strcmp(k, "--dir") == 0) {
             snprintf(a->dir, sizeof a->dir, "%s", v);
         } else if (ok && strcmp(k, "--codec") == 0) {
@@ -138,6 +155,8 @@ static int parse(int argc, char **argv, args_t *a)
             } else if (strcmp(k, "--rounds") == 0 && n > 0 &&
                        n <= KVD_DEMO_RAG_MAX_ROUNDS) {
                 a->rounds = (uint32_t)n;
+            } else if (strcmp(k, "--delay") == 0 && n > 0 && n <= 60000) {
+                a->delay_ms = (uint32_t)n;
             } else if (strcmp(k, "--dim") == 0) {
                 o->model.dim = (uint32_t)n;
             } else if (strcmp(k, "--heads") == 0) {
@@ -330,6 +349,40 @@ static int rag(args_t *a)
     return exact ? 0 : 1;
 }
 
+/* `kvdepot-demo gate`: the sweep, then its two checks. */
+static int gate(args_t *a)
+{
+    static kvd_demo_gate_t x; /* large: not on the stack */
+    printf("kvdepot recompute-vs-fetch gate: %u-token prompt stored on NVMe, "
+           "%s NVMe read delayed %u ms (failpoint nvme.read), prefixes of "
+           "several lengths; model %u layers x dim %u; medians of %u "
+           "interleaved rounds\n\n",
+           a->o.prompt_tokens,
+           a->delay_every ? "every" : "each process's first", a->delay_ms,
+           a->o.model.num_layers, a->o.model.dim, a->rounds);
+    if (kvd_demo_gate_run(&a->o, a->dir, a->delay_ms, !a->delay_every,
+                          a->rounds, &x) != 0) {
+        return 1;
+    }
+    printf("cold prefill %.1f ms (%.0f tokens/s, what the gate is told); "
+           "the NVMe tier measured %.1f ms + %.3f ms a block delayed, "
+           "%.1f ms + %.3f ms a block as it is\n\n",
+           x.cold_ms, x.prefill_tokens_per_s, x.slow.latency_s * 1e3,
+           x.slow.s_per_block * 1e3, x.fast.latency_s * 1e3,
+           x.fast.s_per_block * 1e3);
+    double worst = 0;
+    kvd_demo_gate_print(&x, &worst);
+    bool loads = true;
+    for (uint32_t i = 0; i < x.num_rows; i++) {
+        loads = loads && x.rows[i].fast_matched == x.rows[i].load_matched;
+    }
+    printf("\ngate: worst TTFT %.2f of the better of always-load and "
+           "always-compute (target <= 1.05); without the delay it loads what "
+           "always-load loads: %s\n",
+           worst, loads ? "yes" : "NO");
+    return loads ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     args_t a;
@@ -338,6 +391,9 @@ int main(int argc, char **argv)
     }
     if (a.rag) {
         return rag(&a);
+    }
+    if (a.gate) {
+        return gate(&a);
     }
     if (!a.run_one) {
         return demo(&a);
