@@ -4,13 +4,13 @@
  * NVMe read delayed by a failpoint, prefixes of five lengths served always
  * loaded, always computed and through the gate, each in a new process on a
  * copy of the store. What does not depend on the machine's speed is
- * checked: the runs complete, always-load loads each stored prefix, and
- * on the tier without the delay the gate loads what always-load loads (a
- * load of a few blocks from a fast tier beats computing them on any
- * machine, sanitizers included). The decisions under the delay depend on
- * the speeds measured and are reported, not asserted (docs/performance.md
- * has a sweep; test_leader_gate checks the decisions on a scripted cost
- * model).
+ * checked: the runs complete, the delayed calibration load measured at
+ * least the delay, always-load loads each stored prefix, and the gate answers
+ * all of a stored prefix or none of it. Its decisions depend on the speeds
+ * measured (with this small model, computing a block or two can beat even the
+ * fast tier's latency), so they are reported, not asserted:
+ * docs/performance.md has the sweep at full size, test_leader_gate the
+ * decisions on a scripted cost model.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -43,13 +43,17 @@ static void test_sweep(void **state)
     kvd_demo_gate_print(&x, &worst);
     assert_int_equal(x.num_rows, 5); /* 15 blocks: 1, 3, 7, 11, 15 */
     assert_true(x.prefill_tokens_per_s > 0);
-    assert_true(x.slow.latency_s > x.fast.latency_s);
+    /* The 4-block calibration load took its latency plus four blocks,
+     * and at least the 50 ms its first read slept. */
+    assert_true(x.slow.latency_s + 4 * x.slow.s_per_block >= 0.049);
     for (uint32_t i = 0; i < x.num_rows; i++) {
         assert_int_equal(x.rows[i].prefix % KVD_DEMO_BLOCK_SIZE, 0);
         assert_int_equal(x.rows[i].load_matched, x.rows[i].prefix);
-        assert_int_equal(x.rows[i].fast_matched, x.rows[i].load_matched);
+        /* All or nothing of what is stored, whatever the speeds. */
         assert_true(x.rows[i].gate_matched == 0 ||
                     x.rows[i].gate_matched == x.rows[i].prefix);
+        assert_true(x.rows[i].fast_matched == 0 ||
+                    x.rows[i].fast_matched == x.rows[i].prefix);
     }
     kvd_test_dir_remove(&d);
 }
