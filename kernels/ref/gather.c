@@ -251,6 +251,10 @@ scatter_core(const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
     if (st != KVD_OK) {
         return st;
     }
+    double inv_freq[KVD_ROPE_MAX_PAIRS];
+    if (rope != NULL) {
+        (void)kvd_rope_inv_freq(rope, inv_freq); /* checked above */
+    }
 
     kvd_layer_regions_t r = kvd_layer_regions(fmt, layer);
     size_t row_bytes = (size_t)fmt->head_dim * kvd_dtype_size(fmt->dtype);
@@ -276,10 +280,11 @@ scatter_core(const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
                 }
             }
         }
-        if (rope != NULL && deltas[i] != 0) {
-            /* Checked above for every block: cannot fail. */
-            (void)kvd_ref_rope_shift_layer(layout, fmt, rope, layer,
-                                           &block_ids[i], &deltas[i], 1, valid);
+        if (rope != NULL) {
+            /* Checked above for every block, the frequencies computed
+             * once: only the block's own rotation here. */
+            kvd_rope_shift_block(layout, fmt, rope, inv_freq, layer,
+                                 block_ids[i], deltas[i], valid);
         }
     }
     free(scratch.mem);

@@ -226,31 +226,38 @@ kvd_status_t kvd_ref_rope_shift_layer(const kvd_kv_layout_t *layout,
     }
     double inv_freq[KVD_ROPE_MAX_PAIRS];
     (void)kvd_rope_inv_freq(rope, inv_freq); /* checked just above */
-
-    const uint32_t half = rope->rotary_dim / 2;
-    unsigned char *base = layout->layer_base[layer];
-    kvd_rope_block_t b;
     for (size_t i = 0; i < num_blocks; i++) {
-        if (deltas[i] == 0) {
-            continue;
-        }
         uint32_t valid =
             i + 1 == num_blocks ? num_valid_tokens_last : fmt->block_size;
-        for (uint32_t j = 0; j < half; j++) {
-            kvd_rope_sincos(kvd_rope_reduce(deltas[i], inv_freq[j]), &b.cos[j],
-                            &b.sin[j]);
-        }
-        /* Plane 0 is K; the layout check proved every (block, token,
-         * head) row below lies inside the layer. */
-        unsigned char *blk =
-            base + (size_t)block_ids[i] * (uint64_t)layout->stride_block;
-        for (uint32_t h = 0; h < fmt->num_heads; h++) {
-            for (uint32_t t = 0; t < valid; t++) {
-                kvd_rope_row(blk + (size_t)h * (uint64_t)layout->stride_head +
-                                 (size_t)t * (uint64_t)layout->stride_token,
-                             fmt->dtype, rope, &b);
-            }
-        }
+        kvd_rope_shift_block(layout, fmt, rope, inv_freq, layer, block_ids[i],
+                             deltas[i], valid);
     }
     return KVD_OK;
+}
+
+void kvd_rope_shift_block(const kvd_kv_layout_t *layout,
+                          const kvd_object_format_t *fmt,
+                          const kvd_rope_t *rope, const double *inv_freq,
+                          unsigned layer, int32_t block_id, int64_t delta,
+                          uint32_t valid)
+{
+    if (delta == 0) {
+        return;
+    }
+    kvd_rope_block_t b;
+    for (uint32_t j = 0; j < rope->rotary_dim / 2; j++) {
+        kvd_rope_sincos(kvd_rope_reduce(delta, inv_freq[j]), &b.cos[j],
+                        &b.sin[j]);
+    }
+    /* Plane 0 is K; the layout check proved every (block, token, head)
+     * row below lies inside the layer. */
+    unsigned char *blk = (unsigned char *)layout->layer_base[layer] +
+                         (size_t)block_id * (uint64_t)layout->stride_block;
+    for (uint32_t h = 0; h < fmt->num_heads; h++) {
+        for (uint32_t t = 0; t < valid; t++) {
+            kvd_rope_row(blk + (size_t)h * (uint64_t)layout->stride_head +
+                             (size_t)t * (uint64_t)layout->stride_token,
+                         fmt->dtype, rope, &b);
+        }
+    }
 }

@@ -44,6 +44,19 @@ kvd_status_t kvd_rope_args_check(const kvd_kv_layout_t *layout,
                                  const int32_t *block_ids, const void *deltas,
                                  size_t num_blocks, uint32_t valid_last);
 
+/*
+ * Rotates the K rows of block `block_id` (its first `valid` tokens) of
+ * layer `layer` by `delta`, with `inv_freq` from kvd_rope_inv_freq: the
+ * body of kvd_ref_rope_shift_layer for one block, without its checks, for
+ * callers that checked the arguments once for many blocks
+ * (kvd_rope_args_check) and computed the frequencies once. rope.c.
+ */
+void kvd_rope_shift_block(const kvd_kv_layout_t *layout,
+                          const kvd_object_format_t *fmt,
+                          const kvd_rope_t *rope, const double *inv_freq,
+                          unsigned layer, int32_t block_id, int64_t delta,
+                          uint32_t valid);
+
 #ifdef __cplusplus
 }
 #endif
