@@ -37,6 +37,7 @@ typedef struct kvd_failpoint {
     char name[KVD_FAILPOINT_NAME_MAX + 1];
     int err;           /* positive errno injected, or 0 with a delay */
     uint32_t delay_ms; /* "delay:MS": the evaluation sleeps, then passes */
+    bool block;        /* "block": waits until the armed set changes */
     uint64_t nth;      /* 0: every evaluation; else the Nth (1-based) */
     bool and_later;    /* "@N+": the Nth and every later one */
     uint64_t count;    /* evaluations since armed */
@@ -52,6 +53,10 @@ int kvd_failpoint_armed_g = 1;
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t armed_lock = PTHREAD_MUTEX_INITIALIZER;
 static kvd_failpoint_spec_t armed; /* guarded by armed_lock */
+/* Counts kvd_failpoint_set/clear calls; "block" evaluations wait on
+ * armed_cv until it moves (both guarded by armed_lock). */
+static uint64_t armed_gen;
+static pthread_cond_t armed_cv = PTHREAD_COND_INITIALIZER;
 
 static const struct {
     const char *name;
@@ -192,6 +197,8 @@ static kvd_status_t entry_parse(const char *b, const char *e,
                            (int)(e - b), b, KVD_FAILPOINT_DELAY_MAX_MS);
         }
         fp->delay_ms = (uint32_t)ms;
+    } else if (vend - eq - 1 == 5 && memcmp(eq + 1, "block", 5) == 0) {
+        fp->block = true;
     } else {
         st = errno_parse(eq + 1, vend, &fp->err, err);
     }
@@ -256,6 +263,8 @@ static void armed_install(const kvd_failpoint_spec_t *spec)
 {
     pthread_mutex_lock(&armed_lock);
     armed = *spec;
+    armed_gen++;
+    pthread_cond_broadcast(&armed_cv);
     __atomic_store_n(&kvd_failpoint_armed_g, (int)spec->num_points,
                      __ATOMIC_RELAXED);
     pthread_mutex_unlock(&armed_lock);
@@ -300,6 +309,10 @@ int kvd_failpoint_hit(const char *name)
             (fp->and_later && count > fp->nth)) {
             inject = fp->err;
             delay_ms = fp->delay_ms;
+            /* The armed set is replaced by a set or clear: fp is gone. */
+            for (uint64_t gen = armed_gen; fp->block && gen == armed_gen;) {
+                pthread_cond_wait(&armed_cv, &armed_lock);
+            }
         }
         break;
     }
@@ -335,6 +348,8 @@ void kvd_failpoint_clear(void)
     pthread_once(&env_once, env_init);
     pthread_mutex_lock(&armed_lock);
     armed.num_points = 0;
+    armed_gen++;
+    pthread_cond_broadcast(&armed_cv);
     __atomic_store_n(&kvd_failpoint_armed_g, 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&armed_lock);
 }

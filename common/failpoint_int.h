@@ -11,8 +11,8 @@
  *
  *     KVDEPOT_FAILPOINTS=nvme.write=EIO@3,arena.alloc=ENOMEM
  *
- * Spec grammar: comma-separated entries `name=ERR[@N[+]]` or
- * `name=delay:MS[@N[+]]`, no spaces.
+ * Spec grammar: comma-separated entries `name=ERR[@N[+]]`,
+ * `name=delay:MS[@N[+]]` or `name=block[@N[+]]`, no spaces.
  *   name  [a-z0-9_.-]+, at most KVD_FAILPOINT_NAME_MAX bytes; each name at
  *         most once per spec; at most KVD_FAILPOINT_MAX entries.
  *   ERR   an errno name (EIO ENOSPC ENOMEM EAGAIN ETIMEDOUT ECONNRESET
@@ -22,6 +22,10 @@
  *   delay:MS  instead of failing, the evaluation sleeps MS milliseconds
  *         (1..60000) and passes (returns 0): a slow disk or network for
  *         benchmarks and timing tests (nvme.read=delay:20);
+ *   block the evaluation waits until the armed set is replaced
+ *         (kvd_failpoint_set or kvd_failpoint_clear), then passes: a test
+ *         holds a background step at that point while it looks at the
+ *         state, without timing;
  *   none  every evaluation fails;
  *   @N    only the Nth evaluation fails (1-based);
  *   @N+   the Nth and every later evaluation fail.

@@ -1,6 +1,7 @@
 /*
  * Failpoints: the spec grammar (valid and malformed), every-time / @N / @N+
- * semantics, delays instead of errors, evaluation counts, exact counting under
+ * semantics, delays instead of errors, blocks until the armed set changes,
+ * evaluation counts, exact counting under
  * concurrent hits, clear, and KVDEPOT_FAILPOINTS (read once per process, so
  * checked in a re-executed child).
  */
@@ -130,6 +131,46 @@ static void test_macro(void **state)
 #endif
 }
 
+static int block_returned = -1; /* __atomic */
+
+static void *block_hit(void *arg)
+{
+    (void)arg;
+    __atomic_store_n(&block_returned, kvd_failpoint_hit("held"),
+                     __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+/* "block": the evaluation waits until the armed set is replaced, then
+ * passes; evaluations before @N do not wait. */
+static void test_block(void **state)
+{
+    (void)state;
+    assert_int_equal(kvd_failpoint_set("held=block@2", NULL, 0), KVD_OK);
+    assert_int_equal(kvd_failpoint_hit("held"), 0); /* the first: no wait */
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, block_hit, NULL), 0);
+    while (kvd_failpoint_count("held") < 2) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    /* Counted, and held until the set changes. */
+    assert_int_equal(__atomic_load_n(&block_returned, __ATOMIC_SEQ_CST), -1);
+    assert_int_equal(kvd_failpoint_set("other=EIO", NULL, 0), KVD_OK);
+    pthread_join(t, NULL);
+    assert_int_equal(__atomic_load_n(&block_returned, __ATOMIC_SEQ_CST), 0);
+    __atomic_store_n(&block_returned, -1, __ATOMIC_SEQ_CST);
+    assert_int_equal(kvd_failpoint_set("held=block", NULL, 0), KVD_OK);
+    assert_int_equal(pthread_create(&t, NULL, block_hit, NULL), 0);
+    while (kvd_failpoint_count("held") < 1) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    kvd_failpoint_clear(); /* clearing releases it too */
+    pthread_join(t, NULL);
+    assert_int_equal(__atomic_load_n(&block_returned, __ATOMIC_SEQ_CST), 0);
+}
+
 static void test_every_errno_name(void **state)
 {
     (void)state;
@@ -202,6 +243,8 @@ static void test_malformed(void **state)
         {"a=delay:60001", KVD_ERR_INVALID, "expected delay:MS"},
         {"a=delay:5x", KVD_ERR_INVALID, "expected delay:MS"},
         {"a=delay:5@0", KVD_ERR_INVALID, "expected @N or @N+"},
+        {"a=blocked", KVD_ERR_INVALID, "unknown errno name 'blocked'"},
+        {"a=block@", KVD_ERR_INVALID, "expected @N or @N+"},
     };
     /* A bad spec leaves the armed set as it was. */
     assert_int_equal(kvd_failpoint_set("keep=EIO", NULL, 0), KVD_OK);
@@ -421,6 +464,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_nth_and_later, setup),
         cmocka_unit_test_setup(test_macro, setup),
         cmocka_unit_test_setup(test_delay, setup),
+        cmocka_unit_test_setup(test_block, setup),
         cmocka_unit_test_setup(test_every_errno_name, setup),
         cmocka_unit_test_setup(test_malformed, setup),
         cmocka_unit_test_setup(test_set_replaces_and_clears, setup),
