@@ -16,21 +16,40 @@
  * the side stream is drained), the step's synchronous loads are finished
  * as always, and each request with saves is reported as finished saving
  * exactly once, since nothing of it is in flight any more.
+ *
+ * With async_saves (a backend whose saves may outlive the step, the host
+ * one) the first way is split: wait_for_save only detaches the step onto
+ * the drain list (kvd_worker_step_detach) and returns; the worker's
+ * committer thread ends each drained step, oldest first, once its copies
+ * ran, with the store's calls outside the worker's lock. The step's keys
+ * use the namespace of its bind (a set_namespace in between does not move
+ * them). A request saving in several steps in flight is reported once,
+ * when the last of them ended.
  */
 #include <string.h>
 
+#include "common/failpoint_int.h"
 #include "common/log_int.h"
 #include "worker/worker_int.h"
 
-void kvd_worker_saves_commit(kvd_worker_t *w, wstep_t *s)
+/* The store's part: one commit call for the copied objects and one abort
+ * call for the others, in the step's key array (ok ones first, then the
+ * rest). Only the thread ending the step touches these arrays. */
+static size_t saves_store(kvd_worker_t *w, wstep_t *s)
 {
-    /* One commit call for the copied objects and one abort call for the
-     * others, in the step's key array (ok ones first, then the rest). */
+    /* A slow store (delay: a busy daemon, a remote one) or a failed commit
+     * (an errno: the step's objects are aborted), in tests and benchmarks. */
+    int inject = s->n_saves > 0 ? KVD_FAILPOINT("worker.commit") : 0;
+    for (size_t i = 0; inject != 0 && i < s->n_saves; i++) {
+        if (s->saves[i]->status == KVD_OK) {
+            s->saves[i]->status = kvd_status_from_errno(inject);
+        }
+    }
     size_t ok = 0, bad = s->n_saves;
     for (size_t i = 0; i < s->n_saves; i++) {
         wblock_t *b = s->saves[i];
         size_t at = b->status == KVD_OK ? ok++ : --bad;
-        s->save_keys[at].ns = w->cfg.ns;
+        s->save_keys[at].ns = s->ns;
         s->save_keys[at].hash = b->hash;
         s->save_order[at] = b;
     }
@@ -41,6 +60,12 @@ void kvd_worker_saves_commit(kvd_worker_t *w, wstep_t *s)
         (void)kvd_store_abort(w->store, s->save_keys + ok, s->n_saves - ok,
                               s->save_status + ok);
     }
+    return ok;
+}
+
+/* Counts what saves_store did (mu held). */
+static void saves_count(kvd_worker_t *w, wstep_t *s, size_t ok)
+{
     for (size_t i = 0; i < s->n_saves; i++) {
         wblock_t *b = s->save_order[i];
         kvd_status_t st = s->save_status[i];
@@ -60,6 +85,14 @@ void kvd_worker_saves_commit(kvd_worker_t *w, wstep_t *s)
                          kvd_status_str(st));
         }
     }
+    w->inflight_save_bytes -= s->save_bytes;
+    w->st.saves_inflight -= s->n_saves;
+    s->save_bytes = 0;
+}
+
+void kvd_worker_saves_commit(kvd_worker_t *w, wstep_t *s)
+{
+    saves_count(w, s, saves_store(w, s));
 }
 
 /* Marks every save of the step not failed already as aborted (mu held). */
@@ -82,6 +115,28 @@ static void saves_abort(wstep_t *s, const char *why)
     }
 }
 
+/* Queues the step's requests with saves as finished saving (mu held; the
+ * step's saves_done set). A request is reported when none of its saves is
+ * in flight any more: another step still saving for it (async_saves)
+ * reports it when that step ends, and this step's room goes back. */
+static void reports_queue(kvd_worker_t *w, const wstep_t *s)
+{
+    for (size_t i = 0; i < s->n_reqs; i++) {
+        const wreq_t *r = s->reqs[i];
+        if (r == NULL || r->n_saves == 0) {
+            continue;
+        }
+        if (kvd_worker_req_saving(w, r->id)) {
+            w->fin_save.reserved -= w->fin_save.reserved > 0 ? 1 : 0;
+            continue;
+        }
+        wfin_t f;
+        memcpy(f.id, r->id, sizeof f.id);
+        f.async = false;
+        kvd_worker_queue_push(w, &w->fin_save, &f);
+    }
+}
+
 void kvd_worker_step_end(kvd_worker_t *w, wstep_t *s, const char *abort_why)
 {
     pthread_mutex_lock(&w->mu);
@@ -93,16 +148,71 @@ void kvd_worker_step_end(kvd_worker_t *w, wstep_t *s, const char *abort_why)
         saves_abort(s, abort_why);
     }
     kvd_worker_saves_commit(w, s);
-    for (size_t i = 0; i < s->n_reqs; i++) {
-        wreq_t *r = s->reqs[i];
-        if (r != NULL && r->n_saves > 0) {
-            wfin_t f;
-            memcpy(f.id, r->id, sizeof f.id);
-            f.async = false;
-            kvd_worker_queue_push(w, &w->fin_save, &f);
-        }
-    }
-    s->saves_done = true;
+    s->saves_done = true; /* before reports_queue: nothing in flight */
+    reports_queue(w, s);
     kvd_worker_notify(w);
     pthread_mutex_unlock(&w->mu);
+}
+
+void kvd_worker_step_detach(kvd_worker_t *w, wstep_t *s)
+{
+    pthread_mutex_lock(&w->mu);
+    /* The step's loads end here, as they would at wait_for_save: the host
+     * backend's tasks did their copies, so enqueued means done. */
+    while (!kvd_worker_loads_enqueued(s)) {
+        pthread_cond_wait(&w->done_cv, &w->mu);
+    }
+    s->detached = true;
+    s->drain_next = NULL;
+    if (w->drain_tail != NULL) {
+        w->drain_tail->drain_next = s;
+    } else {
+        w->drain_head = s;
+    }
+    w->drain_tail = s;
+    pthread_cond_broadcast(&w->done_cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Ends the saves of the oldest draining step, whose copies all ran (mu
+ * held; dropped around the store's calls, which may be a daemon's). */
+static void drain_one(kvd_worker_t *w, wstep_t *s)
+{
+    pthread_mutex_unlock(&w->mu);
+    size_t ok = saves_store(w, s);
+    pthread_mutex_lock(&w->mu);
+    saves_count(w, s, ok);
+    s->saves_done = true;
+    w->drain_head = s->drain_next;
+    if (w->drain_head == NULL) {
+        w->drain_tail = NULL;
+    }
+    reports_queue(w, s);
+    bool release = s->released;
+    pthread_cond_broadcast(&w->done_cv);
+    kvd_worker_notify(w);
+    if (release) {
+        pthread_mutex_unlock(&w->mu);
+        kvd_worker_step_free(s);
+        pthread_mutex_lock(&w->mu);
+    }
+}
+
+void *kvd_worker_committer_main(void *arg)
+{
+    kvd_worker_t *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        wstep_t *s = w->drain_head;
+        if (s == NULL && w->quit) {
+            break;
+        }
+        if (s == NULL || s->save_tasks_left > 0) {
+            pthread_cond_wait(&w->done_cv, &w->mu);
+            continue;
+        }
+        drain_one(w, s);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
 }

@@ -792,6 +792,7 @@ const wdevice_ops_t kvd_worker_device_cuda = {
     .register_caches = cuda_register_caches,
     .chunks = cuda_chunks,
     .tasks_complete = false,
+    .saves_outlive_step = false,
     .load = cuda_load,
     .save = cuda_save,
     .load_async = cuda_load_async,

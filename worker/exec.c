@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/failpoint_int.h"
 #include "common/grow_int.h"
 #include "common/log_int.h"
 #include "common/time_int.h"
@@ -574,7 +575,12 @@ static void run_load(kvd_worker_t *w, wstep_t *s, const wtask_t *t)
 
 static void run_save(kvd_worker_t *w, wstep_t *s, const wtask_t *t)
 {
-    kvd_status_t st = w->dev->save(w, s, t->layer, t->first, t->count);
+    /* A slow (delay) or stalled (block) copy out of the cache, or one that
+     * fails, in tests and benchmarks. */
+    int inject = KVD_FAILPOINT("worker.save");
+    kvd_status_t st = inject != 0
+                          ? kvd_status_from_errno(inject)
+                          : w->dev->save(w, s, t->layer, t->first, t->count);
     pthread_mutex_lock(&w->mu);
     if (st != KVD_OK) {
         KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
@@ -771,6 +777,13 @@ kvd_status_t kvd_worker_exec_start(kvd_worker_t *w)
         return KVD_ERR_NOMEM;
     }
     w->poller_started = true;
+    if (w->async_saves) {
+        if (pthread_create(&w->committer, NULL, kvd_worker_committer_main, w) !=
+            0) {
+            return KVD_ERR_NOMEM;
+        }
+        w->committer_started = true;
+    }
     return KVD_OK;
 }
 
@@ -790,6 +803,7 @@ void kvd_worker_exec_stop(kvd_worker_t *w)
     w->quit = true;
     pthread_cond_broadcast(&w->poll_cv);
     pthread_cond_broadcast(&w->task_cv);
+    pthread_cond_broadcast(&w->done_cv); /* the committer */
     pthread_mutex_unlock(&w->mu);
     if (w->poller_started) {
         pthread_join(w->poller, NULL);
@@ -799,4 +813,10 @@ void kvd_worker_exec_stop(kvd_worker_t *w)
         pthread_join(w->threads[i], NULL);
     }
     w->threads_started = 0;
+    /* After the pool: the draining steps' copies have all run, so the
+     * committer commits them and leaves. */
+    if (w->committer_started) {
+        pthread_join(w->committer, NULL);
+        w->committer_started = false;
+    }
 }

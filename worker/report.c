@@ -187,6 +187,15 @@ KVD_API kvd_status_t kvd_worker_get_finished(
         return KVD_ERR_NOMEM;
     }
     ns = queue_take(&w->fin_save, w->taken_save, ns);
+    /* A request reported when an earlier step's saves ended but saving
+     * again in a step not ended yet (async_saves): that step reports it. */
+    size_t kept = 0;
+    for (size_t i = 0; i < ns; i++) {
+        if (!kvd_worker_req_saving(w, w->taken_save[i].id)) {
+            w->taken_save[kept++] = w->taken_save[i];
+        }
+    }
+    ns = kept;
     nl = queue_take(&w->fin_load, w->taken_load, nl);
     nf = queue_take(&w->failed, w->taken_failed, nf);
     wtier_t tiers[2];

@@ -41,6 +41,7 @@
 #include "worker/worker_int.h"
 
 #define WORKER_DEFAULT_THREADS 2u
+#define WORKER_DEFAULT_INFLIGHT_SAVE_BYTES (1ull << 30)
 
 /* ---- stores in use: the workers of each store share its completions ----- */
 
@@ -146,7 +147,7 @@ void kvd_worker_req_free(wreq_t *r)
     free(r);
 }
 
-static void step_free(wstep_t *s)
+void kvd_worker_step_free(wstep_t *s)
 {
     if (s == NULL) {
         return;
@@ -170,6 +171,28 @@ static void step_free(wstep_t *s)
     free(s->save_issued);
     free(s->tasks);
     free(s);
+}
+
+static bool step_saves_for(const wstep_t *s, const char *id)
+{
+    for (size_t i = 0; i < s->n_reqs; i++) {
+        if (s->reqs[i] != NULL && s->reqs[i]->n_saves > 0 &&
+            strcmp(s->reqs[i]->id, id) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+bool kvd_worker_req_saving(const kvd_worker_t *w, const char *id)
+{
+    for (const wstep_t *s = w->drain_head; s != NULL; s = s->drain_next) {
+        if (!s->saves_done && step_saves_for(s, id)) {
+            return true;
+        }
+    }
+    const wstep_t *b = w->step;
+    return b != NULL && !b->saves_done && !b->detached && step_saves_for(b, id);
 }
 
 /* ---- create / destroy --------------------------------------------------- */
@@ -235,6 +258,14 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     w->object_bytes = kvd_object_stored_bytes(&cfg->format);
     w->num_threads =
         cfg->num_threads != 0 ? cfg->num_threads : WORKER_DEFAULT_THREADS;
+    w->async_saves = cfg->async_saves && dev->saves_outlive_step;
+    w->max_inflight_save_bytes = cfg->max_inflight_save_bytes != 0
+                                     ? cfg->max_inflight_save_bytes
+                                     : WORKER_DEFAULT_INFLIGHT_SAVE_BYTES;
+    if (cfg->async_saves && !dev->saves_outlive_step) {
+        KVD_LOG_INFO("worker: async_saves: this device backend ends a "
+                     "step's saves at wait_for_save");
+    }
     w->fin_save.item_bytes = sizeof(wfin_t);
     w->fin_load.item_bytes = sizeof(wfin_t);
     w->failed.item_bytes = sizeof(wfail_t);
@@ -348,11 +379,12 @@ KVD_API kvd_status_t kvd_worker_register_kv_caches(
         return s;
     }
     pthread_mutex_lock(&w->mu);
-    bool busy = w->step != NULL || w->async_active > 0;
+    bool busy = w->step != NULL || w->async_active > 0 || w->drain_head != NULL;
     pthread_mutex_unlock(&w->mu);
     if (busy) {
         kvd_config_err(err, err_len,
-                       "worker: a plan is bound or loads are in flight");
+                       "worker: a plan is bound or loads or saves are in "
+                       "flight");
         return KVD_ERR_STATE;
     }
     s = w->dev->register_caches(w, layout, err, err_len);
@@ -451,6 +483,30 @@ static kvd_status_t req_build(kvd_worker_t *w, const kvd_pb_step_request_t *q,
     return KVD_OK;
 }
 
+/* How many of the request's saves (a prefix) fit under
+ * max_inflight_save_bytes with async_saves; the rest are shed (mu held). */
+static size_t saves_room(kvd_worker_t *w, const wstep_t *s, wreq_t *r)
+{
+    if (!w->async_saves) {
+        return r->n_saves;
+    }
+    uint64_t used = w->inflight_save_bytes, cap = w->max_inflight_save_bytes;
+    uint64_t fit = used < cap ? (cap - used) / w->object_bytes : 0;
+    size_t n = fit < r->n_saves ? (size_t)fit : r->n_saves;
+    for (size_t b = n; b < r->n_saves; b++) {
+        r->saves[b].status = KVD_ERR_BUSY;
+        w->st.saves_shed++;
+    }
+    if (n < r->n_saves) {
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 1000,
+                            "worker: step %llu: %zu saves of request %s "
+                            "shed: %llu bytes of saves in flight",
+                            (unsigned long long)s->step, r->n_saves - n, r->id,
+                            (unsigned long long)used);
+    }
+    return n;
+}
+
 /* Reserves arena slots for the saves of every request; keeps the granted
  * ones in the step. */
 static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
@@ -480,11 +536,13 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
         if (r->n_saves == 0) {
             continue;
         }
-        for (size_t b = 0; b < r->n_saves; b++) {
+        size_t n = saves_room(w, s, r);
+        for (size_t b = 0; b < n; b++) {
             hashes[b] = r->saves[b].hash;
         }
-        st = kvd_store_reserve(w->store, &w->cfg.ns, hashes, r->n_saves,
-                               w->object_bytes, w->cfg.tenant, res);
+        st = n == 0 ? KVD_OK
+                    : kvd_store_reserve(w->store, &s->ns, hashes, n,
+                                        w->object_bytes, w->cfg.tenant, res);
         if (st != KVD_OK) {
             kvd_config_err(err, err_len,
                            "worker: reserving %zu objects of %zu "
@@ -492,7 +550,7 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
                            r->n_saves, w->object_bytes, kvd_status_str(st));
             break;
         }
-        for (size_t b = 0; b < r->n_saves; b++) {
+        for (size_t b = 0; b < n; b++) {
             wblock_t *blk = &r->saves[b];
             if (res[b].status == KVD_OK) {
                 blk->arena_offset = res[b].arena_offset;
@@ -501,7 +559,7 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
                 if (blk->obj == NULL) {
                     /* The arena it was made in is no longer mapped (the
                      * daemon restarted since): give the slot back. */
-                    kvd_store_key_t k = {w->cfg.ns, blk->hash};
+                    kvd_store_key_t k = {s->ns, blk->hash};
                     kvd_status_t ast;
                     (void)kvd_store_abort(w->store, &k, 1, &ast);
                     blk->status = KVD_ERR_STATE;
@@ -511,12 +569,15 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
                 /* The header first: the payload is written by the copies,
                  * and everything goes to the store at commit. */
                 (void)kvd_object_header_pack_at(
-                    &w->cfg.format, &w->cfg.ns, &blk->hash, blk->position,
+                    &w->cfg.format, &s->ns, &blk->hash, blk->position,
                     (uint8_t *)blk->obj + w->payload_bytes);
                 s->saves[s->n_saves] = blk;
                 s->save_ids[s->n_saves] = blk->block_id;
                 s->save_objs[s->n_saves] = blk->obj;
                 s->n_saves++;
+                s->save_bytes += w->object_bytes;
+                w->inflight_save_bytes += w->object_bytes;
+                w->st.saves_inflight++;
             } else if (res[b].status == KVD_ERR_EXISTS) {
                 blk->status = KVD_ERR_EXISTS;
                 w->st.saves_skipped++;
@@ -640,6 +701,19 @@ static kvd_status_t step_requests(kvd_worker_t *w, wstep_t *s,
     return KVD_OK;
 }
 
+/* The engine is about to reuse the blocks of the plan's preempted
+ * requests: their saves still in flight (async_saves) end first. */
+static void preempted_wait(kvd_worker_t *w, const kvd_pb_step_plan_t *plan)
+{
+    pthread_mutex_lock(&w->mu);
+    for (size_t i = 0; i < plan->n_preempted_request_ids; i++) {
+        while (kvd_worker_req_saving(w, plan->preempted_request_ids[i])) {
+            pthread_cond_wait(&w->done_cv, &w->mu);
+        }
+    }
+    pthread_mutex_unlock(&w->mu);
+}
+
 KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
                                               const void *plan, size_t len,
                                               char *err, size_t err_len)
@@ -680,6 +754,8 @@ KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
         return KVD_ERR_NOMEM;
     }
     s->step = msg->step;
+    s->ns = w->cfg.ns;
+    preempted_wait(w, msg);
     st = step_requests(w, s, msg, err, err_len);
     kvd_proto_step_plan_free(msg);
     if (st == KVD_OK) {
@@ -720,7 +796,7 @@ err_step:
     if (st == KVD_ERR_NOMEM) {
         kvd_config_err(err, err_len, "worker: out of memory binding a plan");
     }
-    step_free(s);
+    kvd_worker_step_free(s);
     return st;
 }
 
@@ -814,7 +890,7 @@ KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
         return KVD_ERR_RANGE;
     }
     wstep_t *s = w->step;
-    if (s == NULL || s->saves_done) {
+    if (s == NULL || s->saves_done || s->detached) {
         return KVD_OK;
     }
     kvd_status_t st = KVD_OK;
@@ -850,7 +926,7 @@ KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
     }
     kvd_worker_t *w = worker;
     wstep_t *s = w->step;
-    if (s == NULL || s->saves_done) {
+    if (s == NULL || s->saves_done || s->detached) {
         return KVD_OK;
     }
     if (!s->loads_started) {
@@ -879,14 +955,44 @@ KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
         kvd_worker_saves_issue(w, s, l);
     }
     pthread_mutex_unlock(&w->mu);
-    kvd_worker_step_end(w, s, NULL);
+    if (w->async_saves && s->n_saves > 0) {
+        kvd_worker_step_detach(w, s);
+    } else {
+        kvd_worker_step_end(w, s, NULL);
+    }
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_worker_flush_saves(kvd_worker_t *worker)
+{
+    if (worker == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    pthread_mutex_lock(&worker->mu);
+    while (worker->drain_head != NULL) {
+        pthread_cond_wait(&worker->done_cv, &worker->mu);
+    }
+    pthread_mutex_unlock(&worker->mu);
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_worker_request_saving(kvd_worker_t *worker,
+                                               const char *request_id,
+                                               bool *saving_out)
+{
+    if (worker == NULL || request_id == NULL || saving_out == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    pthread_mutex_lock(&worker->mu);
+    *saving_out = kvd_worker_req_saving(worker, request_id);
+    pthread_mutex_unlock(&worker->mu);
     return KVD_OK;
 }
 
 /* Ends the bound step without committing its saves (loads finish). */
 static void step_abandon(kvd_worker_t *w, wstep_t *s, const char *why)
 {
-    if (s->saves_done) {
+    if (s->saves_done || s->detached) {
         return;
     }
     if (!s->loads_started) {
@@ -976,7 +1082,12 @@ KVD_API kvd_status_t kvd_worker_clear_metadata(kvd_worker_t *worker)
     step_abandon(w, s, "the step ended without wait_for_save");
     pthread_mutex_lock(&w->mu);
     w->step = NULL;
+    /* A step still draining is the committer's to free. */
+    bool mine = !s->detached || s->saves_done;
+    s->released = true;
     pthread_mutex_unlock(&w->mu);
-    step_free(s);
+    if (mine) {
+        kvd_worker_step_free(s);
+    }
     return KVD_OK;
 }

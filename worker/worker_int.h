@@ -114,7 +114,15 @@ struct wstep {
     kvd_status_t *save_status;
     bool *save_issued; /* per layer */
     size_t save_tasks_left;
-    bool saves_done; /* committed or aborted (kvd_worker_step_end) */
+    bool saves_done;     /* committed or aborted (kvd_worker_step_end) */
+    kvd_namespace_t ns;  /* cfg.ns at bind: the saves' keys and headers */
+    uint64_t save_bytes; /* reserved: n_saves objects (inflight_save_bytes) */
+    /* Saves outliving the step (cfg.async_saves): wait_for_save put the
+     * step on the drain list, and the committer ends its saves once the
+     * copies ran. `released`: the engine is done with the step (cleared,
+     * or the next plan bound), so the committer frees it. */
+    bool detached, released;
+    wstep_t *drain_next;
     /* Task storage: layers * (load chunks + save chunks), used in order. */
     wtask_t *tasks;
     size_t n_tasks, used_tasks;
@@ -165,6 +173,13 @@ struct kvd_worker {
 
     wstep_t *step; /* bound plan, or NULL */
     uint64_t last_step;
+    /* Steps whose saves outlive them (cfg.async_saves), oldest first, and
+     * the object bytes reserved by those and by the bound step (mu). */
+    wstep_t *drain_head, *drain_tail;
+    uint64_t inflight_save_bytes, max_inflight_save_bytes;
+    bool async_saves; /* cfg.async_saves, and the backend can */
+    pthread_t committer;
+    bool committer_started;
 
     /* Held around kvd_store_poll/wait: the store's completion queue has one
      * consumer at a time, and the workers on one store (one per vLLM
@@ -226,6 +241,11 @@ struct kvd_worker {
 void kvd_worker_queue_push(kvd_worker_t *w, wqueue_t *q, const void *item);
 /* Wakes kvd_worker_fd sleepers (mu held or not). */
 void kvd_worker_notify(kvd_worker_t *w);
+/* Frees a step that no thread uses any more. */
+void kvd_worker_step_free(wstep_t *s);
+/* Some step not ended yet (the bound one or one draining) saves for
+ * request `id` (mu held). */
+bool kvd_worker_req_saving(const kvd_worker_t *w, const char *id);
 
 /* ---- commit.c ----------------------------------------------------------- */
 
@@ -238,6 +258,14 @@ void kvd_worker_saves_commit(kvd_worker_t *w, wstep_t *s);
  * NULL, aborts every one not failed already (logged with that reason);
  * queues the requests as finished saving and sets saves_done. */
 void kvd_worker_step_end(kvd_worker_t *w, wstep_t *s, const char *abort_why);
+/* cfg.async_saves: hands the step's saves to the committer (engine thread,
+ * mu not held; every layer to copy issued): waits only for the step's
+ * synchronous loads, then puts the step on the drain list. */
+void kvd_worker_step_detach(kvd_worker_t *w, wstep_t *s);
+/* The committer thread: ends the saves of each drained step, oldest
+ * first, once its copies ran; leaves when `quit` is set and nothing is
+ * left to drain. */
+void *kvd_worker_committer_main(void *arg);
 
 /* ---- exec.c ------------------------------------------------------------- */
 
@@ -294,6 +322,11 @@ struct wdevice_ops {
      * enqueued them, and drain at wait_for_save finishes the step's loads
      * (kvd_worker_copies_finish). */
     bool tasks_complete;
+    /* A step's saves may outlive it (cfg.async_saves): the copies read the
+     * engine's blocks after wait_for_save returns. False (CUDA: the step's
+     * block ids and staging are the backend's per-step resources): the
+     * saves end at wait_for_save. */
+    bool saves_outlive_step;
     /* Layer `layer` of the step's loads [first, first + count). */
     kvd_status_t (*load)(kvd_worker_t *w, wstep_t *s, uint32_t layer,
                          size_t first, size_t count);

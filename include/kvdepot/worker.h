@@ -164,6 +164,24 @@ typedef struct kvd_worker_config {
      * some layers left the others stale). false: the engine may save only
      * at the end, and wait_for_save copies the layers not saved yet. */
     bool layerwise_saves;
+    /* Saves outlive their step: wait_for_save returns once the step's
+     * copies are queued, without waiting for them or for the commit; the
+     * worker's committer thread commits each step's objects (all or
+     * nothing, as always) when its copies ran, and reports its requests as
+     * finishing saving then (vLLM finished_sending). The engine must not
+     * reuse a saving request's blocks before that report: vLLM keeps a
+     * finished request's blocks while request_finished said delay_free,
+     * and a plan naming preempted requests makes bind_metadata wait for
+     * their saves first. kvd_worker_flush_saves waits for all of them.
+     * The CUDA backend ends a step's saves at wait_for_save still (its
+     * block-id and staging buffers are per step); the setting is then
+     * ignored (logged once). */
+    bool async_saves;
+    /* With async_saves: the most object bytes reserved for saves not yet
+     * committed, the bound step's and the draining steps' together; a
+     * plan's saves beyond it are not reserved (saves_shed), so a slow
+     * store costs saves, never a stalled step. 0 = 1 GiB. */
+    uint64_t max_inflight_save_bytes;
 } kvd_worker_config_t;
 
 /*
@@ -297,7 +315,11 @@ KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
  * (counted in saves_aborted, logged). KVD_OK also when some saves failed
  * or were aborted (they are counted in stats and logged; the request is
  * still reported as finished saving, since nothing of it is in flight),
- * and when no plan is bound or its saves finished already. Errors:
+ * and when no plan is bound or its saves finished already. With
+ * `async_saves` (host backend) it waits for the step's synchronous loads
+ * only: the copies and the commit go on in the background, and the
+ * request is reported as finished saving once they are done (the
+ * layerwise_saves rule still aborts the step here). Errors:
  * KVD_ERR_INVALID (NULL worker).
  */
 KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
@@ -426,6 +448,10 @@ typedef struct kvd_worker_stats {
     uint64_t header_errors;      /* loads refused because the object's
                                   * header did not describe the object asked
                                   * for (also in load_errors) */
+    uint64_t saves_shed;         /* not reserved: async saves over
+                                  * max_inflight_save_bytes */
+    uint64_t saves_inflight;     /* objects reserved, not yet committed or
+                                  * aborted (gauge) */
 } kvd_worker_stats_t;
 
 /* Copies the worker's counters into *out: one consistent snapshot, taken
@@ -433,6 +459,23 @@ typedef struct kvd_worker_stats {
  * any, also while the engine thread is in another call. */
 KVD_API kvd_status_t kvd_worker_stats(kvd_worker_t *worker,
                                       kvd_worker_stats_t *out);
+
+/*
+ * Waits until no save of an earlier step is in flight (async_saves): every
+ * step whose wait_for_save returned has its objects committed (or
+ * aborted) and its requests queued as finished saving. Returns at once
+ * without async_saves. Engine thread; errors: KVD_ERR_INVALID (NULL).
+ */
+KVD_API kvd_status_t kvd_worker_flush_saves(kvd_worker_t *worker);
+
+/*
+ * *saving_out: a save of request `request_id` is in flight (the bound
+ * step's, or an earlier step's with async_saves), so the engine must keep
+ * its blocks. Errors: KVD_ERR_INVALID (NULL argument). Thread: any.
+ */
+KVD_API kvd_status_t kvd_worker_request_saving(kvd_worker_t *worker,
+                                               const char *request_id,
+                                               bool *saving_out);
 
 #ifdef __cplusplus
 }

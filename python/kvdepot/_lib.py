@@ -268,7 +268,9 @@ class WorkerConfig(ctypes.Structure):
                 ("tenant", ctypes.c_uint32), ("num_threads", ctypes.c_uint32),
                 ("device", ctypes.c_int), ("plan_ns", Namespace),
                 ("cuda_staging_blocks", ctypes.c_uint32),
-                ("layerwise_saves", ctypes.c_bool)]
+                ("layerwise_saves", ctypes.c_bool),
+                ("async_saves", ctypes.c_bool),
+                ("max_inflight_save_bytes", ctypes.c_uint64)]
 
 
 class FailedLoad(ctypes.Structure):
@@ -293,7 +295,8 @@ class WorkerStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "blocks_loaded", "load_errors", "promotions", "blocks_saved",
         "saves_skipped", "saves_dropped", "bytes_loaded", "bytes_saved",
-        "async_loads_active", "saves_aborted", "header_errors")]
+        "async_loads_active", "saves_aborted", "header_errors",
+        "saves_shed", "saves_inflight")]
 
 
 class LeaderGate(ctypes.Structure):
@@ -397,6 +400,8 @@ def _declare(h):
         "kvd_worker_clear_metadata": (st, [vp]),
         "kvd_worker_get_finished": (st, [vp, P(cp), sz, P(WorkerFinished)]),
         "kvd_worker_stats": (st, [vp, P(WorkerStats)]),
+        "kvd_worker_flush_saves": (st, [vp]),
+        "kvd_worker_request_saving": (st, [vp, cp, P(ctypes.c_bool)]),
         "kvd_leader_stats": (st, [vp, P(LeaderStats)]),
         "kvd_leader_set_saved_queue": (st, [vp, sz]),
         "kvd_leader_set_gate": (st, [vp, P(LeaderGate)]),
@@ -797,13 +802,18 @@ class Worker:
     backend, whose calls take the engine's cudaStream_t (an int; None is
     the legacy default stream). layerwise_saves: the engine calls
     save_kv_layer for every layer it computes, so a step missing one is
-    aborted, not committed (worker.h)."""
+    aborted, not committed (worker.h). async_saves: a step's saves are
+    committed after wait_for_save returns (host backend), at most
+    max_inflight_save_bytes of them at once (0: 1 GiB)."""
 
     def __init__(self, store, ns, fmt, rank=0, threads=0, plan_ns=None,
-                 device=0, layerwise_saves=False):
+                 device=0, layerwise_saves=False, async_saves=False,
+                 max_inflight_save_bytes=0):
         cfg = WorkerConfig(store=store.handle, ns=ns, format=fmt,
                            worker_rank=rank, num_threads=threads,
-                           device=device, layerwise_saves=layerwise_saves)
+                           device=device, layerwise_saves=layerwise_saves,
+                           async_saves=async_saves,
+                           max_inflight_save_bytes=max_inflight_save_bytes)
         if plan_ns is not None:  # plans name blocks in another namespace
             cfg.plan_ns = plan_ns
         self.handle = ctypes.c_void_p()
@@ -877,6 +887,17 @@ class Worker:
                   for i in range(f.num_failed_loads)]
         return saving, loading, failed, ctypes.string_at(f.report,
                                                          f.report_len)
+
+    def flush_saves(self):
+        """Waits until no earlier step's save is in flight."""
+        _check("flush_saves", lib().kvd_worker_flush_saves(self.handle))
+
+    def request_saving(self, request_id):
+        """True while a save of the request is in flight."""
+        out = ctypes.c_bool()
+        _check("request_saving", lib().kvd_worker_request_saving(
+            self.handle, request_id.encode(), ctypes.byref(out)))
+        return out.value
 
     def stats(self):
         s = WorkerStats()

@@ -39,6 +39,11 @@ class Settings:
     #   BlockRemoved) even when vLLM's kv_events_config does not enable them
     spawn_idle_exit: str = "10s"   # spawn: the started kvdepotd stops once
     #   no engine process has had its store open for this long
+    async_saves: bool = False      # a step's saves are committed after the
+    #   step (the copies overlap the next steps; vLLM keeps the blocks of a
+    #   finished request until then); host KV caches, CUDA ends them per step
+    max_inflight_save_bytes: int = 0  # async saves reserved and not yet
+    #   committed, at most (0 = 1 GiB): saves beyond are skipped, not waited
     gate: dict = field(default_factory=dict)  # recompute-vs-fetch gate:
     #   {} off; else GATE_DEFAULTS' keys, prefill_tokens_per_s required
     #   (the engine's prefill rate; docs/vllm.md, "The gate")
@@ -112,6 +117,8 @@ def parse(extra):
         raise ValueError(f"kvdepot: disk_write {s.disk_write!r}: 'back' or "
                          "'through'")
     _check_gate(s.gate)
+    if s.max_inflight_save_bytes < 0:
+        raise ValueError("kvdepot: max_inflight_save_bytes must be >= 0")
     for k in s.store_settings:
         if not str(k).startswith("store."):
             raise ValueError(f"kvdepot: store_settings key {k!r} must start "

@@ -107,10 +107,14 @@ class KvdepotConnectorMetadata(KVConnectorMetadata):
     KV-cache group, the requests whose blocks vLLM keeps until the workers
     say so, and the requests vLLM waits for (asynchronous loads)."""
 
-    def __init__(self, plans=(), delayed=(), async_loads=(), generation=0):
+    def __init__(self, plans=(), delayed=(), async_loads=(), generation=0,
+                 preempted=()):
         self.plans = tuple(bytes(p) for p in plans)
         self.delayed = tuple(delayed)
         self.async_loads = tuple(async_loads)
+        # Requests vLLM preempted this step: their blocks go to others, so
+        # their saves still in flight end first (handle_preemptions).
+        self.preempted = tuple(preempted)
         # The scheduler's namespace generation (reset_cache bumps it): the
         # workers move to it before binding the plans.
         self.generation = generation
@@ -735,7 +739,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                             cached.num_computed_tokens[i] + n)
         meta = KvdepotConnectorMetadata(
             [leader.build_connector_meta() for leader in self.leaders],
-            self._delayed, self._async_loads, self.generation)
+            self._delayed, self._async_loads, self.generation,
+            getattr(so, "preempted_req_ids", None) or ())
         self._delayed, self._async_loads = [], []
         return meta
 
@@ -923,7 +928,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             rank=self.pp_rank * self.tp + self.tp_rank,
             threads=self.settings.threads,
             plan_ns=self.plan_ns[g] if self.tp * self.pp > 1 else None,
-            device=self._device, layerwise_saves=True)
+            device=self._device, layerwise_saves=True,
+            async_saves=self.settings.async_saves,
+            max_inflight_save_bytes=self.settings.max_inflight_save_bytes)
         self.workers.append(worker)
         worker.register_kv_caches(bases, num_blocks, strides)
 
@@ -967,7 +974,13 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         super().clear_connector_metadata()
 
     def handle_preemptions(self, kv_connector_metadata):
-        pass  # saves never outlive their step (wait_for_save)
+        """Before vLLM reuses a preempted request's blocks: its saves still
+        in flight (async_saves) end first. Binding the plan waits for them
+        too; this runs earlier in vLLM's step."""
+        for rid in getattr(kv_connector_metadata, "preempted", ()):
+            for worker in self.workers:
+                if worker.request_saving(rid):
+                    worker.flush_saves()
 
     def unregister_kv_caches(self):
         """vLLM's sleep mode is about to release the KV cache memory (its
@@ -1054,9 +1067,11 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                 else:
                     del self._loading[rid]
                     recving.add(rid)
-        # Saves are complete when wait_for_save returns: a request whose
-        # blocks vLLM kept for us can go as soon as vLLM finished it.
-        sending = self._delayed & self._finished
+        # A request whose blocks vLLM kept for us goes once vLLM finished
+        # it and no worker has a save of it in flight (async_saves: the
+        # copies read the blocks until their step is committed).
+        sending = {rid for rid in self._delayed & self._finished
+                   if not any(w.request_saving(rid) for w in self.workers)}
         self._delayed -= sending
         # A finished request not kept by now never will be: its metadata
         # was bound before this call.

@@ -466,6 +466,45 @@ def save_restart_load(kind, cfg, between=None):
         w.shutdown()
 
 
+def test_async_saves_hold_the_blocks(tmp_path):
+    """async_saves: the step's saves are committed after it. vLLM frees a
+    finished request's blocks only once the worker reports it sending; the
+    connector reports it only when no save of it is in flight, and the
+    objects are whole in the store by then."""
+    cfg = vllm_config(str(tmp_path), async_saves=True)
+    tokens = [(i * 17 + 3) % 32000 for i in range(PROMPT)]
+    blocks = [3, 9, 1, 12, 5, 20, 7]
+    kv_a = caches("flash", fill=True)
+    s, w, names = connector_pair(cfg, kv_a)
+    req = Request("req-a", tokens)
+    assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+    s.update_state_after_alloc(req, Blocks(blocks), 0)
+    meta = s.build_connector_meta(
+        sched_output(new=[(req, 0)], tokens={"req-a": PROMPT}))
+    out = worker_step(w, meta, kv_a, names)
+    s.update_connector_output(out)
+    delay, _ = s.request_finished(req, blocks)
+    sending = out.finished_sending or set()
+    finished = {"req-a"}
+    deadline = time.monotonic() + 20  # the commit runs on another thread
+    while delay and "req-a" not in sending and time.monotonic() < deadline:
+        time.sleep(0.001)
+        meta = s.build_connector_meta(sched_output(finished=finished))
+        out = worker_step(w, meta, kv_a, names, finished=finished)
+        s.update_connector_output(out)
+        finished = ()
+        sending = out.finished_sending or set()
+        if "req-a" in sending:  # reported: everything is committed
+            assert w.kvdepot_stats()["blocks_saved"] == 6
+    assert not delay or "req-a" in sending
+    st = w.kvdepot_stats()
+    assert (st["blocks_saved"], st["saves_inflight"]) == (6, 0), repr(st)
+    # A second request finds the six blocks.
+    assert s.get_num_new_matched_tokens(Request("req-b", tokens), 0)[0] == 96
+    s.shutdown()
+    w.shutdown()
+
+
 # ---- vLLM's hybrid allocator: several KV-cache groups --------------------
 
 class FullAttentionSpec:

@@ -91,7 +91,7 @@ def model_dir(root, hybrid=False):
     return str(d)
 
 
-def make_config(root, store_dir, policy="fail", hma=False):
+def make_config(root, store_dir, policy="fail", hma=False, extra=None):
     mc = ModelConfig(model=model_dir(root, hma), skip_tokenizer_init=True,
                      dtype="bfloat16" if hma else "float16", seed=0)
     cfg = VllmConfig(
@@ -110,7 +110,8 @@ def make_config(root, store_dir, policy="fail", hma=False):
             kv_load_failure_policy=policy,
             kv_connector_extra_config={
                 "store_dir": store_dir, "arena_size": "64m",
-                "disk_size": "64m", "disk_write": "through"}),
+                "disk_size": "64m", "disk_write": "through",
+                **(extra or {})}),
         device_config=DeviceConfig("cpu"))
     if hma:
         # vLLM 0.19.1 refuses --no-disable-hybrid-kv-cache-manager on a
@@ -181,8 +182,8 @@ class Engine:
     """vLLM's Scheduler plus our worker-role connector on CPU tensors."""
 
     def __init__(self, root, store_dir, seed, policy="fail", hma=False,
-                 num_blocks=NB):
-        self.cfg = make_config(root, store_dir, policy, hma)
+                 num_blocks=NB, extra=None):
+        self.cfg = make_config(root, store_dir, policy, hma, extra)
         self.sched, kvc = make_scheduler(self.cfg, num_blocks, hma)
         self.worker = kv.KvdepotConnector(self.cfg, KVConnectorRole.WORKER,
                                           kv_cache_config=kvc)
@@ -265,10 +266,17 @@ def block(kvd, layer, b):
     return list(kvd.values())[layer][:, b]
 
 
-def test_save_restart_load():
+# async_saves: the saves are committed after their step; vLLM keeps a
+# finished request's blocks until the connector reports it sending.
+ASYNC = pytest.mark.parametrize("extra", [None, {"async_saves": True}],
+                                ids=["sync_saves", "async_saves"])
+
+
+@ASYNC
+def test_save_restart_load(extra):
     with tempfile.TemporaryDirectory() as root:
         store = str(Path(root) / "store")
-        a = Engine(root, store, seed=1)
+        a = Engine(root, store, seed=1, extra=extra)
         a.sched.add_request(make_request("a", PROMPT))
         a.step()  # prefill: the full blocks are saved
         a_blocks = a.blocks_of("a")[:6]
@@ -278,7 +286,7 @@ def test_save_restart_load():
         assert a.worker.kvdepot_stats()["blocks_saved"] >= 6
         a.close()
 
-        b = Engine(root, store, seed=2)
+        b = Engine(root, store, seed=2, extra=extra)
         b.sched.add_request(make_request("b", PROMPT))
         so = b.step()
         req = b.sched.requests["b"]
@@ -330,10 +338,11 @@ def test_real_base_class_and_factory():
         e.close()
 
 
-def test_shared_prefix_loaded_once():
+@ASYNC
+def test_shared_prefix_loaded_once(extra):
     with tempfile.TemporaryDirectory() as root:
         store = str(Path(root) / "store")
-        a = Engine(root, store, seed=6)
+        a = Engine(root, store, seed=6, extra=extra)
         a.sched.add_request(make_request("a", PROMPT))
         a.run_until_done("a")
         a.close()
@@ -347,10 +356,12 @@ def test_shared_prefix_loaded_once():
         b.close()
 
 
-def test_preemption():
+@ASYNC
+def test_preemption(extra):
     with tempfile.TemporaryDirectory() as root:
         # 10 blocks for two requests that grow to 6 blocks each.
-        e = Engine(root, str(Path(root) / "store"), seed=8, num_blocks=10)
+        e = Engine(root, str(Path(root) / "store"), seed=8, num_blocks=10,
+                   extra=extra)
         e.sched.add_request(make_request("p", PROMPT[:60], max_tokens=30))
         e.sched.add_request(make_request("q", PROMPT[20:80], max_tokens=30))
         preempted = 0
