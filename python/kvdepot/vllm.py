@@ -564,7 +564,10 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         its shard of every stage's layers), at the current generation:
         everything vLLM's model config says that changes the KV bytes
         (docs/reliability.md). A pipeline stage's namespace names its
-        layers."""
+        layers. MLA: the latent is the same on every tensor-parallel rank
+        (vLLM replicates it), so the namespace names no TP size or rank:
+        the ranks share one copy of each block, and an engine of any TP
+        size loads it."""
         mc = self._model_config
         n = len(self.groups)
         self.group_ns, self.plan_ns, self.shard_ns = [], [], []
@@ -585,7 +588,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                     _DTYPES[self.dtype], self.codecs[0], self.codecs[1],
                     layers,
                     1 if self.mla else heads, dim, self.block_size,
-                    tp_size=self.tp, tp_rank=rank, kv_combined=self.mla,
+                    tp_size=1 if self.mla else self.tp,
+                    tp_rank=0 if self.mla else rank, kv_combined=self.mla,
                     tq_seed=_lib.TQ_SEED,
                     revision=getattr(mc, "revision", None),
                     weight_quant=getattr(mc, "quantization", None),
@@ -595,8 +599,11 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                     generation=self.generation)
             self.group_ns.append(ns_of(self.tp_rank, self.pp_rank))
             self.plan_ns.append(ns_of(0, 0))
+            # The namespaces a block must be stored in on every rank and
+            # stage for the leader to match it (one per stage with MLA).
+            ranks = 1 if self.mla else self.tp
             self.shard_ns.append([ns_of(r, p) for p in range(self.pp)
-                                  for r in range(self.tp)
+                                  for r in range(ranks)
                                   if (r, p) != (0, 0)])
         self.ns = self.plan_ns[0]
 

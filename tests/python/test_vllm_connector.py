@@ -208,9 +208,9 @@ def test_save_restart_load_through_daemon(tmp_path):
         stop_daemon(proc[0])
 
 
-def tp_config(tmp_path, rank, tp=2):
+def tp_config(tmp_path, rank, tp=2, mla=False):
     """Rank `rank` of a TP engine over the test daemon in tmp_path."""
-    cfg = vllm_config("", store_mode="daemon",
+    cfg = vllm_config("", mla=mla, store_mode="daemon",
                       store_address=f"unix:{tmp_path}/d.sock")
     cfg.parallel_config.tensor_parallel_size = tp
     cfg.parallel_config.rank = rank
@@ -302,6 +302,63 @@ def test_tensor_parallel_through_daemon(tmp_path):
             got = [t[:, b] for t in kvs.values() for b in b_blocks[:6]]
             assert all(torch.equal(x, y) for x, y in zip(saved[r], got))
         shutdown_all(s, ranks)
+    finally:
+        stop_daemon(proc)
+
+
+def mla_engine(tmp_path, tp, fill):
+    """An MLA engine at tensor parallel size `tp`: every rank holds the same
+    latents (vLLM replicates them)."""
+    s = kv.KvdepotConnector(tp_config(tmp_path, 0, tp, mla=True),
+                            kv.KVConnectorRole.SCHEDULER)
+    ranks = []
+    for rank in range(tp):
+        w = kv.KvdepotConnector(tp_config(tmp_path, rank, tp, mla=True),
+                                kv.KVConnectorRole.WORKER)
+        kvs = caches("mla", fill=fill)  # the same seed: the same latents
+        w.register_kv_caches(kvs)
+        ranks.append((w, kvs))
+    return s, ranks
+
+
+@pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
+def test_mla_stored_once_loaded_at_any_tp(tmp_path):
+    """MLA at TP=4: the four ranks' latents are one copy in the store, not
+    four, and an engine of another TP size (1, then 2) loads them back bit
+    for bit."""
+    proc = start_daemon(tmp_path)[0]
+    tokens = [(i * 41 + 5) % 32000 for i in range(PROMPT)]
+    a_blocks = [3, 9, 1, 12, 5, 20, 7]
+    try:
+        s, ranks = mla_engine(tmp_path, 4, True)
+        assert len({bytes(w.group_ns[0].bytes) for w, _ in ranks}) == 1
+        req = Request("mla-a", tokens)
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, Blocks(a_blocks), 0)
+        parallel_step(s, ranks, s.build_connector_meta(
+            sched_output(new=[(req, 0)], tokens={"mla-a": PROMPT})))
+        st = [w.kvdepot_stats() for w, _ in ranks]
+        assert sum(x["blocks_saved"] for x in st) == 6, st
+        assert sum(x["saves_skipped"] for x in st) == 18, st
+        saved = [t[b].clone() for t in ranks[0][1].values()
+                 for b in a_blocks[:6]]
+        shutdown_all(s, ranks)
+
+        for tp, b_blocks in ((1, [11, 13, 15, 17, 19, 21, 23]),
+                             (2, [2, 4, 6, 8, 10, 14, 16])):
+            s, ranks = mla_engine(tmp_path, tp, False)
+            req = Request(f"mla-tp{tp}", tokens)
+            assert s.get_num_new_matched_tokens(req, 0) == (96, False)
+            s.update_state_after_alloc(req, Blocks(b_blocks), 96)
+            done, invalid = parallel_step(s, ranks, s.build_connector_meta(
+                sched_output(new=[(req, 96)],
+                             tokens={f"mla-tp{tp}": PROMPT - 96})))
+            assert invalid == set()
+            for w, kvs in ranks:
+                assert w.kvdepot_stats()["blocks_loaded"] == 6
+                got = [t[b] for t in kvs.values() for b in b_blocks[:6]]
+                assert all(torch.equal(x, y) for x, y in zip(saved, got))
+            shutdown_all(s, ranks)
     finally:
         stop_daemon(proc)
 
