@@ -17,13 +17,13 @@
  * as always, and each request with saves is reported as finished saving
  * exactly once, since nothing of it is in flight any more.
  *
- * With async_saves (a backend whose saves may outlive the step, the host
- * one) the first way is split: wait_for_save only detaches the step onto
- * the drain list (kvd_worker_step_detach) and returns; the worker's
- * committer thread ends each drained step, oldest first, once its copies
- * ran, with the store's calls outside the worker's lock. The step's keys
- * use the namespace of its bind (a set_namespace in between does not move
- * them). A request saving in several steps in flight is reported once,
+ * With async_saves the first way is split: wait_for_save only detaches
+ * the step onto the drain list (kvd_worker_step_detach) and returns; the
+ * worker's committer thread ends each drained step, oldest first, once its
+ * copy tasks ran (CUDA: it then waits for the side stream, and finishes
+ * the step's loads too), with the store's calls outside the worker's lock. The
+ * step's keys use the namespace of its bind (a set_namespace in between does
+ * not move them). A request saving in several steps in flight is reported once,
  * when the last of them ended.
  */
 #include <string.h>
@@ -157,8 +157,8 @@ void kvd_worker_step_end(kvd_worker_t *w, wstep_t *s, const char *abort_why)
 void kvd_worker_step_detach(kvd_worker_t *w, wstep_t *s)
 {
     pthread_mutex_lock(&w->mu);
-    /* The step's loads end here, as they would at wait_for_save: the host
-     * backend's tasks did their copies, so enqueued means done. */
+    /* The step's loads are enqueued (host: done); a backend whose tasks
+     * only enqueue finishes them with the saves, on the committer. */
     while (!kvd_worker_loads_enqueued(s)) {
         pthread_cond_wait(&w->done_cv, &w->mu);
     }
@@ -178,6 +178,9 @@ void kvd_worker_step_detach(kvd_worker_t *w, wstep_t *s)
  * held; dropped around the store's calls, which may be a daemon's). */
 static void drain_one(kvd_worker_t *w, wstep_t *s)
 {
+    /* CUDA: the side stream has run the step's copies (and its loads are
+     * finished: leases back, failures reported); may drop mu. */
+    kvd_worker_copies_finish(w, s);
     pthread_mutex_unlock(&w->mu);
     size_t ok = saves_store(w, s);
     pthread_mutex_lock(&w->mu);

@@ -14,8 +14,9 @@
  * step are enqueued; one event the engine's stream records for the saves;
  * one event per pool thread for asynchronous requests; a device staging
  * buffer of `cuda_staging_blocks` slots of one layer each; pinned host
- * and device arrays for block ids (the step's loads, the step's saves, one
- * region per pool thread for asynchronous requests); the codec tables on
+ * and device arrays for block ids (one region per pool thread for
+ * asynchronous requests; each step's from a free list of arrays, grown
+ * when a step needs more); the codec tables on
  * the device; and
  * the store's arena registered with cudaHostRegister (once per process and
  * arena, counted, so several workers on one store share it; when it cannot
@@ -38,7 +39,11 @@
  * enqueued. The step's leases are given back and its loads reported at
  * wait_for_save (exec.c, kvd_worker_copies_finish), after the side stream
  * has been synchronized; the saves are committed after that same
- * synchronization. An asynchronous request records its thread's event
+ * synchronization. With async_saves that happens on the worker's
+ * committer thread after the step, while the engine's next steps enqueue
+ * theirs: each step's block ids therefore live in arrays of its own
+ * (cids_t, from a free list), given back only once its copies ran. An
+ * asynchronous request records its thread's event
  * after its last layer and waits for it on the pool thread before it is
  * reported and its leases given back.
  */
@@ -61,12 +66,26 @@
 /* Arena mappings one worker keeps pinned (daemon restarts). */
 #define MAX_WORKER_PINS 4u
 #define CUDA_STAGING_ALIGN 256u
-/* Regions of the id arrays, in entries. */
+/* Regions of the shared id arrays, in entries: one per pool thread for
+ * asynchronous requests. A step's ids have arrays of their own (cids_t). */
 #define IDS_STEP_CAP ((size_t)KVD_PROTO_MAX_BLOCKS_PER_PLAN)
 #define IDS_ASYNC_CAP ((size_t)KVD_PROTO_MAX_BLOCKS_PER_REQUEST)
-#define IDS_LOADS 0u
-#define IDS_SAVES IDS_STEP_CAP
-#define IDS_ASYNC(slot) (2 * IDS_STEP_CAP + (size_t)(slot)*IDS_ASYNC_CAP)
+#define IDS_ASYNC(slot) ((size_t)(slot)*IDS_ASYNC_CAP)
+/* Smallest step id arrays allocated, in entries. */
+#define CIDS_MIN 256u
+
+/* One step's block ids on the device: its synchronous loads at 0, its
+ * saves at n_sync, and the loads' rotations (made at the first content
+ * load). Pinned host and device arrays of `cap` entries, the step's until
+ * its copies ran (kvd_worker_copies_finish), then back on the free list:
+ * with async_saves a step's saves may still be on the stream while the
+ * next step uploads its ids. */
+typedef struct cids {
+    struct cids *next;
+    size_t cap;
+    int32_t *host, *dev;
+    int64_t *dhost, *ddev;
+} cids_t;
 
 /* What register_kv_caches allocates on one device. */
 typedef struct cres {
@@ -76,8 +95,9 @@ typedef struct cres {
     void *save_ev;
     void **slot_ev; /* n_slots */
     void *staging;
-    int32_t *ids_host; /* pinned */
+    int32_t *ids_host; /* pinned; the asynchronous slots' */
     int32_t *ids_dev;
+    cids_t *free_ids; /* steps' id arrays not in use */
     kvd_cuda_tables_t *tables;
     /* Content loads (kvd_worker_set_rope), made at the first that moves:
      * one rotation per id, same regions as the ids, and the rope. */
@@ -244,6 +264,18 @@ static void arena_pin_check(kvd_worker_t *w)
 
 /* ---- device resources --------------------------------------------------- */
 
+static void cids_destroy(cids_t *b)
+{
+    if (b == NULL) {
+        return;
+    }
+    kvd_cuda_mem_destroy(b->ddev);
+    kvd_cuda_host_free(b->dhost);
+    kvd_cuda_mem_destroy(b->dev);
+    kvd_cuda_host_free(b->host);
+    free(b);
+}
+
 /* Frees what res_create made; the stream is synchronized first, so no work
  * that uses the rest is pending. The device must be current. */
 static void res_destroy(kvd_worker_t *w, cres_t *r)
@@ -253,6 +285,11 @@ static void res_destroy(kvd_worker_t *w, cres_t *r)
     }
     if (r->stream != NULL) {
         (void)kvd_cuda_stream_wait(r->stream);
+    }
+    while (r->free_ids != NULL) {
+        cids_t *b = r->free_ids;
+        r->free_ids = b->next;
+        cids_destroy(b);
     }
     kvd_cuda_tables_destroy(r->tables);
     kvd_cuda_rope_destroy(r->rope);
@@ -476,16 +513,67 @@ static kvd_status_t cuda_register_caches(kvd_worker_t *w,
 
 /* ---- copies (pool threads) ---------------------------------------------- */
 
-/* Copies `n` ids into region `at` of the id arrays, in stream order (mu
- * held). The pinned region is free: what read it before has executed (the
- * previous step synchronized the stream; a slot is used by one request at
- * a time). */
-static kvd_status_t ids_upload(wcuda_t *c, size_t at, const int32_t *ids,
-                               size_t n)
+/* Copies `n` ids from pinned `host` to `dev`, in stream order (mu held).
+ * The pinned memory is free: what read it before has executed (a slot is
+ * used by one request at a time; a step's arrays are its own). */
+static kvd_status_t ids_upload(wcuda_t *c, int32_t *host, int32_t *dev,
+                               const int32_t *ids, size_t n)
 {
-    memcpy(c->res->ids_host + at, ids, n * sizeof *ids);
-    return kvd_cuda_copy_async(c->res->ids_dev + at, c->res->ids_host + at,
-                               n * sizeof *ids, c->res->stream);
+    memcpy(host, ids, n * sizeof *ids);
+    return kvd_cuda_copy_async(dev, host, n * sizeof *ids, c->res->stream);
+}
+
+/* The step's id arrays, taken from the free list (or made) at its first
+ * copy task (mu held). */
+static kvd_status_t step_ids(wcuda_t *c, wstep_t *s, cids_t **out)
+{
+    if (s->dev_buf != NULL) {
+        *out = s->dev_buf;
+        return KVD_OK;
+    }
+    size_t need = s->n_sync + s->n_saves;
+    cids_t **pp = &c->res->free_ids;
+    while (*pp != NULL && (*pp)->cap < need) {
+        pp = &(*pp)->next;
+    }
+    cids_t *b = *pp;
+    if (b != NULL) {
+        *pp = b->next;
+    } else {
+        b = calloc(1, sizeof *b);
+        if (b == NULL) {
+            return KVD_ERR_NOMEM;
+        }
+        b->cap = need > CIDS_MIN ? need : CIDS_MIN;
+        kvd_status_t st =
+            kvd_cuda_host_alloc(b->cap * sizeof(int32_t), (void **)&b->host);
+        if (st == KVD_OK) {
+            st =
+                kvd_cuda_mem_create(b->cap * sizeof(int32_t), (void **)&b->dev);
+        }
+        if (st != KVD_OK) {
+            cids_destroy(b);
+            return st;
+        }
+    }
+    b->next = NULL;
+    s->dev_buf = b;
+    *out = b;
+    return KVD_OK;
+}
+
+/* The step's rotations' arrays, made at its first content load that moves
+ * a block (mu held). */
+static kvd_status_t step_deltas(cids_t *b)
+{
+    kvd_status_t st = KVD_OK;
+    if (b->dhost == NULL) {
+        st = kvd_cuda_host_alloc(b->cap * sizeof(int64_t), (void **)&b->dhost);
+    }
+    if (st == KVD_OK && b->ddev == NULL) {
+        st = kvd_cuda_mem_create(b->cap * sizeof(int64_t), (void **)&b->ddev);
+    }
+    return st;
 }
 
 /* The rotation's device state, made at the first content load that moves
@@ -520,25 +608,26 @@ static kvd_status_t rope_ready(kvd_worker_t *w)
     return st;
 }
 
-/* Copies `n` rotations into region `at`, in stream order (mu held). */
-static kvd_status_t deltas_upload(wcuda_t *c, size_t at, const int64_t *d,
-                                  size_t n)
+/* Copies `n` rotations from pinned `host` to `dev`, in stream order (mu
+ * held). */
+static kvd_status_t deltas_upload(wcuda_t *c, int64_t *host, int64_t *dev,
+                                  const int64_t *d, size_t n)
 {
-    memcpy(c->res->deltas_host + at, d, n * sizeof *d);
-    return kvd_cuda_copy_async(c->res->deltas_dev + at,
-                               c->res->deltas_host + at, n * sizeof *d,
-                               c->res->stream);
+    memcpy(host, d, n * sizeof *d);
+    return kvd_cuda_copy_async(dev, host, n * sizeof *d, c->res->stream);
 }
 
-/* Rotates the keys of layer `layer` of `n` loaded blocks by the rotations
- * at region `at`, after their copies in stream order (mu held). */
+/* Rotates the keys of layer `layer` of `n` loaded blocks `ids` (on the
+ * device at `ids_dev`) by the rotations at `deltas_dev`, after their
+ * copies in stream order (mu held). */
 static kvd_status_t layer_rotate(kvd_worker_t *w, uint32_t layer,
-                                 const int32_t *ids, size_t at, size_t n)
+                                 const int32_t *ids, const int32_t *ids_dev,
+                                 const int64_t *deltas_dev, size_t n)
 {
     cres_t *r = w->cuda->res;
     return kvd_cuda_rope_shift_layer(&w->layout, &w->cfg.format, r->rope, layer,
-                                     ids, r->ids_dev + at, r->deltas_dev + at,
-                                     n, w->cfg.format.block_size, r->stream);
+                                     ids, ids_dev, deltas_dev, n,
+                                     w->cfg.format.block_size, r->stream);
 }
 
 /* n copies of `len` bytes at offset `off` of each object: arena -> staging
@@ -623,25 +712,30 @@ static kvd_status_t cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
     }
     pthread_mutex_lock(&c->mu);
     arena_pin_check(w);
-    if (!s->dev_load_ids) {
-        st = ids_upload(c, IDS_LOADS, s->load_ids, s->n_load_ok);
+    cids_t *b = NULL;
+    st = step_ids(c, s, &b);
+    if (st == KVD_OK && !s->dev_load_ids) {
+        st = ids_upload(c, b->host, b->dev, s->load_ids, s->n_load_ok);
         s->dev_load_ids = st == KVD_OK;
     }
     if (st == KVD_OK) {
-        st = layer_copy(w, layer, s->load_ids + first,
-                        c->res->ids_dev + IDS_LOADS + first,
+        st = layer_copy(w, layer, s->load_ids + first, b->dev + first,
                         s->load_objs + first, count, true);
     }
     if (st == KVD_OK && s->any_delta && !s->dev_load_deltas) {
         st = rope_ready(w);
         if (st == KVD_OK) {
-            st = deltas_upload(c, IDS_LOADS, s->load_deltas, s->n_load_ok);
+            st = step_deltas(b);
+        }
+        if (st == KVD_OK) {
+            st = deltas_upload(c, b->dhost, b->ddev, s->load_deltas,
+                               s->n_load_ok);
         }
         s->dev_load_deltas = st == KVD_OK;
     }
     if (st == KVD_OK && s->any_delta) {
-        st = layer_rotate(w, layer, s->load_ids + first, IDS_LOADS + first,
-                          count);
+        st = layer_rotate(w, layer, s->load_ids + first, b->dev + first,
+                          b->ddev + first, count);
     }
     /* Recorded even after an error: the engine's stream then waits for
      * what was enqueued, and the failed blocks are reported. */
@@ -664,13 +758,16 @@ static kvd_status_t cuda_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
     }
     pthread_mutex_lock(&c->mu);
     arena_pin_check(w);
-    if (!s->dev_save_ids) {
-        st = ids_upload(c, IDS_SAVES, s->save_ids, s->n_saves);
+    cids_t *b = NULL;
+    st = step_ids(c, s, &b);
+    int32_t *at_host = b != NULL ? b->host + s->n_sync : NULL;
+    int32_t *at_dev = b != NULL ? b->dev + s->n_sync : NULL;
+    if (st == KVD_OK && !s->dev_save_ids) {
+        st = ids_upload(c, at_host, at_dev, s->save_ids, s->n_saves);
         s->dev_save_ids = st == KVD_OK;
     }
     if (st == KVD_OK) {
-        st = layer_copy(w, layer, s->save_ids + first,
-                        c->res->ids_dev + IDS_SAVES + first,
+        st = layer_copy(w, layer, s->save_ids + first, at_dev + first,
                         s->save_objs + first, count, false);
     }
     pthread_mutex_unlock(&c->mu);
@@ -703,12 +800,14 @@ static kvd_status_t cuda_load_async(kvd_worker_t *w, const int32_t *ids,
         return KVD_ERR_INTERNAL;
     }
     c->slot_busy |= (uint64_t)1 << slot;
-    const int32_t *ids_dev = c->res->ids_dev + IDS_ASYNC(slot);
-    st = ids_upload(c, IDS_ASYNC(slot), ids, n);
+    size_t at = IDS_ASYNC(slot);
+    const int32_t *ids_dev = c->res->ids_dev + at;
+    st = ids_upload(c, c->res->ids_host + at, c->res->ids_dev + at, ids, n);
     if (st == KVD_OK && deltas != NULL) {
         st = rope_ready(w);
         if (st == KVD_OK) {
-            st = deltas_upload(c, IDS_ASYNC(slot), deltas, n);
+            st = deltas_upload(c, c->res->deltas_host + at,
+                               c->res->deltas_dev + at, deltas, n);
         }
     }
     pthread_mutex_unlock(&c->mu);
@@ -718,7 +817,7 @@ static kvd_status_t cuda_load_async(kvd_worker_t *w, const int32_t *ids,
         pthread_mutex_lock(&c->mu);
         st = layer_copy(w, l, ids, ids_dev, objs, n, true);
         if (st == KVD_OK && deltas != NULL) {
-            st = layer_rotate(w, l, ids, IDS_ASYNC(slot), n);
+            st = layer_rotate(w, l, ids, ids_dev, c->res->deltas_dev + at, n);
         }
         pthread_mutex_unlock(&c->mu);
     }
@@ -776,6 +875,21 @@ static kvd_status_t cuda_drain(kvd_worker_t *w)
     return kvd_cuda_stream_wait(w->cuda->res->stream);
 }
 
+/* The step's copies ran: its id arrays go back to the free list. */
+static void cuda_step_done(kvd_worker_t *w, wstep_t *s)
+{
+    wcuda_t *c = w->cuda;
+    cids_t *b = s->dev_buf;
+    if (b == NULL) {
+        return;
+    }
+    s->dev_buf = NULL;
+    pthread_mutex_lock(&c->mu);
+    b->next = c->res->free_ids;
+    c->res->free_ids = b;
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* ---- the ops table ------------------------------------------------------ */
 
 /* One chunk per layer: a layer's copies share the stream and the staging
@@ -792,12 +906,12 @@ const wdevice_ops_t kvd_worker_device_cuda = {
     .register_caches = cuda_register_caches,
     .chunks = cuda_chunks,
     .tasks_complete = false,
-    .saves_outlive_step = false,
     .load = cuda_load,
     .save = cuda_save,
     .load_async = cuda_load_async,
     .stream_wait = cuda_stream_wait,
     .save_order = cuda_save_order,
     .drain = cuda_drain,
+    .step_done = cuda_step_done,
     .can_rotate = true,
 };

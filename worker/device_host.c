@@ -102,7 +102,6 @@ const wdevice_ops_t kvd_worker_device_host = {
     .register_caches = host_register_caches,
     .chunks = host_chunks,
     .tasks_complete = true,
-    .saves_outlive_step = true,
     .load = host_load,
     .save = host_save,
     .load_async = host_load_async,

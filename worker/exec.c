@@ -543,6 +543,9 @@ void kvd_worker_copies_finish(kvd_worker_t *w, wstep_t *s)
             block_fail(s->saves[i], st);
         }
     }
+    if (w->dev->step_done != NULL) {
+        w->dev->step_done(w, s);
+    }
     if (!s->loads_done) {
         step_loads_finish(w, s);
     }

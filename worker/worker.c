@@ -258,14 +258,10 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     w->object_bytes = kvd_object_stored_bytes(&cfg->format);
     w->num_threads =
         cfg->num_threads != 0 ? cfg->num_threads : WORKER_DEFAULT_THREADS;
-    w->async_saves = cfg->async_saves && dev->saves_outlive_step;
+    w->async_saves = cfg->async_saves;
     w->max_inflight_save_bytes = cfg->max_inflight_save_bytes != 0
                                      ? cfg->max_inflight_save_bytes
                                      : WORKER_DEFAULT_INFLIGHT_SAVE_BYTES;
-    if (cfg->async_saves && !dev->saves_outlive_step) {
-        KVD_LOG_INFO("worker: async_saves: this device backend ends a "
-                     "step's saves at wait_for_save");
-    }
     w->fin_save.item_bytes = sizeof(wfin_t);
     w->fin_load.item_bytes = sizeof(wfin_t);
     w->failed.item_bytes = sizeof(wfail_t);

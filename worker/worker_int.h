@@ -129,6 +129,7 @@ struct wstep {
     /* CUDA backend: the step's block ids (and the loads' rotations) are on
      * the device (its lock). */
     bool dev_load_ids, dev_save_ids, dev_load_deltas;
+    void *dev_buf; /* their arrays, the step's until its copies ran */
 };
 
 /* Loads finished since the last report, of one tier (WorkerReport
@@ -177,7 +178,7 @@ struct kvd_worker {
      * the object bytes reserved by those and by the bound step (mu). */
     wstep_t *drain_head, *drain_tail;
     uint64_t inflight_save_bytes, max_inflight_save_bytes;
-    bool async_saves; /* cfg.async_saves, and the backend can */
+    bool async_saves; /* cfg.async_saves */
     pthread_t committer;
     bool committer_started;
 
@@ -322,11 +323,6 @@ struct wdevice_ops {
      * enqueued them, and drain at wait_for_save finishes the step's loads
      * (kvd_worker_copies_finish). */
     bool tasks_complete;
-    /* A step's saves may outlive it (cfg.async_saves): the copies read the
-     * engine's blocks after wait_for_save returns. False (CUDA: the step's
-     * block ids and staging are the backend's per-step resources): the
-     * saves end at wait_for_save. */
-    bool saves_outlive_step;
     /* Layer `layer` of the step's loads [first, first + count). */
     kvd_status_t (*load)(kvd_worker_t *w, wstep_t *s, uint32_t layer,
                          size_t first, size_t count);
@@ -346,6 +342,9 @@ struct wdevice_ops {
     kvd_status_t (*save_order)(kvd_worker_t *w, void *stream);
     /* Blocks until every copy enqueued so far has run. */
     kvd_status_t (*drain)(kvd_worker_t *w);
+    /* After drain: the step's copies ran, its per-step device state may
+     * be reused (NULL: none). */
+    void (*step_done)(kvd_worker_t *w, wstep_t *s);
     /* The backend rotates loaded keys (content loads, kvd_worker_set_rope):
      * `load` by s->load_deltas when s->any_delta, `load_async` by its
      * `deltas` when not NULL, each layer before it is reported loaded.

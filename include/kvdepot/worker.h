@@ -173,9 +173,8 @@ typedef struct kvd_worker_config {
      * finished request's blocks while request_finished said delay_free,
      * and a plan naming preempted requests makes bind_metadata wait for
      * their saves first. kvd_worker_flush_saves waits for all of them.
-     * The CUDA backend ends a step's saves at wait_for_save still (its
-     * block-id and staging buffers are per step); the setting is then
-     * ignored (logged once). */
+     * Both backends; CUDA: the committer waits for the side stream, and a
+     * step's block-id arrays stay its own until then. */
     bool async_saves;
     /* With async_saves: the most object bytes reserved for saves not yet
      * committed, the bound step's and the draining steps' together; a
@@ -316,7 +315,7 @@ KVD_API kvd_status_t kvd_worker_save_kv_layer(kvd_worker_t *worker,
  * or were aborted (they are counted in stats and logged; the request is
  * still reported as finished saving, since nothing of it is in flight),
  * and when no plan is bound or its saves finished already. With
- * `async_saves` (host backend) it waits for the step's synchronous loads
+ * `async_saves` it waits for the step's synchronous loads to be enqueued
  * only: the copies and the commit go on in the background, and the
  * request is reported as finished saving once they are done (the
  * layerwise_saves rule still aborts the step here). Errors:

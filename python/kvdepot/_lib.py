@@ -803,7 +803,7 @@ class Worker:
     the legacy default stream). layerwise_saves: the engine calls
     save_kv_layer for every layer it computes, so a step missing one is
     aborted, not committed (worker.h). async_saves: a step's saves are
-    committed after wait_for_save returns (host backend), at most
+    committed after wait_for_save returns, at most
     max_inflight_save_bytes of them at once (0: 1 GiB)."""
 
     def __init__(self, store, ns, fmt, rank=0, threads=0, plan_ns=None,

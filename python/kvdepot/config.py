@@ -41,7 +41,7 @@ class Settings:
     #   no engine process has had its store open for this long
     async_saves: bool = False      # a step's saves are committed after the
     #   step (the copies overlap the next steps; vLLM keeps the blocks of a
-    #   finished request until then); host KV caches, CUDA ends them per step
+    #   finished request until then)
     max_inflight_save_bytes: int = 0  # async saves reserved and not yet
     #   committed, at most (0 = 1 GiB): saves beyond are skipped, not waited
     gate: dict = field(default_factory=dict)  # recompute-vs-fetch gate:

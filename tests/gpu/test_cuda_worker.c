@@ -54,6 +54,7 @@
 #include "tests/unit/kvd_testdata_int.h"
 #include "tests/support/kvd_testplan.h"
 
+#include "common/failpoint_int.h"
 #include "kvdepot/kernels_cuda.h"
 #include "kernels/ref/ref.h"
 #include "kvdepot/worker.h"
@@ -145,6 +146,8 @@ static kvd_block_hash_t key_hash(uint32_t k)
     return h;
 }
 
+static bool g_async_saves; /* side_open: the worker's async_saves */
+
 typedef struct side {
     kvd_worker_t *w;
     kvd_namespace_t ns;
@@ -161,6 +164,7 @@ static void side_open(side_t *sd, kvd_store_t *st,
     cfg.format = *fmt;
     cfg.device = dev;
     cfg.cuda_staging_blocks = staging;
+    cfg.async_saves = g_async_saves;
     char err[256] = "";
     kvd_status_t s = kvd_worker_create(&cfg, &sd->w, err, sizeof err);
     if (s != KVD_OK) {
@@ -662,6 +666,107 @@ static void test_aborted_steps(void **state)
     cache_cleanup(&src);
 }
 
+/* ---- saves that outlive their step --------------------------------------- */
+
+/* One step of `w` saving `blocks` under keys base..base+N-1, every layer,
+ * then wait_for_save and clear. */
+static void saving_step(side_t *sd, const int32_t *blocks, uint32_t base)
+{
+    kvd_block_hash_t h[N];
+    for (uint32_t i = 0; i < N; i++) {
+        h[i] = key_hash(base + i);
+    }
+    kvd_testplan_req_t r = {.id = "writer",
+                            .layerwise = true,
+                            .n_saves = N,
+                            .save_ids = blocks,
+                            .save_hashes = h};
+    side_bind(sd, &r);
+    assert_int_equal(kvd_worker_start_load_kv(sd->w, NULL), KVD_OK);
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        assert_int_equal(kvd_worker_save_kv_layer(sd->w, l, NULL), KVD_OK);
+    }
+    assert_int_equal(kvd_worker_wait_for_save(sd->w, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_clear_metadata(sd->w), KVD_OK);
+}
+
+/* Object key base+i of namespace `ns` equals object key base+i of `ref`. */
+static void assert_same_objects(kvd_store_t *st, const kvd_namespace_t *ns,
+                                const kvd_namespace_t *ref, uint32_t base,
+                                size_t bytes)
+{
+    for (uint32_t i = 0; i < N; i++) {
+        kvd_block_hash_t h = key_hash(base + i);
+        kvd_store_lease_t a, b;
+        size_t ma = 0, mb = 0;
+        assert_int_equal(kvd_store_lookup(st, ns, &h, 1, &a, &ma), KVD_OK);
+        assert_int_equal(kvd_store_lookup(st, ref, &h, 1, &b, &mb), KVD_OK);
+        assert_int_equal(ma, 1);
+        assert_int_equal(mb, 1);
+        const void *x = kvd_store_arena_ptr(st, a.arena_offset, bytes);
+        const void *y = kvd_store_arena_ptr(st, b.arena_offset, bytes);
+        if (memcmp(x, y, bytes) != 0) {
+            fail_msg("object %u saved across steps differs", base + i);
+        }
+        assert_int_equal(kvd_store_release(st, &a, 1), KVD_OK);
+        assert_int_equal(kvd_store_release(st, &b, 1), KVD_OK);
+    }
+}
+
+/* async_saves on the CUDA backend: step 1's last copy task is held
+ * (worker.save=block@LAYERS), so its copies wait on the side stream (the
+ * CPU model runs them only when waited for) while step 2 uploads its
+ * block ids and enqueues its own. Each step's ids stay its own: both
+ * steps' objects equal the host backend's. */
+static void test_async_saves_keep_their_ids(void **state)
+{
+    (void)state;
+#ifndef KVD_FAILPOINTS_ENABLED
+    skip();
+#endif
+    static const int32_t other_blocks[N] = {0, 2, 5, 7};
+    test_cache_t src;
+    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    fill_random(&src, 123);
+    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    dev_cache_t dsrc;
+    dev_cache_init(&dsrc, &src);
+    assert_int_equal(kvd_cuda_mem_copy(dsrc.mem, src.mem, src.bytes), KVD_OK);
+    kvd_store_t *st = store_open();
+    side_t host, dev;
+    side_open(&host, st, &fmt, KVD_WORKER_DEVICE_HOST, 0x45, 0);
+    side_register(&host, &src.layout);
+    saving_step(&host, save_blocks, 500);
+    saving_step(&host, other_blocks, 600);
+    g_async_saves = true;
+    side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x46, 0);
+    g_async_saves = false;
+    side_register(&dev, &dsrc.layout);
+    char spec[64];
+    snprintf(spec, sizeof spec, "worker.save=block@%d", LAYERS);
+    assert_int_equal(kvd_failpoint_set(spec, NULL, 0), KVD_OK);
+    saving_step(&dev, save_blocks, 500);
+    saving_step(&dev, other_blocks, 600);
+    bool saving = false; /* nothing committed yet: step 1 is held */
+    assert_int_equal(kvd_worker_request_saving(dev.w, "writer", &saving),
+                     KVD_OK);
+    assert_true(saving);
+    kvd_failpoint_clear();
+    assert_int_equal(kvd_worker_flush_saves(dev.w), KVD_OK);
+    size_t bytes = kvd_object_bytes(&fmt); /* the headers name each ns */
+    assert_same_objects(st, &dev.ns, &host.ns, 500, bytes);
+    assert_same_objects(st, &dev.ns, &host.ns, 600, bytes);
+    kvd_worker_stats_t ws;
+    assert_int_equal(kvd_worker_stats(dev.w, &ws), KVD_OK);
+    assert_int_equal(ws.blocks_saved, 2 * N);
+    assert_int_equal(ws.saves_inflight, 0);
+    kvd_worker_destroy(dev.w);
+    kvd_worker_destroy(host.w);
+    kvd_store_close(st);
+    dev_cache_cleanup(&dsrc);
+    cache_cleanup(&src);
+}
+
 /* ---- registration errors ------------------------------------------------ */
 
 static void test_register_host_memory_refused(void **state)
@@ -830,6 +935,7 @@ int main(void)
         cmocka_unit_test(test_async_load),
         cmocka_unit_test(test_aborted_steps),
         cmocka_unit_test(test_content_loads_rotated),
+        cmocka_unit_test(test_async_saves_keep_their_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 #endif
