@@ -227,6 +227,13 @@ class _Model:
             raise ValueError(f"kvdepot: dtype {shape['dtype']!r} not "
                              "supported")
         self.settings = config.parse(extra)
+        if self.settings.async_saves:
+            raise ValueError(
+                "kvdepot: async_saves is not supported with TensorRT-LLM: "
+                "its connector API has no preemption hook (vLLM's "
+                "handle_preemptions), so nothing would keep a preempted "
+                "request's blocks while a save still reads them; saves end "
+                "at wait_for_save")
         self.tp, _ = _parallel(llm_args)
         self.rank = rank
         self.tp_rank = rank % self.tp
@@ -250,7 +257,11 @@ class _Model:
         self.model_id = self.settings.model_id or \
             str(getattr(llm_args, "model", "trtllm"))
         self.revision = getattr(llm_args, "revision", None)
-        self.ns_all = [self._ns(r) for r in range(self.tp)]
+        # MLA latents are the same on every rank: one namespace, one copy
+        # of each block, loadable at any TP size.
+        self.ns_all = [self._ns(r) for r in range(1 if self.mla else self.tp)]
+        if self.mla:
+            self.ns_all *= self.tp
         self.ns = self.ns_all[self.tp_rank]
         self.store_mode = config.engine_store_mode(self.settings, self.tp)
 
@@ -259,7 +270,8 @@ class _Model:
         return _lib.namespace(self.model_id, _DTYPES[self.dtype], ck, cv,
                               self.num_layers, self.num_kv_heads,
                               self.head_dim, self.block_size,
-                              tp_size=self.tp, tp_rank=tp_rank,
+                              tp_size=1 if self.mla else self.tp,
+                              tp_rank=0 if self.mla else tp_rank,
                               kv_combined=self.mla, tq_seed=_lib.TQ_SEED,
                               revision=self.revision)
 
@@ -325,7 +337,8 @@ class KvdepotScheduler(KvCacheConnectorScheduler):
         self._inbox_key = self._store_key
         self.leader = _lib.Leader(
             store, m.block_size, m.ns, num_workers=m.tp,
-            shard_ns=m.ns_all[1:], layerwise=self.settings.layerwise,
+            shard_ns=[] if m.mla else m.ns_all[1:],
+            layerwise=self.settings.layerwise,
             lookup_timeout_ms=self.settings.lookup_timeout_ms, no_retry=True,
             async_host_loads=True)
         self._matched = {}

@@ -302,6 +302,37 @@ def test_settings_from_a_yaml_file(monkeypatch):
             kt.KvdepotScheduler(llm_args(write_model(d)))
 
 
+def test_async_saves_refused(monkeypatch):
+    """TensorRT-LLM's connector API has no preemption hook: saves that
+    outlive their step are refused with the reason, not silently off."""
+    with tempfile.TemporaryDirectory() as d:
+        set_config(monkeypatch, d, async_saves=True)
+        with pytest.raises(ValueError, match="preemption hook"):
+            kt.KvdepotScheduler(llm_args(write_model(d)))
+
+
+def test_mla_one_namespace_for_every_rank(monkeypatch):
+    """MLA latents are whole on every rank: every rank and every TP size
+    names the same namespace (one copy of each block), and the leader
+    checks no other rank's shard."""
+    with tempfile.TemporaryDirectory() as d:
+        model = Path(d) / "mla"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({
+            "num_hidden_layers": LAYERS, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "hidden_size": 4 * DIM,
+            "kv_lora_rank": DIM - 16, "qk_rope_head_dim": 16,
+            "torch_dtype": "float16"}))
+        set_config(monkeypatch, d, store_mode="daemon")
+        seen = set()
+        for tp in (1, 2, 4):
+            for rank in range(tp):
+                m = kt._Model(llm_args(model, tensor_parallel_size=tp), rank)
+                assert m.mla and len(m.ns_all) == tp
+                seen.add(bytes(m.ns.bytes))
+        assert len(seen) == 1
+
+
 def test_cache_salt_separates(env):
     tokens = [(i * 5 + 9) % 32000 for i in range(PROMPT)]
     s, w, m = engine(env, pool(fill=True))
