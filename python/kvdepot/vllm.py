@@ -991,10 +991,12 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
 
     def unregister_kv_caches(self):
         """vLLM's sleep mode is about to release the KV cache memory (its
-        transfers are drained): a step still bound is aborted, and the
-        registered addresses are remembered for restore_kv_caches."""
+        transfers are drained): a step still bound is aborted, saves still
+        reading the cache (async_saves) end first, and the registered
+        addresses are remembered for restore_kv_caches."""
         for worker in self.workers:
             worker.clear_metadata()
+            worker.flush_saves()
         self._asleep = True
 
     def restore_kv_caches(self):

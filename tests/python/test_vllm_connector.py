@@ -22,6 +22,8 @@ import inspect
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -560,6 +562,38 @@ def test_async_saves_hold_the_blocks(tmp_path):
     assert s.get_num_new_matched_tokens(Request("req-b", tokens), 0)[0] == 96
     s.shutdown()
     w.shutdown()
+
+
+_SLEEP_WHILE_SAVING = """
+import tempfile, test_vllm_connector as t
+with tempfile.TemporaryDirectory() as d:
+    kvs = t.caches("flash", fill=True)
+    s, w, names = t.connector_pair(t.vllm_config(d, async_saves=True), kvs)
+    tokens = list(range(1, t.PROMPT + 1))
+    req = t.Request("r", tokens)
+    s.get_num_new_matched_tokens(req, 0)
+    s.update_state_after_alloc(req, t.Blocks([3, 9, 1, 12, 5, 20, 7]), 0)
+    t.worker_step(w, s.build_connector_meta(t.sched_output(
+        new=[(req, 0)], tokens={"r": t.PROMPT})), kvs, names)
+    w.unregister_kv_caches()  # vLLM frees the cache memory after this
+    st = w.kvdepot_stats()
+    print(st["saves_inflight"], st["blocks_saved"])
+    s.shutdown()
+    w.shutdown()
+"""
+
+
+def test_sleep_waits_for_saves_in_flight():
+    """Sleep mode releases the KV cache memory after unregister_kv_caches:
+    with async_saves the saves still reading it end there first. The
+    copies are slowed (failpoint worker.save, in a process of its own), so
+    without the wait they would still be in flight."""
+    env = dict(os.environ, KVDEPOT_FAILPOINTS="worker.save=delay:100")
+    out = subprocess.run([sys.executable, "-c", _SLEEP_WHILE_SAVING],
+                         cwd=os.path.dirname(os.path.abspath(__file__)),
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "6"], out.stdout
 
 
 # ---- vLLM's hybrid allocator: several KV-cache groups --------------------
