@@ -377,7 +377,8 @@ static int gate(args_t *a)
         loads = loads && x.rows[i].fast_matched == x.rows[i].load_matched;
     }
     printf("\ngate: worst TTFT %.2f of the better of always-load and "
-           "always-compute (target <= 1.05); without the delay it loads what "
+           "always-compute (per row the median of the rounds' paired "
+           "ratios; target <= 1.05); without the delay it loads what "
            "always-load loads: %s\n",
            worst, loads ? "yes" : "NO");
     return loads ? 0 : 1;

@@ -18,7 +18,7 @@
 #        OUT, JOBS (default: the CPU count), GPU_CHECK_STEPS (the steps to
 #        run after the set-up, by name; default all: nvidia-smi gpu-tests
 #        sanitize-kernels sanitize-worker bench-kernels ncu-kernels
-#        bench-worker demo ttft-hf), TTFT_HF_ARGS (flags for
+#        bench-worker bench-saves demo ttft-hf), TTFT_HF_ARGS (flags for
 #        bench/ttft_hf.py, e.g. "--models 8b --sizes 16k"), TTFT_HF_TIMEOUT
 #        (seconds, default 300)
 set -uo pipefail
@@ -116,7 +116,7 @@ build() {
         test_worker_roundtrip test_worker_async test_worker_plans \
         test_worker_errors test_worker_steps test_worker_header test_demo_model \
         test_demo_roundtrip test_demo_rag test_demo_cuda_fake bench_kernels bench_worker \
-        kvdepot-demo kvdepot kvdepotd -- -k 0
+        bench_saves kvdepot-demo kvdepot kvdepotd -- -k 0
 }
 
 setup() {
@@ -157,6 +157,9 @@ fi
 # The raw rows again at several staging sizes (cuda_staging_blocks).
 KVDEPOT_BENCH_CUDA_STAGING=${KVDEPOT_BENCH_CUDA_STAGING:-16,32,64,128} \
     step bench-worker build/gpu/bench/bench_worker
+# Decode steps with saves in flight (async_saves) against steps without,
+# host then CUDA backend (failpoints are on in this RelWithDebInfo build).
+step bench-saves timeout 150 build/gpu/bench/bench_saves
 demo_dir=$(mktemp -d)
 step demo build/gpu/demo/kvdepot-demo --dir "$demo_dir/store"
 rm -rf "$demo_dir"
