@@ -79,6 +79,8 @@ COUNTERS = {
     "saves_skipped": "KV block saves skipped: already stored",
     "saves_dropped": "KV block saves the store refused (full, errors)",
     "saves_aborted": "KV block saves aborted with their step",
+    "saves_shed": "KV block saves skipped: async saves in flight at their "
+                  "bound (max_inflight_save_bytes)",
     "events_dropped": "KV cache events dropped for lack of queue room",
 }
 # Seconds a step's forward pass waited for kvdepot loads, one sample per

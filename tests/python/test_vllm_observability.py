@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from test_vllm_connector import (BS, PROMPT, Blocks, Request, caches,  # noqa: E402,E501
-                                 connector_pair, sched_output, vllm_config,
-                                 worker_step)
+from test_vllm_connector import (BS, DIM, HEADS, LAYERS, PROMPT, Blocks,  # noqa: E402,E501
+                                 Request, caches, connector_pair,
+                                 sched_output, vllm_config, worker_step)
 from kvdepot import _lib, _vllm_obs, vllm as kv  # noqa: E402
 from conftest import KVDEPOTD, start_daemon, stop_daemon  # noqa: E402
 
@@ -130,6 +130,28 @@ def test_gate_decisions_counted():
                                   "disk_speed": 2}})
     with pytest.raises(ValueError, match="prefill_tokens_per_s"):
         kv.config.parse({"gate": {"margin": 0.5}})
+
+
+def test_shed_saves_counted():
+    """async_saves with room for one object in flight: a step saving six
+    blocks reserves one and sheds five, whatever the timing (the bound
+    counts the step's own reservations), and the stats say so."""
+    # One stored object: K and V of every layer in fp16, then the header.
+    obj = LAYERS * 2 * BS * HEADS * DIM * 2 + 128
+    with tempfile.TemporaryDirectory() as d:
+        kvs = caches("flash", fill=True)
+        cfg = vllm_config(d, async_saves=True,
+                          max_inflight_save_bytes=obj + obj // 2)
+        s, w, names = connector_pair(cfg, kvs)
+        compute(s, w, kvs, names, "a", prompt(5), range(7))
+        for worker in w.workers:
+            worker.flush_saves()
+        st = w.kvdepot_stats()
+        assert (st["blocks_saved"], st["saves_shed"]) == (1, 5), st
+        ws = w.get_kv_connector_stats()
+        assert ws.data["saves_shed"] == 5 and ws.data["blocks_saved"] == 1
+        s.shutdown()
+        w.shutdown()
 
 
 def test_prometheus_metrics():
