@@ -95,7 +95,7 @@ test-tsan:
 # vLLM's real scheduler driving the connector, once per vLLM release of
 # VLLM_VERSIONS (PyPI vLLM, one venv per release under build/, reused; not
 # part of `make test`). The list is the oldest and the newest release
-# kvdepot.vllm supports (kvdepot/vllm.py VLLM_TESTED, docs/vllm.md).
+# kvdepot.vllm supports (kvdepot/_vllm_setup.py VLLM_TESTED, docs/vllm.md).
 VLLM_VERSIONS ?= 0.19.1 0.33.0
 test-vllm: build
 	@set -e; for v in $(VLLM_VERSIONS); do \

@@ -42,6 +42,7 @@
 #include <sys/prctl.h>
 #include <time.h>
 
+#include "bench/bench_proc_int.h"
 #include "common/failpoint_int.h"
 #include "kvdepot/worker.h"
 #include "tests/support/kvd_testplan.h"
@@ -61,13 +62,6 @@
 #define SLOW_COMMIT "worker.commit=delay:10"
 #define INFLIGHT 64u /* objects: the async worker's bound */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void sleep_s(double s)
 {
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
@@ -75,16 +69,32 @@ static void sleep_s(double s)
     }
 }
 
-static int cmp_double(const void *a, const void *b)
+/* The median of v[0..n) in out[0], its range in out[1..2]. */
+static void spread(const double *v, size_t n, double out[3])
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+    out[0] = median(v, n);
+    out[1] = out[2] = v[0];
+    for (size_t i = 1; i < n; i++) {
+        out[1] = v[i] < out[1] ? v[i] : out[1];
+        out[2] = v[i] > out[2] ? v[i] : out[2];
+    }
 }
 
-static double median(double *v, size_t n)
+/* The shard's layout over `cache` (LAYERS layers of the NHD cache, one
+ * after the other); `bases` gets the layers' addresses. */
+static kvd_kv_layout_t shard_layout(unsigned char *cache, void **bases)
 {
-    qsort(v, n, sizeof *v, cmp_double);
-    return v[n / 2];
+    size_t layer_bytes = (size_t)2 * NB * BS * HEADS * DIM * 2;
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        bases[l] = cache + l * layer_bytes;
+    }
+    int64_t e = 2;
+    return (kvd_kv_layout_t){bases,
+                             NB,
+                             (int64_t)NB * BS * HEADS * DIM * e,
+                             (int64_t)BS * HEADS * DIM * e,
+                             (int64_t)HEADS * DIM * e,
+                             (int64_t)DIM * e};
 }
 
 typedef struct bench {
@@ -220,12 +230,8 @@ static int passes(bench_t *b, const char *label, const char *failpoints,
            (unsigned long long)(after.blocks_saved - before.blocks_saved),
            (unsigned long long)(after.saves_shed - before.saves_shed),
            (unsigned long long)(after.saves_dropped - before.saves_dropped));
-    r[0] = median(rs, PASSES);
-    r[1] = rs[0];
-    r[2] = rs[PASSES - 1];
-    r[3] = median(ra, PASSES);
-    r[4] = ra[0];
-    r[5] = ra[PASSES - 1];
+    spread(rs, PASSES, r);
+    spread(ra, PASSES, r + 3);
     return after.saves_shed == before.saves_shed ? 0 : 1;
 }
 
@@ -250,16 +256,7 @@ static int cuda_rows(bench_t *b, double cuda_out[2])
         goto out;
     }
     void *bases[LAYERS];
-    for (uint32_t l = 0; l < LAYERS; l++) {
-        bases[l] = (unsigned char *)cache + l * layer_bytes;
-    }
-    int64_t e = 2;
-    kvd_kv_layout_t lo = {bases,
-                          NB,
-                          (int64_t)NB * BS * HEADS * DIM * e,
-                          (int64_t)BS * HEADS * DIM * e,
-                          (int64_t)HEADS * DIM * e,
-                          (int64_t)DIM * e};
+    kvd_kv_layout_t lo = shard_layout(cache, bases);
     b->sync_w = worker(b, &lo, false, KVD_WORKER_DEVICE_CUDA);
     b->async_w = worker(b, &lo, true, KVD_WORKER_DEVICE_CUDA);
     if (b->sync_w == NULL || b->async_w == NULL) {
@@ -338,16 +335,7 @@ int main(void)
         return 1;
     }
     void *bases[LAYERS];
-    for (uint32_t l = 0; l < LAYERS; l++) {
-        bases[l] = cache + l * layer_bytes;
-    }
-    int64_t e = 2;
-    kvd_kv_layout_t lo = {bases,
-                          NB,
-                          (int64_t)NB * BS * HEADS * DIM * e,
-                          (int64_t)BS * HEADS * DIM * e,
-                          (int64_t)HEADS * DIM * e,
-                          (int64_t)DIM * e};
+    kvd_kv_layout_t lo = shard_layout(cache, bases);
     b.sync_w = worker(&b, &lo, false, KVD_WORKER_DEVICE_HOST);
     b.async_w = worker(&b, &lo, true, KVD_WORKER_DEVICE_HOST);
     if (b.sync_w == NULL || b.async_w == NULL) {

@@ -127,7 +127,7 @@ static void reports_queue(kvd_worker_t *w, const wstep_t *s)
             continue;
         }
         if (kvd_worker_req_saving(w, r->id)) {
-            w->fin_save.reserved -= w->fin_save.reserved > 0 ? 1 : 0;
+            kvd_worker_queue_unreserve(&w->fin_save, 1);
             continue;
         }
         wfin_t f;

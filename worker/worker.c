@@ -106,8 +106,7 @@ static bool queue_reserve(wqueue_t *q, size_t more)
     return true;
 }
 
-/* Gives back room reserved and not used (mu held). */
-static void queue_unreserve(wqueue_t *q, size_t n)
+void kvd_worker_queue_unreserve(wqueue_t *q, size_t n)
 {
     q->reserved -= n < q->reserved ? n : q->reserved;
 }
@@ -207,24 +206,22 @@ static bool format_uses_tq(const kvd_object_format_t *f)
     return false;
 }
 
-KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
-                                       kvd_worker_t **worker_out, char *err,
-                                       size_t err_len)
+/* The configuration's checks before anything is allocated; *dev_out gets
+ * the device backend. */
+static kvd_status_t config_check(const kvd_worker_config_t *cfg,
+                                 const wdevice_ops_t **dev_out, char *err,
+                                 size_t err_len)
 {
-    if (cfg == NULL || worker_out == NULL || cfg->store == NULL) {
-        kvd_config_err(err, err_len, "worker: NULL config, store or out");
-        return KVD_ERR_INVALID;
-    }
     if (cfg->device != KVD_WORKER_DEVICE_HOST &&
         cfg->device != KVD_WORKER_DEVICE_CUDA) {
         kvd_config_err(err, err_len, "worker: device %d is not a backend",
                        (int)cfg->device);
         return KVD_ERR_UNSUPPORTED;
     }
-    const wdevice_ops_t *dev = cfg->device == KVD_WORKER_DEVICE_CUDA
-                                   ? KVD_WORKER_DEVICE_CUDA_OPS
-                                   : &kvd_worker_device_host;
-    if (dev == NULL) {
+    *dev_out = cfg->device == KVD_WORKER_DEVICE_CUDA
+                   ? KVD_WORKER_DEVICE_CUDA_OPS
+                   : &kvd_worker_device_host;
+    if (*dev_out == NULL) {
         kvd_config_err(
             err, err_len,
             "worker: device cuda: this build of kvdepot has no CUDA "
@@ -241,6 +238,33 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     kvd_status_t s = kvd_object_format_check(&cfg->format, why, sizeof why);
     if (s != KVD_OK) {
         kvd_config_err(err, err_len, "worker: format: %s", why);
+        return s;
+    }
+    size_t obj_bytes = kvd_object_stored_bytes(&cfg->format);
+    if (cfg->async_saves && cfg->max_inflight_save_bytes != 0 &&
+        cfg->max_inflight_save_bytes < obj_bytes) {
+        /* Every save would be shed. */
+        kvd_config_err(err, err_len,
+                       "worker: max_inflight_save_bytes %llu is less than "
+                       "one object (%zu bytes)",
+                       (unsigned long long)cfg->max_inflight_save_bytes,
+                       obj_bytes);
+        return KVD_ERR_INVALID;
+    }
+    return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
+                                       kvd_worker_t **worker_out, char *err,
+                                       size_t err_len)
+{
+    if (cfg == NULL || worker_out == NULL || cfg->store == NULL) {
+        kvd_config_err(err, err_len, "worker: NULL config, store or out");
+        return KVD_ERR_INVALID;
+    }
+    const wdevice_ops_t *dev = NULL;
+    kvd_status_t s = config_check(cfg, &dev, err, err_len);
+    if (s != KVD_OK) {
         return s;
     }
     kvd_worker_t *w = calloc(1, sizeof *w);
@@ -655,9 +679,9 @@ static bool step_queue_room(kvd_worker_t *w, const wstep_t *s, bool take)
         }
     }
     if (!take) {
-        queue_unreserve(&w->fin_load, load_reqs);
-        queue_unreserve(&w->fin_save, save_reqs);
-        queue_unreserve(&w->failed, loads);
+        kvd_worker_queue_unreserve(&w->fin_load, load_reqs);
+        kvd_worker_queue_unreserve(&w->fin_save, save_reqs);
+        kvd_worker_queue_unreserve(&w->failed, loads);
     }
     pthread_mutex_unlock(&w->mu);
     return ok;
@@ -701,6 +725,9 @@ static kvd_status_t step_requests(kvd_worker_t *w, wstep_t *s,
  * requests: their saves still in flight (async_saves) end first. */
 static void preempted_wait(kvd_worker_t *w, const kvd_pb_step_plan_t *plan)
 {
+    if (plan->n_preempted_request_ids == 0) {
+        return;
+    }
     pthread_mutex_lock(&w->mu);
     for (size_t i = 0; i < plan->n_preempted_request_ids; i++) {
         while (kvd_worker_req_saving(w, plan->preempted_request_ids[i])) {

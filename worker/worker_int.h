@@ -238,6 +238,8 @@ struct kvd_worker {
 
 /* ---- worker.c ----------------------------------------------------------- */
 
+/* Gives back room reserved and not used (mu held). */
+void kvd_worker_queue_unreserve(wqueue_t *q, size_t n);
 /* Appends to a queue whose room was reserved (mu held). */
 void kvd_worker_queue_push(kvd_worker_t *w, wqueue_t *q, const void *item);
 /* Wakes kvd_worker_fd sleepers (mu held or not). */

@@ -179,7 +179,8 @@ typedef struct kvd_worker_config {
     /* With async_saves: the most object bytes reserved for saves not yet
      * committed, the bound step's and the draining steps' together; a
      * plan's saves beyond it are not reserved (saves_shed), so a slow
-     * store costs saves, never a stalled step. 0 = 1 GiB. */
+     * store costs saves, never a stalled step. 0 = 1 GiB; at least one
+     * object (kvd_object_stored_bytes). */
     uint64_t max_inflight_save_bytes;
 } kvd_worker_config_t;
 
@@ -191,7 +192,8 @@ typedef struct kvd_worker_config {
  * until kvd_worker_destroy. Errors (nothing is left running; *worker_out
  * untouched), with a reason in `err` (at most err_len bytes; may be NULL
  * when err_len is 0): KVD_ERR_INVALID (NULL cfg, store or out, bad format,
- * num_threads > KVD_WORKER_MAX_THREADS or cuda_staging_blocks > 65536),
+ * num_threads > KVD_WORKER_MAX_THREADS, cuda_staging_blocks > 65536, or
+ * async_saves with a max_inflight_save_bytes below one object's bytes),
  * KVD_ERR_UNSUPPORTED (not a device backend, a format a codec cannot
  * serve, or KVD_WORKER_DEVICE_CUDA in a build without CUDA),
  * KVD_ERR_NO_DEVICE (KVD_WORKER_DEVICE_CUDA on a machine without a usable

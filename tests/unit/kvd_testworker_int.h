@@ -282,6 +282,45 @@ static inline void worker_store_close(kvd_worker_t *w, kvd_store_t *st)
     kvd_store_close(st);
 }
 
+/* How many of `keys` (a prefix) a lookup in namespace `ns` finds. */
+static inline size_t stored_in(kvd_store_t *st, const kvd_namespace_t *ns,
+                               const uint32_t *keys, size_t n)
+{
+    kvd_block_hash_t h[BLOCKS];
+    kvd_store_lease_t l[BLOCKS];
+    for (size_t i = 0; i < n; i++) {
+        h[i] = key_hash(keys[i]);
+    }
+    size_t m = 0;
+    assert_int_equal(kvd_store_lookup(st, ns, h, n, l, &m), KVD_OK);
+    if (m > 0) {
+        assert_int_equal(kvd_store_release(st, l, m), KVD_OK);
+    }
+    return m;
+}
+
+/* The same in the tests' namespace. */
+static inline size_t stored(kvd_store_t *st, const uint32_t *keys, size_t n)
+{
+    kvd_namespace_t ns = test_ns();
+    return stored_in(st, &ns, keys, n);
+}
+
+/* A cache of random bytes (NHD, fp16, raw) and an embedded store. */
+typedef struct wfixture {
+    test_cache_t c;
+    kvd_object_format_t fmt;
+    kvd_store_t *st;
+} wfixture_t;
+
+static inline void wfixture_open(wfixture_t *fx, uint64_t seed)
+{
+    cache_init(&fx->c, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_fill_random(&fx->c, seed);
+    fx->fmt = cache_format(&fx->c, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    fx->st = store_open(NULL);
+}
+
 /* ---- saved and loaded blocks ------------------------------------------- */
 
 static const int32_t save_blocks[] = {1, 3, 4, 6};

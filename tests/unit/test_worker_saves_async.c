@@ -30,21 +30,7 @@
 static const uint32_t keys_b[] = {20, 21, 22, 23};
 static const int32_t blocks_b[] = {0, 2, 5, 7};
 
-typedef struct fixture {
-    test_cache_t c;
-    kvd_object_format_t fmt;
-    kvd_store_t *st;
-} fixture_t;
-
-static void fixture_open(fixture_t *fx)
-{
-    cache_init(&fx->c, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
-    cache_fill_random(&fx->c, 91);
-    fx->fmt = cache_format(&fx->c, KVD_DTYPE_FP16, KVD_CODEC_RAW);
-    fx->st = store_open(NULL);
-}
-
-static kvd_worker_t *worker_async(const fixture_t *fx, uint64_t max_bytes)
+static kvd_worker_t *worker_async(const wfixture_t *fx, uint64_t max_bytes)
 {
     kvd_worker_config_t cfg = {0};
     cfg.store = fx->st;
@@ -62,29 +48,6 @@ static kvd_worker_t *worker_async(const fixture_t *fx, uint64_t max_bytes)
     }
     worker_register(w, &fx->c);
     return w;
-}
-
-/* How many of `keys` (a prefix) a lookup in namespace `ns` finds. */
-static size_t stored_in(kvd_store_t *st, const kvd_namespace_t *ns,
-                        const uint32_t *keys, size_t n)
-{
-    kvd_block_hash_t h[BLOCKS];
-    kvd_store_lease_t l[BLOCKS];
-    for (size_t i = 0; i < n; i++) {
-        h[i] = key_hash(keys[i]);
-    }
-    size_t m = 0;
-    assert_int_equal(kvd_store_lookup(st, ns, h, n, l, &m), KVD_OK);
-    if (m > 0) {
-        assert_int_equal(kvd_store_release(st, l, m), KVD_OK);
-    }
-    return m;
-}
-
-static size_t stored(kvd_store_t *st, const uint32_t *keys, size_t n)
-{
-    kvd_namespace_t ns = test_ns();
-    return stored_in(st, &ns, keys, n);
 }
 
 /* Binds a step of request `id` saving `ids` as `keys`, saves every layer
@@ -133,7 +96,7 @@ static void hold_copies(void)
 
 /* The objects of keys4 load back equal to the blocks they were saved
  * from (a load step into blocks_b). */
-static void assert_bytes_back(kvd_worker_t *w, fixture_t *fx, uint64_t step,
+static void assert_bytes_back(kvd_worker_t *w, wfixture_t *fx, uint64_t step,
                               const int32_t *saved_from)
 {
     treq_t r = {.id = "reader", .layerwise = true, .n_loads = 4};
@@ -175,8 +138,8 @@ static void assert_bytes_back(kvd_worker_t *w, fixture_t *fx, uint64_t step,
 static void test_wait_for_save_does_not_wait(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 91);
     kvd_worker_t *w = worker_async(&fx, 0);
     hold_copies();
     saving_step(w, 1, "writer", save_blocks, keys4);
@@ -212,8 +175,8 @@ static void test_wait_for_save_does_not_wait(void **state)
 static void test_report_waits_for_the_last_step(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 91);
     kvd_worker_t *w = worker_async(&fx, 0);
     saving_step(w, 1, "long", save_blocks, keys4);
     assert_int_equal(kvd_worker_flush_saves(w), KVD_OK); /* step 1 queued */
@@ -248,8 +211,8 @@ static void *release_later(void *arg)
 static void test_preempted_request_waits(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 91);
     kvd_worker_t *w = worker_async(&fx, 0);
     hold_copies();
     saving_step(w, 1, "victim", save_blocks, keys4);
@@ -285,8 +248,8 @@ static void test_preempted_request_waits(void **state)
 static void test_destroy_commits_in_flight(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 91);
     kvd_worker_t *w = worker_async(&fx, 0);
     hold_copies();
     saving_step(w, 1, "late", save_blocks, keys4);
@@ -304,8 +267,8 @@ static void test_destroy_commits_in_flight(void **state)
 static void test_namespace_of_the_bind(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 91);
     kvd_worker_t *w = worker_async(&fx, 0);
     hold_copies();
     saving_step(w, 1, "old", save_blocks, keys4);
@@ -326,8 +289,8 @@ static void test_namespace_of_the_bind(void **state)
 static void test_inflight_bound_sheds(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 91);
     size_t obj = kvd_object_stored_bytes(&fx.fmt);
     kvd_worker_t *w = worker_async(&fx, 5 * obj);
     hold_copies();
@@ -349,13 +312,37 @@ static void test_inflight_bound_sheds(void **state)
     cache_cleanup(&fx.c);
 }
 
+/* A bound below one object would shed every save: refused at create. */
+static void test_bound_below_one_object_refused(void **state)
+{
+    (void)state;
+    wfixture_t fx;
+    wfixture_open(&fx, 93);
+    kvd_worker_config_t cfg = {0};
+    cfg.store = fx.st;
+    cfg.ns = test_ns();
+    cfg.format = fx.fmt;
+    cfg.async_saves = true;
+    cfg.max_inflight_save_bytes = kvd_object_stored_bytes(&fx.fmt) - 1;
+    kvd_worker_t *w = NULL;
+    char err[256] = "";
+    assert_int_equal(kvd_worker_create(&cfg, &w, err, sizeof err),
+                     KVD_ERR_INVALID);
+    assert_null(w);
+    assert_non_null(strstr(err, "less than one object"));
+    cfg.max_inflight_save_bytes += 1;
+    assert_int_equal(kvd_worker_create(&cfg, &w, err, sizeof err), KVD_OK);
+    worker_store_close(w, fx.st);
+    cache_cleanup(&fx.c);
+}
+
 /* A forward pass that stopped short is still aborted at wait_for_save,
  * and reported, with nothing left in flight. */
 static void test_short_step_still_aborted(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 91);
     kvd_worker_t *w = worker_async(&fx, 0);
     treq_t r = {.id = "short", .layerwise = true, .n_saves = 4};
     memcpy(r.save_ids, save_blocks, sizeof save_blocks);
@@ -387,6 +374,7 @@ int main(void)
         cmocka_unit_test(test_namespace_of_the_bind),
         cmocka_unit_test(test_inflight_bound_sheds),
         cmocka_unit_test(test_short_step_still_aborted),
+        cmocka_unit_test(test_bound_below_one_object_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -45,23 +45,6 @@ static kvd_worker_t *worker_with(kvd_store_t *st,
     return w;
 }
 
-/* How many of `keys` (a prefix) a lookup finds. */
-static size_t stored(kvd_store_t *st, const uint32_t *keys, size_t n)
-{
-    kvd_namespace_t ns = test_ns();
-    kvd_block_hash_t h[BLOCKS];
-    kvd_store_lease_t l[BLOCKS];
-    for (size_t i = 0; i < n; i++) {
-        h[i] = key_hash(keys[i]);
-    }
-    size_t m = 0;
-    assert_int_equal(kvd_store_lookup(st, &ns, h, n, l, &m), KVD_OK);
-    if (m > 0) {
-        assert_int_equal(kvd_store_release(st, l, m), KVD_OK);
-    }
-    return m;
-}
-
 /* Binds a plan of request `id` saving save_blocks as `keys`. */
 static void bind_saves(kvd_worker_t *w, uint64_t step, const char *id,
                        const uint32_t *keys)
@@ -91,21 +74,7 @@ static void assert_stats(kvd_worker_t *w, uint64_t saved, uint64_t aborted)
     assert_int_equal(ws.saves_dropped, 0);
 }
 
-typedef struct fixture {
-    test_cache_t c;
-    kvd_object_format_t fmt;
-    kvd_store_t *st;
-} fixture_t;
-
-static void fixture_open(fixture_t *fx)
-{
-    cache_init(&fx->c, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
-    cache_fill_random(&fx->c, 77);
-    fx->fmt = cache_format(&fx->c, KVD_DTYPE_FP16, KVD_CODEC_RAW);
-    fx->st = store_open(NULL);
-}
-
-static void fixture_close(fixture_t *fx, kvd_worker_t *w)
+static void fixture_close(wfixture_t *fx, kvd_worker_t *w)
 {
     worker_store_close(w, fx->st);
     cache_cleanup(&fx->c);
@@ -116,8 +85,8 @@ static void fixture_close(fixture_t *fx, kvd_worker_t *w)
 static void test_layer_missing_aborts_the_step(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 77);
     kvd_worker_t *w = worker_with(fx.st, &fx.fmt, true);
     worker_register(w, &fx.c);
     bind_saves(w, 1, "half", keys4);
@@ -139,8 +108,8 @@ static void test_layer_missing_aborts_the_step(void **state)
 static void test_last_layer_missing_aborts_the_step(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 77);
     kvd_worker_t *w = worker_with(fx.st, &fx.fmt, true);
     worker_register(w, &fx.c);
     bind_saves(w, 1, "short", keys4);
@@ -160,8 +129,8 @@ static void test_last_layer_missing_aborts_the_step(void **state)
 static void test_end_only_engine_commits(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 77);
     kvd_worker_t *w = worker_with(fx.st, &fx.fmt, false);
     worker_register(w, &fx.c);
     bind_saves(w, 1, "end", keys4);
@@ -187,8 +156,8 @@ static void test_end_only_engine_commits(void **state)
 static void test_clear_without_wait_aborts(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 77);
     kvd_worker_t *w = worker_with(fx.st, &fx.fmt, false);
     worker_register(w, &fx.c);
     bind_saves(w, 1, "cleared", keys4);
@@ -207,8 +176,8 @@ static void test_clear_without_wait_aborts(void **state)
 static void test_rebind_mid_step_aborts(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 77);
     kvd_worker_t *w = worker_with(fx.st, &fx.fmt, false);
     worker_register(w, &fx.c);
     bind_saves(w, 1, "broken", keys4);
@@ -233,8 +202,8 @@ static void test_rebind_mid_step_aborts(void **state)
 static void test_destroy_without_wait_aborts(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 77);
     kvd_worker_t *w = worker_with(fx.st, &fx.fmt, false);
     worker_register(w, &fx.c);
     bind_saves(w, 1, "dying", keys4);
@@ -257,8 +226,8 @@ static void test_destroy_without_wait_aborts(void **state)
 static void test_abort_step(void **state)
 {
     (void)state;
-    fixture_t fx;
-    fixture_open(&fx);
+    wfixture_t fx;
+    wfixture_open(&fx, 77);
     kvd_worker_t *w = worker_with(fx.st, &fx.fmt, true);
     worker_register(w, &fx.c);
     assert_int_equal(kvd_worker_abort_step(NULL), KVD_ERR_INVALID);
