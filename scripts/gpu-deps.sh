@@ -42,9 +42,23 @@ for p in $closure; do
 done
 pkgs+=(golang-etcd-server-dev) # its .proto files only, not its Go deps
 
-mkdir -p .gpu-deps/debs
-cd .gpu-deps/debs
-rm -f ./*.deb
-# As root apt cannot drop to its sandbox user here; that is harmless.
-apt-get download -qq "${pkgs[@]}" 2> >(grep -v 'unsandboxed' >&2)
-echo "gpu-deps: ${#pkgs[@]} packages, $(du -sh . | cut -f1) in .gpu-deps/debs"
+# Download into a new folder and replace the old one only when every
+# package came: a failed download leaves the last complete set in place.
+# Stale package lists (a version the mirror no longer has) are refreshed
+# once, then the download is tried again.
+rm -rf .gpu-deps/new
+mkdir -p .gpu-deps/new
+download() {
+    # As root apt cannot drop to its sandbox user here; that is harmless.
+    (cd .gpu-deps/new && apt-get download -qq "${pkgs[@]}") \
+        2> >(grep -v 'unsandboxed' >&2)
+}
+if ! download; then
+    echo "gpu-deps: download failed; refreshing the package lists" >&2
+    apt-get update -qq
+    rm -f .gpu-deps/new/*.deb
+    download
+fi
+rm -rf .gpu-deps/debs
+mv .gpu-deps/new .gpu-deps/debs
+echo "gpu-deps: ${#pkgs[@]} packages, $(du -sh .gpu-deps/debs | cut -f1) in .gpu-deps/debs"
