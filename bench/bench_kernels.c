@@ -52,7 +52,7 @@
 #define BENCH_GPU_LAYERS 8
 #define BENCH_GPU_BLOCKS 1024
 #define BENCH_GPU_ITERS 20
-#define BENCH_MAX_HEADLINES 48
+#define BENCH_MAX_HEADLINES 64
 
 /* One row of the CPU table: codec on one plane. */
 typedef struct bench_case {
@@ -359,6 +359,42 @@ static bool bench_gpu_wanted(const char *list, kvd_codec_t codec)
     return false;
 }
 
+/* Loads that move reused chunks rotate their keys: the fused scatter
+ * against scatter then a rotation launch, same cache and objects. */
+static int bench_gpu_rope(const char *only)
+{
+    printf("\nGPU: decode + scatter + RoPE rotation of every block, fused vs "
+           "two launches (scatter, then rotation);\nmedian of 7 interleaved "
+           "rounds [min..max]\n");
+    printf("%-9s %12s %24s\n", "codec", "fused ms", "fused / two launches");
+    for (int c = 0; c < KVD_CODEC_COUNT; c++) {
+        kvd_codec_t codec = (kvd_codec_t)c;
+        if (!bench_gpu_wanted(only, codec)) {
+            continue;
+        }
+        kvd_object_format_t fmt =
+            bench_format(codec, KVD_PLANE_K, BENCH_GPU_LAYERS);
+        fmt.codec[KVD_PLANE_V] = codec;
+        double ms = 0, ratio[3] = {0, 0, 0};
+        kvd_status_t st = kvd_cuda_bench_scatter_rope(
+            &fmt, BENCH_GPU_BLOCKS, BENCH_GPU_ITERS, &ms, ratio);
+        if (st != KVD_OK) {
+            fprintf(stderr, "bench_kernels: GPU rope %s: %s\n",
+                    kvd_codec_name(codec), kvd_status_str(st));
+            return -1;
+        }
+        printf("%-9s %12.3f %10.3f [%.3f..%.3f]\n", kvd_codec_name(codec), ms,
+               ratio[0], ratio[1], ratio[2]);
+        fflush(stdout);
+        char metric[96];
+        snprintf(metric, sizeof(metric),
+                 "gpu_scatter_rope_fused_%s_over_two_launches",
+                 kvd_codec_name(codec));
+        bench_headline(metric, ratio[0], "(no target: below 1 is a gain)");
+    }
+    return 0;
+}
+
 static int bench_gpu(void)
 {
     int count = 0;
@@ -402,7 +438,7 @@ static int bench_gpu(void)
         bench_gpu_headline("gather", codec, g / d);
         bench_gpu_headline("scatter", codec, s / d);
     }
-    return 0;
+    return bench_gpu_rope(only);
 }
 #else
 static int bench_gpu(void)

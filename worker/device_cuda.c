@@ -617,19 +617,6 @@ static kvd_status_t deltas_upload(wcuda_t *c, int64_t *host, int64_t *dev,
     return kvd_cuda_copy_async(dev, host, n * sizeof *d, c->res->stream);
 }
 
-/* Rotates the keys of layer `layer` of `n` loaded blocks `ids` (on the
- * device at `ids_dev`) by the rotations at `deltas_dev`, after their
- * copies in stream order (mu held). */
-static kvd_status_t layer_rotate(kvd_worker_t *w, uint32_t layer,
-                                 const int32_t *ids, const int32_t *ids_dev,
-                                 const int64_t *deltas_dev, size_t n)
-{
-    cres_t *r = w->cuda->res;
-    return kvd_cuda_rope_shift_layer(&w->layout, &w->cfg.format, r->rope, layer,
-                                     ids, ids_dev, deltas_dev, n,
-                                     w->cfg.format.block_size, r->stream);
-}
-
 /* n copies of `len` bytes at offset `off` of each object: arena -> staging
  * (to_device) or staging -> arena (mu held). */
 static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
@@ -663,12 +650,15 @@ static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
  * `ids_dev` on the device), in chunks of the staging buffer's size: a load
  * copies each object's layer bytes into staging, then scatters them into
  * the blocks; a save gathers the blocks into staging, then copies the
- * bytes into the objects (mu held). The kernels run on a one-layer view
+ * bytes into the objects (mu held). A load with `deltas_dev` (the
+ * rotations on the device, uploaded in stream order) rotates each block's
+ * keys as the scatter decodes them. The kernels run on a one-layer view
  * (the layer's base, the one-layer format): a layer's region of an object
  * does not depend on the other layers, so the bytes are the same. */
 static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
                                const int32_t *ids, const int32_t *ids_dev,
-                               void *const *objs, size_t n, bool load)
+                               const int64_t *deltas_dev, void *const *objs,
+                               size_t n, bool load)
 {
     wcuda_t *c = w->cuda;
     const kvd_object_format_t *f = &w->cfg.format;
@@ -682,7 +672,12 @@ static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
         size_t m = n - k < c->staging_blocks ? n - k : c->staging_blocks;
         if (load) {
             st = staging_copies(w, objs + k, m, off, len, true);
-            if (st == KVD_OK) {
+            if (st == KVD_OK && deltas_dev != NULL) {
+                st = kvd_cuda_scatter_layer_rope(
+                    &one, &c->fmt1, c->res->tables, c->res->rope, 0, ids + k,
+                    ids_dev + k, deltas_dev + k, m, f->block_size,
+                    c->res->staging, c->stride, c->res->stream);
+            } else if (st == KVD_OK) {
                 st = kvd_cuda_scatter_layer(
                     &one, &c->fmt1, c->res->tables, 0, ids + k, ids_dev + k, m,
                     f->block_size, c->res->staging, c->stride, c->res->stream);
@@ -718,10 +713,6 @@ static kvd_status_t cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
         st = ids_upload(c, b->host, b->dev, s->load_ids, s->n_load_ok);
         s->dev_load_ids = st == KVD_OK;
     }
-    if (st == KVD_OK) {
-        st = layer_copy(w, layer, s->load_ids + first, b->dev + first,
-                        s->load_objs + first, count, true);
-    }
     if (st == KVD_OK && s->any_delta && !s->dev_load_deltas) {
         st = rope_ready(w);
         if (st == KVD_OK) {
@@ -733,9 +724,10 @@ static kvd_status_t cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
         }
         s->dev_load_deltas = st == KVD_OK;
     }
-    if (st == KVD_OK && s->any_delta) {
-        st = layer_rotate(w, layer, s->load_ids + first, b->dev + first,
-                          b->ddev + first, count);
+    if (st == KVD_OK) {
+        st = layer_copy(w, layer, s->load_ids + first, b->dev + first,
+                        s->any_delta ? b->ddev + first : NULL,
+                        s->load_objs + first, count, true);
     }
     /* Recorded even after an error: the engine's stream then waits for
      * what was enqueued, and the failed blocks are reported. */
@@ -767,7 +759,7 @@ static kvd_status_t cuda_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
         s->dev_save_ids = st == KVD_OK;
     }
     if (st == KVD_OK) {
-        st = layer_copy(w, layer, s->save_ids + first, at_dev + first,
+        st = layer_copy(w, layer, s->save_ids + first, at_dev + first, NULL,
                         s->save_objs + first, count, false);
     }
     pthread_mutex_unlock(&c->mu);
@@ -815,10 +807,9 @@ static kvd_status_t cuda_load_async(kvd_worker_t *w, const int32_t *ids,
      * them. */
     for (uint32_t l = 0; l < w->cfg.format.num_layers && st == KVD_OK; l++) {
         pthread_mutex_lock(&c->mu);
-        st = layer_copy(w, l, ids, ids_dev, objs, n, true);
-        if (st == KVD_OK && deltas != NULL) {
-            st = layer_rotate(w, l, ids, ids_dev, c->res->deltas_dev + at, n);
-        }
+        st = layer_copy(w, l, ids, ids_dev,
+                        deltas != NULL ? c->res->deltas_dev + at : NULL, objs,
+                        n, true);
         pthread_mutex_unlock(&c->mu);
     }
     pthread_mutex_lock(&c->mu);

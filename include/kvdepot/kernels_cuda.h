@@ -224,6 +224,31 @@ kvd_status_t kvd_cuda_rope_shift_layer(
     const int32_t *block_ids_dev, const int64_t *deltas_dev, size_t num_blocks,
     uint32_t num_valid_tokens_last, void *stream);
 
+/*
+ * The device twin of kvd_ref_scatter_layer_rope: kvd_cuda_scatter_layer,
+ * then the K plane of each listed block rotated by deltas[i] positions as
+ * kvd_cuda_rope_shift_layer rotates it, with the same bytes as those two
+ * calls. Where the kernel decodes a block's K plane head by head (every
+ * codec but raw planes that go to the copy engine and KIVI K packed across
+ * heads), the CTA that decoded a head rotates it at once, while its rows
+ * are still in the caches: one launch and one pass over the cache instead
+ * of two. Elsewhere the rotation is a launch of its own after the
+ * scatter's, on the same stream.
+ *
+ * Arguments as the two calls together (deltas_dev as
+ * kvd_cuda_rope_shift_layer's, `rope` from kvd_cuda_rope_create). Errors:
+ * those of both, all before anything was enqueued; a failed launch returns
+ * KVD_ERR_DEVICE / KVD_ERR_NO_DEVICE, and what was enqueued before it in
+ * the same call may still run.
+ */
+kvd_status_t kvd_cuda_scatter_layer_rope(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_cuda_tables_t *tables, const kvd_cuda_rope_t *rope,
+    unsigned layer, const int32_t *block_ids, const int32_t *block_ids_dev,
+    const int64_t *deltas_dev, size_t num_blocks,
+    uint32_t num_valid_tokens_last, const void *objects_dev_base,
+    size_t object_stride_bytes, void *stream);
+
 /* ------------------------------------------------------------------------ */
 /* Runtime wrappers for the worker's device backend (stream.cu)             */
 /* ------------------------------------------------------------------------ */
@@ -370,6 +395,20 @@ kvd_status_t kvd_cuda_bench_gather(const kvd_object_format_t *fmt,
                                    unsigned num_blocks, unsigned iters,
                                    double *gather_gbps, double *scatter_gbps,
                                    double *d2d_copy_gbps);
+
+/*
+ * Measures the fused decode + scatter + RoPE rotation
+ * (kvd_cuda_scatter_layer_rope) against the same work in two launches
+ * per layer (kvd_cuda_scatter_layer, then kvd_cuda_rope_shift_layer), on
+ * the cache of kvd_cuda_bench_gather (fp16 or bf16 only), every block
+ * rotated (NEOX over the whole head). Seven rounds of `iters` passes over
+ * all layers, the two ways interleaved; *fused_ms is the median time of
+ * one fused pass, ratio[0..2] the median, smallest and largest per-round
+ * ratio fused / two launches. Errors as kvd_cuda_bench_gather's.
+ */
+kvd_status_t kvd_cuda_bench_scatter_rope(const kvd_object_format_t *fmt,
+                                         unsigned num_blocks, unsigned iters,
+                                         double *fused_ms, double ratio[3]);
 
 #ifdef __cplusplus
 }

@@ -287,3 +287,162 @@ out:
     kvd_bench_release(&r);
     return st;
 }
+
+// One timed round of decode + scatter with RoPE over all layers: fused
+// (kvd_cuda_scatter_layer_rope) or in two launches per layer (scatter,
+// then kvd_cuda_rope_shift_layer); milliseconds in *ms_out.
+static kvd_status_t
+kvd_bench_time_rope(kvd_bench_res *r, bool fused, const kvd_kv_layout_t *layout,
+                    const kvd_object_format_t *fmt, const kvd_cuda_rope_t *rope,
+                    const int64_t *deltas_dev, unsigned num_blocks,
+                    unsigned iters, size_t object_bytes, float *ms_out)
+{
+    kvd_status_t st = kvd_cuda_status(cudaEventRecord(r->start, r->stream),
+                                      "cudaEventRecord");
+    for (unsigned it = 0; it < iters && st == KVD_OK; it++) {
+        for (unsigned l = 0; l < fmt->num_layers && st == KVD_OK; l++) {
+            if (fused) {
+                st = kvd_cuda_scatter_layer_rope(
+                    layout, fmt, r->dev_tables, rope, l, r->ids, r->ids_dev,
+                    deltas_dev, num_blocks, fmt->block_size, r->staging,
+                    object_bytes, r->stream);
+                continue;
+            }
+            st = kvd_cuda_scatter_layer(layout, fmt, r->dev_tables, l, r->ids,
+                                        r->ids_dev, num_blocks, fmt->block_size,
+                                        r->staging, object_bytes, r->stream);
+            if (st == KVD_OK) {
+                st = kvd_cuda_rope_shift_layer(
+                    layout, fmt, rope, l, r->ids, r->ids_dev, deltas_dev,
+                    num_blocks, fmt->block_size, r->stream);
+            }
+        }
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventRecord(r->stop, r->stream),
+                             "cudaEventRecord");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventSynchronize(r->stop),
+                             "cudaEventSynchronize");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventElapsedTime(ms_out, r->start, r->stop),
+                             "cudaEventElapsedTime");
+    }
+    return st;
+}
+
+static int kvd_bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+extern "C" kvd_status_t
+kvd_cuda_bench_scatter_rope(const kvd_object_format_t *fmt, unsigned num_blocks,
+                            unsigned iters, double *fused_ms, double ratio[3])
+{
+    if (kvd_object_format_check(fmt, NULL, 0) != KVD_OK || num_blocks == 0 ||
+        iters == 0 || fused_ms == NULL || ratio == NULL ||
+        kvd_dtype_is_fp8(fmt->dtype)) {
+        return KVD_ERR_INVALID;
+    }
+    int count = 0;
+    kvd_status_t st = kvd_cuda_device_count(&count);
+    if (st != KVD_OK) {
+        return st;
+    }
+    if (count == 0) {
+        return KVD_ERR_NO_DEVICE;
+    }
+    const size_t row = (size_t)fmt->head_dim * kvd_dtype_size(fmt->dtype);
+    const size_t block_bytes = row * fmt->num_heads * fmt->block_size;
+    const size_t plane_bytes = block_bytes * num_blocks;
+    const size_t layer_cache = plane_bytes * fmt->num_planes;
+    const size_t cache_bytes = layer_cache * fmt->num_layers;
+    const size_t object_bytes = kvd_object_bytes(fmt);
+    enum { ROUNDS = 7 };
+    double fused[ROUNDS], ratios[ROUNDS];
+    float ms_f = 0.0f, ms_t = 0.0f;
+
+    kvd_bench_res r;
+    memset(&r, 0, sizeof(r));
+    kvd_kv_layout_t layout;
+    kvd_cuda_rope_t *rope = NULL;
+    int64_t *deltas_dev = NULL;
+    int64_t *deltas = (int64_t *)malloc(num_blocks * sizeof(int64_t));
+    kvd_rope_t rh = {fmt->head_dim,
+                     fmt->head_dim,
+                     KVD_ROPE_NEOX,
+                     10000.0,
+                     KVD_ROPE_SCALING_NONE,
+                     1.0,
+                     0.0,
+                     0.0,
+                     0};
+    if (deltas == NULL) {
+        return KVD_ERR_NOMEM;
+    }
+    st = kvd_bench_setup(&r, fmt, num_blocks, cache_bytes, object_bytes);
+    if (st == KVD_OK) {
+        st = kvd_cuda_rope_create(&rh, &rope);
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaMalloc(&deltas_dev, num_blocks * 8),
+                             "cudaMalloc bench deltas");
+    }
+    for (unsigned i = 0; i < num_blocks; i++) {
+        deltas[i] = 1000 + (int64_t)i; // every block moves
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaMemcpy(deltas_dev, deltas, num_blocks * 8,
+                                        cudaMemcpyHostToDevice),
+                             "cudaMemcpy bench deltas");
+    }
+    if (st != KVD_OK) {
+        goto out;
+    }
+    for (unsigned l = 0; l < fmt->num_layers; l++) {
+        r.bases[l] = r.cache + (size_t)l * layer_cache;
+    }
+    layout.layer_base = r.bases;
+    layout.num_blocks = num_blocks;
+    layout.stride_plane = (int64_t)plane_bytes;
+    layout.stride_block = (int64_t)block_bytes;
+    layout.stride_token = (int64_t)(row * fmt->num_heads);
+    layout.stride_head = (int64_t)row;
+
+    // Objects to scatter (one gather round), then one untimed round of
+    // each way; then rounds of the two ways interleaved.
+    st = kvd_bench_time_layers(&r, true, &layout, fmt, num_blocks, 1,
+                               object_bytes, &ms_f);
+    for (int k = -1; k < ROUNDS && st == KVD_OK; k++) {
+        st = kvd_bench_time_rope(&r, true, &layout, fmt, rope, deltas_dev,
+                                 num_blocks, k < 0 ? 1 : iters, object_bytes,
+                                 &ms_f);
+        if (st == KVD_OK) {
+            st = kvd_bench_time_rope(&r, false, &layout, fmt, rope, deltas_dev,
+                                     num_blocks, k < 0 ? 1 : iters,
+                                     object_bytes, &ms_t);
+        }
+        if (st == KVD_OK && k >= 0) {
+            fused[k] = ms_f / iters;
+            ratios[k] = (double)ms_f / ms_t;
+        }
+    }
+    if (st == KVD_OK) {
+        qsort(fused, ROUNDS, sizeof(double), kvd_bench_cmp_double);
+        qsort(ratios, ROUNDS, sizeof(double), kvd_bench_cmp_double);
+        *fused_ms = fused[ROUNDS / 2];
+        ratio[0] = ratios[ROUNDS / 2];
+        ratio[1] = ratios[0];
+        ratio[2] = ratios[ROUNDS - 1];
+    }
+out:
+    cudaFree(deltas_dev);
+    kvd_cuda_rope_destroy(rope);
+    free(deltas);
+    kvd_bench_release(&r);
+    return st;
+}

@@ -65,6 +65,12 @@ struct kvd_gs_args {
     unsigned raw_unit; // bytes per access of the raw kernel copy
     const kvd_dev_tables *tables;
     float tq_inv_sqrt_d;
+    // Scatter only: rotate plane K of listed block i by rope_deltas[i]
+    // positions once it is decoded (NULL: no rotation; rope_dev.cuh).
+    const int64_t *rope_deltas;
+    const double *rope_inv_freq;
+    uint32_t rope_half;
+    int rope_style;
 };
 
 // One CTA's slice: listed block i (cache block `id`), plane p, head h.

@@ -30,6 +30,7 @@
 #include "common/log_int.h"
 #include "kernels/cuda/codec_kivi.cuh"
 #include "kernels/cuda/codec_tq.cuh"
+#include "kernels/cuda/rope_dev.cuh"
 #include "kvdepot/kernels_cuda.h"
 
 extern "C" {
@@ -96,6 +97,38 @@ __device__ void kvd_codec_cta(const kvd_gs_args &a, const kvd_cta &c, int codec,
     }
 }
 
+// Rotates the K rows this CTA has just decoded by `delta` positions, while
+// they are still in the caches: the bytes of a scatter followed by
+// kvd_cuda_rope_shift_layer, without the second launch and its pass over
+// memory. The host fuses only where this CTA wrote every row of its head
+// (not the copy engine's planes, not KIVI K packed across heads). The
+// barrier makes the decode's global writes visible to the whole CTA and
+// frees the codec's shared memory for the table; `delta` is uniform over
+// the CTA, so every thread reaches both barriers or none.
+__device__ __noinline__ void kvd_rope_after_scatter(const kvd_gs_args &a,
+                                                    const kvd_cta &c,
+                                                    int64_t delta,
+                                                    unsigned char *smem)
+{
+    if (delta == 0) {
+        return;
+    }
+    __syncthreads();
+    float *cos_s = reinterpret_cast<float *>(smem);
+    float *sin_s = cos_s + a.rope_half;
+    kvd_rope_table_dev(delta, a.rope_inv_freq, a.rope_half, cos_s, sin_s);
+    __syncthreads();
+    if (a.dtype == KVD_DTYPE_BF16) {
+        kvd_rope_rows_dev<kvd_elt_bf16>(c.src, a.stride_token, c.valid,
+                                        a.rope_half, a.rope_style, cos_s,
+                                        sin_s);
+    } else {
+        kvd_rope_rows_dev<kvd_elt_fp16>(c.src, a.stride_token, c.valid,
+                                        a.rope_half, a.rope_style, cos_s,
+                                        sin_s);
+    }
+}
+
 // At least KVD_GS_MIN_CTAS CTAs per SM: caps registers at 64 so the
 // memory-bound codecs keep enough loads in flight (the widest paths,
 // TurboQuant at head_dim 256 and KIVI V's 32-value groups, fit without
@@ -140,6 +173,9 @@ __global__ void __launch_bounds__(KVD_GS_THREADS, KVD_GS_MIN_CTAS)
         kvd_codec_cta<kvd_elt_bf16, GATHER>(a, c, codec, smem);
     } else {
         kvd_codec_cta<kvd_elt_fp16, GATHER>(a, c, codec, smem);
+    }
+    if (!GATHER && a.rope_deltas != nullptr && p == KVD_PLANE_K) {
+        kvd_rope_after_scatter(a, c, a.rope_deltas[i], smem);
     }
 }
 
@@ -593,11 +629,20 @@ static size_t kvd_gs_smem_bytes(const kvd_object_format_t *fmt, bool gather,
     return bytes;
 }
 
+// The rotation of a scatter with RoPE: fused into the kernel when the CTA
+// of (block, K, head) writes every row of its head, else a launch of its
+// own after the scatter's kernel and copies (same stream, same bytes).
+struct kvd_gs_rope {
+    const kvd_cuda_rope_t *rope; // NULL: no rotation
+    const int64_t *deltas_dev;
+    bool fused;
+};
+
 static kvd_status_t kvd_gs_submit(
     bool gather, const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
     const kvd_cuda_tables_t *tables, unsigned layer, const int32_t *block_ids,
     const int32_t *block_ids_dev, size_t num_blocks, uint32_t valid_last,
-    const void *objects, size_t object_stride, void *stream)
+    const void *objects, size_t object_stride, kvd_gs_rope *rope, void *stream)
 {
     kvd_gs_args a;
     bool ce[2] = {false, false};
@@ -614,9 +659,23 @@ static kvd_status_t kvd_gs_submit(
             a.plane_of[ny++] = (int)p;
         }
     }
+    const int kc = fmt->codec[KVD_PLANE_K];
+    if (rope != NULL) {
+        rope->fused = !ce[KVD_PLANE_K] &&
+                      !(a.kivi_k_whole &&
+                        (kc == KVD_CODEC_KIVI4 || kc == KVD_CODEC_KIVI2));
+    }
+    if (rope != NULL && rope->fused) {
+        a.rope_deltas = rope->deltas_dev;
+        a.rope_inv_freq = rope->rope->inv_freq;
+        a.rope_half = rope->rope->host.rotary_dim / 2;
+        a.rope_style = (int)rope->rope->host.style;
+    }
     if (ny > 0) {
         dim3 grid((unsigned)num_blocks, ny, fmt->num_heads);
         size_t smem = kvd_gs_smem_bytes(fmt, gather, ce);
+        const size_t table = 2 * sizeof(float) * a.rope_half;
+        smem = table > smem ? table : smem;
         if (gather) {
             kvd_gs_kernel<true><<<grid, KVD_GS_THREADS, smem, s>>>(a);
         } else {
@@ -643,7 +702,7 @@ extern "C" kvd_status_t kvd_cuda_gather_layer(
 {
     return kvd_gs_submit(true, layout, fmt, tables, layer, block_ids,
                          block_ids_dev, num_blocks, num_valid_tokens_last,
-                         objects_dev_base, object_stride_bytes, stream);
+                         objects_dev_base, object_stride_bytes, NULL, stream);
 }
 
 extern "C" kvd_status_t kvd_cuda_scatter_layer(
@@ -655,5 +714,36 @@ extern "C" kvd_status_t kvd_cuda_scatter_layer(
 {
     return kvd_gs_submit(false, layout, fmt, tables, layer, block_ids,
                          block_ids_dev, num_blocks, num_valid_tokens_last,
-                         objects_dev_base, object_stride_bytes, stream);
+                         objects_dev_base, object_stride_bytes, NULL, stream);
+}
+
+extern "C" kvd_status_t kvd_cuda_scatter_layer_rope(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_cuda_tables_t *tables, const kvd_cuda_rope_t *rope,
+    unsigned layer, const int32_t *block_ids, const int32_t *block_ids_dev,
+    const int64_t *deltas_dev, size_t num_blocks,
+    uint32_t num_valid_tokens_last, const void *objects_dev_base,
+    size_t object_stride_bytes, void *stream)
+{
+    if (rope == NULL) {
+        KVD_LOG_ERROR("cuda scatter with rope: NULL rope");
+        return KVD_ERR_INVALID;
+    }
+    // Every check of both halves before anything is enqueued.
+    kvd_status_t st =
+        kvd_rope_args_check(layout, fmt, &rope->host, layer, block_ids,
+                            deltas_dev, num_blocks, num_valid_tokens_last);
+    if (st != KVD_OK) {
+        return st;
+    }
+    kvd_gs_rope r = {rope, deltas_dev, false};
+    st = kvd_gs_submit(false, layout, fmt, tables, layer, block_ids,
+                       block_ids_dev, num_blocks, num_valid_tokens_last,
+                       objects_dev_base, object_stride_bytes, &r, stream);
+    if (st != KVD_OK || num_blocks == 0 || r.fused) {
+        return st;
+    }
+    return kvd_cuda_rope_shift_layer(layout, fmt, rope, layer, block_ids,
+                                     block_ids_dev, deltas_dev, num_blocks,
+                                     num_valid_tokens_last, stream);
 }

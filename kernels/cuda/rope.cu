@@ -13,10 +13,10 @@
 // pair into shared memory with kernels/ref/rope_int.h, the same source the
 // reference runs (angle reduction in double with fma, a Taylor series
 // rather than CUDA's cos/sin, whose last bit differs from glibc's), then
-// its threads walk (token, pair) of its head's valid rows. Consecutive
-// threads take consecutive pairs, so NEOX rows are read and written in
-// coalesced runs. -fmad=false keeps the float rotation unfused, as the
-// reference's -ffp-contract=off does.
+// its threads walk (token, pair) of its head's valid rows (rope_dev.cuh,
+// shared with the scatter kernel that rotates as it decodes, gather.cu).
+// -fmad=false keeps the float rotation unfused, as the reference's
+// -ffp-contract=off does.
 #include <cuda_runtime.h>
 
 #include <stdlib.h>
@@ -24,15 +24,10 @@
 
 #include "common/log_int.h"
 #include "kernels/cuda/codec_dev.cuh"
-#include "kernels/ref/rope_int.h"
+#include "kernels/cuda/rope_dev.cuh"
 #include "kvdepot/kernels_cuda.h"
 
 #define KVD_ROPE_THREADS 128
-
-struct kvd_cuda_rope {
-    kvd_rope_t host;  // what the argument checks read
-    double *inv_freq; // device, rotary_dim / 2 values
-};
 
 // Everything one launch needs, passed by value (__grid_constant__).
 struct kvd_rope_args {
@@ -62,30 +57,14 @@ __global__ void __launch_bounds__(KVD_ROPE_THREADS)
     if (id < 0 || (uint32_t)id >= a.num_cache_blocks || delta == 0) {
         return;
     }
-    for (uint32_t j = threadIdx.x; j < a.half; j += blockDim.x) {
-        kvd_rope_sincos(kvd_rope_reduce(delta, a.inv_freq[j]), &cos_s[j],
-                        &sin_s[j]);
-    }
+    kvd_rope_table_dev(delta, a.inv_freq, a.half, cos_s, sin_s);
     __syncthreads();
 
     const uint32_t valid = i + 1 == a.num_blocks ? a.valid_last : a.block_size;
     unsigned char *head = a.cache + (int64_t)id * a.stride_block +
                           (int64_t)blockIdx.y * a.stride_head;
-    // At most 4096 tokens * 512 pairs: fits 32 bits.
-    const uint32_t n = valid * a.half;
-    for (uint32_t k = threadIdx.x; k < n; k += blockDim.x) {
-        const uint32_t t = k / a.half;
-        const uint32_t j = k - t * a.half;
-        uint16_t *row =
-            reinterpret_cast<uint16_t *>(head + (int64_t)t * a.stride_token);
-        const uint32_t c0 = kvd_rope_chan0(a.style, a.half, j);
-        const uint32_t c1 = kvd_rope_chan1(a.style, a.half, j);
-        float x1 = E::load(row[c0]);
-        float x2 = E::load(row[c1]);
-        kvd_rope_rotate(&x1, &x2, cos_s[j], sin_s[j]);
-        row[c0] = E::store(x1);
-        row[c1] = E::store(x2);
-    }
+    kvd_rope_rows_dev<E>(head, a.stride_token, valid, a.half, a.style, cos_s,
+                         sin_s);
 }
 
 // ---- device rope ----

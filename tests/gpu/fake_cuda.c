@@ -16,8 +16,8 @@
  * kernel runs, as on a GPU. Gather, scatter and the RoPE shift run the C
  * reference kernels (bit-exact with the CUDA ones for every codec but
  * TurboQuant, which is specified within a tolerance). Argument checks
- * happen at enqueue, as in gather.cu and rope.cu (element alignment is not
- * checked).
+ * happen at enqueue, as in gather.cu and rope.cu (element alignment is
+ * checked for the RoPE shift only).
  *
  * Not modelled: concurrency between streams (everything runs on the thread
  * that waits, under one recursive lock), device faults, and the copy
@@ -713,6 +713,20 @@ kvd_status_t kvd_cuda_rope_shift_layer(
     if (!device) {
         return KVD_ERR_INVALID;
     }
+    /* rope.cu reads 2-byte elements: an odd base or stride is refused. */
+    uint64_t bits = (uint64_t)(uintptr_t)layout->layer_base[layer];
+    if (layout->num_blocks > 1) {
+        bits |= (uint64_t)layout->stride_block;
+    }
+    if (fmt->block_size > 1) {
+        bits |= (uint64_t)layout->stride_token;
+    }
+    if (fmt->num_heads > 1) {
+        bits |= (uint64_t)layout->stride_head;
+    }
+    if (bits % 2 != 0) {
+        return KVD_ERR_UNSUPPORTED;
+    }
     fop_t op = {.kind = FOP_ROPE,
                 .layout = *layout,
                 .layer_ptr = layout->layer_base[layer],
@@ -725,4 +739,45 @@ kvd_status_t kvd_cuda_rope_shift_layer(
                 .deltas_dev = deltas_dev};
     op.layout.layer_base = NULL;
     return enqueue(stream, &op);
+}
+
+/* gather.cu's fused scatter + rotation: the same bytes as the two
+ * operations one after the other, which is what the model runs. */
+kvd_status_t kvd_cuda_scatter_layer_rope(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_cuda_tables_t *tables, const kvd_cuda_rope_t *rope,
+    unsigned layer, const int32_t *block_ids, const int32_t *block_ids_dev,
+    const int64_t *deltas_dev, size_t num_blocks,
+    uint32_t num_valid_tokens_last, const void *objects_dev_base,
+    size_t object_stride_bytes, void *stream)
+{
+    if (rope == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_status_t st =
+        kvd_rope_args_check(layout, fmt, &rope->host, layer, block_ids,
+                            deltas_dev, num_blocks, num_valid_tokens_last);
+    if (st == KVD_OK) {
+        st = gs_check(layout, fmt, layer, block_ids, block_ids_dev, num_blocks,
+                      num_valid_tokens_last, objects_dev_base,
+                      object_stride_bytes);
+    }
+    if (st != KVD_OK || num_blocks == 0) {
+        return st;
+    }
+    lock();
+    bool device = in_ranges(g_device, deltas_dev);
+    unlock();
+    if (!device) {
+        return KVD_ERR_INVALID;
+    }
+    st = gs_enqueue(FOP_SCATTER, layout, fmt, tables, layer, block_ids,
+                    block_ids_dev, num_blocks, num_valid_tokens_last,
+                    objects_dev_base, object_stride_bytes, stream);
+    if (st != KVD_OK) {
+        return st;
+    }
+    return kvd_cuda_rope_shift_layer(layout, fmt, rope, layer, block_ids,
+                                     block_ids_dev, deltas_dev, num_blocks,
+                                     num_valid_tokens_last, stream);
 }
