@@ -175,10 +175,16 @@ def child(spec_path):
     model = build_model(spec["model"], spec["small"], device)
     args = argparse.Namespace(**spec["args"])
     out = {}
+    # What a serving process has done before its first hit, left out of the
+    # timed restores: the model's kernels and the library's first use
+    # (a prompt that was never stored: a miss, nothing saved).
+    warm_ids = prompt(4 * BLOCK, model.config.vocab_size, 999_999, device)
+    cold_pass(model, warm_ids, device)
     for codec, cells in spec["cells"].items():
         kv = KvdepotHF(model, block_size=BLOCK, **kv_settings(
             args, codec, Path(spec["tmp"]),
             {"model": spec["model"], "tier": "nvme"}))
+        warm_pass(kv, warm_ids, device)
         for size, seeds in cells.items():
             ts = []
             for seed in seeds:

@@ -20,7 +20,8 @@
 #        sanitize-kernels sanitize-worker bench-kernels ncu-kernels
 #        bench-worker bench-saves demo ttft-hf), TTFT_HF_ARGS (flags for
 #        bench/ttft_hf.py, e.g. "--models 8b --sizes 16k"), TTFT_HF_TIMEOUT
-#        (seconds, default 300)
+#        (seconds, default 300), GPU_CHECK_TARGETS (the build's targets
+#        instead of all the steps need, e.g. "kvdepot kvdepotd" for ttft-hf)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -123,8 +124,9 @@ build() {
     }
     # -k 0: a target that fails to build leaves the others to run.
     # shellcheck disable=SC2086
-    cmake --build build/gpu -j "$jobs" --target $tests bench_kernels \
-        bench_worker bench_saves kvdepot-demo kvdepot kvdepotd -- -k 0
+    cmake --build build/gpu -j "$jobs" --target \
+        ${GPU_CHECK_TARGETS:-$tests bench_kernels bench_worker bench_saves \
+        kvdepot-demo kvdepot kvdepotd} -- -k 0
 }
 
 setup() {
