@@ -155,7 +155,15 @@ class KvdepotHF:
         self._workers = {}  # device backend -> Worker
         self._registered = {}  # device backend -> staging data_ptr/shape
         try:  # a format the codecs cannot serve is refused here
-            self._worker(self._staging(0, _model_device(model)))
+            device = _model_device(model)
+            self._worker(self._staging(0, device))
+            if device.type == "cuda":
+                # The CUDA worker makes its stream, staging and block-id
+                # buffers and page-locks the store's arena (4 GiB by
+                # default: about half a second) when caches are first
+                # registered: here, once, as an engine does at start-up,
+                # not inside the first request's TTFT.
+                self._register(self._staging(1, device))
         except Exception:
             self.close()
             raise
