@@ -744,6 +744,12 @@ class Leader:
         _check("leader gate", lib().kvd_leader_set_gate(self.handle,
                                                         ctypes.byref(g)))
 
+    def report_prefill(self, tokens, seconds):
+        """The engine computed `tokens` prompt tokens in `seconds`: the
+        gate's prefill rate moves toward their ratio."""
+        _check("leader report prefill", lib().kvd_leader_report_prefill(
+            self.handle, int(tokens), float(seconds)))
+
     def gate_estimates(self):
         """The gate's estimates now, as a dict."""
         g = LeaderGate()

@@ -152,6 +152,13 @@ class KvdepotHF:
         except Exception:
             _store_release(self._key)
             raise
+        # The recompute-vs-fetch gate (settings `gate`, as for vLLM): the
+        # leader then matches only the part of a stored prefix that loads
+        # faster than the model computes it; generate() reports its timed
+        # prefills, so the rate it predicts with is this model's.
+        self.gate = config.gate_settings(self.settings)
+        if self.gate is not None:
+            self.leader.set_gate(**self.gate)
         self._workers = {}  # device backend -> Worker
         self._registered = {}  # device backend -> staging data_ptr/shape
         try:  # a format the codecs cannot serve is refused here
@@ -365,7 +372,9 @@ class KvdepotHF:
         if cache is None:
             from transformers import DynamicCache
             cache = DynamicCache(config=self.model.config)
-        hook = None
+        hooks = []
+        if self.gate is not None:
+            hooks += self._prefill_timer(ids.shape[1] - restored.tokens)
         if save:
             state = {"done": False, "error": None}
 
@@ -378,17 +387,47 @@ class KvdepotHF:
                 except Exception as e:  # raised after generate returns
                     state["error"] = e
 
-            hook = self.model.register_forward_hook(after_prefill)
+            hooks.append(self.model.register_forward_hook(after_prefill))
         try:
             kwargs.setdefault("attention_mask", torch.ones_like(ids))
             out = self.model.generate(ids, past_key_values=cache, **kwargs)
         finally:
-            if hook is not None:
+            for hook in hooks:
                 hook.remove()
             self.finish(restored)
         if save and state["error"] is not None:
             raise state["error"]
         return out
+
+    def _prefill_timer(self, computed):
+        """Hooks that time generate()'s prefill (its first forward: the
+        `computed` tokens the restore did not cover) and report it to the
+        gate. The device is synchronized on both sides, as a step timer
+        must: the work is asynchronous."""
+        import torch
+        device = _model_device(self.model)
+        t = {}
+
+        def sync():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+
+        def before(module, args):
+            if "start" not in t:
+                sync()
+                t["start"] = time.perf_counter()
+
+        def after(module, args, output):
+            if "end" in t:
+                return
+            sync()
+            t["end"] = time.perf_counter()
+            seconds = t["end"] - t["start"]
+            if computed > 0 and seconds > 0:
+                self.leader.report_prefill(computed, seconds)
+
+        return [self.model.register_forward_pre_hook(before),
+                self.model.register_forward_hook(after)]
 
     def stats(self):
         """The workers' counters, summed."""

@@ -156,3 +156,44 @@ def test_daemon_round_trip(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_gate_loads_only_what_beats_computing():
+    """With the recompute-vs-fetch gate, a stored prefix is restored only
+    where the leader predicts loading it is faster than computing it, and
+    generate() reports its timed prefills to the gate: a model that
+    computes fast gets no hit (the tokens are still the cold ones), one
+    that computes slowly gets the whole prefix."""
+    m = models.build("llama")
+    a = models.prompt(100, seed=3)
+    cold = m.generate(a, max_new_tokens=6, do_sample=False,
+                      attention_mask=torch.ones_like(a))
+    slow_load = {"prefill_tokens_per_s": 1e9, "host_s_per_block": 1.0,
+                 "alpha": 0.01}
+    with KvdepotHF(m, block_size=16, arena_size="64m") as first:
+        first.generate(a, max_new_tokens=1, do_sample=False)
+        with KvdepotHF(m, block_size=16, arena_size="64m",
+                       gate=slow_load) as kv:
+            got = kv.generate(a, max_new_tokens=6, do_sample=False,
+                              save=False)
+            assert kv.last.matched == 0 and kv.last.tokens == 0
+            assert torch.equal(got, cold)
+            st = kv.leader.stats()
+            assert st["gate_skipped"] == 6 and st["gate_loaded"] == 0
+            # The cold prefill was timed and reported: the rate moved from
+            # the configured 1e9 tokens/s toward what this CPU does.
+            assert kv.leader.gate_estimates()["prefill_tokens_per_s"] < 1e9
+        slow_compute = {"prefill_tokens_per_s": 1.0, "alpha": 0.01}
+        with KvdepotHF(m, block_size=16, arena_size="64m",
+                       gate=slow_compute) as kv:
+            got = kv.generate(a, max_new_tokens=6, do_sample=False,
+                              save=False)
+            assert kv.last.matched == 96 and kv.last.tokens == 96
+            assert torch.equal(got, cold)
+            assert kv.leader.stats()["gate_loaded"] == 6
+
+
+def test_gate_needs_the_prefill_rate():
+    m = models.build("llama")
+    with pytest.raises(ValueError, match="prefill_tokens_per_s"):
+        KvdepotHF(m, block_size=16, arena_size="64m", gate={"margin": 0.2})
