@@ -21,7 +21,11 @@
 #        bench-worker bench-saves demo ttft-hf), TTFT_HF_ARGS (flags for
 #        bench/ttft_hf.py, e.g. "--models 8b --sizes 16k"), TTFT_HF_TIMEOUT
 #        (seconds, default 300), GPU_CHECK_TARGETS (the build's targets
-#        instead of all the steps need, e.g. "kvdepot kvdepotd" for ttft-hf)
+#        instead of all the steps need, e.g. "kvdepot kvdepotd" for ttft-hf),
+#        GPU_CHECK_DEADLINE (seconds from the start: after the set-up, each
+#        step is stopped at it and none starts past it, leaving 10 s to
+#        write the results; set it under the device run's own limit, which
+#        would kill the script before it packs anything)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -41,7 +45,20 @@ step() { # step NAME COMMAND...: runs it, logs it, records its status
         return 0
     fi
     local t0=$SECONDS
-    "$@" >"$logs/$name.log" 2>&1
+    local left=0
+    if [[ -n "${GPU_CHECK_DEADLINE:-}" && $name != setup ]]; then
+        left=$((GPU_CHECK_DEADLINE - 10 - SECONDS))
+        if ((left < 5)); then
+            printf '%-16s skipped: GPU_CHECK_DEADLINE (%ss) reached\n' \
+                "$name" "$GPU_CHECK_DEADLINE" | tee -a "$summary"
+            return 0
+        fi
+    fi
+    if ((left > 0)); then
+        timeout "$left" "$@" >"$logs/$name.log" 2>&1
+    else
+        "$@" >"$logs/$name.log" 2>&1
+    fi
     local rc=$?
     printf '%-16s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" \
         "$(tail -n 1 "$logs/$name.log" | cut -c1-120)" | tee -a "$summary"
