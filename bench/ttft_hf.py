@@ -8,7 +8,10 @@ head_dim 128), random weights in bf16, built on the device. Per prompt
 size and codec: cold = model.generate(max_new_tokens=1) on the whole
 prompt; restored = KvdepotHF.generate(save=False) with the prompt stored
 in the host arena (same process, "host"), on the NVMe tier read by a new
-process ("nvme"), or in a kvdepotd this benchmark starts ("daemon").
+process ("nvme"), or in a kvdepotd this benchmark starts ("daemon"); and
+the host arena through the recompute-vs-fetch gate ("gate": its first
+prefill rate the warm-up's, then generate()'s own timings), set against
+the better of always loading and always computing.
 Cold and host passes are interleaved; figures are medians with their
 range. Restore bandwidth: the restored KV's bytes over the time of
 KvdepotHF.restore (lookup, load, decode), next to a pinned host tensor of
@@ -254,6 +257,23 @@ def stop_daemon(proc):
 
 # ---- one model --------------------------------------------------------------
 
+def gate_row(res, key, c, xs, kv, say):
+    """The host tier through the recompute-vs-fetch gate: its TTFT against
+    cold and against the better of always loading (host) and always
+    computing (cold), which is what the gate should come within 5 % of;
+    and the blocks it loaded and skipped."""
+    s = res[f"{key}/gate/{c}"] = stat(xs)
+    cold = res[key + "/cold"]["median"]
+    host = res.get(f"{key}/host/{c}")
+    best = min(cold, host["median"]) if host else cold
+    st = kv.leader.stats()
+    s.update(best=best, loaded=st["gate_loaded"], skipped=st["gate_skipped"])
+    say(f"{key:10s} gate   {c:8s} {fmt(s)}  {s['median'] / cold:.3f} of "
+        f"cold, {s['median'] / best:.3f} of the better of load and compute "
+        f"(blocks so far: {st['gate_loaded']} loaded, "
+        f"{st['gate_skipped']} computed)")
+
+
 def run_model(args, name, device, res, say):
     model = build_model(name, args.small, device)
     vocab = model.config.vocab_size
@@ -269,6 +289,7 @@ def run_model(args, name, device, res, say):
         kvd = {c: KvdepotHF(model, block_size=BLOCK, **kv_settings(
             args, c, tmp, {"model": name, "tier": "daemon"}))
             for c in args.codecs} if daemon else {}
+        kvg = {}  # the host tier's store through the gate, made below
         nvme_cells = {c: {} for c in args.codecs}
         for size in args.sizes:
             n = SIZES[size]
@@ -276,13 +297,23 @@ def run_model(args, name, device, res, say):
             passes = passes_for(n, args.small)
             from transformers import DynamicCache
             cache = DynamicCache(config=model.config)
-            cold_pass(model, ids, device, cache)  # warm-up, and the KV
+            # warm-up, and the KV
+            t_warm = cold_pass(model, ids, device, cache)[0]
+            if "gate" in args.tiers and not kvg:
+                # First estimate of the prefill rate: the warm-up's (a
+                # first pass, slow: it favours loading); generate()'s own
+                # timed prefills move it from there.
+                kvg = {c: KvdepotHF(model, block_size=BLOCK, gate={
+                    "prefill_tokens_per_s": n / t_warm}, **kv_settings(
+                        args, c, tmp, {"model": name, "tier": "host"}))
+                    for c in args.codecs}
             for kv in list(kvs.values()) + list(kvd.values()):
                 r = kv.restore(ids)
                 kv.save(r, ids, cache)
             del cache
             cold, host = [], {c: [] for c in args.codecs}
             dmn = {c: [] for c in kvd}
+            gated = {c: [] for c in kvg}
             for _ in range(passes):
                 cold.append(cold_pass(model, ids, device)[0])
                 for c, kv in kvs.items():
@@ -290,6 +321,8 @@ def run_model(args, name, device, res, say):
                         host[c].append(warm_pass(kv, ids, device)[0])
                 for c, kv in kvd.items():
                     dmn[c].append(warm_pass(kv, ids, device)[0])
+                for c, kv in kvg.items():
+                    gated[c].append(warm_pass(kv, ids, device)[0])
             key = f"{name}/{size}"
             res[key + "/cold"] = stat(cold)
             say(f"{key:10s} cold           {fmt(res[key + '/cold'])}")
@@ -300,6 +333,8 @@ def run_model(args, name, device, res, say):
                         say(f"{key:10s} {tier:6s} {c:8s} {fmt(s)}  "
                             f"{s['median'] / res[key + '/cold']['median']:.3f}"
                             " of cold")
+                if gated.get(c):
+                    gate_row(res, key, c, gated[c], kvg[c], say)
                 # restore bandwidth against the plain copy
                 bw = [restore_pass(kvs[c], ids, device) for _ in range(passes)]
                 nbytes = bw[0][1]
@@ -311,7 +346,8 @@ def run_model(args, name, device, res, say):
                     f"  plain {nbytes / tp / 1e9:7.2f} GB/s  "
                     f"ratio {tp / t:.3f}")
                 nvme_cells[c][size] = [1000 + n]
-        for kv in list(kvs.values()) + list(kvd.values()):
+        for kv in list(kvs.values()) + list(kvd.values()) + \
+                list(kvg.values()):
             kv.close()
         # The new process builds its own model: give this one's GPU memory
         # back first (on an 80 GB H100 the 8b child ran out of memory
@@ -319,6 +355,7 @@ def run_model(args, name, device, res, say):
         # allocator's reserve).
         kvs.clear()
         kvd.clear()
+        kvg.clear()
         model = None
         gc.collect()
         if device.type == "cuda":
@@ -380,7 +417,7 @@ def main():
                     help="of 256,1k,4k,16k,32k (default 1k,4k,16k,32k; "
                     "small: 256,1k)")
     ap.add_argument("--codecs", default="raw,fp8_e4m3,tq4")
-    ap.add_argument("--tiers", default="host,nvme,daemon")
+    ap.add_argument("--tiers", default="host,nvme,daemon,gate")
     ap.add_argument("--arena", default=None, help="embedded arena size")
     ap.add_argument("--daemon-arena", default=None)
     ap.add_argument("--disk", default=None, help="NVMe tier size")
