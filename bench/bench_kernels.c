@@ -359,6 +359,15 @@ static bool bench_gpu_wanted(const char *list, kvd_codec_t codec)
     return false;
 }
 
+/* The GPU rows' format: the codec on both planes. */
+static kvd_object_format_t bench_gpu_format(kvd_codec_t codec)
+{
+    kvd_object_format_t fmt =
+        bench_format(codec, KVD_PLANE_K, BENCH_GPU_LAYERS);
+    fmt.codec[KVD_PLANE_V] = codec;
+    return fmt;
+}
+
 /* Loads that move reused chunks rotate their keys: the fused scatter
  * against scatter then a rotation launch, same cache and objects. */
 static int bench_gpu_rope(const char *only)
@@ -372,9 +381,7 @@ static int bench_gpu_rope(const char *only)
         if (!bench_gpu_wanted(only, codec)) {
             continue;
         }
-        kvd_object_format_t fmt =
-            bench_format(codec, KVD_PLANE_K, BENCH_GPU_LAYERS);
-        fmt.codec[KVD_PLANE_V] = codec;
+        kvd_object_format_t fmt = bench_gpu_format(codec);
         double ms = 0, ratio[3] = {0, 0, 0};
         kvd_status_t st = kvd_cuda_bench_scatter_rope(
             &fmt, BENCH_GPU_BLOCKS, BENCH_GPU_ITERS, &ms, ratio);
@@ -416,9 +423,7 @@ static int bench_gpu(void)
         if (!bench_gpu_wanted(only, codec)) {
             continue;
         }
-        kvd_object_format_t fmt =
-            bench_format(codec, KVD_PLANE_K, BENCH_GPU_LAYERS);
-        fmt.codec[KVD_PLANE_V] = codec;
+        kvd_object_format_t fmt = bench_gpu_format(codec);
         double g, s, d;
         st = kvd_cuda_bench_gather(&fmt, BENCH_GPU_BLOCKS, BENCH_GPU_ITERS, &g,
                                    &s, &d);

@@ -52,7 +52,40 @@ struct kvd_bench_res {
     kvd_cuda_tables_t *dev_tables;
     cudaStream_t stream;
     cudaEvent_t start, stop;
+    kvd_kv_layout_t layout; // the NHD cache over `cache`, every layer
+    size_t cache_bytes, object_bytes;
 };
+
+// Checks the benchmark has a device to run on.
+static kvd_status_t kvd_bench_device(void)
+{
+    int count = 0;
+    kvd_status_t st = kvd_cuda_device_count(&count);
+    if (st == KVD_OK && count == 0) {
+        st = KVD_ERR_NO_DEVICE;
+    }
+    return st;
+}
+
+// Ends a region timed from r->start (when `st` is still KVD_OK): records
+// r->stop, waits for it and writes the milliseconds between the two.
+static kvd_status_t kvd_bench_stop(kvd_bench_res *r, kvd_status_t st,
+                                   float *ms_out)
+{
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventRecord(r->stop, r->stream),
+                             "cudaEventRecord");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventSynchronize(r->stop),
+                             "cudaEventSynchronize");
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_status(cudaEventElapsedTime(ms_out, r->start, r->stop),
+                             "cudaEventElapsedTime");
+    }
+    return st;
+}
 
 static void kvd_bench_release(kvd_bench_res *r)
 {
@@ -97,26 +130,24 @@ static kvd_status_t kvd_bench_time_layers(kvd_bench_res *r, bool gather,
                                                  object_bytes, r->stream);
         }
     }
-    if (st == KVD_OK) {
-        st = kvd_cuda_status(cudaEventRecord(r->stop, r->stream),
-                             "cudaEventRecord");
-    }
-    if (st == KVD_OK) {
-        st = kvd_cuda_status(cudaEventSynchronize(r->stop),
-                             "cudaEventSynchronize");
-    }
-    if (st == KVD_OK) {
-        st = kvd_cuda_status(cudaEventElapsedTime(ms_out, r->start, r->stop),
-                             "cudaEventElapsedTime");
-    }
-    return st;
+    return kvd_bench_stop(r, st, ms_out);
 }
 
+// Allocates and fills a vLLM FlashAttention NHD cache of `num_blocks`
+// blocks per layer, its copy, staging for num_blocks objects, the block
+// map, tables, stream and events; r->layout describes the cache.
 static kvd_status_t kvd_bench_setup(kvd_bench_res *r,
                                     const kvd_object_format_t *fmt,
-                                    unsigned num_blocks, size_t cache_bytes,
-                                    size_t object_bytes)
+                                    unsigned num_blocks)
 {
+    const size_t row = (size_t)fmt->head_dim * kvd_dtype_size(fmt->dtype);
+    const size_t block_bytes = row * fmt->num_heads * fmt->block_size;
+    const size_t plane_bytes = block_bytes * num_blocks;
+    const size_t layer_cache = plane_bytes * fmt->num_planes;
+    const size_t cache_bytes = layer_cache * fmt->num_layers;
+    const size_t object_bytes = kvd_object_bytes(fmt);
+    r->cache_bytes = cache_bytes;
+    r->object_bytes = object_bytes;
     kvd_status_t st = kvd_cuda_status(cudaMalloc(&r->cache, cache_bytes),
                                       "cudaMalloc bench cache");
     if (st == KVD_OK) {
@@ -141,6 +172,15 @@ static kvd_status_t kvd_bench_setup(kvd_bench_res *r,
     if (r->ids == NULL || r->bases == NULL) {
         return KVD_ERR_NOMEM;
     }
+    for (unsigned l = 0; l < fmt->num_layers; l++) {
+        r->bases[l] = r->cache + (size_t)l * layer_cache;
+    }
+    r->layout.layer_base = r->bases;
+    r->layout.num_blocks = num_blocks;
+    r->layout.stride_plane = (int64_t)plane_bytes;
+    r->layout.stride_block = (int64_t)block_bytes;
+    r->layout.stride_token = (int64_t)(row * fmt->num_heads);
+    r->layout.stride_head = (int64_t)row;
     // Visit block (i * step) mod n: a permutation when gcd(step, n) = 1.
     unsigned step = 7919u % num_blocks;
     while (step == 0 || kvd_gcd(step, num_blocks) != 1) {
@@ -202,40 +242,19 @@ kvd_cuda_bench_gather(const kvd_object_format_t *fmt, unsigned num_blocks,
         d2d_copy_gbps == NULL) {
         return KVD_ERR_INVALID;
     }
-    int count = 0;
-    kvd_status_t st = kvd_cuda_device_count(&count);
+    kvd_status_t st = kvd_bench_device();
     if (st != KVD_OK) {
         return st;
     }
-    if (count == 0) {
-        return KVD_ERR_NO_DEVICE;
-    }
-
-    const size_t elt = kvd_dtype_size(fmt->dtype);
-    const size_t row = (size_t)fmt->head_dim * elt;
-    const size_t block_bytes = row * fmt->num_heads * fmt->block_size;
-    const size_t plane_bytes = block_bytes * num_blocks;
-    const size_t layer_cache = plane_bytes * fmt->num_planes;
-    const size_t cache_bytes = layer_cache * fmt->num_layers;
-    const size_t object_bytes = kvd_object_bytes(fmt);
-
     kvd_bench_res r;
     memset(&r, 0, sizeof(r));
     float ms_gather = 0.0f, ms_scatter = 0.0f, ms_copy = 0.0f;
-    kvd_kv_layout_t layout;
-    st = kvd_bench_setup(&r, fmt, num_blocks, cache_bytes, object_bytes);
+    st = kvd_bench_setup(&r, fmt, num_blocks);
+    const kvd_kv_layout_t &layout = r.layout;
+    const size_t cache_bytes = r.cache_bytes, object_bytes = r.object_bytes;
     if (st != KVD_OK) {
         goto out;
     }
-    for (unsigned l = 0; l < fmt->num_layers; l++) {
-        r.bases[l] = r.cache + (size_t)l * layer_cache;
-    }
-    layout.layer_base = r.bases;
-    layout.num_blocks = num_blocks;
-    layout.stride_plane = (int64_t)plane_bytes;
-    layout.stride_block = (int64_t)block_bytes;
-    layout.stride_token = (int64_t)(row * fmt->num_heads);
-    layout.stride_head = (int64_t)row;
 
     // One untimed round of each warms up code, TLBs and clocks.
     st = kvd_bench_time_layers(&r, true, &layout, fmt, num_blocks, 1,
@@ -262,18 +281,7 @@ kvd_cuda_bench_gather(const kvd_object_format_t *fmt, unsigned num_blocks,
                                             cudaMemcpyDeviceToDevice, r.stream),
                             "cudaMemcpyAsync bench copy");
     }
-    if (st == KVD_OK) {
-        st = kvd_cuda_status(cudaEventRecord(r.stop, r.stream),
-                             "cudaEventRecord");
-    }
-    if (st == KVD_OK) {
-        st = kvd_cuda_status(cudaEventSynchronize(r.stop),
-                             "cudaEventSynchronize");
-    }
-    if (st == KVD_OK) {
-        st = kvd_cuda_status(cudaEventElapsedTime(&ms_copy, r.start, r.stop),
-                             "cudaEventElapsedTime");
-    }
+    st = kvd_bench_stop(&r, st, &ms_copy);
     if (st == KVD_OK) {
         // Read + written: every cache byte once, every object byte once.
         double staged = (double)object_bytes * num_blocks;
@@ -318,19 +326,7 @@ kvd_bench_time_rope(kvd_bench_res *r, bool fused, const kvd_kv_layout_t *layout,
             }
         }
     }
-    if (st == KVD_OK) {
-        st = kvd_cuda_status(cudaEventRecord(r->stop, r->stream),
-                             "cudaEventRecord");
-    }
-    if (st == KVD_OK) {
-        st = kvd_cuda_status(cudaEventSynchronize(r->stop),
-                             "cudaEventSynchronize");
-    }
-    if (st == KVD_OK) {
-        st = kvd_cuda_status(cudaEventElapsedTime(ms_out, r->start, r->stop),
-                             "cudaEventElapsedTime");
-    }
-    return st;
+    return kvd_bench_stop(r, st, ms_out);
 }
 
 static int kvd_bench_cmp_double(const void *a, const void *b)
@@ -348,27 +344,18 @@ kvd_cuda_bench_scatter_rope(const kvd_object_format_t *fmt, unsigned num_blocks,
         kvd_dtype_is_fp8(fmt->dtype)) {
         return KVD_ERR_INVALID;
     }
-    int count = 0;
-    kvd_status_t st = kvd_cuda_device_count(&count);
+    kvd_status_t st = kvd_bench_device();
     if (st != KVD_OK) {
         return st;
     }
-    if (count == 0) {
-        return KVD_ERR_NO_DEVICE;
-    }
-    const size_t row = (size_t)fmt->head_dim * kvd_dtype_size(fmt->dtype);
-    const size_t block_bytes = row * fmt->num_heads * fmt->block_size;
-    const size_t plane_bytes = block_bytes * num_blocks;
-    const size_t layer_cache = plane_bytes * fmt->num_planes;
-    const size_t cache_bytes = layer_cache * fmt->num_layers;
-    const size_t object_bytes = kvd_object_bytes(fmt);
     enum { ROUNDS = 7 };
     double fused[ROUNDS], ratios[ROUNDS];
     float ms_f = 0.0f, ms_t = 0.0f;
 
     kvd_bench_res r;
     memset(&r, 0, sizeof(r));
-    kvd_kv_layout_t layout;
+    const kvd_kv_layout_t &layout = r.layout;
+    const size_t &object_bytes = r.object_bytes;
     kvd_cuda_rope_t *rope = NULL;
     int64_t *deltas_dev = NULL;
     int64_t *deltas = (int64_t *)malloc(num_blocks * sizeof(int64_t));
@@ -384,7 +371,7 @@ kvd_cuda_bench_scatter_rope(const kvd_object_format_t *fmt, unsigned num_blocks,
     if (deltas == NULL) {
         return KVD_ERR_NOMEM;
     }
-    st = kvd_bench_setup(&r, fmt, num_blocks, cache_bytes, object_bytes);
+    st = kvd_bench_setup(&r, fmt, num_blocks);
     if (st == KVD_OK) {
         st = kvd_cuda_rope_create(&rh, &rope);
     }
@@ -403,16 +390,6 @@ kvd_cuda_bench_scatter_rope(const kvd_object_format_t *fmt, unsigned num_blocks,
     if (st != KVD_OK) {
         goto out;
     }
-    for (unsigned l = 0; l < fmt->num_layers; l++) {
-        r.bases[l] = r.cache + (size_t)l * layer_cache;
-    }
-    layout.layer_base = r.bases;
-    layout.num_blocks = num_blocks;
-    layout.stride_plane = (int64_t)plane_bytes;
-    layout.stride_block = (int64_t)block_bytes;
-    layout.stride_token = (int64_t)(row * fmt->num_heads);
-    layout.stride_head = (int64_t)row;
-
     // Objects to scatter (one gather round), then one untimed round of
     // each way; then rounds of the two ways interleaved.
     st = kvd_bench_time_layers(&r, true, &layout, fmt, num_blocks, 1,

@@ -170,7 +170,10 @@ class KvdepotHF:
                 # default: about half a second) when caches are first
                 # registered: here, once, as an engine does at start-up,
                 # not inside the first request's TTFT.
-                self._register(self._staging(1, device))
+                # Kept: the worker holds its address until a restore or
+                # save registers its own staging.
+                self._setup_staging = self._staging(1, device)
+                self._register(self._setup_staging)
         except Exception:
             self.close()
             raise
