@@ -18,9 +18,9 @@
  * arguments already checked as store.h says (store non-NULL, NULL pointers
  * with a non-zero count rejected with KVD_ERR_INVALID before the op is
  * called). `lookup` is kvd_store_lookup_from (source_node NULL or "" for
- * none). `scan`, `tenant_set_quota`, `events_enable`, `take_events` and
- * `events_watch` may be NULL: the call then answers KVD_ERR_UNSUPPORTED.
- * Threading as store.h.
+ * none). `scan`, `tenant_set_quota`, `events_enable`, `take_events`,
+ * `events_watch`, `reserve_part` and `end_part` may be NULL: the call then
+ * answers KVD_ERR_UNSUPPORTED. Threading as store.h.
  */
 #ifndef KVD_STORE_OPS_H
 #define KVD_STORE_OPS_H
@@ -56,6 +56,16 @@ typedef struct kvd_store_ops {
                            size_t num, kvd_status_t *statuses_out);
     kvd_status_t (*abort)(kvd_store_t *s, const kvd_store_key_t *keys,
                           size_t num, kvd_status_t *statuses_out);
+    kvd_status_t (*reserve_part)(kvd_store_t *s, const kvd_namespace_t *ns,
+                                 const kvd_block_hash_t *hashes,
+                                 size_t num_hashes, uint64_t object_bytes,
+                                 uint32_t tenant, uint32_t part,
+                                 uint32_t num_parts,
+                                 kvd_store_reservation_t *out);
+    /* kvd_store_commit_part (commit true) and kvd_store_abort_part. */
+    kvd_status_t (*end_part)(kvd_store_t *s, const kvd_store_key_t *keys,
+                             size_t num, uint32_t part, bool commit,
+                             kvd_status_t *statuses_out);
     kvd_status_t (*lookup)(kvd_store_t *s, const kvd_namespace_t *ns,
                            const kvd_block_hash_t *hashes, size_t num_hashes,
                            const char *source_node,

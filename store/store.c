@@ -120,6 +120,11 @@ static const kvd_config_field_t store_own_fields[] = {
      "how long reserve waits for write-back to free arena slots",
      kvd_config_parse_duration_ms, STORE_OFF(reserve_timeout_ms), 0, 60000,
      NULL},
+    {"store.part_timeout", "30s",
+     "an object written in parts (tensor-parallel ranks) whose parts have "
+     "not all committed this long after the first reserved it is abandoned",
+     kvd_config_parse_duration_ms, STORE_OFF(part_timeout_ms), 1, 3600000,
+     NULL},
     {"store.get_queue", "4096",
      "gets accepted and not yet polled, at most (back-pressure beyond)",
      kvd_config_parse_int, STORE_OFF(get_queue), 1, 1 << 20, NULL},
@@ -463,6 +468,7 @@ static void store_free(kvd_embedded_t *st)
     kvd_arena_destroy(st->arena);
     kvd_ring_destroy(st->cq);
     free(st->sight);
+    store_parts_free(st);
     pthread_cond_destroy(&st->idle_cv);
     pthread_cond_destroy(&st->space_cv);
     pthread_cond_destroy(&st->work_cv);
@@ -592,7 +598,7 @@ kvd_status_t kvd_store_open_partitioned(const kvd_config_t *config,
         goto err;
     }
     st->sight = calloc(STORE_SIGHT_BUCKETS, 1);
-    if (st->sight == NULL) {
+    if (st->sight == NULL || store_parts_init(st) != KVD_OK) {
         status = KVD_ERR_NOMEM;
         goto err;
     }
@@ -807,6 +813,8 @@ const kvd_store_ops_t kvd_store_embedded_ops = {
     .reserve = store_op_reserve,
     .commit = store_op_commit,
     .abort = store_op_abort,
+    .reserve_part = store_op_reserve_part,
+    .end_part = store_op_end_part,
     .lookup = store_op_lookup,
     .release = store_op_release,
     .get_submit = store_op_get_submit,

@@ -104,8 +104,72 @@ KVD_API kvd_status_t kvd_store_reserve(kvd_store_t *store,
     if (store->ops->reserve == NULL) {
         return KVD_ERR_UNSUPPORTED;
     }
-    return store->ops->reserve(store, ns, hashes, num_hashes, object_bytes,
-                               tenant, out);
+    kvd_status_t st = store->ops->reserve(store, ns, hashes, num_hashes,
+                                          object_bytes, tenant, out);
+    for (size_t i = 0; st == KVD_OK && i < num_hashes; i++) {
+        out[i].first = out[i].status == KVD_OK;
+    }
+    return st;
+}
+
+KVD_API kvd_status_t
+kvd_store_reserve_part(kvd_store_t *store, const kvd_namespace_t *ns,
+                       const kvd_block_hash_t *hashes, size_t num_hashes,
+                       uint64_t object_bytes, uint32_t tenant, uint32_t part,
+                       uint32_t num_parts, kvd_store_reservation_t *out)
+{
+    if (num_parts == 0 || num_parts > KVD_STORE_MAX_PARTS ||
+        part >= num_parts) {
+        return KVD_ERR_INVALID;
+    }
+    if (num_parts == 1) {
+        return kvd_store_reserve(store, ns, hashes, num_hashes, object_bytes,
+                                 tenant, out);
+    }
+    if (store == NULL || ns == NULL ||
+        (num_hashes > 0 && (hashes == NULL || out == NULL)) ||
+        object_bytes == 0) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->ops->reserve_part == NULL) {
+        return KVD_ERR_UNSUPPORTED;
+    }
+    return store->ops->reserve_part(store, ns, hashes, num_hashes, object_bytes,
+                                    tenant, part, num_parts, out);
+}
+
+/* A store without parts has only keys of one part: the plain calls. */
+static kvd_status_t store_end_part(kvd_store_t *store,
+                                   const kvd_store_key_t *keys, size_t num,
+                                   uint32_t part, bool commit,
+                                   kvd_status_t *statuses_out)
+{
+    if (store == NULL || (num > 0 && keys == NULL) ||
+        part >= KVD_STORE_MAX_PARTS) {
+        return KVD_ERR_INVALID;
+    }
+    if (store->ops->end_part != NULL) {
+        return store->ops->end_part(store, keys, num, part, commit,
+                                    statuses_out);
+    }
+    return commit ? kvd_store_commit(store, keys, num, statuses_out)
+                  : kvd_store_abort(store, keys, num, statuses_out);
+}
+
+KVD_API kvd_status_t kvd_store_commit_part(kvd_store_t *store,
+                                           const kvd_store_key_t *keys,
+                                           size_t num, uint32_t part,
+                                           kvd_status_t *statuses_out)
+{
+    return store_end_part(store, keys, num, part, true, statuses_out);
+}
+
+KVD_API kvd_status_t kvd_store_abort_part(kvd_store_t *store,
+                                          const kvd_store_key_t *keys,
+                                          size_t num, uint32_t part,
+                                          kvd_status_t *statuses_out)
+{
+    return store_end_part(store, keys, num, part, false, statuses_out);
 }
 
 KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,

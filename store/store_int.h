@@ -83,6 +83,7 @@ typedef struct store_settings {
     uint64_t stop_flush_ms;      /* close: flush for this long (0: not) */
     uint64_t reserve_timeout_ms; /* wait for write-back to free slots */
     int64_t get_queue;           /* gets accepted and not yet polled */
+    uint64_t part_timeout_ms;    /* objects in parts: all parts by then */
 } store_settings_t;
 
 /* Bytes the admission filter spends: one saturating counter per bucket. */
@@ -189,6 +190,15 @@ struct kvd_embedded {
     uint64_t ev_dropped;
     kvd_namespace_t ev_watch[KVD_STORE_EVENTS_WATCH_MAX];
     size_t ev_n_watch; /* 0: every namespace */
+
+    /* Objects being written in parts (store_parts.c): a chained hash table
+     * of the open ones, guarded by parts_mu (taken before mu and the L1's
+     * locks, never inside them). parts_n (atomic) spares the lock of the
+     * plain commit's check while there are none. */
+    pthread_mutex_t parts_mu;
+    struct store_parts_entry **parts;
+    size_t parts_n;
+    uint64_t parts_sweep_ns; /* next look for abandoned objects */
 };
 
 /* The engine behind `store`, or NULL when it is not an embedded store. */
@@ -268,6 +278,34 @@ kvd_status_t store_op_commit(kvd_store_t *base, const kvd_store_key_t *keys,
                              size_t num, kvd_status_t *statuses_out);
 kvd_status_t store_op_abort(kvd_store_t *base, const kvd_store_key_t *keys,
                             size_t num, kvd_status_t *statuses_out);
+
+/* One key of a reserve (store_save.c): KVD_OK with its slot's offset, or
+ * KVD_ERR_EXISTS / NOSPACE / QUOTA. `class_id` registered for
+ * object_bytes; *deadline_ns starts at 0 and is shared by a batch. */
+kvd_status_t store_reserve_one(kvd_embedded_t *st, const kvd_store_key_t *key,
+                               uint32_t class_id, uint64_t object_bytes,
+                               uint32_t tenant, uint64_t *deadline_ns,
+                               uint64_t *offset_out);
+
+/* Publishes one reserved key; `xxh3`, when not NULL, is the checksum of
+ * its bytes the caller checked (store_save.c). */
+kvd_status_t store_commit_one(kvd_embedded_t *store, const kvd_store_key_t *key,
+                              const uint64_t *xxh3);
+
+/* Objects written in parts (store_parts.c): the ops, the table's life, and
+ * whether `key` is one (the plain commit and abort refuse it). */
+kvd_status_t store_op_reserve_part(kvd_store_t *base, const kvd_namespace_t *ns,
+                                   const kvd_block_hash_t *hashes,
+                                   size_t num_hashes, uint64_t object_bytes,
+                                   uint32_t tenant, uint32_t part,
+                                   uint32_t num_parts,
+                                   kvd_store_reservation_t *out);
+kvd_status_t store_op_end_part(kvd_store_t *base, const kvd_store_key_t *keys,
+                               size_t num, uint32_t part, bool commit,
+                               kvd_status_t *statuses_out);
+kvd_status_t store_parts_init(kvd_embedded_t *st);
+void store_parts_free(kvd_embedded_t *st);
+bool store_parts_has(kvd_embedded_t *st, const kvd_store_key_t *key);
 
 /* Admission filter: one more sighting of `key`, and whether it has been
  * seen at least twice. */

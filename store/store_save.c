@@ -203,11 +203,10 @@ static kvd_status_t store_reserve_slot(kvd_embedded_t *st, uint32_t tenant,
 
 /* ---- save --------------------------------------------------------------- */
 
-static kvd_status_t store_reserve_one(kvd_embedded_t *st,
-                                      const kvd_store_key_t *key,
-                                      uint32_t class_id, uint64_t object_bytes,
-                                      uint32_t tenant, uint64_t *deadline_ns,
-                                      uint64_t *offset_out)
+kvd_status_t store_reserve_one(kvd_embedded_t *st, const kvd_store_key_t *key,
+                               uint32_t class_id, uint64_t object_bytes,
+                               uint32_t tenant, uint64_t *deadline_ns,
+                               uint64_t *offset_out)
 {
     kvd_store_key_t lk;
     lk = *key;
@@ -304,9 +303,8 @@ static void store_write_through(kvd_embedded_t *st, const kvd_store_key_t *key,
 
 /* Commits one key of an embedded store; `xxh3`, when not NULL, is the
  * checksum of its bytes the caller checked, kept with the entry. */
-static kvd_status_t store_commit_one(kvd_embedded_t *store,
-                                     const kvd_store_key_t *key,
-                                     const uint64_t *xxh3)
+kvd_status_t store_commit_one(kvd_embedded_t *store, const kvd_store_key_t *key,
+                              const uint64_t *xxh3)
 {
     bool through =
         store->nvme != NULL && store->cfg.disk_write == STORE_WRITE_THROUGH;
@@ -335,7 +333,9 @@ kvd_status_t store_op_commit(kvd_store_t *base, const kvd_store_key_t *keys,
     kvd_embedded_t *store = store_embedded(base);
     kvd_status_t first = KVD_OK;
     for (size_t i = 0; i < num; i++) {
-        kvd_status_t s = store_commit_one(store, &keys[i], NULL);
+        kvd_status_t s = store_parts_has(store, &keys[i])
+                             ? KVD_ERR_STATE
+                             : store_commit_one(store, &keys[i], NULL);
         if (statuses_out != NULL) {
             statuses_out[i] = s;
         }
@@ -357,7 +357,8 @@ kvd_status_t kvd_store_commit_checksum(kvd_store_t *base,
     if (store == NULL) {
         return kvd_store_commit(base, key, 1, NULL);
     }
-    return store_commit_one(store, key, &xxh3);
+    return store_parts_has(store, key) ? KVD_ERR_STATE
+                                       : store_commit_one(store, key, &xxh3);
 }
 
 bool kvd_store_lease_checksum(kvd_store_t *base, const kvd_store_lease_t *lease,
@@ -392,7 +393,9 @@ kvd_status_t store_op_abort(kvd_store_t *base, const kvd_store_key_t *keys,
         kvd_store_key_t lk;
         lk = keys[i];
         uint32_t slot;
-        kvd_status_t s = kvd_l1_abort(store->l1, &lk, &slot);
+        kvd_status_t s = store_parts_has(store, &lk)
+                             ? KVD_ERR_STATE
+                             : kvd_l1_abort(store->l1, &lk, &slot);
         if (s == KVD_OK) {
             (void)kvd_arena_slot_free(store->arena, slot);
             freed = true;

@@ -54,11 +54,12 @@ static size_t saves_store(kvd_worker_t *w, wstep_t *s)
         s->save_order[at] = b;
     }
     if (ok > 0) {
-        (void)kvd_store_commit(w->store, s->save_keys, ok, s->save_status);
+        (void)kvd_store_commit_part(w->store, s->save_keys, ok, w->part,
+                                    s->save_status);
     }
     if (ok < s->n_saves) {
-        (void)kvd_store_abort(w->store, s->save_keys + ok, s->n_saves - ok,
-                              s->save_status + ok);
+        (void)kvd_store_abort_part(w->store, s->save_keys + ok, s->n_saves - ok,
+                                   w->part, s->save_status + ok);
     }
     return ok;
 }

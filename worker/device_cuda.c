@@ -409,9 +409,11 @@ static kvd_status_t cuda_create(kvd_worker_t *w, char *err, size_t err_len)
     c->slot_off = kvd_object_layer_offset(&c->fmt1, 0);
     c->n_slots = w->num_threads;
     c->ids_cap = IDS_ASYNC(c->n_slots);
-    c->cp_dst = calloc(c->staging_blocks, sizeof *c->cp_dst);
-    c->cp_src = calloc(c->staging_blocks, sizeof *c->cp_src);
-    c->cp_len = calloc(c->staging_blocks, sizeof *c->cp_len);
+    /* A shared object's layer is up to KVD_OBJECT_MAX_RANGES copies. */
+    size_t cps = c->staging_blocks * KVD_OBJECT_MAX_RANGES;
+    c->cp_dst = calloc(cps, sizeof *c->cp_dst);
+    c->cp_src = calloc(cps, sizeof *c->cp_src);
+    c->cp_len = calloc(cps, sizeof *c->cp_len);
     if (c->cp_dst == NULL || c->cp_src == NULL || c->cp_len == NULL) {
         free(c->cp_dst);
         free(c->cp_src);
@@ -617,20 +619,27 @@ static kvd_status_t deltas_upload(wcuda_t *c, int64_t *host, int64_t *dev,
     return kvd_cuda_copy_async(dev, host, n * sizeof *d, c->res->stream);
 }
 
-/* n copies of `len` bytes at offset `off` of each object: arena -> staging
- * (to_device) or staging -> arena (mu held). */
+/* The copies of each of `n` objects' ranges `r` (a layer: one range, or a
+ * shared object's heads of it): arena -> staging (to_device) or staging ->
+ * arena (mu held). */
 static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
-                                   size_t off, size_t len, bool to_device)
+                                   const kvd_object_range_t *r, size_t nr,
+                                   bool to_device)
 {
     wcuda_t *c = w->cuda;
     unsigned char *staging = c->res->staging;
+    size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        unsigned char *slot = staging + i * c->stride + c->slot_off;
-        unsigned char *obj = (unsigned char *)objs[i] + off;
-        c->cp_dst[i] = to_device ? (void *)slot : (void *)obj;
-        c->cp_src[i] = to_device ? (const void *)obj : (const void *)slot;
-        c->cp_len[i] = len;
+        for (size_t j = 0; j < nr; j++, k++) {
+            unsigned char *slot =
+                staging + i * c->stride + c->slot_off + r[j].shard_offset;
+            unsigned char *obj = (unsigned char *)objs[i] + r[j].object_offset;
+            c->cp_dst[k] = to_device ? (void *)slot : (void *)obj;
+            c->cp_src[k] = to_device ? (const void *)obj : (const void *)slot;
+            c->cp_len[k] = r[j].bytes;
+        }
     }
+    n = k;
     if (c->pinned) {
         return kvd_cuda_copy_batch_async(c->cp_dst, c->cp_src, c->cp_len, n,
                                          to_device, c->res->device,
@@ -640,7 +649,7 @@ static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
      * make it a DMA. */
     kvd_status_t st = KVD_OK;
     for (size_t i = 0; i < n && st == KVD_OK; i++) {
-        st = kvd_cuda_copy_async(c->cp_dst[i], c->cp_src[i], len,
+        st = kvd_cuda_copy_async(c->cp_dst[i], c->cp_src[i], c->cp_len[i],
                                  c->res->stream);
     }
     return st;
@@ -662,8 +671,13 @@ static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
 {
     wcuda_t *c = w->cuda;
     const kvd_object_format_t *f = &w->cfg.format;
-    size_t off = kvd_object_layer_offset(f, layer);
-    size_t len = kvd_object_layer_bytes(f);
+    /* The layer's bytes of each object, or this worker's heads of them. */
+    kvd_object_range_t r[KVD_OBJECT_MAX_RANGES] = {
+        {kvd_object_layer_offset(f, layer), 0, kvd_object_layer_bytes(f)}};
+    size_t nr = w->shard
+                    ? kvd_object_shard_ranges(&w->store_fmt, w->cfg.head_start,
+                                              f->num_heads, layer, r)
+                    : 1;
     void *base[1] = {w->layout.layer_base[layer]};
     kvd_kv_layout_t one = w->layout;
     one.layer_base = base;
@@ -671,7 +685,7 @@ static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
     for (size_t k = 0; k < n && st == KVD_OK; k += c->staging_blocks) {
         size_t m = n - k < c->staging_blocks ? n - k : c->staging_blocks;
         if (load) {
-            st = staging_copies(w, objs + k, m, off, len, true);
+            st = staging_copies(w, objs + k, m, r, nr, true);
             if (st == KVD_OK && deltas_dev != NULL) {
                 st = kvd_cuda_scatter_layer_rope(
                     &one, &c->fmt1, c->res->tables, c->res->rope, 0, ids + k,
@@ -687,7 +701,7 @@ static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
                 &one, &c->fmt1, c->res->tables, 0, ids + k, ids_dev + k, m,
                 f->block_size, c->res->staging, c->stride, c->res->stream);
             if (st == KVD_OK) {
-                st = staging_copies(w, objs + k, m, off, len, false);
+                st = staging_copies(w, objs + k, m, r, nr, false);
             }
         }
     }

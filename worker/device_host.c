@@ -5,7 +5,13 @@
  * thread. A finished task has done its copies, so there is nothing to
  * order on a stream and nothing to wait for at the end of a step: the
  * stream calls do nothing. CI, the demo and the Python tests run it.
+ * A worker whose heads are part of a shared object (cfg.object_heads)
+ * encodes and decodes them in its own format in a buffer of the task, and
+ * copies them between it and the objects by their byte ranges.
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "worker/worker_int.h"
 
 static kvd_status_t host_create(kvd_worker_t *w, char *err, size_t err_len)
@@ -33,6 +39,71 @@ static size_t host_chunks(const kvd_worker_t *w, size_t n)
     return n < w->num_threads ? n : w->num_threads;
 }
 
+/* A layer of `n` objects in this worker's own format, one layer each, for
+ * a shared object's copies (docs/codecs.md, "Head ranges"): the kernels
+ * run on the one-layer view `one` of the cache (base `base`), and the
+ * worker's heads move between `buf` and the objects by their ranges. */
+typedef struct shard_layer {
+    kvd_object_format_t fmt;
+    void *base[1];
+    kvd_kv_layout_t one;
+    unsigned char *buf;
+    void **objs;
+    size_t stride;
+    kvd_object_range_t r[KVD_OBJECT_MAX_RANGES];
+    size_t nr;
+} shard_layer_t;
+
+static kvd_status_t shard_open(kvd_worker_t *w, uint32_t layer, size_t n,
+                               shard_layer_t *sl)
+{
+    sl->fmt = w->cfg.format;
+    sl->fmt.num_layers = 1;
+    sl->base[0] = w->layout.layer_base[layer];
+    sl->one = w->layout;
+    sl->one.layer_base = sl->base;
+    sl->stride = kvd_object_bytes(&sl->fmt);
+    sl->nr = kvd_object_shard_ranges(&w->store_fmt, w->cfg.head_start,
+                                     w->cfg.format.num_heads, layer, sl->r);
+    sl->objs = malloc(n * sizeof *sl->objs);
+    sl->buf = NULL;
+    if (sl->objs == NULL ||
+        posix_memalign((void **)&sl->buf, 64, n * sl->stride) != 0) {
+        free(sl->objs);
+        return KVD_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        sl->objs[i] = sl->buf + i * sl->stride;
+    }
+    return KVD_OK;
+}
+
+/* Copies the worker's heads of each object in or out of `sl`. */
+static void shard_move(shard_layer_t *sl, void *const *objs, size_t n,
+                       bool to_objects)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char *obj = objs[i];
+        unsigned char *mine = sl->objs[i];
+        for (size_t k = 0; k < sl->nr; k++) {
+            const kvd_object_range_t *r = &sl->r[k];
+            if (to_objects) {
+                memcpy(obj + r->object_offset, mine + r->shard_offset,
+                       r->bytes);
+            } else {
+                memcpy(mine + r->shard_offset, obj + r->object_offset,
+                       r->bytes);
+            }
+        }
+    }
+}
+
+static void shard_close(shard_layer_t *sl)
+{
+    free(sl->buf);
+    free(sl->objs);
+}
+
 /* Layer `layer` of `n` objects into their blocks; with deltas (content
  * loads), each block's keys rotated to its new position in the same pass
  * (a delta of 0 leaves a block as loaded). */
@@ -41,13 +112,55 @@ static kvd_status_t host_scatter(kvd_worker_t *w, uint32_t layer,
                                  const int64_t *deltas, size_t n)
 {
     const void *const *o = (const void *const *)objs;
-    if (deltas != NULL) {
-        return kvd_ref_scatter_layer_rope(
-            &w->layout, &w->cfg.format, w->tables, layer, ids, n,
-            w->cfg.format.block_size, o, &w->rope, deltas);
+    const kvd_kv_layout_t *layout = &w->layout;
+    const kvd_object_format_t *fmt = &w->cfg.format;
+    shard_layer_t sl;
+    if (w->shard && n > 0) {
+        kvd_status_t st = shard_open(w, layer, n, &sl);
+        if (st != KVD_OK) {
+            return st;
+        }
+        shard_move(&sl, objs, n, false);
+        o = (const void *const *)sl.objs;
+        layout = &sl.one;
+        fmt = &sl.fmt;
+        layer = 0;
     }
-    return kvd_ref_scatter_layer(&w->layout, &w->cfg.format, w->tables, layer,
-                                 ids, n, w->cfg.format.block_size, o);
+    kvd_status_t st;
+    if (deltas != NULL) {
+        st = kvd_ref_scatter_layer_rope(layout, fmt, w->tables, layer, ids, n,
+                                        fmt->block_size, o, &w->rope, deltas);
+    } else {
+        st = kvd_ref_scatter_layer(layout, fmt, w->tables, layer, ids, n,
+                                   fmt->block_size, o);
+    }
+    if (w->shard && n > 0) {
+        shard_close(&sl);
+    }
+    return st;
+}
+
+/* Layer `layer` of `n` blocks into their objects. */
+static kvd_status_t host_gather(kvd_worker_t *w, uint32_t layer,
+                                const int32_t *ids, void *const *objs, size_t n)
+{
+    if (!w->shard || n == 0) {
+        return kvd_ref_gather_layer(&w->layout, &w->cfg.format, w->tables,
+                                    layer, ids, n, w->cfg.format.block_size,
+                                    objs);
+    }
+    shard_layer_t sl;
+    kvd_status_t st = shard_open(w, layer, n, &sl);
+    if (st != KVD_OK) {
+        return st;
+    }
+    st = kvd_ref_gather_layer(&sl.one, &sl.fmt, w->tables, 0, ids, n,
+                              sl.fmt.block_size, sl.objs);
+    if (st == KVD_OK) {
+        shard_move(&sl, objs, n, true);
+    }
+    shard_close(&sl);
+    return st;
 }
 
 static kvd_status_t host_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
@@ -60,9 +173,8 @@ static kvd_status_t host_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
 static kvd_status_t host_save(kvd_worker_t *w, wstep_t *s, uint32_t layer,
                               size_t first, size_t count)
 {
-    return kvd_ref_gather_layer(&w->layout, &w->cfg.format, w->tables, layer,
-                                s->save_ids + first, count,
-                                w->cfg.format.block_size, s->save_objs + first);
+    return host_gather(w, layer, s->save_ids + first, s->save_objs + first,
+                       count);
 }
 
 /* Every layer in turn, stopping at the first error. */

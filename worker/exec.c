@@ -157,7 +157,7 @@ static void block_delta(kvd_worker_t *w, wblock_t *b)
 static void block_header_check(kvd_worker_t *w, wblock_t *b)
 {
     char why[160] = "";
-    if (kvd_object_header_check(&w->cfg.format, &w->cfg.ns, &b->hash, b->obj,
+    if (kvd_object_header_check(&w->store_fmt, &w->cfg.ns, &b->hash, b->obj,
                                 b->lease.size_bytes, why,
                                 sizeof why) == KVD_OK) {
         block_delta(w, b);

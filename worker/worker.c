@@ -206,6 +206,39 @@ static bool format_uses_tq(const kvd_object_format_t *f)
     return false;
 }
 
+/* The stored object's format (cfg->format, or every rank's heads with
+ * object_heads), after the checks of a shared object's split. */
+static kvd_status_t store_format(const kvd_worker_config_t *cfg,
+                                 kvd_object_format_t *out, char *err,
+                                 size_t err_len)
+{
+    *out = cfg->format;
+    uint32_t n = cfg->format.num_heads;
+    if (cfg->object_heads == 0 && cfg->head_start == 0) {
+        return KVD_OK;
+    }
+    if (n == 0 || cfg->object_heads % n != 0 || cfg->head_start % n != 0 ||
+        cfg->head_start >= cfg->object_heads ||
+        cfg->object_heads / n > KVD_STORE_MAX_PARTS) {
+        kvd_config_err(err, err_len,
+                       "worker: heads %u..%u of object_heads %u: the object "
+                       "must split into at most %u equal parts, this one "
+                       "among them",
+                       cfg->head_start, cfg->head_start + n, cfg->object_heads,
+                       KVD_STORE_MAX_PARTS);
+        return KVD_ERR_INVALID;
+    }
+    out->num_heads = cfg->object_heads;
+    kvd_object_format_t mine;
+    char why[200] = "";
+    kvd_status_t s = kvd_object_shard_format(out, cfg->head_start, n, &mine,
+                                             why, sizeof why);
+    if (s != KVD_OK) {
+        kvd_config_err(err, err_len, "worker: object_heads: %s", why);
+    }
+    return s;
+}
+
 /* The configuration's checks before anything is allocated; *dev_out gets
  * the device backend. */
 static kvd_status_t config_check(const kvd_worker_config_t *cfg,
@@ -240,7 +273,12 @@ static kvd_status_t config_check(const kvd_worker_config_t *cfg,
         kvd_config_err(err, err_len, "worker: format: %s", why);
         return s;
     }
-    size_t obj_bytes = kvd_object_stored_bytes(&cfg->format);
+    kvd_object_format_t whole;
+    s = store_format(cfg, &whole, err, err_len);
+    if (s != KVD_OK) {
+        return s;
+    }
+    size_t obj_bytes = kvd_object_stored_bytes(&whole);
     if (cfg->async_saves && cfg->max_inflight_save_bytes != 0 &&
         cfg->max_inflight_save_bytes < obj_bytes) {
         /* Every save would be shed. */
@@ -278,8 +316,12 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     w->plan_ns = memcmp(&cfg->plan_ns, &zero_ns, sizeof zero_ns) == 0
                      ? cfg->ns
                      : cfg->plan_ns;
-    w->payload_bytes = kvd_object_bytes(&cfg->format);
-    w->object_bytes = kvd_object_stored_bytes(&cfg->format);
+    (void)store_format(cfg, &w->store_fmt, NULL, 0);
+    w->shard = w->store_fmt.num_heads != cfg->format.num_heads;
+    w->num_parts = w->store_fmt.num_heads / cfg->format.num_heads;
+    w->part = cfg->head_start / cfg->format.num_heads;
+    w->payload_bytes = kvd_object_bytes(&w->store_fmt);
+    w->object_bytes = kvd_object_stored_bytes(&w->store_fmt);
     w->num_threads =
         cfg->num_threads != 0 ? cfg->num_threads : WORKER_DEFAULT_THREADS;
     w->async_saves = cfg->async_saves;
@@ -561,8 +603,9 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
             hashes[b] = r->saves[b].hash;
         }
         st = n == 0 ? KVD_OK
-                    : kvd_store_reserve(w->store, &s->ns, hashes, n,
-                                        w->object_bytes, w->cfg.tenant, res);
+                    : kvd_store_reserve_part(w->store, &s->ns, hashes, n,
+                                             w->object_bytes, w->cfg.tenant,
+                                             w->part, w->num_parts, res);
         if (st != KVD_OK) {
             kvd_config_err(err, err_len,
                            "worker: reserving %zu objects of %zu "
@@ -581,16 +624,23 @@ static kvd_status_t step_reserve(kvd_worker_t *w, wstep_t *s, char *err,
                      * daemon restarted since): give the slot back. */
                     kvd_store_key_t k = {s->ns, blk->hash};
                     kvd_status_t ast;
-                    (void)kvd_store_abort(w->store, &k, 1, &ast);
+                    (void)kvd_store_abort_part(w->store, &k, 1, w->part, &ast);
                     blk->status = KVD_ERR_STATE;
                     w->st.saves_dropped++;
                     continue;
                 }
                 /* The header first: the payload is written by the copies,
-                 * and everything goes to the store at commit. */
-                (void)kvd_object_header_pack_at(
-                    &w->cfg.format, &s->ns, &blk->hash, blk->position,
-                    (uint8_t *)blk->obj + w->payload_bytes);
+                 * and everything goes to the store at commit. In a shared
+                 * object, the part that made the slot writes the bytes no
+                 * part owns. */
+                if (res[b].first) {
+                    (void)kvd_object_header_pack_at(
+                        &w->store_fmt, &s->ns, &blk->hash, blk->position,
+                        (uint8_t *)blk->obj + w->payload_bytes);
+                }
+                if (res[b].first && w->shard) {
+                    kvd_object_zero_padding(&w->store_fmt, blk->obj);
+                }
                 s->saves[s->n_saves] = blk;
                 s->save_ids[s->n_saves] = blk->block_id;
                 s->save_objs[s->n_saves] = blk->obj;

@@ -165,7 +165,14 @@ struct kvd_worker {
     kvd_codec_tables_t *tables;
     size_t object_bytes;  /* stored: payload + header */
     size_t payload_bytes; /* kvd_object_bytes(format): the header's offset */
-    bool header_logged;   /* the first header mismatch was logged in full */
+    /* The stored object's format: cfg.format, or with cfg.object_heads the
+     * whole object's (every rank's heads); then `shard` is set, this
+     * worker's heads are part `part` of `num_parts`, and the copies go
+     * through the worker's own format (kvd_object_shard_ranges). */
+    kvd_object_format_t store_fmt;
+    bool shard;
+    uint32_t part, num_parts;
+    bool header_logged; /* the first header mismatch was logged in full */
     uint32_t num_threads;
 
     bool registered;

@@ -127,6 +127,63 @@ KVD_API size_t kvd_object_layer_offset(const kvd_object_format_t *fmt,
 KVD_API size_t kvd_object_bytes(const kvd_object_format_t *fmt);
 
 /* ------------------------------------------------------------------------ */
+/* Objects shared by tensor-parallel ranks (shard.c)                         */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * An object may hold more heads than one engine process has: with tensor
+ * parallelism, rank r holds heads [head_start, head_start + num_heads) of
+ * the object's `num_heads`, and since every region is head-major and every
+ * codec encodes each head on its own, those heads are one contiguous byte
+ * range of each of a layer's regions (at most KVD_OBJECT_MAX_RANGES per
+ * layer: data and metadata of each plane). A rank encodes its heads in its
+ * own format (the object's with num_heads heads) and copies the ranges into
+ * the object; a reader at any other split copies its ranges out and
+ * decodes. The object's bytes do not depend on how it was split
+ * (docs/codecs.md, "Head ranges").
+ */
+#define KVD_OBJECT_MAX_RANGES 4u
+
+/* One head range: `bytes` at `object_offset` in the whole object, at
+ * `shard_offset` in one layer of the shard's format. */
+typedef struct kvd_object_range {
+    size_t object_offset;
+    size_t shard_offset;
+    size_t bytes;
+} kvd_object_range_t;
+
+/*
+ * The format of heads [head_start, head_start + num_heads) of an object of
+ * format `object`: `object` with num_heads heads. Errors, with a reason in
+ * `err` (may be NULL): KVD_ERR_INVALID (NULL argument, a format
+ * kvd_object_format_check refuses, a range outside 0..object->num_heads or
+ * empty), KVD_ERR_UNSUPPORTED (a part of the heads, and one head's codes of
+ * a plane do not end on a byte: block_size * head_dim * bits is not a
+ * multiple of 8). Pure function.
+ */
+KVD_API kvd_status_t kvd_object_shard_format(const kvd_object_format_t *object,
+                                             uint32_t head_start,
+                                             uint32_t num_heads,
+                                             kvd_object_format_t *shard_out,
+                                             char *err, size_t err_len);
+
+/* The ranges of those heads in layer `layer` of the object, and where each
+ * sits in a one-layer object of the shard's format; the bytes of a padding
+ * are in no range unless the shard is the whole object (then each range is
+ * a whole region). Returns how many it wrote into `out` (room for
+ * KVD_OBJECT_MAX_RANGES), 0 for what kvd_object_shard_format refuses or a
+ * layer >= num_layers. Pure function. */
+KVD_API size_t kvd_object_shard_ranges(const kvd_object_format_t *object,
+                                       uint32_t head_start, uint32_t num_heads,
+                                       unsigned layer, kvd_object_range_t *out);
+
+/* Zeroes the bytes of an object that no head range holds (the end of each
+ * region, up to its 16-byte boundary), for a format whose heads
+ * kvd_object_shard_format can split; nothing for NULL or a bad format. The
+ * header is not touched. */
+KVD_API void kvd_object_zero_padding(const kvd_object_format_t *fmt, void *obj);
+
+/* ------------------------------------------------------------------------ */
 /* Object header (header.c)                                                 */
 /* ------------------------------------------------------------------------ */
 

@@ -283,6 +283,10 @@ typedef struct kvd_store_reservation {
     kvd_status_t status;
     uint32_t reserved; /* the store's own (daemon mode: which arena mapping) */
     uint64_t arena_offset;
+    /* KVD_OK from kvd_store_reserve_part: this caller made the slot, so it
+     * writes what no part owns (the object header, the padding); false when
+     * it joined a slot another part made. kvd_store_reserve: true. */
+    bool first;
 } kvd_store_reservation_t;
 
 /*
@@ -351,6 +355,54 @@ KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,
 KVD_API kvd_status_t kvd_store_abort(kvd_store_t *store,
                                      const kvd_store_key_t *keys, size_t num,
                                      kvd_status_t *statuses_out);
+
+/* ---- objects written in parts --------------------------------------- */
+
+/*
+ * One object written by several writers, each its own disjoint byte ranges
+ * (tensor-parallel ranks writing their heads of a block: worker.h,
+ * `object_heads`). Each of `num_parts` writers (1..KVD_STORE_MAX_PARTS)
+ * reserves the key with its `part` (0..num_parts-1): the first makes the
+ * slot (out[i].first), the others join it and get the same arena_offset.
+ * The object becomes visible when every part has committed
+ * (kvd_store_commit_part); one part's abort, or num_parts not all
+ * committed store.part_timeout after the slot was made, abandons it: it is
+ * never published, parts not joined yet are refused, and its slot is given
+ * back once every part that joined has committed or aborted (so no writer
+ * ever writes a slot that was reused). Per key, out[i].status is KVD_OK,
+ * KVD_ERR_EXISTS (stored already; or being written by a plain reserve, by
+ * another writer of the same part, with another num_parts or size, or
+ * abandoned: skip the save), or the errors of kvd_store_reserve. Call
+ * errors as kvd_store_reserve, and KVD_ERR_INVALID for a part >= num_parts
+ * or num_parts outside 1..KVD_STORE_MAX_PARTS; KVD_ERR_UNSUPPORTED from a
+ * store that cannot (a daemon-mode store, for now). With num_parts 1 these
+ * are kvd_store_reserve, kvd_store_commit and kvd_store_abort. A key
+ * reserved in parts must be committed and aborted with the _part calls:
+ * kvd_store_commit and kvd_store_abort answer KVD_ERR_STATE for it.
+ * Thread: any.
+ */
+#define KVD_STORE_MAX_PARTS 64u
+KVD_API kvd_status_t
+kvd_store_reserve_part(kvd_store_t *store, const kvd_namespace_t *ns,
+                       const kvd_block_hash_t *hashes, size_t num_hashes,
+                       uint64_t object_bytes, uint32_t tenant, uint32_t part,
+                       uint32_t num_parts, kvd_store_reservation_t *out);
+
+/* Commits `part` of each key. statuses_out[i] (may be NULL): KVD_OK (the
+ * part is in; the object is published with its last part),
+ * KVD_ERR_NOT_FOUND (this part of the key is not reserved), KVD_ERR_STATE
+ * (committed or aborted already), KVD_ERR_TIMEOUT (the object was
+ * abandoned: nothing published). Returns KVD_OK or the first error. */
+KVD_API kvd_status_t kvd_store_commit_part(kvd_store_t *store,
+                                           const kvd_store_key_t *keys,
+                                           size_t num, uint32_t part,
+                                           kvd_status_t *statuses_out);
+
+/* Aborts `part` of each key, abandoning the object (same reporting). */
+KVD_API kvd_status_t kvd_store_abort_part(kvd_store_t *store,
+                                          const kvd_store_key_t *keys,
+                                          size_t num, uint32_t part,
+                                          kvd_status_t *statuses_out);
 
 /* ---- load ------------------------------------------------------------ */
 

@@ -182,6 +182,26 @@ typedef struct kvd_worker_config {
      * store costs saves, never a stalled step. 0 = 1 GiB; at least one
      * object (kvd_object_stored_bytes). */
     uint64_t max_inflight_save_bytes;
+    /* Objects shared by tensor-parallel ranks (docs/codecs.md, "Head
+     * ranges"): the stored object holds `object_heads` KV heads, of which
+     * this worker holds heads [head_start, head_start + format.num_heads).
+     * Each rank encodes its heads in its own format and writes them into
+     * the one object of the block (kvd_store_reserve_part: part
+     * head_start / format.num_heads of object_heads / format.num_heads),
+     * which is published when every part has committed; a load reads the
+     * worker's heads of the object, whichever split wrote it. So `ns` must
+     * name the whole object (every head, no TP rank): workers at any TP
+     * size share it. Ranks holding the same heads (fewer KV heads than
+     * ranks) write one part between them: the first to reserve it. 0: the
+     * object holds this worker's heads only (object_heads =
+     * format.num_heads, head_start 0). Needs object_heads a multiple of
+     * format.num_heads, head_start a multiple of it, at most
+     * KVD_STORE_MAX_PARTS parts, a format whose heads are byte ranges
+     * (kvd_object_shard_format), and a store that writes objects in parts
+     * (embedded; a daemon-mode store answers KVD_ERR_UNSUPPORTED at the
+     * first save). */
+    uint32_t object_heads;
+    uint32_t head_start;
 } kvd_worker_config_t;
 
 /*

@@ -26,6 +26,9 @@
  *     layerwise and whole-step loads; an asynchronous load;
  *   - a step that does not finish (cleared after one layer's save, or
  *     aborted by the engine) commits nothing.
+ * Two CUDA workers holding one head each write the objects of one host
+ * worker holding both (object_heads: the same bytes) and load its objects
+ * into the same cache.
  * Also: a cache in host memory, or split between host and device, is
  * refused at register with a reason; no lease is left at the end.
  * Exits 77 (skipped) when built without CUDA or run without a device.
@@ -920,6 +923,102 @@ static void test_content_loads_rotated(void **state)
         cache_cleanup(&got);
     }
 }
+
+/* ---- objects shared by tensor-parallel ranks ---------------------------- */
+
+/* Rank `r` of 2 (one head each) as a CUDA worker in namespace `ns_byte`:
+ * its head's view of `d`, the object holding both heads. */
+static void rank_open(side_t *sd, kvd_store_t *st, const dev_cache_t *d,
+                      kvd_codec_t codec, uint32_t r, unsigned char ns_byte,
+                      void **bases)
+{
+    test_cache_t one = *d->h;
+    one.heads = 1;
+    kvd_object_format_t fmt = cache_format(&one, KVD_DTYPE_FP16, codec);
+    kvd_worker_config_t cfg = {0};
+    cfg.store = st;
+    cfg.ns = ns_of(ns_byte);
+    cfg.format = fmt;
+    cfg.device = KVD_WORKER_DEVICE_CUDA;
+    cfg.cuda_staging_blocks = 3; /* a partial last chunk */
+    cfg.object_heads = HEADS;
+    cfg.head_start = r;
+    char err[256] = "";
+    kvd_status_t s = kvd_worker_create(&cfg, &sd->w, err, sizeof err);
+    if (s != KVD_OK) {
+        fail_msg("worker: %s (%s)", kvd_status_str(s), err);
+    }
+    sd->ns = cfg.ns;
+    sd->step = 0;
+    kvd_kv_layout_t lo = d->layout;
+    for (uint32_t l = 0; l < LAYERS; l++) {
+        bases[l] = (unsigned char *)d->bases[l] +
+                   (size_t)r * (size_t)d->layout.stride_head;
+    }
+    lo.layer_base = bases;
+    side_register(sd, &lo);
+}
+
+/* Two CUDA ranks, one head each, write the objects a host worker holding
+ * both heads writes, byte for byte, and load what it wrote into what it
+ * loads (HND: a head's rows are apart from the other's). */
+static void test_shared_objects(void **state)
+{
+    (void)state;
+    static const kvd_codec_t codecs[] = {KVD_CODEC_RAW, KVD_CODEC_FP8_E4M3,
+                                         KVD_CODEC_INT8, KVD_CODEC_KIVI4};
+    for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++) {
+        test_cache_t src, hdst, got;
+        cache_init(&src, LAYOUT_VLLM_HND, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+        cache_init(&hdst, LAYOUT_VLLM_HND, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+        cache_init(&got, LAYOUT_VLLM_HND, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+        fill_random(&src, 0x7a + c);
+        memset(hdst.mem, POISON, hdst.bytes);
+        kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, codecs[c]);
+        kvd_store_t *st = store_open();
+        side_t host;
+        side_open(&host, st, &fmt, KVD_WORKER_DEVICE_HOST, 0x42, 0);
+        side_register(&host, &src.layout);
+        save_step(&host, NULL, NULL, NULL);
+        side_register(&host, &hdst.layout);
+        load_step(&host, true, NULL, NULL, NULL);
+
+        dev_cache_t dsrc, ddst;
+        dev_cache_init(&dsrc, &src);
+        dev_cache_init(&ddst, &hdst);
+        assert_int_equal(kvd_cuda_mem_copy(dsrc.mem, src.mem, src.bytes),
+                         KVD_OK);
+        assert_int_equal(kvd_cuda_mem_set(ddst.mem, POISON, hdst.bytes),
+                         KVD_OK);
+        side_t rk[2];
+        void *bases[2][LAYERS];
+        for (uint32_t r = 0; r < 2; r++) {
+            rank_open(&rk[r], st, &dsrc, codecs[c], r, 0x44, bases[r]);
+            save_step(&rk[r], NULL, NULL, NULL);
+        }
+        assert_objects_equal(st, &host.ns, &rk[0].ns, kvd_object_bytes(&fmt));
+        for (uint32_t r = 0; r < 2; r++) {
+            kvd_worker_destroy(rk[r].w);
+            rank_open(&rk[r], st, &ddst, codecs[c], r, 0x42, bases[r]);
+            load_step(&rk[r], r == 0, NULL, NULL, NULL);
+            kvd_worker_destroy(rk[r].w);
+        }
+        assert_int_equal(kvd_cuda_mem_copy(got.mem, ddst.mem, got.bytes),
+                         KVD_OK);
+        if (memcmp(got.mem, hdst.mem, got.bytes) != 0) {
+            fail_msg("%s: the two ranks' load differs from the host "
+                     "backend's",
+                     kvd_codec_name(codecs[c]));
+        }
+        kvd_worker_destroy(host.w);
+        kvd_store_close(st);
+        dev_cache_cleanup(&dsrc);
+        dev_cache_cleanup(&ddst);
+        cache_cleanup(&src);
+        cache_cleanup(&hdst);
+        cache_cleanup(&got);
+    }
+}
 #endif
 
 int main(void)
@@ -936,6 +1035,7 @@ int main(void)
         cmocka_unit_test(test_aborted_steps),
         cmocka_unit_test(test_content_loads_rotated),
         cmocka_unit_test(test_async_saves_keep_their_ids),
+        cmocka_unit_test(test_shared_objects),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 #endif
