@@ -98,6 +98,21 @@ kvd_status_t kvd_client_commit(kvd_client_t *c, const kvd_store_key_t *keys,
                                size_t n, kvd_status_t *statuses_out);
 kvd_status_t kvd_client_abort(kvd_client_t *c, const kvd_store_key_t *keys,
                               size_t n, kvd_status_t *statuses_out);
+/* kvd_store_reserve_part and kvd_store_commit_part / abort_part (revision
+ * 9). A daemon before revision 9 serves a Reserve in parts as a plain one:
+ * the client gives those slots back and answers KVD_ERR_UNSUPPORTED for
+ * every key. published_out[i] (may be NULL) is true for a committed object
+ * of one part; the daemon does not say which part's commit published an
+ * object in parts (false). */
+kvd_status_t kvd_client_reserve_part(kvd_client_t *c, const kvd_namespace_t *ns,
+                                     const kvd_block_hash_t *hashes, size_t n,
+                                     uint64_t object_bytes, uint32_t tenant,
+                                     uint32_t part, uint32_t num_parts,
+                                     kvd_store_reservation_t *out);
+kvd_status_t kvd_client_end_part(kvd_client_t *c, const kvd_store_key_t *keys,
+                                 size_t n, uint32_t part, bool commit,
+                                 kvd_status_t *statuses_out,
+                                 bool *published_out);
 /* `source_node`: kvd_store_lookup_from's (NULL or "": none). */
 kvd_status_t kvd_client_lookup(kvd_client_t *c, const kvd_namespace_t *ns,
                                const kvd_block_hash_t *hashes, size_t n,

@@ -89,6 +89,7 @@ typedef struct cl_resv {
     uint64_t instance;
     uint64_t offset, size;
     uint64_t deadline_ns;
+    uint32_t part, num_parts; /* objects written in parts (1: plain) */
 } cl_resv_t;
 
 /* A get of a disk-tier block, driven by the get thread. */

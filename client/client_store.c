@@ -85,6 +85,24 @@ static kvd_status_t cl_abort(kvd_store_t *s, const kvd_store_key_t *keys,
     return kvd_client_abort(cl(s), keys, n, statuses_out);
 }
 
+static kvd_status_t cl_reserve_part(kvd_store_t *s, const kvd_namespace_t *ns,
+                                    const kvd_block_hash_t *hashes, size_t n,
+                                    uint64_t object_bytes, uint32_t tenant,
+                                    uint32_t part, uint32_t num_parts,
+                                    kvd_store_reservation_t *out)
+{
+    return kvd_client_reserve_part(cl(s), ns, hashes, n, object_bytes, tenant,
+                                   part, num_parts, out);
+}
+
+static kvd_status_t cl_end_part(kvd_store_t *s, const kvd_store_key_t *keys,
+                                size_t n, uint32_t part, bool commit,
+                                kvd_status_t *statuses_out, bool *published_out)
+{
+    return kvd_client_end_part(cl(s), keys, n, part, commit, statuses_out,
+                               published_out);
+}
+
 static kvd_status_t cl_lookup(kvd_store_t *s, const kvd_namespace_t *ns,
                               const kvd_block_hash_t *hashes, size_t n,
                               const char *source_node,
@@ -177,6 +195,8 @@ const kvd_store_ops_t kvd_client_store_ops = {
     .reserve = cl_reserve,
     .commit = cl_commit,
     .abort = cl_abort,
+    .reserve_part = cl_reserve_part,
+    .end_part = cl_end_part,
     .lookup = cl_lookup,
     .release = cl_release,
     .get_submit = cl_get_submit,

@@ -42,12 +42,14 @@ static size_t resv_off_bucket(uint64_t instance, uint64_t offset)
            CL_BUCKETS;
 }
 
-/* Removes and returns the reservation of `k`, or NULL. `mu` held. */
-static cl_resv_t *resv_take(kvd_client_t *c, const kvd_store_key_t *k)
+/* Removes and returns the reservation of part `part` of `k` (0: a plain
+ * one), or NULL. `mu` held. */
+static cl_resv_t *resv_take(kvd_client_t *c, const kvd_store_key_t *k,
+                            uint32_t part)
 {
     for (cl_resv_t **pp = &c->resv[resv_bucket(k)]; *pp != NULL;
          pp = &(*pp)->next) {
-        if (memcmp(&(*pp)->key, k, sizeof *k) == 0) {
+        if (memcmp(&(*pp)->key, k, sizeof *k) == 0 && (*pp)->part == part) {
             cl_resv_t *r = *pp;
             *pp = r->next;
             cl_resv_t **op =
@@ -118,6 +120,16 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
                                 uint64_t object_bytes, uint32_t tenant,
                                 kvd_store_reservation_t *out)
 {
+    return kvd_client_reserve_part(c, ns, hashes, n, object_bytes, tenant, 0, 1,
+                                   out);
+}
+
+kvd_status_t kvd_client_reserve_part(kvd_client_t *c, const kvd_namespace_t *ns,
+                                     const kvd_block_hash_t *hashes, size_t n,
+                                     uint64_t object_bytes, uint32_t tenant,
+                                     uint32_t part, uint32_t num_parts,
+                                     kvd_store_reservation_t *out)
+{
     if (n == 0) {
         return KVD_OK;
     }
@@ -140,6 +152,8 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
     rq.block_hashes = hb;
     rq.object_size_bytes = object_bytes;
     rq.tenant = tenant_name;
+    rq.part = num_parts > 1 ? part : 0;
+    rq.num_parts = num_parts > 1 ? num_parts : 0;
     kvd_pb_reserve_response_t *rsp = NULL;
     uint64_t used;
     /* The daemon's deadline starts when it serves the call, after this. */
@@ -168,6 +182,19 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
         cl_abort_id(c, rsp->reservation_id); /* rather than guess */
         kvd_proto_reserve_response_free(rsp);
         return KVD_ERR_PROTO;
+    }
+    if (rsp->num_parts != rq.num_parts) {
+        /* A daemon before revision 9 reserved whole objects: another part
+         * would be told they exist, and one part's bytes published. */
+        KVD_LOG_RATELIMITED(KVD_LOG_LEVEL_WARN, 5000,
+                            "store client: the daemon cannot take objects "
+                            "in parts (protocol revision 9): saves skipped");
+        cl_abort_id(c, rsp->reservation_id);
+        kvd_proto_reserve_response_free(rsp);
+        for (size_t i = 0; i < n; i++) {
+            out[i] = (kvd_store_reservation_t){.status = KVD_ERR_UNSUPPORTED};
+        }
+        return KVD_OK;
     }
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n; i++) {
@@ -200,6 +227,8 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
         }
         r->key.ns = *ns;
         r->key.hash = hashes[i];
+        r->part = rq.part;
+        r->num_parts = num_parts > 1 ? num_parts : 1;
         r->reservation_id = rsp->reservation_id;
         r->instance = used;
         r->offset = b->arena_offset;
@@ -207,7 +236,7 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
         /* A daemon that names no TTL: no deadline known, none enforced. */
         r->deadline_ns =
             rsp->ttl_ms ? sent_ns + rsp->ttl_ms * 1000000ull : UINT64_MAX;
-        cl_resv_t *old = resv_take(c, &r->key);
+        cl_resv_t *old = resv_take(c, &r->key, r->part);
         if (old != NULL) {
             kvd_cl_map_held(c, old->instance, -1);
             free(old);
@@ -223,6 +252,7 @@ kvd_status_t kvd_client_reserve(kvd_client_t *c, const kvd_namespace_t *ns,
         out[i].status = KVD_OK;
         out[i].reserved = m != NULL ? m->gen : 0;
         out[i].arena_offset = b->arena_offset;
+        out[i].first = r->num_parts == 1 || b->first;
     }
     pthread_mutex_unlock(&c->mu);
     kvd_proto_reserve_response_free(rsp);
@@ -249,10 +279,15 @@ static kvd_status_t cl_finish_batch(kvd_client_t *c, bool commit,
             kvdepot__v1__commit_entry__init(&e[i]);
             e[i].block_hash.data = rs[i]->key.hash.bytes;
             e[i].block_hash.len = 32;
-            const void *p = kvd_client_arena_ptr(c, rs[i]->offset, rs[i]->size);
-            sums[i] = p != NULL ? kvd_xxh3_64(p, rs[i]->size) : 0;
-            e[i].n_layer_checksums = 1;
-            e[i].layer_checksums = &sums[i];
+            /* A part's commit carries none: the other parts may still be
+             * writing the object's other bytes. */
+            if (rs[i]->num_parts == 1) {
+                const void *p =
+                    kvd_client_arena_ptr(c, rs[i]->offset, rs[i]->size);
+                sums[i] = p != NULL ? kvd_xxh3_64(p, rs[i]->size) : 0;
+                e[i].n_layer_checksums = 1;
+                e[i].layer_checksums = &sums[i];
+            }
             ep[i] = &e[i];
         }
         kvd_pb_commit_request_t rq = KVDEPOT__V1__COMMIT_REQUEST__INIT;
@@ -305,23 +340,26 @@ static kvd_status_t cl_finish_batch(kvd_client_t *c, bool commit,
 
 static kvd_status_t cl_finish(kvd_client_t *c, bool commit,
                               const kvd_store_key_t *keys, size_t n,
-                              kvd_status_t *statuses_out)
+                              uint32_t part, kvd_status_t *statuses_out,
+                              bool *published_out)
 {
     cl_resv_t **rs = calloc(n ? n : 1, sizeof *rs);
     kvd_status_t *st = calloc(n ? n : 1, sizeof *st);
     size_t *idx = calloc(n ? n : 1, sizeof *idx);
     cl_resv_t **batch = calloc(n ? n : 1, sizeof *batch);
     kvd_status_t *bst = calloc(n ? n : 1, sizeof *bst);
+    uint32_t *parts = calloc(n ? n : 1, sizeof *parts);
     kvd_status_t first = KVD_OK;
     if (rs == NULL || st == NULL || idx == NULL || batch == NULL ||
-        bst == NULL) {
+        bst == NULL || parts == NULL) {
         first = KVD_ERR_NOMEM;
         goto out;
     }
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n; i++) {
-        rs[i] = resv_take(c, &keys[i]);
+        rs[i] = resv_take(c, &keys[i], part);
         st[i] = KVD_ERR_NOT_FOUND;
+        parts[i] = rs[i] != NULL ? rs[i]->num_parts : 0;
         if (rs[i] != NULL && rs[i]->instance != c->instance) {
             /* Reserved from a daemon that is gone. */
             kvd_cl_map_held(c, rs[i]->instance, -1);
@@ -361,11 +399,15 @@ static kvd_status_t cl_finish(kvd_client_t *c, bool commit,
         if (statuses_out != NULL) {
             statuses_out[i] = st[i];
         }
+        if (published_out != NULL) {
+            published_out[i] = commit && st[i] == KVD_OK && parts[i] == 1;
+        }
         if (st[i] != KVD_OK && first == KVD_OK) {
             first = st[i];
         }
     }
 out:
+    free(parts);
     free(bst);
     free(batch);
     free(idx);
@@ -377,13 +419,21 @@ out:
 kvd_status_t kvd_client_commit(kvd_client_t *c, const kvd_store_key_t *keys,
                                size_t n, kvd_status_t *statuses_out)
 {
-    return cl_finish(c, true, keys, n, statuses_out);
+    return cl_finish(c, true, keys, n, 0, statuses_out, NULL);
 }
 
 kvd_status_t kvd_client_abort(kvd_client_t *c, const kvd_store_key_t *keys,
                               size_t n, kvd_status_t *statuses_out)
 {
-    return cl_finish(c, false, keys, n, statuses_out);
+    return cl_finish(c, false, keys, n, 0, statuses_out, NULL);
+}
+
+kvd_status_t kvd_client_end_part(kvd_client_t *c, const kvd_store_key_t *keys,
+                                 size_t n, uint32_t part, bool commit,
+                                 kvd_status_t *statuses_out,
+                                 bool *published_out)
+{
+    return cl_finish(c, commit, keys, n, part, statuses_out, published_out);
 }
 
 /* ---- delete -------------------------------------------------------------- */

@@ -79,7 +79,7 @@ extern "C" {
 #define KVD_PROTO_MAJOR 1
 /* Additive revision of v1 this build speaks (PingReply.protocol_revision);
  * bumped whenever a field, message or enum value is added. */
-#define KVD_PROTO_REVISION 8
+#define KVD_PROTO_REVISION 9
 
 /* ------------------------------------------------------------------------ */
 /* Validation limits (docs/protocol.md explains each choice)                */
@@ -134,6 +134,9 @@ extern "C" {
 #define KVD_PROTO_MAX_TP_SIZE 1024
 /* One stored object's payload. */
 #define KVD_PROTO_MAX_OBJECT_BYTES (UINT64_C(1) << 30)
+/* Parts of one object written by several writers (ReserveRequest.num_parts;
+ * KVD_STORE_MAX_PARTS). */
+#define KVD_PROTO_MAX_PARTS 64u
 /* Lease, reservation and flush timeouts (one hour). */
 #define KVD_PROTO_MAX_TTL_MS 3600000u
 /* Entries of StatsResponse.tiers (one per Tier value). */

@@ -115,12 +115,15 @@ static const kvd_proto_rule_t rules[] = {
     {D(reserve_request), "object_size_bytes", RNG, 1, OBJ_MAX, 0},
     {D(reserve_request), "tenant", RNG, 0, ID_MAX, 0},
     {D(reserve_request), "ttl_ms", RNG, 0, TTL_MAX, 0},
+    {D(reserve_request), "part", RNG, 0, KVD_PROTO_MAX_PARTS - 1, 0},
+    {D(reserve_request), "num_parts", RNG, 0, KVD_PROTO_MAX_PARTS, 0},
     {D(block_reservation), "block_hash", REQ | RNG, HASH_BYTES, HASH_BYTES, 0},
     {D(block_reservation), "outcome", REQ, 0, 0, 0},
     {D(reserve_response), "blocks", 0, 0, 0, KVD_PROTO_MAX_HASHES},
     {D(reserve_response), "ttl_ms", RNG, 0, TTL_MAX, 0},
+    {D(reserve_response), "num_parts", RNG, 0, KVD_PROTO_MAX_PARTS, 0},
     {D(commit_entry), "block_hash", REQ | RNG, HASH_BYTES, HASH_BYTES, 0},
-    {D(commit_entry), "layer_checksums", REQ, 0, 0, KVD_PROTO_MAX_LAYERS},
+    {D(commit_entry), "layer_checksums", 0, 0, 0, KVD_PROTO_MAX_LAYERS},
     {D(commit_request), "reservation_id", REQ, 0, 0, 0},
     {D(commit_request), "entries", REQ, 0, 0, KVD_PROTO_MAX_HASHES},
     {D(commit_response), "num_committed", RNG, 0, KVD_PROTO_MAX_HASHES, 0},
@@ -503,6 +506,17 @@ static kvd_status_t check_lookup_response(kvd_proto_walk_t *walk,
         }                                                                      \
     } while (0)
 
+static kvd_status_t check_reserve_request(kvd_proto_walk_t *walk,
+                                          const ProtobufCMessage *msg)
+{
+    const kvd_pb_reserve_request_t *r = (const void *)msg;
+    if (r->part >= (r->num_parts > 1 ? r->num_parts : 1)) {
+        return FAIL_AT(walk, "part", "%u, not below num_parts %u", r->part,
+                       r->num_parts);
+    }
+    return KVD_OK;
+}
+
 static kvd_status_t check_reserve_response(kvd_proto_walk_t *walk,
                                            const ProtobufCMessage *msg)
 {
@@ -659,6 +673,7 @@ static const struct {
     {D(worker_report), check_worker_report},
     {D(lookup_request), check_lookup_request},
     {D(lookup_response), check_lookup_response},
+    {D(reserve_request), check_reserve_request},
     {D(reserve_response), check_reserve_response},
     {D(commit_request), check_commit_request},
     {D(get_entry), check_get_entry},

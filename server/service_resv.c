@@ -2,7 +2,12 @@
  * Reservations: Reserve takes arena slots for a batch of new blocks under
  * one reservation id; the client writes the bytes through its mapping and
  * Commit publishes each block (after checking its checksum when
- * server.verify_commits is on) or Abort gives its slot back. Whatever is
+ * server.verify_commits is on) or Abort gives its slot back. A Reserve in
+ * parts (revision 9: ranks writing their heads of one object) joins the
+ * store's slot of each block as its part (kvd_store_reserve_part); its
+ * Commit ends that part, unverified (no writer knows the whole bytes),
+ * and the object is published, and offered to the cluster, with its last
+ * part; its Abort, or its deadline, abandons the object. Whatever is
  * still reserved at the deadline is aborted by the housekeeping thread, or
  * quarantined while the creator's hand-off session is open
  * (service_quarantine.c): then its Commit answers KVD_ERR_TIMEOUT and
@@ -55,7 +60,7 @@ void svc_resv_abort_open(kvd_service_t *svc, svc_resv_t *r)
     for (size_t i = 0; i < r->n; i++) {
         if (r->keys[i].state == SVC_RESERVED) {
             kvd_store_key_t k = {.ns = r->ns, .hash = r->keys[i].hash};
-            (void)kvd_store_abort(svc->store, &k, 1, NULL);
+            (void)kvd_store_abort_part(svc->store, &k, 1, r->part, NULL);
             r->keys[i].state = SVC_DONE;
         }
     }
@@ -94,7 +99,8 @@ static size_t resv_cap_blocks(kvd_service_t *svc, size_t n,
  * server.max_reserved_bytes now (another Reserve of the same caller took
  * the room since resv_cap_blocks), marking them KVD_ERR_NOSPACE. `mu`
  * held, until the reservation is in the table. */
-static void resv_trim_to_cap(kvd_service_t *svc, const kvd_namespace_t *ns,
+static void resv_trim_to_cap(kvd_service_t *svc, const svc_resv_t *rec,
+                             const kvd_namespace_t *ns,
                              const kvd_block_hash_t *hashes,
                              kvd_store_reservation_t *res, size_t n,
                              uint64_t object_bytes)
@@ -112,7 +118,7 @@ static void resv_trim_to_cap(kvd_service_t *svc, const kvd_namespace_t *ns,
             continue;
         }
         kvd_store_key_t k = {.ns = *ns, .hash = hashes[i]};
-        (void)kvd_store_abort(svc->store, &k, 1, NULL);
+        (void)kvd_store_abort_part(svc->store, &k, 1, rec->part, NULL);
         res[i].status = KVD_ERR_NOSPACE;
     }
 }
@@ -136,6 +142,7 @@ static bool resv_blocks(const kvd_pb_reserve_request_t *rq,
         }
         if (res[i].status == KVD_OK) {
             blocks[i].arena_offset = res[i].arena_offset;
+            blocks[i].first = res[i].first;
             svc_resv_key_t *k = &rec->keys[rec->n++];
             k->hash = hashes[i];
             k->offset = res[i].arena_offset;
@@ -174,8 +181,9 @@ static kvd_status_t resv_store(kvd_service_t *svc,
     if (fit == 0) {
         return KVD_OK;
     }
-    return kvd_store_reserve(svc->store, ns, hashes, fit, rq->object_size_bytes,
-                             rec->store_tenant, res);
+    return kvd_store_reserve_part(svc->store, ns, hashes, fit,
+                                  rq->object_size_bytes, rec->store_tenant,
+                                  rec->part, rec->num_parts, res);
 }
 
 kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req, size_t len,
@@ -208,6 +216,8 @@ kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req, size_t len,
         s = KVD_ERR_NOMEM;
         goto out;
     }
+    rec->part = rq->part;
+    rec->num_parts = rq->num_parts > 1 ? rq->num_parts : 1;
     s = resv_store(svc, rq, &ns, hashes, n, rec, res);
     if (s != KVD_OK) {
         kvd_config_err(reason, reason_len, "object_size_bytes %llu: %s",
@@ -226,9 +236,10 @@ kvd_status_t svc_reserve(kvd_service_t *svc, const uint8_t *req, size_t len,
     kvd_pb_reserve_response_t rsp = KVDEPOT__V1__RESERVE_RESPONSE__INIT;
     rsp.n_blocks = n;
     rsp.blocks = bp;
+    rsp.num_parts = rq->num_parts;
     /* The cap's check and the insertion happen under one hold of `mu`. */
     pthread_mutex_lock(&svc->mu);
-    resv_trim_to_cap(svc, &ns, hashes, res, n, rq->object_size_bytes);
+    resv_trim_to_cap(svc, rec, &ns, hashes, res, n, rq->object_size_bytes);
     if (resv_blocks(rq, hashes, res, blocks, bp, rec)) {
         rsp.ttl_ms = ttl;
         rec->id = svc_id_new(svc);
@@ -319,6 +330,39 @@ static void resv_maybe_done(kvd_service_t *svc, svc_resv_t *r)
     }
 }
 
+/* Commits a plain reservation's key: with server.verify_commits, only if
+ * the slot's bytes match the entry's checksum (an entry without one is
+ * refused), which is then kept with the object (the cluster data plane
+ * sends it with the bytes instead of hashing them again). `mu` held. */
+static kvd_status_t resv_commit_one(kvd_service_t *svc, const svc_resv_t *r,
+                                    const svc_resv_key_t *k,
+                                    const kvd_store_key_t *key,
+                                    const kvd_pb_commit_entry_t *e)
+{
+    if (!svc->cfg.verify_commits || e->n_layer_checksums > 1) {
+        return kvd_store_commit(svc->store, key, 1, NULL);
+    }
+    const void *p = kvd_store_arena_ptr(svc->store, k->offset, r->object_bytes);
+    if (e->n_layer_checksums == 0 || p == NULL ||
+        kvd_xxh3_64(p, r->object_bytes) != e->layer_checksums[0]) {
+        svc_count(&svc->checksum_errors, 1);
+        (void)kvd_store_abort(svc->store, key, 1, NULL);
+        return KVD_ERR_CHECKSUM;
+    }
+    return kvd_store_commit_checksum(svc->store, key, e->layer_checksums[0]);
+}
+
+/* Ends the caller's part of a key of an object written in parts; the
+ * object is published with its last part. `mu` held. */
+static kvd_status_t resv_commit_part(kvd_service_t *svc, const svc_resv_t *r,
+                                     const kvd_store_key_t *key,
+                                     bool *published)
+{
+    kvd_status_t ks = KVD_ERR_INTERNAL;
+    (void)kvd_store_commit_part(svc->store, key, 1, r->part, &ks, published);
+    return ks;
+}
+
 kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req, size_t len,
                         uint8_t **out, size_t *out_len, char *reason,
                         size_t reason_len)
@@ -335,7 +379,7 @@ kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req, size_t len,
         kvd_proto_commit_request_free(rq);
         return KVD_ERR_NOMEM;
     }
-    uint32_t committed = 0;
+    uint32_t committed = 0, n_saved = 0;
     kvd_block_hash_t *saved =
         svc->cfg.saved != NULL ? malloc(n * sizeof *saved) : NULL;
     uint32_t given_back = 0;
@@ -366,32 +410,16 @@ kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req, size_t len,
             continue;
         }
         kvd_store_key_t key = {.ns = r->ns, .hash = k->hash};
-        kvd_status_t ks = KVD_OK;
-        bool verified = false;
-        if (svc->cfg.verify_commits && e->n_layer_checksums == 1) {
-            const void *p =
-                kvd_store_arena_ptr(svc->store, k->offset, r->object_bytes);
-            if (p == NULL ||
-                kvd_xxh3_64(p, r->object_bytes) != e->layer_checksums[0]) {
-                ks = KVD_ERR_CHECKSUM;
-                svc_count(&svc->checksum_errors, 1);
-                (void)kvd_store_abort(svc->store, &key, 1, NULL);
-            } else {
-                verified = true;
-            }
-        }
-        /* A verified checksum is kept with the object (the cluster data
-         * plane sends it with the bytes instead of hashing them again). */
-        if (ks == KVD_OK) {
-            ks = verified ? kvd_store_commit_checksum(svc->store, &key,
-                                                      e->layer_checksums[0])
-                          : kvd_store_commit(svc->store, &key, 1, NULL);
-        }
+        bool published = false;
+        kvd_status_t ks = r->num_parts > 1
+                              ? resv_commit_part(svc, r, &key, &published)
+                              : resv_commit_one(svc, r, k, &key, e);
+        published |= r->num_parts == 1 && ks == KVD_OK;
         k->state = SVC_DONE;
         r->open--;
         statuses[i] = (int32_t)ks;
-        if (ks == KVD_OK && saved != NULL) {
-            saved[committed] = k->hash;
+        if (published && saved != NULL) {
+            saved[n_saved++] = k->hash;
         }
         committed += ks == KVD_OK;
     }
@@ -400,9 +428,9 @@ kvd_status_t svc_commit(kvd_service_t *svc, const uint8_t *req, size_t len,
     uint32_t store_tenant = r->store_tenant;
     resv_maybe_done(svc, r);
     pthread_mutex_unlock(&svc->mu);
-    if (saved != NULL && committed > 0) {
-        svc->cfg.saved(svc->cfg.cluster_ctx, &ns, saved, committed,
-                       object_bytes, store_tenant);
+    if (saved != NULL && n_saved > 0) {
+        svc->cfg.saved(svc->cfg.cluster_ctx, &ns, saved, n_saved, object_bytes,
+                       store_tenant);
     }
     free(saved);
 
@@ -434,7 +462,7 @@ static uint32_t resv_abort_keys(kvd_service_t *svc, svc_resv_t *r,
             continue;
         }
         kvd_store_key_t key = {.ns = r->ns, .hash = k->hash};
-        (void)kvd_store_abort(svc->store, &key, 1, NULL);
+        (void)kvd_store_abort_part(svc->store, &key, 1, r->part, NULL);
         k->state = SVC_DONE;
         r->open--;
         aborted++;

@@ -104,6 +104,8 @@ typedef struct svc_resv {
     uint32_t tenant;       /* the creator's bound tenant (0: none) */
     uint32_t store_tenant; /* the store tenant its slots were taken for */
     uint64_t session;      /* the creator's hand-off session (0: none) */
+    /* The creator's part of objects written in parts (1 part: plain). */
+    uint32_t part, num_parts;
 } svc_resv_t;
 
 /* Object bytes one tenant holds leased (records in the table), and what

@@ -62,10 +62,11 @@ typedef struct kvd_store_ops {
                                  uint32_t tenant, uint32_t part,
                                  uint32_t num_parts,
                                  kvd_store_reservation_t *out);
-    /* kvd_store_commit_part (commit true) and kvd_store_abort_part. */
+    /* kvd_store_commit_part (commit true) and kvd_store_abort_part
+     * (published_out NULL). */
     kvd_status_t (*end_part)(kvd_store_t *s, const kvd_store_key_t *keys,
                              size_t num, uint32_t part, bool commit,
-                             kvd_status_t *statuses_out);
+                             kvd_status_t *statuses_out, bool *published_out);
     kvd_status_t (*lookup)(kvd_store_t *s, const kvd_namespace_t *ns,
                            const kvd_block_hash_t *hashes, size_t num_hashes,
                            const char *source_node,

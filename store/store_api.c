@@ -142,7 +142,8 @@ kvd_store_reserve_part(kvd_store_t *store, const kvd_namespace_t *ns,
 static kvd_status_t store_end_part(kvd_store_t *store,
                                    const kvd_store_key_t *keys, size_t num,
                                    uint32_t part, bool commit,
-                                   kvd_status_t *statuses_out)
+                                   kvd_status_t *statuses_out,
+                                   bool *published_out)
 {
     if (store == NULL || (num > 0 && keys == NULL) ||
         part >= KVD_STORE_MAX_PARTS) {
@@ -150,18 +151,25 @@ static kvd_status_t store_end_part(kvd_store_t *store,
     }
     if (store->ops->end_part != NULL) {
         return store->ops->end_part(store, keys, num, part, commit,
-                                    statuses_out);
+                                    statuses_out, published_out);
     }
-    return commit ? kvd_store_commit(store, keys, num, statuses_out)
-                  : kvd_store_abort(store, keys, num, statuses_out);
+    kvd_status_t st = commit ? kvd_store_commit(store, keys, num, statuses_out)
+                             : kvd_store_abort(store, keys, num, statuses_out);
+    for (size_t i = 0; published_out != NULL && i < num; i++) {
+        published_out[i] =
+            statuses_out != NULL ? statuses_out[i] == KVD_OK : st == KVD_OK;
+    }
+    return st;
 }
 
 KVD_API kvd_status_t kvd_store_commit_part(kvd_store_t *store,
                                            const kvd_store_key_t *keys,
                                            size_t num, uint32_t part,
-                                           kvd_status_t *statuses_out)
+                                           kvd_status_t *statuses_out,
+                                           bool *published_out)
 {
-    return store_end_part(store, keys, num, part, true, statuses_out);
+    return store_end_part(store, keys, num, part, true, statuses_out,
+                          published_out);
 }
 
 KVD_API kvd_status_t kvd_store_abort_part(kvd_store_t *store,
@@ -169,7 +177,7 @@ KVD_API kvd_status_t kvd_store_abort_part(kvd_store_t *store,
                                           size_t num, uint32_t part,
                                           kvd_status_t *statuses_out)
 {
-    return store_end_part(store, keys, num, part, false, statuses_out);
+    return store_end_part(store, keys, num, part, false, statuses_out, NULL);
 }
 
 KVD_API kvd_status_t kvd_store_commit(kvd_store_t *store,

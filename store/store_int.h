@@ -302,7 +302,7 @@ kvd_status_t store_op_reserve_part(kvd_store_t *base, const kvd_namespace_t *ns,
                                    kvd_store_reservation_t *out);
 kvd_status_t store_op_end_part(kvd_store_t *base, const kvd_store_key_t *keys,
                                size_t num, uint32_t part, bool commit,
-                               kvd_status_t *statuses_out);
+                               kvd_status_t *statuses_out, bool *published_out);
 kvd_status_t store_parts_init(kvd_embedded_t *st);
 void store_parts_free(kvd_embedded_t *st);
 bool store_parts_has(kvd_embedded_t *st, const kvd_store_key_t *key);

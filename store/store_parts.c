@@ -223,8 +223,9 @@ kvd_status_t store_op_reserve_part(kvd_store_t *base, const kvd_namespace_t *ns,
 /* Ends `part` of one key (parts_mu held). */
 static kvd_status_t parts_end_one(kvd_embedded_t *st,
                                   const kvd_store_key_t *key, uint32_t part,
-                                  bool commit)
+                                  bool commit, bool *published)
 {
+    *published = false;
     uint64_t bit = 1ull << part;
     parts_entry_t **pp = parts_find(st, key);
     parts_entry_t *e = *pp;
@@ -233,8 +234,10 @@ static kvd_status_t parts_end_one(kvd_embedded_t *st,
         if (part != 0) {
             return KVD_ERR_NOT_FOUND;
         }
-        return commit ? store_commit_one(st, key, NULL)
-                      : parts_abort_key(st, key);
+        kvd_status_t s =
+            commit ? store_commit_one(st, key, NULL) : parts_abort_key(st, key);
+        *published = commit && s == KVD_OK;
+        return s;
     }
     if ((e->joined & bit) == 0) {
         return KVD_ERR_NOT_FOUND;
@@ -254,6 +257,7 @@ static kvd_status_t parts_end_one(kvd_embedded_t *st,
         *pp = e->next;
         __atomic_sub_fetch(&st->parts_n, 1, __ATOMIC_RELEASE);
         s = store_commit_one(st, &e->key, NULL);
+        *published = s == KVD_OK;
         free(e);
     } else if (e->abandoned && e->ended == e->joined) {
         parts_drop(st, pp);
@@ -263,15 +267,19 @@ static kvd_status_t parts_end_one(kvd_embedded_t *st,
 
 kvd_status_t store_op_end_part(kvd_store_t *base, const kvd_store_key_t *keys,
                                size_t num, uint32_t part, bool commit,
-                               kvd_status_t *statuses_out)
+                               kvd_status_t *statuses_out, bool *published_out)
 {
     kvd_embedded_t *st = store_embedded(base);
     kvd_status_t first = KVD_OK;
     pthread_mutex_lock(&st->parts_mu);
     for (size_t i = 0; i < num; i++) {
-        kvd_status_t s = parts_end_one(st, &keys[i], part, commit);
+        bool published;
+        kvd_status_t s = parts_end_one(st, &keys[i], part, commit, &published);
         if (statuses_out != NULL) {
             statuses_out[i] = s;
+        }
+        if (published_out != NULL) {
+            published_out[i] = published;
         }
         if (s != KVD_OK && first == KVD_OK) {
             first = s;

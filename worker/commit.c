@@ -55,7 +55,7 @@ static size_t saves_store(kvd_worker_t *w, wstep_t *s)
     }
     if (ok > 0) {
         (void)kvd_store_commit_part(w->store, s->save_keys, ok, w->part,
-                                    s->save_status);
+                                    s->save_status, NULL);
     }
     if (ok < s->n_saves) {
         (void)kvd_store_abort_part(w->store, s->save_keys + ok, s->n_saves - ok,

@@ -389,14 +389,16 @@ kvd_store_reserve_part(kvd_store_t *store, const kvd_namespace_t *ns,
                        uint32_t num_parts, kvd_store_reservation_t *out);
 
 /* Commits `part` of each key. statuses_out[i] (may be NULL): KVD_OK (the
- * part is in; the object is published with its last part),
- * KVD_ERR_NOT_FOUND (this part of the key is not reserved), KVD_ERR_STATE
- * (committed or aborted already), KVD_ERR_TIMEOUT (the object was
- * abandoned: nothing published). Returns KVD_OK or the first error. */
+ * part is in; the object is published with its last part, and then
+ * published_out[i], which may be NULL, is true), KVD_ERR_NOT_FOUND (this
+ * part of the key is not reserved), KVD_ERR_STATE (committed or aborted
+ * already), KVD_ERR_TIMEOUT (the object was abandoned: nothing published).
+ * Returns KVD_OK or the first error. */
 KVD_API kvd_status_t kvd_store_commit_part(kvd_store_t *store,
                                            const kvd_store_key_t *keys,
                                            size_t num, uint32_t part,
-                                           kvd_status_t *statuses_out);
+                                           kvd_status_t *statuses_out,
+                                           bool *published_out);
 
 /* Aborts `part` of each key, abandoning the object (same reporting). */
 KVD_API kvd_status_t kvd_store_abort_part(kvd_store_t *store,

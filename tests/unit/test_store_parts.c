@@ -53,19 +53,29 @@ static kvd_store_reservation_t reserve(kvd_store_t *st, uint8_t k,
     kvd_store_key_t key = key_of(k);
     kvd_store_reservation_t r;
     memset(&r, 0xff, sizeof r);
-    assert_int_equal(kvd_store_reserve_part(st, &key.ns, &key.hash, 1, bytes,
-                                            0, part, parts, &r),
+    assert_int_equal(kvd_store_reserve_part(st, &key.ns, &key.hash, 1, bytes, 0,
+                                            part, parts, &r),
                      KVD_OK);
     return r;
 }
 
+static bool visible(kvd_store_t *st, uint8_t k);
+
+/* Commits or aborts a part; a commit that says it published the object
+ * left it visible. */
 static kvd_status_t end(kvd_store_t *st, uint8_t k, uint32_t part, bool commit)
 {
     kvd_store_key_t key = key_of(k);
     kvd_status_t s = KVD_ERR_INTERNAL;
-    kvd_status_t ret = commit ? kvd_store_commit_part(st, &key, 1, part, &s)
-                              : kvd_store_abort_part(st, &key, 1, part, &s);
+    bool published = false;
+    kvd_status_t ret =
+        commit ? kvd_store_commit_part(st, &key, 1, part, &s, &published)
+               : kvd_store_abort_part(st, &key, 1, part, &s);
     assert_int_equal(ret, s);
+    assert_true(!published || (commit && s == KVD_OK));
+    if (published) {
+        assert_true(visible(st, k));
+    }
     return s;
 }
 
@@ -180,22 +190,22 @@ static void test_part_arguments(void **state)
     kvd_store_t *st = open_store("30s");
     kvd_store_key_t key = key_of(4);
     kvd_store_reservation_t r;
-    assert_int_equal(kvd_store_reserve_part(st, &key.ns, &key.hash, 1, OBJ, 0,
-                                            2, 2, &r),
-                     KVD_ERR_INVALID);
-    assert_int_equal(kvd_store_reserve_part(st, &key.ns, &key.hash, 1, OBJ, 0,
-                                            0, 0, &r),
-                     KVD_ERR_INVALID);
+    assert_int_equal(
+        kvd_store_reserve_part(st, &key.ns, &key.hash, 1, OBJ, 0, 2, 2, &r),
+        KVD_ERR_INVALID);
+    assert_int_equal(
+        kvd_store_reserve_part(st, &key.ns, &key.hash, 1, OBJ, 0, 0, 0, &r),
+        KVD_ERR_INVALID);
     assert_int_equal(kvd_store_reserve_part(st, &key.ns, &key.hash, 1, OBJ, 0,
                                             0, KVD_STORE_MAX_PARTS + 1, &r),
                      KVD_ERR_INVALID);
-    assert_int_equal(kvd_store_reserve_part(st, &key.ns, &key.hash, 1, 0, 0, 0,
-                                            2, &r),
-                     KVD_ERR_INVALID);
-    assert_int_equal(kvd_store_commit_part(st, &key, 1, KVD_STORE_MAX_PARTS,
-                                           NULL),
-                     KVD_ERR_INVALID);
-    assert_int_equal(kvd_store_commit_part(st, &key, 1, 1, NULL),
+    assert_int_equal(
+        kvd_store_reserve_part(st, &key.ns, &key.hash, 1, 0, 0, 0, 2, &r),
+        KVD_ERR_INVALID);
+    assert_int_equal(
+        kvd_store_commit_part(st, &key, 1, KVD_STORE_MAX_PARTS, NULL, NULL),
+        KVD_ERR_INVALID);
+    assert_int_equal(kvd_store_commit_part(st, &key, 1, 1, NULL, NULL),
                      KVD_ERR_NOT_FOUND);
     kvd_store_reservation_t one = reserve(st, 4, 0, 1, OBJ);
     assert_int_equal(one.status, KVD_OK);

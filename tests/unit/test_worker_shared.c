@@ -9,7 +9,8 @@
  * cache's strides), as an engine rank holds its slice of the heads. Every
  * check compares bytes: the object written by TP = t equals the one TP = 1
  * writes, and the cache a TP = r group loads equals what the reference
- * kernels give for the whole cache.
+ * kernels give for the whole cache. Through a kvdepotd too (run in this
+ * process), each rank with its own client, as engine ranks are processes.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,16 +21,28 @@
 
 #include "tests/unit/kvd_testworker_int.h"
 
+#include "tests/unit/kvd_testclient_int.h"
+
 #define OBJ_HEADS 8
 
 typedef struct rank {
     kvd_worker_t *w;
+    kvd_store_t *own; /* its own daemon client, or NULL */
     void *bases[LAYERS];
     test_cache_t view; /* the rank's heads of the shared cache */
 } rank_t;
 
+static kvd_test_cl_t *g_daemon;
+
+static void rank_close(rank_t *rk)
+{
+    kvd_worker_destroy(rk->w);
+    kvd_store_close(rk->own);
+}
+
 /* Rank `r` of `tp` over cache `c` (heads split evenly; with fewer heads
- * than ranks, neighbouring ranks hold the same head). */
+ * than ranks, neighbouring ranks hold the same head). `st` NULL: a client
+ * of the daemon g_daemon of its own, closed with the rank. */
 static void rank_open(rank_t *rk, kvd_store_t *st, const test_cache_t *c,
                       kvd_codec_t codec, uint32_t tp, uint32_t r)
 {
@@ -42,6 +55,11 @@ static void rank_open(rank_t *rk, kvd_store_t *st, const test_cache_t *c,
                        (size_t)h0 * (size_t)c->layout.stride_head;
     }
     rk->view.layout.layer_base = rk->bases;
+    rk->own = NULL;
+    if (st == NULL) {
+        assert_int_equal(kvd_test_cl_open(g_daemon, &rk->own, NULL), KVD_OK);
+        st = rk->own;
+    }
     kvd_worker_config_t cfg = {0};
     cfg.store = st;
     cfg.ns = test_ns();
@@ -96,15 +114,16 @@ static unsigned char *object_copy(kvd_store_t *st, uint32_t key,
     return copy;
 }
 
-/* Saves blocks save_blocks as keys4 of cache `src` with `tp` ranks, one
- * rank's whole step after the other; nothing is visible before the last
- * rank's commit. */
-static void save_tp(kvd_store_t *st, const test_cache_t *src,
-                    kvd_codec_t codec, uint32_t tp)
+/* Saves blocks save_blocks as keys4 of cache `src` with `tp` ranks on
+ * `ranks_st` (NULL: each its own daemon client), one rank's whole step
+ * after the other; nothing is visible in `st` before the last rank's
+ * commit. */
+static void save_tp(kvd_store_t *st, kvd_store_t *ranks_st,
+                    const test_cache_t *src, kvd_codec_t codec, uint32_t tp)
 {
     rank_t rk[OBJ_HEADS * 2];
     for (uint32_t r = 0; r < tp; r++) {
-        rank_open(&rk[r], st, src, codec, tp, r);
+        rank_open(&rk[r], ranks_st, src, codec, tp, r);
     }
     for (uint32_t r = 0; r < tp; r++) {
         assert_int_equal(stored(st, keys4, 4), 0);
@@ -112,7 +131,7 @@ static void save_tp(kvd_store_t *st, const test_cache_t *src,
     }
     assert_int_equal(stored(st, keys4, 4), 4);
     for (uint32_t r = 0; r < tp; r++) {
-        kvd_worker_destroy(rk[r].w);
+        rank_close(&rk[r]);
     }
 }
 
@@ -129,7 +148,7 @@ static void load_tp_equals(kvd_store_t *st, const test_cache_t *like,
         rank_t rk;
         rank_open(&rk, st, &dst, codec, tp, r);
         assert_int_equal(load_four(rk.w, 1), 0);
-        kvd_worker_destroy(rk.w);
+        rank_close(&rk);
     }
     for (uint32_t l = 0; l < LAYERS; l++) {
         for (size_t i = 0; i < 4; i++) {
@@ -171,7 +190,7 @@ static void test_cross_tp_round_trips(void **state)
             size_t ref_len = 0;
             for (size_t wi = 0; wi < 4; wi++) {
                 kvd_store_t *st = store_open(NULL);
-                save_tp(st, &src, codecs[c], writers[wi]);
+                save_tp(st, st, &src, codecs[c], writers[wi]);
                 size_t len = 0;
                 unsigned char *obj = object_copy(st, keys4[2], &len);
                 assert_non_null(obj);
@@ -197,6 +216,48 @@ static void test_cross_tp_round_trips(void **state)
         cache_cleanup(&src);
         cache_cleanup(&want);
     }
+}
+
+/* Through a daemon, every rank its own client: TP 2 writes (the object
+ * published with the second rank's commit, checked by the daemon as a
+ * whole object never is by a part), TP 4 and TP 1 load. */
+static void test_cross_tp_through_daemon(void **state)
+{
+    (void)state;
+    kvd_test_cl_t d;
+    kvd_test_cl_start(&d, "shared", false, NULL);
+    g_daemon = &d;
+    static const kvd_codec_t codecs[] = {KVD_CODEC_RAW, KVD_CODEC_KIVI4};
+    for (size_t c = 0; c < 2; c++) {
+        test_cache_t src, want;
+        cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, OBJ_HEADS,
+                   DIM);
+        cache_fill_random(&src, 31 + c);
+        cache_init(&want, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, OBJ_HEADS,
+                   DIM);
+        memset(want.mem, POISON, want.bytes);
+        kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, codecs[c]);
+        expected_cache(&src, &want, &fmt, NULL, save_blocks, load_blocks, 4);
+        kvd_store_t *probe = NULL;
+        assert_int_equal(kvd_test_cl_open(&d, &probe, NULL), KVD_OK);
+        /* Each pass its own keys: the daemon keeps the previous ones. */
+        kvd_namespace_t ns = test_ns();
+        kvd_store_key_t k[4];
+        for (size_t i = 0; i < 4; i++) {
+            k[i].ns = ns;
+            k[i].hash = key_hash(keys4[i]);
+        }
+        size_t deleted = 0;
+        (void)kvd_store_delete(probe, k, 4, &deleted);
+        save_tp(probe, NULL, &src, codecs[c], 2);
+        load_tp_equals(NULL, &src, &want, codecs[c], 4);
+        load_tp_equals(NULL, &src, &want, codecs[c], 1);
+        kvd_store_close(probe);
+        cache_cleanup(&src);
+        cache_cleanup(&want);
+    }
+    g_daemon = NULL;
+    kvd_test_cl_stop(&d);
 }
 
 /* Two KV heads at TP 4: ranks 0 and 1 hold head 0, ranks 2 and 3 head 1.
@@ -327,6 +388,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cross_tp_round_trips),
+        cmocka_unit_test(test_cross_tp_through_daemon),
         cmocka_unit_test(test_replicated_heads),
         cmocka_unit_test(test_aborted_part_publishes_nothing),
         cmocka_unit_test(test_bad_splits_refused),
