@@ -77,6 +77,38 @@ static const cl_resv_t *resv_at(const kvd_client_t *c, uint64_t instance,
     return NULL;
 }
 
+/* Records reservation `r`, replacing one of the same key and part from
+ * before. `mu` held. */
+static void resv_insert(kvd_client_t *c, cl_resv_t *r)
+{
+    cl_resv_t *old = resv_take(c, &r->key, r->part);
+    if (old != NULL) {
+        kvd_cl_map_held(c, old->instance, -1);
+        free(old);
+    }
+    kvd_cl_map_held(c, r->instance, 1);
+    size_t bk = resv_bucket(&r->key);
+    r->next = c->resv[bk];
+    c->resv[bk] = r;
+    bk = resv_off_bucket(r->instance, r->offset);
+    r->next_off = c->resv_off[bk];
+    c->resv_off[bk] = r;
+}
+
+/* The status of a block the daemon did not reserve: stored already, or
+ * why it was refused (from revision 3 on; before: 0, taken as no space). */
+static kvd_status_t resv_refused(const kvd_pb_block_reservation_t *b)
+{
+    if (b->outcome == KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_EXISTS) {
+        return KVD_ERR_EXISTS;
+    }
+    if (b->outcome == KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_REJECTED &&
+        b->status < 0) {
+        return (kvd_status_t)b->status;
+    }
+    return KVD_ERR_NOSPACE;
+}
+
 void *kvd_client_reservation_ptr(kvd_client_t *c,
                                  const kvd_store_reservation_t *r, uint64_t len)
 {
@@ -199,19 +231,7 @@ kvd_status_t kvd_client_reserve_part(kvd_client_t *c, const kvd_namespace_t *ns,
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n; i++) {
         const kvd_pb_block_reservation_t *b = rsp->blocks[i];
-        out[i] = (kvd_store_reservation_t){.status = KVD_ERR_NOSPACE};
-        if (b->outcome ==
-            KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_EXISTS) {
-            out[i].status = KVD_ERR_EXISTS;
-            continue;
-        }
-        /* Why a block was refused, from revision 3 on (before: 0, taken
-         * as no space). */
-        if (b->outcome ==
-                KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_REJECTED &&
-            b->status < 0) {
-            out[i].status = (kvd_status_t)b->status;
-        }
+        out[i] = (kvd_store_reservation_t){.status = resv_refused(b)};
         if (b->outcome !=
             KVDEPOT__V1__RESERVE_OUTCOME__RESERVE_OUTCOME_RESERVED) {
             continue;
@@ -236,19 +256,8 @@ kvd_status_t kvd_client_reserve_part(kvd_client_t *c, const kvd_namespace_t *ns,
         /* A daemon that names no TTL: no deadline known, none enforced. */
         r->deadline_ns =
             rsp->ttl_ms ? sent_ns + rsp->ttl_ms * 1000000ull : UINT64_MAX;
-        cl_resv_t *old = resv_take(c, &r->key, r->part);
-        if (old != NULL) {
-            kvd_cl_map_held(c, old->instance, -1);
-            free(old);
-        }
-        kvd_cl_map_held(c, used, 1);
+        resv_insert(c, r);
         cl_map_t *m = kvd_cl_map_of_instance(c, used);
-        size_t bk = resv_bucket(&r->key);
-        r->next = c->resv[bk];
-        c->resv[bk] = r;
-        bk = resv_off_bucket(r->instance, r->offset);
-        r->next_off = c->resv_off[bk];
-        c->resv_off[bk] = r;
         out[i].status = KVD_OK;
         out[i].reserved = m != NULL ? m->gen : 0;
         out[i].arena_offset = b->arena_offset;

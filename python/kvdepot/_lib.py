@@ -270,7 +270,9 @@ class WorkerConfig(ctypes.Structure):
                 ("cuda_staging_blocks", ctypes.c_uint32),
                 ("layerwise_saves", ctypes.c_bool),
                 ("async_saves", ctypes.c_bool),
-                ("max_inflight_save_bytes", ctypes.c_uint64)]
+                ("max_inflight_save_bytes", ctypes.c_uint64),
+                ("object_heads", ctypes.c_uint32),
+                ("head_start", ctypes.c_uint32)]
 
 
 class FailedLoad(ctypes.Structure):
@@ -810,16 +812,20 @@ class Worker:
     save_kv_layer for every layer it computes, so a step missing one is
     aborted, not committed (worker.h). async_saves: a step's saves are
     committed after wait_for_save returns, at most
-    max_inflight_save_bytes of them at once (0: 1 GiB)."""
+    max_inflight_save_bytes of them at once (0: 1 GiB). object_heads: the
+    stored object holds that many KV heads, this worker's fmt.num_heads of
+    them from head_start (tensor-parallel ranks writing one object; 0: the
+    object is this worker's alone)."""
 
     def __init__(self, store, ns, fmt, rank=0, threads=0, plan_ns=None,
                  device=0, layerwise_saves=False, async_saves=False,
-                 max_inflight_save_bytes=0):
+                 max_inflight_save_bytes=0, object_heads=0, head_start=0):
         cfg = WorkerConfig(store=store.handle, ns=ns, format=fmt,
                            worker_rank=rank, num_threads=threads,
                            device=device, layerwise_saves=layerwise_saves,
                            async_saves=async_saves,
-                           max_inflight_save_bytes=max_inflight_save_bytes)
+                           max_inflight_save_bytes=max_inflight_save_bytes,
+                           object_heads=object_heads, head_start=head_start)
         if plan_ns is not None:  # plans name blocks in another namespace
             cfg.plan_ns = plan_ns
         self.handle = ctypes.c_void_p()

@@ -39,6 +39,10 @@ class Settings:
     #   BlockRemoved) even when vLLM's kv_events_config does not enable them
     spawn_idle_exit: str = "10s"   # spawn: the started kvdepotd stops once
     #   no engine process has had its store open for this long
+    shared_objects: bool = True    # tensor parallelism: the ranks write
+    #   their heads into one object per block, which an engine of any TP
+    #   size loads (docs/vllm.md, "Any tensor-parallel size"); false: each
+    #   rank stores its shard in a namespace naming its TP size and rank
     async_saves: bool = False      # a step's saves are committed after the
     #   step (the copies overlap the next steps; vLLM keeps the blocks of a
     #   finished request until then)

@@ -324,6 +324,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         else:
             self.num_layers = mc.get_num_layers(pc)
         self.num_kv_heads = mc.get_num_kv_heads(pc)
+        total = getattr(mc, "get_total_num_kv_heads", None)
+        self.total_kv_heads = total() if callable(total) else \
+            self.num_kv_heads * self.tp
         self.head_dim = mc.get_head_size()
         self.mla = bool(getattr(mc, "use_mla", False))
         self.dtype = _kv_dtype(vllm_config, self.settings.codecs)
@@ -400,13 +403,21 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         layers. MLA: the latent is the same on every tensor-parallel rank
         (vLLM replicates it), so the namespace names no TP size or rank:
         the ranks share one copy of each block, and an engine of any TP
-        size loads it."""
+        size loads it. With shared_objects (the default) the same holds for
+        attention with several KV heads: the namespace names every head and
+        no rank, and each rank writes and reads its heads of the one object
+        of a block (_head_range)."""
         mc = self._model_config
         n = len(self.groups)
         self.group_ns, self.plan_ns, self.shard_ns = [], [], []
+        shared = self.mla or self._shared()
         for g, grp in enumerate(self.groups):
             heads = self.num_kv_heads if grp is None else grp[1].num_kv_heads
             dim = self.head_dim if grp is None else grp[1].head_size
+            if self.mla:
+                heads = 1
+            elif shared:
+                heads = self._object_heads(heads)
 
             def ns_of(rank, stage=0):
                 model = self.model_id if grp is None else \
@@ -420,9 +431,9 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
                     model,
                     _DTYPES[self.dtype], self.codecs[0], self.codecs[1],
                     layers,
-                    1 if self.mla else heads, dim, self.block_size,
-                    tp_size=1 if self.mla else self.tp,
-                    tp_rank=0 if self.mla else rank, kv_combined=self.mla,
+                    heads, dim, self.block_size,
+                    tp_size=1 if shared else self.tp,
+                    tp_rank=0 if shared else rank, kv_combined=self.mla,
                     tq_seed=_lib.TQ_SEED,
                     revision=getattr(mc, "revision", None),
                     weight_quant=getattr(mc, "quantization", None),
@@ -433,12 +444,43 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self.group_ns.append(ns_of(self.tp_rank, self.pp_rank))
             self.plan_ns.append(ns_of(0, 0))
             # The namespaces a block must be stored in on every rank and
-            # stage for the leader to match it (one per stage with MLA).
-            ranks = 1 if self.mla else self.tp
+            # stage for the leader to match it (one per stage when shared).
+            ranks = 1 if shared else self.tp
             self.shard_ns.append([ns_of(r, p) for p in range(self.pp)
                                   for r in range(ranks)
                                   if (r, p) != (0, 0)])
         self.ns = self.plan_ns[0]
+
+    def _shared(self):
+        """Whether the ranks write one object per block (shared_objects,
+        tensor parallelism over several KV heads)."""
+        return self.tp > 1 and self.settings.shared_objects
+
+    def _object_heads(self, heads):
+        """The KV heads of the whole model for a rank holding `heads`: the
+        model's, or heads x TP size for a group whose spec has another
+        count."""
+        if heads == self.num_kv_heads:
+            return self.total_kv_heads
+        return heads * self.tp
+
+    def _head_range(self, heads):
+        """(object_heads, head_start) of this rank's `heads` in the shared
+        object, (0, 0) when objects are not shared. vLLM splits the KV heads
+        evenly, rank r holding heads [r*heads, (r+1)*heads); with fewer KV
+        heads than ranks each is replicated on TP / total ranks, rank r
+        holding head r * total / TP (then one replica writes it)."""
+        if self.mla or not self._shared():
+            return 0, 0
+        total = self._object_heads(heads)
+        if heads != max(1, total // self.tp) or \
+                (total >= self.tp and total % self.tp != 0):
+            raise ValueError(f"kvdepot: {heads} KV heads on each of "
+                             f"{self.tp} ranks is not vLLM's split of the "
+                             f"model's {total}; set shared_objects: false")
+        if total >= self.tp:
+            return total, self.tp_rank * heads
+        return total, self.tp_rank * total // self.tp
 
     def _log_start(self, vllm_config):
         """One INFO line with what this engine's cache is, and a WARNING
@@ -763,6 +805,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         # vLLM's attention layers call save_kv_layer for every layer they
         # compute (maybe_transfer_kv_layer): a step that stopped short is
         # aborted by wait_for_save, not committed with stale layers.
+        object_heads, head_start = self._head_range(heads)
         worker = _lib.Worker(
             self.store, self.group_ns[g], fmt,
             rank=self.pp_rank * self.tp + self.tp_rank,
@@ -770,7 +813,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             plan_ns=self.plan_ns[g] if self.tp * self.pp > 1 else None,
             device=self._device, layerwise_saves=True,
             async_saves=self.settings.async_saves,
-            max_inflight_save_bytes=self.settings.max_inflight_save_bytes)
+            max_inflight_save_bytes=self.settings.max_inflight_save_bytes,
+            object_heads=object_heads, head_start=head_start)
         self.workers.append(worker)
         worker.register_kv_caches(bases, num_blocks, strides)
 

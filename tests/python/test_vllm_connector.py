@@ -43,16 +43,26 @@ PROMPT = 100  # 6 full blocks, the 7th holds the last token
 
 
 class ModelConfig:
-    def __init__(self, mla=False):
+    """total_heads: the model's KV heads, split over the TP ranks as vLLM
+    does (max(1, total / TP) each); None: HEADS on every rank."""
+
+    def __init__(self, mla=False, total_heads=None):
         self.model = "test/tiny-llama"
         self.dtype = torch.float16
         self.use_mla = mla
+        self.total_heads = total_heads
+        if total_heads is not None:
+            self.get_total_num_kv_heads = lambda: total_heads
 
     def get_num_layers(self, pc):
         return LAYERS
 
     def get_num_kv_heads(self, pc):
-        return 1 if self.use_mla else HEADS
+        if self.use_mla:
+            return 1
+        if self.total_heads is None:
+            return HEADS
+        return max(1, self.total_heads // pc.tensor_parallel_size)
 
     def get_head_size(self):
         return DIM
@@ -210,20 +220,21 @@ def test_save_restart_load_through_daemon(tmp_path):
         stop_daemon(proc[0])
 
 
-def tp_config(tmp_path, rank, tp=2, mla=False):
+def tp_config(tmp_path, rank, tp=2, mla=False, shared=True):
     """Rank `rank` of a TP engine over the test daemon in tmp_path."""
     cfg = vllm_config("", mla=mla, store_mode="daemon",
-                      store_address=f"unix:{tmp_path}/d.sock")
+                      store_address=f"unix:{tmp_path}/d.sock",
+                      shared_objects=shared)
     cfg.parallel_config.tensor_parallel_size = tp
     cfg.parallel_config.rank = rank
     return cfg
 
 
-def tp_engine(tmp_path, fill, seed):
+def tp_engine(tmp_path, fill, seed, shared=True):
     """A TP=2 engine: the scheduler-role connector and one worker-role
     connector per rank over its own tensors (a different shard per rank
     when filled)."""
-    s = kv.KvdepotConnector(tp_config(tmp_path, 0),
+    s = kv.KvdepotConnector(tp_config(tmp_path, 0, shared=shared),
                             kv.KVConnectorRole.SCHEDULER)
     ranks = []
     for rank in range(2):
@@ -232,7 +243,7 @@ def tp_engine(tmp_path, fill, seed):
         if fill:
             for t in kvs.values():
                 t.copy_(torch.randn(t.shape).to(torch.float16))
-        w = kv.KvdepotConnector(tp_config(tmp_path, rank),
+        w = kv.KvdepotConnector(tp_config(tmp_path, rank, shared=shared),
                                 kv.KVConnectorRole.WORKER)
         w.register_kv_caches(kvs)
         ranks.append((w, kvs))
@@ -262,20 +273,24 @@ def shutdown_all(s, workers):
 
 
 @pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
-def test_tensor_parallel_through_daemon(tmp_path):
+@pytest.mark.parametrize("shared", [True, False])
+def test_tensor_parallel_through_daemon(tmp_path, shared):
     """TP=2 over kvdepotd: one scheduler-role connector (its leader waits
     for both ranks' reports), two worker-role connectors (ranks 0 and 1),
     each holding different KV for the same blocks. vLLM aggregates the
     workers' outputs: a request is finished only when every rank says so,
     and the worker metadata of both ranks reaches the leader. After a
-    restart each rank loads its own shard back, bit for bit."""
+    restart each rank loads its own heads back, bit for bit: from the one
+    object per block both wrote (shared_objects), or from its own shard's
+    namespace."""
     proc = start_daemon(tmp_path)[0]
     tokens = [(i * 29 + 1) % 32000 for i in range(PROMPT)]
     a_blocks, b_blocks = [3, 9, 1, 12, 5, 20, 7], [11, 13, 15, 17, 19, 21, 23]
     try:
-        s, ranks = tp_engine(tmp_path, True, 500)
-        assert ranks[0][0].group_ns[0].bytes[:] != \
+        s, ranks = tp_engine(tmp_path, True, 500, shared)
+        same = ranks[0][0].group_ns[0].bytes[:] == \
             ranks[1][0].group_ns[0].bytes[:]
+        assert same == shared
         assert [w.tp_rank for w, _ in ranks] == [0, 1]
         req = Request("tp-a", tokens)
         assert s.get_num_new_matched_tokens(req, 0) == (0, False)
@@ -290,7 +305,7 @@ def test_tensor_parallel_through_daemon(tmp_path):
         assert not torch.equal(saved[0][0], saved[1][0])
         shutdown_all(s, ranks)
 
-        s, ranks = tp_engine(tmp_path, False, 0)
+        s, ranks = tp_engine(tmp_path, False, 0, shared)
         req = Request("tp-b", tokens)
         # In the daemon's RAM: loaded in the step that runs the request.
         assert s.get_num_new_matched_tokens(req, 0) == (96, False)
@@ -365,9 +380,92 @@ def test_mla_stored_once_loaded_at_any_tp(tmp_path):
         stop_daemon(proc)
 
 
+def heads_engine(tmp_path, tp, total, whole):
+    """An engine at TP size `tp` of a model with `total` KV heads (the
+    flash layout): rank r's tensors are its heads of `whole` (per layer,
+    [2, NB, BS, total, DIM]) as vLLM splits them, a replicated head when
+    there are fewer heads than ranks. Returns (scheduler, ranks, heads of
+    each rank)."""
+    def cfg(rank):
+        c = tp_config(tmp_path, rank, tp)
+        c.model_config = ModelConfig(total_heads=total)
+        return c
+    s = kv.KvdepotConnector(cfg(0), kv.KVConnectorRole.SCHEDULER)
+    ranks, spans = [], []
+    n = max(1, total // tp)
+    for rank in range(tp):
+        h0 = rank * n if total >= tp else rank * total // tp
+        kvs = {name: t[:, :, :, h0:h0 + n].clone()
+               for name, t in whole.items()}
+        w = kv.KvdepotConnector(cfg(rank), kv.KVConnectorRole.WORKER)
+        w.register_kv_caches(kvs)
+        ranks.append((w, kvs))
+        spans.append((h0, n))
+    return s, ranks, spans
+
+
+@pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
+@pytest.mark.parametrize("tp_p,tp_d,total", [(4, 2, 4), (2, 4, 4),
+                                             (2, 1, 4), (4, 1, 2)])
+def test_hand_off_between_tp_sizes(tmp_path, tp_p, tp_d, total):
+    """Prefill at one TP size, decode at another (TP 4 -> 2, 2 -> 4, 2 ->
+    1, and 4 -> 1 with 2 KV heads, each replicated on two prefill ranks):
+    the prefill ranks write their heads into one object per block, the
+    decode engine's request carries the prefill side's kv_transfer_params
+    and each decode rank loads its heads, the bytes of the prefill
+    engine's KV."""
+    proc = start_daemon(tmp_path)[0]
+    tokens = [(i * 53 + 7) % 32000 for i in range(PROMPT)]
+    p_blocks, d_blocks = [2, 4, 6, 8, 10, 12, 14], [1, 3, 5, 7, 9, 11, 13]
+    g = torch.Generator().manual_seed(tp_p * 10 + tp_d)
+    whole = {f"model.layers.{i}.self_attn":
+             torch.randn((2, NB, BS, total, DIM), generator=g).to(
+                 torch.float16) for i in range(LAYERS)}
+    try:
+        s, ranks, _ = heads_engine(tmp_path, tp_p, total, whole)
+        assert len({bytes(w.group_ns[0].bytes) for w, _ in ranks}) == 1
+        req = Request("pre", tokens)
+        req.kv_transfer_params = {"do_remote_decode": True}
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, Blocks(p_blocks), 0)
+        parallel_step(s, ranks, s.build_connector_meta(
+            sched_output(new=[(req, 0)], tokens={"pre": PROMPT})))
+        delay, params = s.request_finished(req, p_blocks)
+        if delay:
+            parallel_step(s, ranks, s.build_connector_meta(sched_output()),
+                          finished={"pre"})
+        assert len(params["kvdepot_hashes"]) == 6
+        st = [w.kvdepot_stats() for w, _ in ranks]
+        # One writer per head: replicas are told it is being written.
+        writers = min(tp_p, total)
+        assert sum(x["blocks_saved"] for x in st) == 6 * writers, st
+        assert sum(x["saves_skipped"] for x in st) == 6 * (tp_p - writers)
+        shutdown_all(s, ranks)
+
+        empty = {k: torch.full_like(t, -1.0) for k, t in whole.items()}
+        s, ranks, spans = heads_engine(tmp_path, tp_d, total, empty)
+        req = Request("dec", tokens)
+        req.kv_transfer_params = dict(params)
+        assert s.get_num_new_matched_tokens(req, 0) == (96, False)
+        s.update_state_after_alloc(req, Blocks(d_blocks), 96)
+        _, invalid = parallel_step(s, ranks, s.build_connector_meta(
+            sched_output(new=[(req, 96)], tokens={"dec": PROMPT - 96})))
+        assert invalid == set()
+        for (w, kvs), (h0, n) in zip(ranks, spans):
+            assert w.kvdepot_stats()["blocks_loaded"] == 6
+            for name, t in kvs.items():
+                for p, d in zip(p_blocks[:6], d_blocks[:6]):
+                    assert torch.equal(t[:, d],
+                                       whole[name][:, p, :, h0:h0 + n])
+        shutdown_all(s, ranks)
+    finally:
+        stop_daemon(proc)
+
+
 @pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
 def test_tensor_parallel_lost_shard(tmp_path):
-    """TP=2 over kvdepotd, and rank 1's shard of block 3 is gone (evicted,
+    """TP=2 over kvdepotd with a namespace per rank (shared_objects off),
+    and rank 1's shard of block 3 is gone (evicted,
     or its disk was full when it saved): the scheduler matches only the
     blocks both ranks hold, so no rank reports a load error (vLLM's default
     kv_load_failure_policy would fail the request), and each rank loads
@@ -376,7 +474,7 @@ def test_tensor_parallel_lost_shard(tmp_path):
     tokens = [(i * 37 + 5) % 32000 for i in range(PROMPT)]
     a_blocks, b_blocks = [2, 8, 4, 14, 6, 16, 10], [1, 3, 5, 7, 9, 11, 13]
     try:
-        s, ranks = tp_engine(tmp_path, True, 700)
+        s, ranks = tp_engine(tmp_path, True, 700, shared=False)
         req = Request("lost-a", tokens)
         req.kv_transfer_params = {"do_remote_decode": True}  # keys, below
         assert s.get_num_new_matched_tokens(req, 0) == (0, False)
@@ -399,7 +497,7 @@ def test_tensor_parallel_lost_shard(tmp_path):
         assert s.store.delete(rank1_ns, [keys[3]]) == 1
         shutdown_all(s, ranks)
 
-        s, ranks = tp_engine(tmp_path, False, 0)
+        s, ranks = tp_engine(tmp_path, False, 0, shared=False)
         req = Request("lost-b", tokens)
         # Blocks 0..2 only: block 3 has no shard on rank 1.
         assert s.get_num_new_matched_tokens(req, 0) == (48, False)
