@@ -36,8 +36,12 @@ How TensorRT-LLM's API shapes this module:
   it) and nothing is computed on stale blocks. The failed objects are gone
   from the store, so the request sent again recomputes them.
 - Tensor parallelism: the leader runs on rank 0, a worker on every rank;
-  each rank stores its shard of the heads under its own namespace, and a
-  block matches only when every rank's shard is stored (all or nothing).
+  with shared_objects (the default) the ranks write their heads into one
+  object per block, published when every rank's part is in, under a
+  namespace that names no TP size (an engine of any TP size loads it);
+  without, each rank stores its shard of the heads under its own namespace,
+  and a block matches only when every rank's shard is stored (all or
+  nothing either way).
   Several ranks share no embedded store: store_mode "auto" starts (or joins)
   the engine's own kvdepotd, as with vLLM.
 """
@@ -249,6 +253,12 @@ class _Model:
         # one when there are fewer heads than ranks); MLA latents are whole
         # on every rank.
         self.num_kv_heads = 1 if self.mla else max(1, total // self.tp)
+        self.total_kv_heads = total
+        # shared_objects: the ranks write their heads into one object per
+        # block (a namespace naming every head and no rank), which an engine
+        # of any TP size loads; MLA is shared anyway (one part).
+        self.shared = self.mla or (self.tp > 1 and
+                                   self.settings.shared_objects)
         self.num_layers = int(shape["num_layers"])
         self.head_dim = int(shape["head_dim"])
         kvc = getattr(llm_args, "kv_cache_config", None)
@@ -257,23 +267,44 @@ class _Model:
         self.model_id = self.settings.model_id or \
             str(getattr(llm_args, "model", "trtllm"))
         self.revision = getattr(llm_args, "revision", None)
-        # MLA latents are the same on every rank: one namespace, one copy
-        # of each block, loadable at any TP size.
-        self.ns_all = [self._ns(r) for r in range(1 if self.mla else self.tp)]
-        if self.mla:
+        # MLA latents are the same on every rank, and shared objects hold
+        # every rank's heads: one namespace, one object per block, loadable
+        # at any TP size.
+        self.ns_all = [self._ns(r) for r in range(1 if self.shared else
+                                                  self.tp)]
+        if self.shared:
             self.ns_all *= self.tp
         self.ns = self.ns_all[self.tp_rank]
         self.store_mode = config.engine_store_mode(self.settings, self.tp)
 
     def _ns(self, tp_rank):
         ck, cv = self.codecs
+        heads = self.num_kv_heads
+        if self.shared and not self.mla:
+            heads = self.total_kv_heads
         return _lib.namespace(self.model_id, _DTYPES[self.dtype], ck, cv,
-                              self.num_layers, self.num_kv_heads,
+                              self.num_layers, heads,
                               self.head_dim, self.block_size,
-                              tp_size=1 if self.mla else self.tp,
-                              tp_rank=0 if self.mla else tp_rank,
+                              tp_size=1 if self.shared else self.tp,
+                              tp_rank=0 if self.shared else tp_rank,
                               kv_combined=self.mla, tq_seed=_lib.TQ_SEED,
                               revision=self.revision)
+
+    def head_range(self):
+        """(object_heads, head_start) of this rank in a shared object, (0,
+        0) when objects are not shared or hold one part (MLA): rank r holds
+        heads [r*n, (r+1)*n), or with fewer KV heads than ranks head
+        r * heads / TP."""
+        if self.mla or not self.shared:
+            return 0, 0
+        total, n = self.total_kv_heads, self.num_kv_heads
+        if total >= self.tp:
+            if total % self.tp != 0:
+                raise ValueError(f"kvdepot: {total} KV heads do not split "
+                                 f"over {self.tp} ranks; set "
+                                 "shared_objects: false")
+            return total, self.tp_rank * n
+        return total, self.tp_rank * total // self.tp
 
     def open_store(self):
         """(store key, store, daemon handle or None)."""
@@ -337,7 +368,7 @@ class KvdepotScheduler(KvCacheConnectorScheduler):
         self._inbox_key = self._store_key
         self.leader = _lib.Leader(
             store, m.block_size, m.ns, num_workers=m.tp,
-            shard_ns=[] if m.mla else m.ns_all[1:],
+            shard_ns=[] if m.shared else m.ns_all[1:],
             layerwise=self.settings.layerwise,
             lookup_timeout_ms=self.settings.lookup_timeout_ms, no_retry=True,
             async_host_loads=True)
@@ -493,11 +524,14 @@ class KvdepotWorker(KvCacheConnectorWorker):
         # Not layerwise_saves: the layer hooks do not run in a CUDA graph's
         # replay, so wait_for_save copies the layers they did not save.
         # The leader names blocks in rank 0's namespace; each rank stores
-        # and loads its shard in its own.
+        # and loads its heads of the one object (shared_objects), or its
+        # shard in a namespace of its own.
+        object_heads, head_start = self.model.head_range()
         self.worker = _lib.Worker(
             self.store, self.ns, fmt, rank=self.rank,
             threads=self.settings.threads, device=device,
-            plan_ns=self.model.ns_all[0] if self.model.tp > 1 else None)
+            plan_ns=self.model.ns_all[0] if self.model.tp > 1 else None,
+            object_heads=object_heads, head_start=head_start)
         self._device = device
         # The worker copies to and from the pool's memory: keep it alive.
         self._pool = t

@@ -3,8 +3,9 @@ kvdepotd, joined by the stand-ins of TensorRT-LLM's MPI collectives
 (trtllm_standin.PipeComm). Rank 0 runs the leader and a worker, rank 1 a
 worker; every rank holds different KV (its shard of the heads). The
 workers' reports reach the leader through the allgather in get_finished.
-After a restart each rank loads its own shard back bit for bit; a block
-whose shard one rank lost is promised to no rank (all or nothing)."""
+After a restart each rank loads its own heads back bit for bit, and an
+engine at TP 1 loads every head (the ranks wrote one object per block); a
+block whose part one rank lost is promised to no rank (all or nothing)."""
 
 import json
 import multiprocessing
@@ -15,6 +16,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
 
 from conftest import (KVDEPOTD, require_lib, start_daemon,  # noqa: E402
                       stop_daemon)
@@ -25,7 +27,7 @@ BS, LAYERS, HEADS, DIM, NB = 16, 2, 4, 32, 12   # 4 KV heads: 2 per rank
 PROMPT = 70  # 4 full blocks
 
 
-def _rank_main(rank, conn, model, sock, phase, out):
+def _rank_main(rank, conn, model, sock, phase, out, tp=2):
     os.environ["KVDEPOT_CONFIG"] = json.dumps({
         "store_mode": "daemon", "store_address": f"unix:{sock}"})
     import time
@@ -34,11 +36,11 @@ def _rank_main(rank, conn, model, sock, phase, out):
     comm = PipeComm(rank, conn)
     kt._rank = lambda: rank
     kt._allgather = comm.allgather
-    args = NS(model=model, tensor_parallel_size=2,
+    args = NS(model=model, tensor_parallel_size=tp,
               kv_cache_config=NS(tokens_per_block=BS, dtype="auto"))
     s = kt.KvdepotScheduler(args) if rank == 0 else None
     w = kt.KvdepotWorker(args)
-    kv = torch.zeros((NB, LAYERS, 2, BS * (HEADS // 2) * DIM),
+    kv = torch.zeros((NB, LAYERS, 2, BS * (HEADS // tp) * DIM),
                      dtype=torch.float16)
     if phase.startswith("save"):
         g = torch.Generator().manual_seed(1000 + rank)
@@ -79,13 +81,13 @@ def _rank_main(rank, conn, model, sock, phase, out):
         s.shutdown()
 
 
-def run_engine(model, sock, phase):
+def run_engine(model, sock, phase, tp=2):
     ctx = multiprocessing.get_context("spawn")
-    a, b = ctx.Pipe()
+    a, b = ctx.Pipe() if tp == 2 else (None, None)
     out = ctx.Queue()
     procs = [ctx.Process(target=_rank_main,
-                         args=(r, c, model, sock, phase, out))
-             for r, c in ((0, a), (1, b))]
+                         args=(r, c, model, sock, phase, out, tp))
+             for r, c in ((0, a), (1, b))[:tp]]
     for p in procs:
         p.start()
     got = {}
@@ -126,6 +128,15 @@ def test_two_ranks_in_two_processes_through_a_daemon(tmp_path):
             assert (n, is_async) == (4 * BS, True)
             assert stats["blocks_loaded"] == 4 and stats["load_errors"] == 0
             assert got == saved[r][3], r
+        # One engine at TP 1: a pool row is [head][token][dim], so its
+        # blocks are rank 0's heads followed by rank 1's.
+        n, is_async, stats, got = run_engine(model, sock, "load", tp=1)[0]
+        assert (n, is_async) == (4 * BS, True)
+        assert stats["blocks_loaded"] == 4
+        for i in range(4):
+            halves = [np.frombuffer(saved[r][3][i], dtype=np.float16)
+                      .reshape(LAYERS, 2, -1) for r in (0, 1)]
+            assert got[i] == np.concatenate(halves, axis=2).tobytes(), i
     finally:
         stop_daemon(proc)
 

@@ -50,17 +50,21 @@ class SoloComm:
 
 
 class PipeComm:
-    """Two ranks joined by a multiprocessing Pipe."""
+    """Two ranks joined by a multiprocessing Pipe (conn None: one rank)."""
 
     def __init__(self, rank, conn):
         self.rank, self.conn = rank, conn
 
     def allgather(self, obj):
+        if self.conn is None:
+            return [obj]
         self.conn.send(obj)
         other = self.conn.recv()
         return [obj, other] if self.rank == 0 else [other, obj]
 
     def bcast(self, obj):
+        if self.conn is None:
+            return obj
         if self.rank == 0:
             self.conn.send(obj)
             return obj
