@@ -235,6 +235,73 @@ def test_prefill_decode_over_two_daemons(tmp_path):
         c.close()
 
 
+def test_prefill_tp2_decode_tp1_over_two_daemons(tmp_path):
+    """Disaggregated serving between TP sizes and nodes: a TP 2 prefill
+    engine on node P writes its ranks' heads into one object per block, a
+    TP 1 decode engine on node D gets the objects over UCX (pushed to their
+    home node or pulled from P) and loads every head, the prefill ranks' KV
+    bit for bit."""
+    torch = pytest.importorskip("torch")
+    import test_vllm_connector as tv
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    os.environ.setdefault("UCX_TLS", "tcp")
+    c = TwoNodes(tmp_path, "tp", ["p", "d"])
+    heads, n = 4, tv.PROMPT
+    tokens = [(i * 31 + 2) % 32000 for i in range(n)]
+    p_blocks, d_blocks = [2, 4, 6, 8, 10, 12, 14], [1, 3, 5, 7, 9, 11, 13]
+    g = torch.Generator().manual_seed(8)
+    whole = {f"model.layers.{i}.self_attn":
+             torch.randn((2, tv.NB, tv.BS, heads, tv.DIM), generator=g).to(
+                 torch.float16) for i in range(tv.LAYERS)}
+    try:
+        s, ranks, _ = tv.heads_engine(c.dirs[0], 2, heads, whole,
+                                      node_id="node-p")
+        req = tv.Request("pre", tokens)
+        req.kv_transfer_params = {"do_remote_decode": True}
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, tv.Blocks(p_blocks), 0)
+        tv.parallel_step(s, ranks, s.build_connector_meta(
+            tv.sched_output(new=[(req, 0)], tokens={"pre": n})))
+        delay, params = s.request_finished(req, p_blocks)
+        if delay:
+            tv.parallel_step(s, ranks, s.build_connector_meta(
+                tv.sched_output()), finished={"pre"})
+        assert params["kvdepot_node"] == "node-p"
+        tv.shutdown_all(s, ranks)
+
+        empty = {k: torch.full_like(t, -1.0) for k, t in whole.items()}
+        s, ranks, _ = tv.heads_engine(c.dirs[1], 1, heads, empty,
+                                      node_id="node-d")
+        req = tv.Request("dec", tokens)
+        req.kv_transfer_params = dict(params)
+        got, is_async = s.get_num_new_matched_tokens(req, 0)
+        assert got == 96
+        s.update_state_after_alloc(req, tv.Blocks(d_blocks), 96)
+        if is_async:  # pulled from P: loaded before it runs
+            done, deadline = set(), time.monotonic() + 20
+            while "dec" not in done:
+                assert time.monotonic() < deadline, "never loaded"
+                time.sleep(0.002)
+                done, invalid = tv.parallel_step(
+                    s, ranks, s.build_connector_meta(tv.sched_output()))
+                assert invalid == set()
+        else:  # pushed to D, its home node, already
+            _, invalid = tv.parallel_step(s, ranks, s.build_connector_meta(
+                tv.sched_output(new=[(req, 96)], tokens={"dec": n - 96})))
+            assert invalid == set()
+        (w, kvs), = ranks
+        assert w.kvdepot_stats()["blocks_loaded"] == 6
+        for name, t in kvs.items():
+            for p, d in zip(p_blocks[:6], d_blocks[:6]):
+                assert torch.equal(t[:, d], whole[name][:, p])
+        # Through the cluster: pushed to D as their home, or pulled from P.
+        assert metric(c.metrics[0], "kvdepot_cluster_pushes_total") + \
+            metric(c.metrics[1], "kvdepot_cluster_remote_hits_total") >= 1
+        tv.shutdown_all(s, ranks)
+    finally:
+        c.close()
+
+
 def test_trtllm_context_generation_over_two_daemons(tmp_path, monkeypatch):
     """TensorRT-LLM disaggregated serving: the context engine's connector on
     node C's kvdepotd saves a prompt's blocks; C pushes them to their home

@@ -220,11 +220,11 @@ def test_save_restart_load_through_daemon(tmp_path):
         stop_daemon(proc[0])
 
 
-def tp_config(tmp_path, rank, tp=2, mla=False, shared=True):
+def tp_config(tmp_path, rank, tp=2, mla=False, shared=True, **extra):
     """Rank `rank` of a TP engine over the test daemon in tmp_path."""
     cfg = vllm_config("", mla=mla, store_mode="daemon",
                       store_address=f"unix:{tmp_path}/d.sock",
-                      shared_objects=shared)
+                      shared_objects=shared, **extra)
     cfg.parallel_config.tensor_parallel_size = tp
     cfg.parallel_config.rank = rank
     return cfg
@@ -380,14 +380,14 @@ def test_mla_stored_once_loaded_at_any_tp(tmp_path):
         stop_daemon(proc)
 
 
-def heads_engine(tmp_path, tp, total, whole):
+def heads_engine(tmp_path, tp, total, whole, **extra):
     """An engine at TP size `tp` of a model with `total` KV heads (the
     flash layout): rank r's tensors are its heads of `whole` (per layer,
     [2, NB, BS, total, DIM]) as vLLM splits them, a replicated head when
     there are fewer heads than ranks. Returns (scheduler, ranks, heads of
     each rank)."""
     def cfg(rank):
-        c = tp_config(tmp_path, rank, tp)
+        c = tp_config(tmp_path, rank, tp, **extra)
         c.model_config = ModelConfig(total_heads=total)
         return c
     s = kv.KvdepotConnector(cfg(0), kv.KVConnectorRole.SCHEDULER)

@@ -260,6 +260,38 @@ static void test_cross_tp_through_daemon(void **state)
     kvd_test_cl_stop(&d);
 }
 
+/* From NVMe: written at TP 2 through to disk, the store reopened (its arena
+ * empty), loaded at TP 4 and TP 1 by promotion. */
+static void test_cross_tp_from_disk(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "shared-disk");
+    test_cache_t src, want;
+    cache_init(&src, LAYOUT_VLLM_HND, 2, LAYERS, BLOCKS, BS, OBJ_HEADS, DIM);
+    cache_fill_random(&src, 12);
+    cache_init(&want, LAYOUT_VLLM_HND, 2, LAYERS, BLOCKS, BS, OBJ_HEADS, DIM);
+    memset(want.mem, POISON, want.bytes);
+    kvd_object_format_t fmt =
+        cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_INT8);
+    expected_cache(&src, &want, &fmt, NULL, save_blocks, load_blocks, 4);
+    kvd_store_t *st = store_open(d.path);
+    save_tp(st, st, &src, KVD_CODEC_INT8, 2);
+    assert_int_equal(kvd_store_flush(st, 5000), KVD_OK);
+    kvd_store_close(st);
+    st = store_open(d.path);
+    kvd_store_stats_t ss;
+    assert_int_equal(kvd_store_stats(st, &ss), KVD_OK);
+    assert_int_equal(ss.host.objects, 0);
+    assert_int_equal(ss.disk.objects, 4);
+    load_tp_equals(st, &src, &want, KVD_CODEC_INT8, 4);
+    load_tp_equals(st, &src, &want, KVD_CODEC_INT8, 1);
+    kvd_store_close(st);
+    cache_cleanup(&src);
+    cache_cleanup(&want);
+    kvd_test_dir_remove(&d);
+}
+
 /* Two KV heads at TP 4: ranks 0 and 1 hold head 0, ranks 2 and 3 head 1.
  * One of each pair writes its part (the other is told it is being
  * written), and TP 1 loads both heads back. */
@@ -389,6 +421,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cross_tp_round_trips),
         cmocka_unit_test(test_cross_tp_through_daemon),
+        cmocka_unit_test(test_cross_tp_from_disk),
         cmocka_unit_test(test_replicated_heads),
         cmocka_unit_test(test_aborted_part_publishes_nothing),
         cmocka_unit_test(test_bad_splits_refused),
