@@ -116,7 +116,10 @@ static bool send_all(int s, const char *p, size_t n)
 }
 
 /* Sends `req` (whole) and reads the answer to EOF: its status code, 0
- * when the daemon closed without one, -1 on timeout or error. */
+ * when the daemon closed without one, -1 on timeout or error. A daemon
+ * that refuses a request before it has all of it may close the connection
+ * while the rest is being sent (EPIPE, ECONNRESET): what it answered
+ * before, if anything, is read all the same. */
 static int http_ask(int port, const char *req, size_t len, int timeout_ms)
 {
     int s = tcp_connect(port, timeout_ms);
@@ -124,7 +127,7 @@ static int http_ask(int port, const char *req, size_t len, int timeout_ms)
         return -1;
     }
     int code = -1;
-    if (send_all(s, req, len)) {
+    if (send_all(s, req, len) || errno == EPIPE || errno == ECONNRESET) {
         char buf[4096];
         size_t got = 0;
         for (ssize_t r;
