@@ -306,6 +306,10 @@ kvd_status_t store_op_end_part(kvd_store_t *base, const kvd_store_key_t *keys,
 kvd_status_t store_parts_init(kvd_embedded_t *st);
 void store_parts_free(kvd_embedded_t *st);
 bool store_parts_has(kvd_embedded_t *st, const kvd_store_key_t *key);
+/* Abandons the objects in parts past their deadline and gives back the
+ * slots no part writes any more; plain reserves call it too, so such a
+ * slot goes back even when no writer in parts calls again. */
+void store_parts_tick(kvd_embedded_t *st);
 
 /* Admission filter: one more sighting of `key`, and whether it has been
  * seen at least twice. */

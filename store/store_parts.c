@@ -144,6 +144,16 @@ static void parts_sweep(kvd_embedded_t *st)
     }
 }
 
+void store_parts_tick(kvd_embedded_t *st)
+{
+    if (__atomic_load_n(&st->parts_n, __ATOMIC_ACQUIRE) == 0) {
+        return;
+    }
+    pthread_mutex_lock(&st->parts_mu);
+    parts_sweep(st);
+    pthread_mutex_unlock(&st->parts_mu);
+}
+
 /* One key of reserve_part (parts_mu held). */
 static kvd_status_t parts_reserve_one(kvd_embedded_t *st,
                                       const kvd_store_key_t *key,

@@ -262,6 +262,7 @@ kvd_status_t store_op_reserve(kvd_store_t *base, const kvd_namespace_t *ns,
     if (status != KVD_OK) {
         return status;
     }
+    store_parts_tick(store);
     uint64_t deadline_ns = 0;
     for (size_t i = 0; i < num_hashes; i++) {
         kvd_store_key_t key = {.ns = *ns, .hash = hashes[i]};

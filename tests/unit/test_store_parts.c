@@ -180,6 +180,19 @@ static void test_deadline_abandons(void **state)
     assert_int_equal(end(st, 3, 0, true), KVD_ERR_TIMEOUT);
     assert_int_equal(host_objects(st), 0);
     assert_false(visible(st, 3));
+    /* Every joined part committed, one never came, and nobody reserves in
+     * parts again: a plain reserve gives the slot back. */
+    assert_int_equal(reserve(st, 5, 0, 2, OBJ).status, KVD_OK);
+    assert_int_equal(end(st, 5, 0, true), KVD_OK);
+    nanosleep(&ts, NULL);
+    kvd_store_key_t other = key_of(6);
+    kvd_store_reservation_t r;
+    assert_int_equal(
+        kvd_store_reserve(st, &other.ns, &other.hash, 1, OBJ, 0, &r), KVD_OK);
+    assert_int_equal(r.status, KVD_OK);
+    assert_int_equal(host_objects(st), 1); /* key 6 alone */
+    kvd_status_t s;
+    assert_int_equal(kvd_store_abort(st, &other, 1, &s), KVD_OK);
     kvd_store_close(st);
 }
 
