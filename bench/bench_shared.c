@@ -70,10 +70,9 @@ static void *rank_step(void *arg)
     size_t len = 0;
     uint8_t *plan = kvd_testplan_pack(++rk->step, BS, &rk->ns, &r, 1, &len);
     char err[256] = "";
-    kvd_status_t s =
-        plan == NULL ? KVD_ERR_PROTO
-                     : kvd_worker_bind_metadata(rk->w, plan, len, err,
-                                                sizeof err);
+    kvd_status_t s = plan == NULL ? KVD_ERR_PROTO
+                                  : kvd_worker_bind_metadata(rk->w, plan, len,
+                                                             err, sizeof err);
     free(plan);
     if (s == KVD_OK) {
         s = kvd_worker_start_load_kv(rk->w, NULL);
