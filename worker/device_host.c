@@ -6,9 +6,13 @@
  * order on a stream and nothing to wait for at the end of a step: the
  * stream calls do nothing. CI, the demo and the Python tests run it.
  * A worker whose heads are part of a shared object (cfg.object_heads)
- * encodes and decodes them in its own format in a buffer of the task, and
- * copies them between it and the objects by their byte ranges.
+ * encodes them straight into their ranges of the objects and decodes them
+ * from there (kvd_ref_gather_layer_heads) when the ranges are 16-byte
+ * aligned, as at every usual block and head size; otherwise it encodes
+ * and decodes them in its own format in a buffer of the thread and copies
+ * them between it and the objects by their byte ranges.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,7 +46,8 @@ static size_t host_chunks(const kvd_worker_t *w, size_t n)
 /* A layer of `n` objects in this worker's own format, one layer each, for
  * a shared object's copies (docs/codecs.md, "Head ranges"): the kernels
  * run on the one-layer view `one` of the cache (base `base`), and the
- * worker's heads move between `buf` and the objects by their ranges. */
+ * worker's heads move between `buf` (the thread's scratch) and the objects
+ * by their ranges. */
 typedef struct shard_layer {
     kvd_object_format_t fmt;
     void *base[1];
@@ -53,6 +58,65 @@ typedef struct shard_layer {
     kvd_object_range_t r[KVD_OBJECT_MAX_RANGES];
     size_t nr;
 } shard_layer_t;
+
+/* The calling thread's buffer for a shared object's copies, kept and grown
+ * between tasks (fresh memory of that size would be mapped and faulted in
+ * for every layer), freed when the thread exits. */
+typedef struct scratch {
+    unsigned char *buf;
+    size_t cap;
+    void **objs;
+    size_t objs_cap;
+} scratch_t;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p)
+{
+    scratch_t *s = p;
+    free(s->buf);
+    free(s->objs);
+    free(s);
+}
+
+static void scratch_init(void)
+{
+    (void)pthread_key_create(&scratch_key, scratch_free);
+}
+
+/* At least `bytes` of buffer (64-byte aligned) and `n` object pointers. */
+static scratch_t *scratch_get(size_t bytes, size_t n)
+{
+    (void)pthread_once(&scratch_once, scratch_init);
+    scratch_t *s = pthread_getspecific(scratch_key);
+    if (s == NULL) {
+        s = calloc(1, sizeof *s);
+        if (s == NULL || pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->cap < bytes) {
+        free(s->buf);
+        s->buf = NULL;
+        s->cap = 0;
+        if (posix_memalign((void **)&s->buf, 64, bytes) != 0) {
+            s->buf = NULL;
+            return NULL;
+        }
+        s->cap = bytes;
+    }
+    if (s->objs_cap < n) {
+        void **o = realloc(s->objs, n * sizeof *o);
+        if (o == NULL) {
+            return NULL;
+        }
+        s->objs = o;
+        s->objs_cap = n;
+    }
+    return s;
+}
 
 static kvd_status_t shard_open(kvd_worker_t *w, uint32_t layer, size_t n,
                                shard_layer_t *sl)
@@ -65,13 +129,12 @@ static kvd_status_t shard_open(kvd_worker_t *w, uint32_t layer, size_t n,
     sl->stride = kvd_object_bytes(&sl->fmt);
     sl->nr = kvd_object_shard_ranges(&w->store_fmt, w->cfg.head_start,
                                      w->cfg.format.num_heads, layer, sl->r);
-    sl->objs = malloc(n * sizeof *sl->objs);
-    sl->buf = NULL;
-    if (sl->objs == NULL ||
-        posix_memalign((void **)&sl->buf, 64, n * sl->stride) != 0) {
-        free(sl->objs);
+    scratch_t *s = scratch_get(n * sl->stride, n);
+    if (s == NULL) {
         return KVD_ERR_NOMEM;
     }
+    sl->buf = s->buf;
+    sl->objs = s->objs;
     for (size_t i = 0; i < n; i++) {
         sl->objs[i] = sl->buf + i * sl->stride;
     }
@@ -98,12 +161,6 @@ static void shard_move(shard_layer_t *sl, void *const *objs, size_t n,
     }
 }
 
-static void shard_close(shard_layer_t *sl)
-{
-    free(sl->buf);
-    free(sl->objs);
-}
-
 /* Layer `layer` of `n` objects into their blocks; with deltas (content
  * loads), each block's keys rotated to its new position in the same pass
  * (a delta of 0 leaves a block as loaded). */
@@ -112,6 +169,12 @@ static kvd_status_t host_scatter(kvd_worker_t *w, uint32_t layer,
                                  const int64_t *deltas, size_t n)
 {
     const void *const *o = (const void *const *)objs;
+    if (w->shard_direct) {
+        return kvd_ref_scatter_layer_heads(
+            &w->layout, &w->store_fmt, w->tables, layer, w->cfg.head_start,
+            w->cfg.format.num_heads, ids, n, w->cfg.format.block_size, o,
+            deltas != NULL ? &w->rope : NULL, deltas);
+    }
     const kvd_kv_layout_t *layout = &w->layout;
     const kvd_object_format_t *fmt = &w->cfg.format;
     shard_layer_t sl;
@@ -134,9 +197,6 @@ static kvd_status_t host_scatter(kvd_worker_t *w, uint32_t layer,
         st = kvd_ref_scatter_layer(layout, fmt, w->tables, layer, ids, n,
                                    fmt->block_size, o);
     }
-    if (w->shard && n > 0) {
-        shard_close(&sl);
-    }
     return st;
 }
 
@@ -144,6 +204,11 @@ static kvd_status_t host_scatter(kvd_worker_t *w, uint32_t layer,
 static kvd_status_t host_gather(kvd_worker_t *w, uint32_t layer,
                                 const int32_t *ids, void *const *objs, size_t n)
 {
+    if (w->shard_direct) {
+        return kvd_ref_gather_layer_heads(
+            &w->layout, &w->store_fmt, w->tables, layer, w->cfg.head_start,
+            w->cfg.format.num_heads, ids, n, w->cfg.format.block_size, objs);
+    }
     if (!w->shard || n == 0) {
         return kvd_ref_gather_layer(&w->layout, &w->cfg.format, w->tables,
                                     layer, ids, n, w->cfg.format.block_size,
@@ -159,7 +224,6 @@ static kvd_status_t host_gather(kvd_worker_t *w, uint32_t layer,
     if (st == KVD_OK) {
         shard_move(&sl, objs, n, true);
     }
-    shard_close(&sl);
     return st;
 }
 

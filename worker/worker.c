@@ -320,6 +320,9 @@ KVD_API kvd_status_t kvd_worker_create(const kvd_worker_config_t *cfg,
     w->shard = w->store_fmt.num_heads != cfg->format.num_heads;
     w->num_parts = w->store_fmt.num_heads / cfg->format.num_heads;
     w->part = cfg->head_start / cfg->format.num_heads;
+    w->shard_direct =
+        w->shard && kvd_object_shard_direct(&w->store_fmt, cfg->head_start,
+                                            cfg->format.num_heads);
     w->payload_bytes = kvd_object_bytes(&w->store_fmt);
     w->object_bytes = kvd_object_stored_bytes(&w->store_fmt);
     w->num_threads =

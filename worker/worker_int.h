@@ -171,6 +171,8 @@ struct kvd_worker {
      * through the worker's own format (kvd_object_shard_ranges). */
     kvd_object_format_t store_fmt;
     bool shard;
+    bool shard_direct; /* host backend: the heads' ranges are aligned, the
+                          kernels write and read them in place */
     uint32_t part, num_parts;
     bool header_logged; /* the first header mismatch was logged in full */
     uint32_t num_threads;

@@ -177,6 +177,14 @@ KVD_API size_t kvd_object_shard_ranges(const kvd_object_format_t *object,
                                        uint32_t head_start, uint32_t num_heads,
                                        unsigned layer, kvd_object_range_t *out);
 
+/* Whether a rank's heads can be encoded straight into the object and
+ * decoded straight out of it (kvd_ref_gather_layer_heads): the split is
+ * valid and every range starts and ends on a 16-byte boundary, so the
+ * shard's regions have no padding. True for every codec at the block and
+ * head sizes engines use (16 tokens x 128 channels). Pure function. */
+KVD_API bool kvd_object_shard_direct(const kvd_object_format_t *object,
+                                     uint32_t head_start, uint32_t num_heads);
+
 /* Zeroes the bytes of an object that no head range holds (the end of each
  * region, up to its 16-byte boundary), for a format whose heads
  * kvd_object_shard_format can split; nothing for NULL or a bad format. The
@@ -522,6 +530,28 @@ KVD_API kvd_status_t kvd_ref_scatter_layer_rope(
     const kvd_codec_tables_t *tables, unsigned layer, const int32_t *block_ids,
     size_t num_blocks, uint32_t num_valid_tokens_last,
     const void *const *objects, const kvd_rope_t *rope, const int64_t *deltas);
+
+/*
+ * kvd_ref_gather_layer and kvd_ref_scatter_layer(_rope) for a rank holding
+ * heads [head_start, head_start + num_heads) of objects of format
+ * `object`: `layout` is the rank's cache (its num_heads heads), and each
+ * plane's data and metadata go straight to (come straight from) the
+ * heads' ranges in the objects, no other byte of them written or read.
+ * Needs kvd_object_shard_direct (else KVD_ERR_UNSUPPORTED); `rope` may be
+ * NULL (then deltas is ignored). Otherwise the arguments, errors and
+ * "nothing written on error" of those calls, with the shard's format.
+ */
+KVD_API kvd_status_t kvd_ref_gather_layer_heads(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *object,
+    const kvd_codec_tables_t *tables, unsigned layer, uint32_t head_start,
+    uint32_t num_heads, const int32_t *block_ids, size_t num_blocks,
+    uint32_t num_valid_tokens_last, void *const *objects);
+KVD_API kvd_status_t kvd_ref_scatter_layer_heads(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *object,
+    const kvd_codec_tables_t *tables, unsigned layer, uint32_t head_start,
+    uint32_t num_heads, const int32_t *block_ids, size_t num_blocks,
+    uint32_t num_valid_tokens_last, const void *const *objects,
+    const kvd_rope_t *rope, const int64_t *deltas);
 
 #ifdef __cplusplus
 }

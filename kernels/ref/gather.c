@@ -2,8 +2,9 @@
  * Paged gather/scatter for one layer (kvdepot/kernels.h): walks the
  * engine's strided cache for each listed block, stages one plane at a time
  * in [head][token][channel] order, and runs it through plane.c into or out
- * of the object at kvd_object_layer_offset. Raw planes are copied row by
- * row without the stage.
+ * of the object at kvd_object_layer_offset (the _heads calls: at a rank's
+ * heads' ranges of an object holding every head). Raw planes are copied
+ * row by row without the stage.
  *
  * All arguments are validated before the first byte moves, and the one
  * allocation (staging plus codec scratch, sized for one plane) happens
@@ -180,10 +181,37 @@ static void raw_scatter(const kvd_kv_layout_t *layout,
     }
 }
 
-kvd_status_t kvd_ref_gather_layer(
-    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
-    const kvd_codec_tables_t *tables, unsigned layer, const int32_t *block_ids,
-    size_t num_blocks, uint32_t num_valid_tokens_last, void *const *objects)
+/* The regions of a shard's heads inside objects of format `object`, for
+ * the _heads calls: `shard_out` is the shard's format. */
+static kvd_status_t kvd_heads_regions(const kvd_object_format_t *object,
+                                      uint32_t head_start, uint32_t num_heads,
+                                      unsigned layer,
+                                      kvd_object_format_t *shard_out,
+                                      kvd_layer_regions_t *r)
+{
+    if (!kvd_object_shard_direct(object, head_start, num_heads) ||
+        layer >= object->num_layers) {
+        KVD_LOG_ERROR("heads %u..%u of %u: not a split whose ranges are "
+                      "16-byte aligned (or layer %u outside)",
+                      head_start, head_start + num_heads,
+                      object != NULL ? object->num_heads : 0, layer);
+        return object == NULL || layer >= object->num_layers
+                   ? KVD_ERR_INVALID
+                   : KVD_ERR_UNSUPPORTED;
+    }
+    (void)kvd_object_shard_format(object, head_start, num_heads, shard_out,
+                                  NULL, 0);
+    r->layer_off = 0;
+    kvd_shard_regions(object, head_start, layer, r->data_off, r->meta_off);
+    return KVD_OK;
+}
+
+static kvd_status_t
+gather_core(const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+            const kvd_codec_tables_t *tables, unsigned layer,
+            const int32_t *block_ids, size_t num_blocks,
+            uint32_t num_valid_tokens_last, void *const *objects,
+            const kvd_layer_regions_t *regions)
 {
     kvd_status_t st = kvd_layer_args_check(
         layout, fmt, tables, layer, block_ids, num_blocks,
@@ -197,7 +225,8 @@ kvd_status_t kvd_ref_gather_layer(
         return st;
     }
 
-    kvd_layer_regions_t r = kvd_layer_regions(fmt, layer);
+    kvd_layer_regions_t r =
+        regions != NULL ? *regions : kvd_layer_regions(fmt, layer);
     size_t row_bytes = (size_t)fmt->head_dim * kvd_dtype_size(fmt->dtype);
     for (size_t i = 0; i < num_blocks; i++) {
         uint32_t valid =
@@ -226,6 +255,31 @@ kvd_status_t kvd_ref_gather_layer(
     return KVD_OK;
 }
 
+kvd_status_t kvd_ref_gather_layer(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
+    const kvd_codec_tables_t *tables, unsigned layer, const int32_t *block_ids,
+    size_t num_blocks, uint32_t num_valid_tokens_last, void *const *objects)
+{
+    return gather_core(layout, fmt, tables, layer, block_ids, num_blocks,
+                       num_valid_tokens_last, objects, NULL);
+}
+
+kvd_status_t kvd_ref_gather_layer_heads(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *object,
+    const kvd_codec_tables_t *tables, unsigned layer, uint32_t head_start,
+    uint32_t num_heads, const int32_t *block_ids, size_t num_blocks,
+    uint32_t num_valid_tokens_last, void *const *objects)
+{
+    kvd_object_format_t shard;
+    kvd_layer_regions_t r;
+    kvd_status_t st =
+        kvd_heads_regions(object, head_start, num_heads, layer, &shard, &r);
+    return st != KVD_OK
+               ? st
+               : gather_core(layout, &shard, tables, layer, block_ids,
+                             num_blocks, num_valid_tokens_last, objects, &r);
+}
+
 /* Scatter, and with `rope` each block's keys rotated by deltas[i] right
  * after the block is written, while its rows are still in the CPU's
  * cache (one pass over the engine cache instead of two). */
@@ -234,7 +288,8 @@ scatter_core(const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
              const kvd_codec_tables_t *tables, unsigned layer,
              const int32_t *block_ids, size_t num_blocks,
              uint32_t num_valid_tokens_last, const void *const *objects,
-             const kvd_rope_t *rope, const int64_t *deltas)
+             const kvd_rope_t *rope, const int64_t *deltas,
+             const kvd_layer_regions_t *regions)
 {
     kvd_status_t st =
         kvd_layer_args_check(layout, fmt, tables, layer, block_ids, num_blocks,
@@ -256,7 +311,8 @@ scatter_core(const kvd_kv_layout_t *layout, const kvd_object_format_t *fmt,
         (void)kvd_rope_inv_freq(rope, inv_freq); /* checked above */
     }
 
-    kvd_layer_regions_t r = kvd_layer_regions(fmt, layer);
+    kvd_layer_regions_t r =
+        regions != NULL ? *regions : kvd_layer_regions(fmt, layer);
     size_t row_bytes = (size_t)fmt->head_dim * kvd_dtype_size(fmt->dtype);
     for (size_t i = 0; i < num_blocks; i++) {
         uint32_t valid =
@@ -300,7 +356,7 @@ kvd_status_t kvd_ref_scatter_layer(const kvd_kv_layout_t *layout,
                                    const void *const *objects)
 {
     return scatter_core(layout, fmt, tables, layer, block_ids, num_blocks,
-                        num_valid_tokens_last, objects, NULL, NULL);
+                        num_valid_tokens_last, objects, NULL, NULL, NULL);
 }
 
 kvd_status_t kvd_ref_scatter_layer_rope(
@@ -313,5 +369,26 @@ kvd_status_t kvd_ref_scatter_layer_rope(
         return KVD_ERR_INVALID;
     }
     return scatter_core(layout, fmt, tables, layer, block_ids, num_blocks,
-                        num_valid_tokens_last, objects, rope, deltas);
+                        num_valid_tokens_last, objects, rope, deltas, NULL);
+}
+
+kvd_status_t kvd_ref_scatter_layer_heads(
+    const kvd_kv_layout_t *layout, const kvd_object_format_t *object,
+    const kvd_codec_tables_t *tables, unsigned layer, uint32_t head_start,
+    uint32_t num_heads, const int32_t *block_ids, size_t num_blocks,
+    uint32_t num_valid_tokens_last, const void *const *objects,
+    const kvd_rope_t *rope, const int64_t *deltas)
+{
+    if (rope != NULL && deltas == NULL && num_blocks > 0) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_object_format_t shard;
+    kvd_layer_regions_t r;
+    kvd_status_t st =
+        kvd_heads_regions(object, head_start, num_heads, layer, &shard, &r);
+    return st != KVD_OK
+               ? st
+               : scatter_core(layout, &shard, tables, layer, block_ids,
+                              num_blocks, num_valid_tokens_last, objects, rope,
+                              rope != NULL ? deltas : NULL, &r);
 }

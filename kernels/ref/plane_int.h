@@ -49,6 +49,12 @@ static inline unsigned kvd_codec_bits(kvd_codec_t c)
  * format, plane index, valid token count (1..block_size), and tables (non-
  * NULL and made for this head_dim and seed when the plane uses TurboQuant).
  * KVD_OK or KVD_ERR_INVALID / KVD_ERR_UNSUPPORTED; logs the reason. */
+/* The object offsets of heads [head_start, ..) of layer `layer` in each
+ * plane's data and metadata region of an object of format `object`
+ * (shard.c; the caller checked the split). */
+void kvd_shard_regions(const kvd_object_format_t *object, uint32_t head_start,
+                       unsigned layer, size_t data_off[2], size_t meta_off[2]);
+
 kvd_status_t kvd_ref_plane_args_check(const kvd_object_format_t *fmt,
                                       const kvd_codec_tables_t *tables,
                                       unsigned plane,

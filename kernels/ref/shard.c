@@ -98,6 +98,40 @@ size_t kvd_object_shard_ranges(const kvd_object_format_t *object,
     return n;
 }
 
+void kvd_shard_regions(const kvd_object_format_t *object, uint32_t head_start,
+                       unsigned layer, size_t data_off[2], size_t meta_off[2])
+{
+    size_t at = kvd_object_layer_offset(object, layer);
+    for (unsigned p = 0; p < 2; p++) {
+        data_off[p] = meta_off[p] = 0;
+    }
+    for (unsigned p = 0; p < object->num_planes; p++) {
+        data_off[p] = at + head_start * shard_head_bytes(object, p, false);
+        at += kvd_object_plane_data_bytes(object, p);
+        meta_off[p] = at + head_start * shard_head_bytes(object, p, true);
+        at += kvd_object_plane_meta_bytes(object, p);
+    }
+}
+
+bool kvd_object_shard_direct(const kvd_object_format_t *object,
+                             uint32_t head_start, uint32_t num_heads)
+{
+    kvd_object_format_t shard;
+    if (kvd_object_shard_format(object, head_start, num_heads, &shard, NULL,
+                                0) != KVD_OK) {
+        return false;
+    }
+    for (unsigned p = 0; p < object->num_planes; p++) {
+        for (unsigned m = 0; m < 2; m++) {
+            size_t head = shard_head_bytes(object, p, m != 0);
+            if ((head * head_start) % 16 != 0 || (head * num_heads) % 16 != 0) {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 void kvd_object_zero_padding(const kvd_object_format_t *fmt, void *obj)
 {
     if (obj == NULL || kvd_object_format_check(fmt, NULL, 0) != KVD_OK) {

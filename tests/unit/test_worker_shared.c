@@ -142,7 +142,7 @@ static void load_tp_equals(kvd_store_t *st, const test_cache_t *like,
                            uint32_t tp)
 {
     test_cache_t dst;
-    cache_init(&dst, like->kind, 2, LAYERS, BLOCKS, BS, like->heads, DIM);
+    cache_init(&dst, like->kind, 2, LAYERS, BLOCKS, BS, like->heads, like->dim);
     memset(dst.mem, POISON, dst.bytes);
     for (uint32_t r = 0; r < tp; r++) {
         rank_t rk;
@@ -216,6 +216,51 @@ static void test_cross_tp_round_trips(void **state)
         cache_cleanup(&src);
         cache_cleanup(&want);
     }
+}
+
+/* A split whose ranges are not 16-byte aligned (int8 K scales of a 2-wide
+ * head: 4 bytes a head) goes through each rank's buffer instead of
+ * straight into the object; the bytes are the same. */
+static void test_unaligned_split(void **state)
+{
+    (void)state;
+    test_cache_t src, want;
+    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, OBJ_HEADS, 2);
+    cache_fill_random(&src, 21);
+    cache_init(&want, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, OBJ_HEADS, 2);
+    memset(want.mem, POISON, want.bytes);
+    kvd_object_format_t fmt =
+        cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_INT8);
+    assert_false(kvd_object_shard_direct(&fmt, 2, 2)); /* TP 4 */
+    assert_false(kvd_object_shard_direct(&fmt, 3, 1)); /* TP 8 */
+    assert_true(kvd_object_shard_direct(&fmt, 4, 4));  /* TP 2: 16 bytes */
+    kvd_object_format_t wide = fmt;
+    wide.head_dim = DIM;
+    assert_true(kvd_object_shard_direct(&wide, 2, 2));
+    expected_cache(&src, &want, &fmt, NULL, save_blocks, load_blocks, 4);
+    unsigned char *ref = NULL;
+    size_t ref_len = 0;
+    static const uint32_t writers[] = {1, 4, 8};
+    for (size_t wi = 0; wi < 3; wi++) {
+        kvd_store_t *st = store_open(NULL);
+        save_tp(st, st, &src, KVD_CODEC_INT8, writers[wi]);
+        size_t len = 0;
+        unsigned char *obj = object_copy(st, keys4[1], &len);
+        assert_non_null(obj);
+        if (ref == NULL) {
+            ref = obj, ref_len = len;
+        } else {
+            assert_int_equal(len, ref_len);
+            assert_memory_equal(obj, ref, len);
+            free(obj);
+        }
+        load_tp_equals(st, &src, &want, KVD_CODEC_INT8, 4);
+        load_tp_equals(st, &src, &want, KVD_CODEC_INT8, 8);
+        kvd_store_close(st);
+    }
+    free(ref);
+    cache_cleanup(&src);
+    cache_cleanup(&want);
 }
 
 /* Through a daemon, every rank its own client: TP 2 writes (the object
@@ -420,6 +465,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cross_tp_round_trips),
+        cmocka_unit_test(test_unaligned_split),
         cmocka_unit_test(test_cross_tp_through_daemon),
         cmocka_unit_test(test_cross_tp_from_disk),
         cmocka_unit_test(test_replicated_heads),
