@@ -375,7 +375,11 @@ KVD_API kvd_status_t kvd_store_abort(kvd_store_t *store,
  * abandoned: skip the save), or the errors of kvd_store_reserve. Call
  * errors as kvd_store_reserve, and KVD_ERR_INVALID for a part >= num_parts
  * or num_parts outside 1..KVD_STORE_MAX_PARTS; KVD_ERR_UNSUPPORTED from a
- * store that cannot (a daemon-mode store, for now). With num_parts 1 these
+ * store without the call. Daemon mode: the daemon's store does this (one
+ * slot for every client's part; protocol revision 9), a daemon before
+ * revision 9 answers KVD_ERR_UNSUPPORTED for each key (its slots given
+ * back), and a part's commit is not checked against a checksum of the
+ * object, which no part knows whole. With num_parts 1 these
  * are kvd_store_reserve, kvd_store_commit and kvd_store_abort. A key
  * reserved in parts must be committed and aborted with the _part calls:
  * kvd_store_commit and kvd_store_abort answer KVD_ERR_STATE for it.

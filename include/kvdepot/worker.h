@@ -198,8 +198,10 @@ typedef struct kvd_worker_config {
      * format.num_heads, head_start a multiple of it, at most
      * KVD_STORE_MAX_PARTS parts, a format whose heads are byte ranges
      * (kvd_object_shard_format), and a store that writes objects in parts
-     * (embedded; a daemon-mode store answers KVD_ERR_UNSUPPORTED at the
-     * first save). */
+     * (embedded, or a kvdepotd of protocol revision 9 or later; an older
+     * one's saves are dropped, each KVD_ERR_UNSUPPORTED). The host backend
+     * encodes straight into the object's ranges when they are 16-byte
+     * aligned (kvd_object_shard_direct), else through a buffer. */
     uint32_t object_heads;
     uint32_t head_start;
 } kvd_worker_config_t;
