@@ -48,6 +48,17 @@ static inline double median(const double *v, size_t n)
     return n % 2 == 1 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
 }
 
+/* The median of v[0..n) (n >= 1) in out[0], its range in out[1..2]. */
+static inline void spread(const double *v, size_t n, double out[3])
+{
+    out[0] = median(v, n);
+    out[1] = out[2] = v[0];
+    for (size_t i = 1; i < n; i++) {
+        out[1] = v[i] < out[1] ? v[i] : out[1];
+        out[2] = v[i] > out[2] ? v[i] : out[2];
+    }
+}
+
 /* Forks and execs argv with stdout and stderr in `log`, on CPU `cpu` only
  * when it is not negative; -1 if fork failed. */
 static inline pid_t child_spawn_on(int cpu, char *const argv[], const char *log)

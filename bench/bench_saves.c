@@ -69,17 +69,6 @@ static void sleep_s(double s)
     }
 }
 
-/* The median of v[0..n) in out[0], its range in out[1..2]. */
-static void spread(const double *v, size_t n, double out[3])
-{
-    out[0] = median(v, n);
-    out[1] = out[2] = v[0];
-    for (size_t i = 1; i < n; i++) {
-        out[1] = v[i] < out[1] ? v[i] : out[1];
-        out[2] = v[i] > out[2] ? v[i] : out[2];
-    }
-}
-
 /* The shard's layout over `cache` (LAYERS layers of the NHD cache, one
  * after the other); `bases` gets the layers' addresses. */
 static kvd_kv_layout_t shard_layout(unsigned char *cache, void **bases)

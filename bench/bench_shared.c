@@ -164,16 +164,6 @@ static void keys(rank_t *rk, uint32_t pass, uint8_t side)
     }
 }
 
-static void spread(const double *v, size_t n, double out[3])
-{
-    out[0] = median(v, n);
-    out[1] = out[2] = v[0];
-    for (size_t i = 1; i < n; i++) {
-        out[1] = v[i] < out[1] ? v[i] : out[1];
-        out[2] = v[i] > out[2] ? v[i] : out[2];
-    }
-}
-
 /* PASSES interleaved passes of one codec; the per-pass ratios (own over
  * shared) of saves and loads into `save`, `load`. */
 static int codec_passes(kvd_store_t *st, unsigned char *cache,

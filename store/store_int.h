@@ -279,6 +279,11 @@ kvd_status_t store_op_commit(kvd_store_t *base, const kvd_store_key_t *keys,
 kvd_status_t store_op_abort(kvd_store_t *base, const kvd_store_key_t *keys,
                             size_t num, kvd_status_t *statuses_out);
 
+/* The arena class of objects of `object_bytes` (registered on first use);
+ * KVD_ERR_INVALID past a chunk (store_save.c). */
+kvd_status_t store_reserve_class(kvd_embedded_t *st, uint64_t object_bytes,
+                                 uint32_t *class_out);
+
 /* One key of a reserve (store_save.c): KVD_OK with its slot's offset, or
  * KVD_ERR_EXISTS / NOSPACE / QUOTA. `class_id` registered for
  * object_bytes; *deadline_ns starts at 0 and is shared by a batch. */

@@ -206,12 +206,8 @@ kvd_status_t store_op_reserve_part(kvd_store_t *base, const kvd_namespace_t *ns,
                                    kvd_store_reservation_t *out)
 {
     kvd_embedded_t *st = store_embedded(base);
-    if (object_bytes > st->arena_info.chunk_bytes) {
-        return KVD_ERR_INVALID;
-    }
     uint32_t class_id;
-    kvd_status_t status =
-        kvd_arena_class_register(st->arena, object_bytes, &class_id);
+    kvd_status_t status = store_reserve_class(st, object_bytes, &class_id);
     if (status != KVD_OK) {
         return status;
     }

@@ -247,18 +247,23 @@ kvd_status_t store_reserve_one(kvd_embedded_t *st, const kvd_store_key_t *key,
     return KVD_OK;
 }
 
+kvd_status_t store_reserve_class(kvd_embedded_t *st, uint64_t object_bytes,
+                                 uint32_t *class_out)
+{
+    if (object_bytes > st->arena_info.chunk_bytes) {
+        return KVD_ERR_INVALID;
+    }
+    return kvd_arena_class_register(st->arena, object_bytes, class_out);
+}
+
 kvd_status_t store_op_reserve(kvd_store_t *base, const kvd_namespace_t *ns,
                               const kvd_block_hash_t *hashes, size_t num_hashes,
                               uint64_t object_bytes, uint32_t tenant,
                               kvd_store_reservation_t *out)
 {
     kvd_embedded_t *store = store_embedded(base);
-    if (object_bytes > store->arena_info.chunk_bytes) {
-        return KVD_ERR_INVALID;
-    }
     uint32_t class_id;
-    kvd_status_t status =
-        kvd_arena_class_register(store->arena, object_bytes, &class_id);
+    kvd_status_t status = store_reserve_class(store, object_bytes, &class_id);
     if (status != KVD_OK) {
         return status;
     }

@@ -482,6 +482,23 @@ def namespace(model_id, dtype, codec_k, codec_v, num_layers, num_kv_heads,
     return ns
 
 
+def head_range(total, tp, tp_rank):
+    """(heads, head_start) of rank `tp_rank` of `tp` in a model of `total`
+    KV heads, as vLLM and TensorRT-LLM split them: evenly, rank r holding
+    heads [r*n, (r+1)*n); with fewer heads than ranks, each head replicated
+    on TP / total ranks, rank r holding head r * total / TP. ValueError for
+    counts no engine splits that way."""
+    if total >= tp:
+        if total % tp != 0:
+            raise ValueError(f"kvdepot: {total} KV heads do not split over "
+                             f"{tp} ranks; set shared_objects: false")
+        return total // tp, tp_rank * (total // tp)
+    if tp % total != 0:
+        raise ValueError(f"kvdepot: {total} KV heads are not replicated "
+                         f"evenly on {tp} ranks; set shared_objects: false")
+    return 1, tp_rank * total // tp
+
+
 # ---- the store -------------------------------------------------------------
 
 class Store:

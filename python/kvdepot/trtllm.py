@@ -292,19 +292,12 @@ class _Model:
 
     def head_range(self):
         """(object_heads, head_start) of this rank in a shared object, (0,
-        0) when objects are not shared or hold one part (MLA): rank r holds
-        heads [r*n, (r+1)*n), or with fewer KV heads than ranks head
-        r * heads / TP."""
+        0) when objects are not shared or hold one part (MLA); the split is
+        _lib.head_range's."""
         if self.mla or not self.shared:
             return 0, 0
-        total, n = self.total_kv_heads, self.num_kv_heads
-        if total >= self.tp:
-            if total % self.tp != 0:
-                raise ValueError(f"kvdepot: {total} KV heads do not split "
-                                 f"over {self.tp} ranks; set "
-                                 "shared_objects: false")
-            return total, self.tp_rank * n
-        return total, self.tp_rank * total // self.tp
+        return (self.total_kv_heads,
+                _lib.head_range(self.total_kv_heads, self.tp, self.tp_rank)[1])
 
     def open_store(self):
         """(store key, store, daemon handle or None)."""

@@ -466,21 +466,17 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _head_range(self, heads):
         """(object_heads, head_start) of this rank's `heads` in the shared
-        object, (0, 0) when objects are not shared. vLLM splits the KV heads
-        evenly, rank r holding heads [r*heads, (r+1)*heads); with fewer KV
-        heads than ranks each is replicated on TP / total ranks, rank r
-        holding head r * total / TP (then one replica writes it)."""
+        object, (0, 0) when objects are not shared (_lib.head_range: vLLM's
+        split; a replicated head is written by one of its replicas)."""
         if self.mla or not self._shared():
             return 0, 0
         total = self._object_heads(heads)
-        if heads != max(1, total // self.tp) or \
-                (total >= self.tp and total % self.tp != 0):
+        n, start = _lib.head_range(total, self.tp, self.tp_rank)
+        if n != heads:
             raise ValueError(f"kvdepot: {heads} KV heads on each of "
                              f"{self.tp} ranks is not vLLM's split of the "
                              f"model's {total}; set shared_objects: false")
-        if total >= self.tp:
-            return total, self.tp_rank * heads
-        return total, self.tp_rank * total // self.tp
+        return total, start
 
     def _log_start(self, vllm_config):
         """One INFO line with what this engine's cache is, and a WARNING

@@ -157,6 +157,18 @@ typedef struct side {
     uint64_t step;
 } side_t;
 
+/* The side's worker from `cfg`, with cfg->ns (else the test fails). */
+static void side_create(side_t *sd, const kvd_worker_config_t *cfg)
+{
+    char err[256] = "";
+    kvd_status_t s = kvd_worker_create(cfg, &sd->w, err, sizeof err);
+    if (s != KVD_OK) {
+        fail_msg("worker: %s (%s)", kvd_status_str(s), err);
+    }
+    sd->ns = cfg->ns;
+    sd->step = 0;
+}
+
 static void side_open(side_t *sd, kvd_store_t *st,
                       const kvd_object_format_t *fmt, kvd_worker_device_t dev,
                       unsigned char ns_byte, uint32_t staging)
@@ -168,13 +180,7 @@ static void side_open(side_t *sd, kvd_store_t *st,
     cfg.device = dev;
     cfg.cuda_staging_blocks = staging;
     cfg.async_saves = g_async_saves;
-    char err[256] = "";
-    kvd_status_t s = kvd_worker_create(&cfg, &sd->w, err, sizeof err);
-    if (s != KVD_OK) {
-        fail_msg("worker: %s (%s)", kvd_status_str(s), err);
-    }
-    sd->ns = cfg.ns;
-    sd->step = 0;
+    side_create(sd, &cfg);
 }
 
 static void side_register(side_t *sd, const kvd_kv_layout_t *layout)
@@ -934,22 +940,15 @@ static void rank_open(side_t *sd, kvd_store_t *st, const dev_cache_t *d,
 {
     test_cache_t one = *d->h;
     one.heads = 1;
-    kvd_object_format_t fmt = cache_format(&one, KVD_DTYPE_FP16, codec);
     kvd_worker_config_t cfg = {0};
     cfg.store = st;
     cfg.ns = ns_of(ns_byte);
-    cfg.format = fmt;
+    cfg.format = cache_format(&one, KVD_DTYPE_FP16, codec);
     cfg.device = KVD_WORKER_DEVICE_CUDA;
     cfg.cuda_staging_blocks = 3; /* a partial last chunk */
     cfg.object_heads = HEADS;
     cfg.head_start = r;
-    char err[256] = "";
-    kvd_status_t s = kvd_worker_create(&cfg, &sd->w, err, sizeof err);
-    if (s != KVD_OK) {
-        fail_msg("worker: %s (%s)", kvd_status_str(s), err);
-    }
-    sd->ns = cfg.ns;
-    sd->step = 0;
+    side_create(sd, &cfg);
     kvd_kv_layout_t lo = d->layout;
     for (uint32_t l = 0; l < LAYERS; l++) {
         bases[l] = (unsigned char *)d->bases[l] +

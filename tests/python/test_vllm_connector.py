@@ -1336,3 +1336,17 @@ def test_reset_cache_starts_a_new_generation():
     finally:
         s.shutdown()
         w.shutdown()
+
+
+def test_head_range_is_the_engines_split():
+    """The heads of each rank in a shared object: an even split, one head
+    replicated on TP / total ranks, and counts no engine splits refused."""
+    from kvdepot._lib import head_range
+    assert [head_range(8, 4, r) for r in range(4)] == \
+        [(2, 0), (2, 2), (2, 4), (2, 6)]
+    assert [head_range(2, 4, r) for r in range(4)] == \
+        [(1, 0), (1, 0), (1, 1), (1, 1)]
+    assert head_range(4, 1, 0) == (4, 0)
+    for total, tp in ((6, 4), (3, 4)):
+        with pytest.raises(ValueError, match="shared_objects: false"):
+            head_range(total, tp, 0)

@@ -363,4 +363,26 @@ static inline void assert_four_loaded(const test_cache_t *src,
     }
 }
 
+/* One synchronous load of keys4 into load_blocks; returns the failed
+ * blocks' count and writes their statuses (4 at most) into st_out. */
+static inline size_t load_four(kvd_worker_t *w, uint64_t step,
+                               kvd_status_t st_out[4])
+{
+    treq_t r = {.id = "reader", .n_loads = 4};
+    memcpy(r.load_ids, load_blocks, sizeof load_blocks);
+    memcpy(r.load_keys, keys4, sizeof keys4);
+    worker_bind(w, step, &r, 1);
+    assert_int_equal(kvd_worker_start_load_kv(w, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_wait_for_save(w, NULL), KVD_OK);
+    size_t failed = 0;
+    kvd_worker_finished_t f;
+    assert_int_equal(kvd_worker_get_finished(w, NULL, 0, &f), KVD_OK);
+    assert_int_equal(f.num_finished_loading, 1);
+    for (size_t i = 0; i < f.num_failed_loads && failed < 4; i++) {
+        st_out[failed++] = f.failed_loads[i].status;
+    }
+    assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
+    return failed;
+}
+
 #endif /* KVD_TESTS_TESTWORKER_INT_H */
