@@ -34,6 +34,10 @@
  * and a 1 GiB arena. The put+get keys are all new, so once the arena is
  * full every reserve also evicts, as in a store that serves.
  *
+ * `--sweep` and `--sweep-chain` print one JSON line per point instead
+ * (bench/curves.py draws them): the lookup by 1 .. 64 client processes,
+ * and one client's lookups of chains of 16 .. 4096 keys.
+ *
  * Environment: KVDEPOTD (the daemon; default: the one this tree built),
  * REDIS_SERVER (default: redis-server on PATH), KVDEPOT_BENCH_SECONDS.
  * Both servers listen on this host only: kvdepotd on a unix socket,
@@ -65,6 +69,9 @@
 /* Per-call times a client keeps for its percentiles (the first ones). */
 #define LAT_MAX 65536
 #define CHAIN_LEN 512
+/* `--sweep-chain`: lookups of chains of 16 .. MAX_CHAIN keys. */
+#define MAX_CHAIN 4096
+#define SWEEP_CHAIN_CLIENTS 1
 #define CHAIN_OBJ_BYTES 4096u
 #define LOCATION_BYTES 24
 #define BIG_BYTES (2u << 20)
@@ -88,10 +95,12 @@ typedef struct bench {
     int redis_port;
     double seconds; /* per pass and side */
     kvd_namespace_t ns;
-    kvd_block_hash_t chain[CHAIN_LEN];
-    redis_key_t keys[CHAIN_LEN];
-    const char *mget_argv[CHAIN_LEN + 1];
-    size_t mget_len[CHAIN_LEN + 1];
+    uint32_t stored;    /* keys of the chain stored (CHAIN_LEN or more) */
+    uint32_t chain_len; /* keys a lookup names: the chain's first ones */
+    kvd_block_hash_t chain[MAX_CHAIN];
+    redis_key_t keys[MAX_CHAIN];
+    const char *mget_argv[MAX_CHAIN + 1];
+    size_t mget_len[MAX_CHAIN + 1];
     uint32_t next_big; /* put+get: the next new block */
 } bench_t;
 
@@ -107,6 +116,7 @@ enum { SIDE_QUIT = 0, SIDE_KVD = 1, SIDE_REDIS = 2 };
 
 typedef struct client_cmd {
     int32_t side;
+    uint32_t chain_len;     /* keys each call names */
     double start, deadline; /* CLOCK_MONOTONIC seconds */
 } client_cmd_t;
 
@@ -242,7 +252,7 @@ static void chain_make(bench_t *b)
     memset(b->ns.bytes, 0x42, sizeof b->ns.bytes);
     b->mget_argv[0] = "MGET";
     b->mget_len[0] = 4;
-    for (uint32_t i = 0; i < CHAIN_LEN; i++) {
+    for (uint32_t i = 0; i < MAX_CHAIN; i++) {
         memset(b->chain[i].bytes, 0x11, sizeof b->chain[i].bytes);
         memcpy(b->chain[i].bytes, &i, sizeof i);
         memcpy(b->keys[i].bytes, b->ns.bytes, sizeof b->ns.bytes);
@@ -253,14 +263,15 @@ static void chain_make(bench_t *b)
     }
 }
 
-/* Saves the chain's 512 objects of 4 KiB (byte i of object k: k + i). */
+/* Saves the chain's b->stored objects of 4 KiB (byte i of object k:
+ * k + i). */
 static int chain_store(bench_t *b, kvd_store_t *st)
 {
-    static kvd_store_reservation_t r[CHAIN_LEN];
-    static kvd_store_key_t k[CHAIN_LEN];
-    kvd_status_t s = kvd_store_reserve(st, &b->ns, b->chain, CHAIN_LEN,
+    static kvd_store_reservation_t r[MAX_CHAIN];
+    static kvd_store_key_t k[MAX_CHAIN];
+    kvd_status_t s = kvd_store_reserve(st, &b->ns, b->chain, b->stored,
                                        CHAIN_OBJ_BYTES, 0, r);
-    for (uint32_t i = 0; s == KVD_OK && i < CHAIN_LEN; i++) {
+    for (uint32_t i = 0; s == KVD_OK && i < b->stored; i++) {
         uint8_t *p =
             r[i].status == KVD_OK
                 ? kvd_store_arena_ptr(st, r[i].arena_offset, CHAIN_OBJ_BYTES)
@@ -277,7 +288,7 @@ static int chain_store(bench_t *b, kvd_store_t *st)
         k[i].hash = b->chain[i];
     }
     if (s == KVD_OK) {
-        s = kvd_store_commit(st, k, CHAIN_LEN, NULL);
+        s = kvd_store_commit(st, k, b->stored, NULL);
     }
     if (s != KVD_OK) {
         fprintf(stderr, "bench_daemon: storing the chain: %s\n",
@@ -291,12 +302,12 @@ static int chain_store(bench_t *b, kvd_store_t *st)
  * arena with the bytes chain_store wrote. */
 static int chain_check(bench_t *b)
 {
-    static kvd_store_lease_t l[CHAIN_LEN];
+    static kvd_store_lease_t l[MAX_CHAIN];
     kvd_store_t *st = client_open(b);
     size_t m = 0;
     size_t bad = 0;
     if (st == NULL ||
-        kvd_store_lookup(st, &b->ns, b->chain, CHAIN_LEN, l, &m) != KVD_OK) {
+        kvd_store_lookup(st, &b->ns, b->chain, b->stored, l, &m) != KVD_OK) {
         kvd_store_close(st);
         return -1;
     }
@@ -309,11 +320,11 @@ static int chain_check(bench_t *b)
     }
     kvd_status_t s = kvd_store_release(st, l, m);
     kvd_store_close(st);
-    if (m != CHAIN_LEN || bad != 0 || s != KVD_OK) {
+    if (m != b->stored || bad != 0 || s != KVD_OK) {
         fprintf(stderr,
                 "bench_daemon: chain check: %zu of %u found, %zu bad, "
                 "release %s\n",
-                m, CHAIN_LEN, bad, kvd_status_str(s));
+                m, b->stored, bad, kvd_status_str(s));
         return -1;
     }
     return 0;
@@ -323,7 +334,7 @@ static int chain_check(bench_t *b)
 static int chain_store_redis(bench_t *b, redisContext *rc)
 {
     static const char value[LOCATION_BYTES] = "tier+offset+size........";
-    for (uint32_t i = 0; i < CHAIN_LEN; i++) {
+    for (uint32_t i = 0; i < b->stored; i++) {
         redisReply *r =
             redisCommand(rc, "SET %b %b", b->keys[i].bytes,
                          sizeof b->keys[i].bytes, value, sizeof value);
@@ -358,18 +369,18 @@ static int64_t lookup_kvd_run(const bench_t *b, kvd_store_t *st,
         size_t m = 0;
         double t0 = now_s();
         kvd_status_t s =
-            kvd_store_lookup(st, &b->ns, b->chain, CHAIN_LEN, leases, &m);
+            kvd_store_lookup(st, &b->ns, b->chain, b->chain_len, leases, &m);
         kvd_status_t rs =
             s == KVD_OK ? kvd_store_release(st, leases, m) : KVD_OK;
-        if (s != KVD_OK || m != CHAIN_LEN || rs != KVD_OK) {
+        if (s != KVD_OK || m != b->chain_len || rs != KVD_OK) {
             fprintf(stderr,
                     "bench_daemon: lookup: %s, %zu of %u found, release "
                     "%s\n",
-                    kvd_status_str(s), m, CHAIN_LEN, kvd_status_str(rs));
+                    kvd_status_str(s), m, b->chain_len, kvd_status_str(rs));
             return -1;
         }
         call_timed(t0);
-        keys += CHAIN_LEN;
+        keys += b->chain_len;
     }
     return keys;
 }
@@ -381,11 +392,12 @@ static int64_t lookup_redis_run(const bench_t *b, redisContext *rc,
     int64_t keys = 0;
     while (now_s() < deadline) {
         double t0 = now_s();
-        redisReply *r = redisCommandArgv(
-            rc, CHAIN_LEN + 1, (const char **)b->mget_argv, b->mget_len);
+        redisReply *r =
+            redisCommandArgv(rc, (int)b->chain_len + 1,
+                             (const char **)b->mget_argv, b->mget_len);
         bool ok = r != NULL && r->type == REDIS_REPLY_ARRAY &&
-                  r->elements == CHAIN_LEN &&
-                  r->element[CHAIN_LEN - 1]->type == REDIS_REPLY_STRING;
+                  r->elements == b->chain_len &&
+                  r->element[b->chain_len - 1]->type == REDIS_REPLY_STRING;
         freeReplyObject(r);
         if (!ok) {
             fprintf(stderr, "bench_daemon: MGET failed: %s\n",
@@ -393,7 +405,7 @@ static int64_t lookup_redis_run(const bench_t *b, redisContext *rc,
             return -1;
         }
         call_timed(t0);
-        keys += CHAIN_LEN;
+        keys += b->chain_len;
     }
     return keys;
 }
@@ -404,7 +416,7 @@ static void client_main(bench_t *b, int cmd_fd, int res_fd)
 {
     kvd_store_t *st = client_open(b);
     redisContext *rc = redis_connect(b, true);
-    kvd_store_lease_t *leases = calloc(CHAIN_LEN, sizeof *leases);
+    kvd_store_lease_t *leases = calloc(MAX_CHAIN, sizeof *leases);
     client_res_t res = {.ok = st != NULL && rc != NULL && leases != NULL};
     bool up = write(res_fd, &res, sizeof res) == (ssize_t)sizeof res;
     client_cmd_t cmd;
@@ -413,6 +425,7 @@ static void client_main(bench_t *b, int cmd_fd, int res_fd)
            cmd.side != SIDE_QUIT) {
         sleep_until(cmd.start);
         n_call_lat = 0;
+        b->chain_len = cmd.chain_len;
         int64_t keys = cmd.side == SIDE_KVD
                            ? lookup_kvd_run(b, st, leases, cmd.deadline)
                            : lookup_redis_run(b, rc, cmd.deadline);
@@ -508,7 +521,10 @@ static void clients_stop(client_t *c)
 static double lookup_pass(bench_t *b, client_t *c, int side, double lat[2])
 {
     double t0 = now_s() + 0.05; /* time for every client to get the word */
-    client_cmd_t cmd = {.side = side, .start = t0, .deadline = t0 + b->seconds};
+    client_cmd_t cmd = {.side = side,
+                        .chain_len = b->chain_len,
+                        .start = t0,
+                        .deadline = t0 + b->seconds};
     bool failed = false;
     for (int i = 0; i < b->active && !failed; i++) {
         failed = write(c[i].cmd_fd, &cmd, sizeof cmd) != (ssize_t)sizeof cmd;
@@ -732,50 +748,70 @@ static int bench_run(bench_t *b, client_t *clients, kvd_store_t *st,
     return 0;
 }
 
+/* One point of a sweep: PASSES interleaved passes of the active clients'
+ * lookups (b->chain_len keys a call) against MGET of the same keys over
+ * redis's unix socket; one JSON line (keys per second, medians with the
+ * range of the per-pass ratios; per-call p50: median over the clients,
+ * p99: the largest client p99, medians over the passes). */
+static int sweep_point(bench_t *b, client_t *clients)
+{
+    figure_t f;
+    double kl[PASSES][2], rl[PASSES][2], v[4][PASSES];
+    for (int p = 0; p < PASSES; p++) {
+        f.kvd[p] = lookup_pass(b, clients, SIDE_KVD, kl[p]);
+        f.redis[p] = lookup_pass(b, clients, SIDE_REDIS, rl[p]);
+        if (f.kvd[p] < 0 || f.redis[p] < 0) {
+            return -1;
+        }
+        f.ratio[p] = f.kvd[p] / f.redis[p];
+        v[0][p] = kl[p][0];
+        v[1][p] = kl[p][1];
+        v[2][p] = rl[p][0];
+        v[3][p] = rl[p][1];
+    }
+    double lo = f.ratio[0], hi = f.ratio[0];
+    for (int p = 1; p < PASSES; p++) {
+        lo = f.ratio[p] < lo ? f.ratio[p] : lo;
+        hi = f.ratio[p] > hi ? f.ratio[p] : hi;
+    }
+    printf("SWEEP {\"clients\": %d, \"chain\": %u, \"passes\": %d, "
+           "\"seconds\": %.2f, "
+           "\"kvd_keys_per_s\": %.0f, \"redis_keys_per_s\": %.0f, "
+           "\"ratio\": %.4f, \"ratio_min\": %.4f, \"ratio_max\": %.4f, "
+           "\"kvd_p50_us\": %.1f, \"kvd_p99_us\": %.1f, "
+           "\"redis_p50_us\": %.1f, \"redis_p99_us\": %.1f}\n",
+           b->active, b->chain_len, PASSES, b->seconds, median(f.kvd, PASSES),
+           median(f.redis, PASSES), median(f.ratio, PASSES), lo, hi,
+           median(v[0], PASSES) * 1e6, median(v[1], PASSES) * 1e6,
+           median(v[2], PASSES) * 1e6, median(v[3], PASSES) * 1e6);
+    fflush(stdout);
+    return 0;
+}
+
 /* `--sweep`: the lookup of the 512-key chain by 1, 2, 4 .. MAX_CLIENTS
- * client processes against redis MGET over its unix socket, PASSES
- * interleaved passes each; one JSON line per client count (keys per
- * second, medians with the range of the per-pass ratios; per-call p50:
- * median over the clients, p99: the largest client p99, medians over the
- * passes). bench/curves.py draws it. */
+ * client processes; `--sweep-chain`: one client's lookups of the first
+ * 16, 64 .. MAX_CHAIN keys of a stored chain. Both against redis MGET of
+ * the same keys; bench/curves.py draws them. */
 static int bench_sweep(bench_t *b, client_t *clients, kvd_store_t *st,
-                       redisContext *rc)
+                       redisContext *rc, bool by_chain)
 {
     if (chain_store(b, st) != 0 || chain_check(b) != 0 ||
         chain_store_redis(b, rc) != 0) {
         return -1;
     }
-    for (int n = 1; n <= MAX_CLIENTS; n *= 2) {
-        b->active = n;
-        figure_t f;
-        double kl[PASSES][2], rl[PASSES][2], v[4][PASSES];
-        for (int p = 0; p < PASSES; p++) {
-            f.kvd[p] = lookup_pass(b, clients, SIDE_KVD, kl[p]);
-            f.redis[p] = lookup_pass(b, clients, SIDE_REDIS, rl[p]);
-            if (f.kvd[p] < 0 || f.redis[p] < 0) {
+    if (by_chain) {
+        b->active = SWEEP_CHAIN_CLIENTS;
+        for (b->chain_len = 16; b->chain_len <= MAX_CHAIN; b->chain_len *= 4) {
+            if (sweep_point(b, clients) != 0) {
                 return -1;
             }
-            f.ratio[p] = f.kvd[p] / f.redis[p];
-            v[0][p] = kl[p][0];
-            v[1][p] = kl[p][1];
-            v[2][p] = rl[p][0];
-            v[3][p] = rl[p][1];
         }
-        double lo = f.ratio[0], hi = f.ratio[0];
-        for (int p = 1; p < PASSES; p++) {
-            lo = f.ratio[p] < lo ? f.ratio[p] : lo;
-            hi = f.ratio[p] > hi ? f.ratio[p] : hi;
+        return 0;
+    }
+    for (b->active = 1; b->active <= MAX_CLIENTS; b->active *= 2) {
+        if (sweep_point(b, clients) != 0) {
+            return -1;
         }
-        printf("SWEEP {\"clients\": %d, \"passes\": %d, \"seconds\": %.2f, "
-               "\"kvd_keys_per_s\": %.0f, \"redis_keys_per_s\": %.0f, "
-               "\"ratio\": %.4f, \"ratio_min\": %.4f, \"ratio_max\": %.4f, "
-               "\"kvd_p50_us\": %.1f, \"kvd_p99_us\": %.1f, "
-               "\"redis_p50_us\": %.1f, \"redis_p99_us\": %.1f}\n",
-               n, PASSES, b->seconds, median(f.kvd, PASSES),
-               median(f.redis, PASSES), median(f.ratio, PASSES), lo, hi,
-               median(v[0], PASSES) * 1e6, median(v[1], PASSES) * 1e6,
-               median(v[2], PASSES) * 1e6, median(v[3], PASSES) * 1e6);
-        fflush(stdout);
     }
     return 0;
 }
@@ -800,13 +836,18 @@ int main(int argc, char **argv)
     bench_prog = "bench_daemon";
     static bench_t b = {.daemon_pid = -1, .redis_pid = -1};
     static client_t clients[MAX_CLIENTS];
-    bool sweep = argc == 2 && strcmp(argv[1], "--sweep") == 0;
+    bool by_chain = argc == 2 && strcmp(argv[1], "--sweep-chain") == 0;
+    bool sweep = by_chain || (argc == 2 && strcmp(argv[1], "--sweep") == 0);
     if (argc > 1 && !sweep) {
-        fprintf(stderr, "usage: bench_daemon [--sweep]\n");
+        fprintf(stderr, "usage: bench_daemon [--sweep | --sweep-chain]\n");
         return 2;
     }
-    b.n_clients = sweep ? MAX_CLIENTS : CLIENTS;
-    b.active = CLIENTS;
+    b.n_clients = by_chain ? SWEEP_CHAIN_CLIENTS
+                  : sweep  ? MAX_CLIENTS
+                           : CLIENTS;
+    b.active = b.n_clients;
+    b.stored = by_chain ? MAX_CHAIN : CHAIN_LEN;
+    b.chain_len = CHAIN_LEN;
     double total = atof(env_or("KVDEPOT_BENCH_SECONDS", "3"));
     b.seconds = (total > 0 ? total : 3.0) / PASSES;
     /* A server that dies mid-call must fail the call, not kill us. */
@@ -838,7 +879,7 @@ int main(int argc, char **argv)
         clients_start(&b, clients) != 0 || (st = client_open(&b)) == NULL) {
         goto err_stop;
     }
-    if ((sweep ? bench_sweep(&b, clients, st, redis)
+    if ((sweep ? bench_sweep(&b, clients, st, redis, by_chain)
                : bench_run(&b, clients, st, redis, redis_tcp)) == 0) {
         rc = 0;
     }

@@ -22,6 +22,10 @@ kvdepot and its peer on the same axes.
                       against redis MGET of the same keys over its unix
                       socket (the same transport); keys per second and the
                       per-call p50 and p99 (three interleaved passes).
+  daemon_chain        bench_daemon --sweep-chain: one client's lookup +
+                      release of the first 16 .. 4096 keys of a stored
+                      chain against redis MGET of the same keys (unix
+                      socket); keys per second, p50 and p99 per call.
 
 Usage: bench/curves.py [--out DIR] [--build DIR]
   --build  the tree whose bench/ programs run (default build/dev)
@@ -229,6 +233,35 @@ def daemon_clients(build, out, when):
     return rows
 
 
+def daemon_chain(build, out, when):
+    rows = sweep(build, "bench_daemon", out, "daemon_chain", when,
+                 flag="--sweep-chain")
+    plt, fig, a, b = figure()
+    n = [r["chain"] for r in rows]
+    labels = [str(x) for x in n]
+    a.plot(n, [r["kvd_keys_per_s"] / 1e6 for r in rows], "o-",
+           label="kvdepotd: lookup + release")
+    a.plot(n, [r["redis_keys_per_s"] / 1e6 for r in rows], "s--",
+           label="redis MGET, unix socket (peer)")
+    log2_axis(a, n, labels, "keys per call (chain length)",
+              "M keys/s (median of passes)")
+    a.legend()
+    a.set_title("throughput, one client")
+    for key, style, label in (("kvd", "o-", "kvdepotd"),
+                              ("redis", "s--", "redis")):
+        b.plot(n, [r[f"{key}_p50_us"] for r in rows], style,
+               label=f"{label} p50")
+        b.plot(n, [r[f"{key}_p99_us"] for r in rows], style, alpha=0.4,
+               label=f"{label} p99")
+    log2_axis(b, n, labels, "keys per call (chain length)", "us per call",
+              log_y=True)
+    b.legend(fontsize=8)
+    b.set_title("latency per call")
+    finish(plt, fig, "kvdepotd lookups against redis, by chain length", when,
+           out / "daemon_chain.png")
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "docs" / "perf"))
@@ -249,11 +282,18 @@ def main(argv=None):
     dworst = min(drows, key=lambda r: r["ratio"])
     print(f"daemon_clients: {len(drows)} client counts -> "
           f"{out / 'daemon_clients.png'}")
+    crows = daemon_chain(build, out, when)
+    cworst = min(crows, key=lambda r: r["ratio"])
+    print(f"daemon_chain: {len(crows)} chain lengths -> "
+          f"{out / 'daemon_chain.png'}")
     print(f"BENCH curves: arena_put_get_vs_memcpy_worst_size = "
           f"{worst['ratio']:.3g} at {size_label(worst['size'])} "
           f"(target >= 0.9)")
     print(f"BENCH curves: lookup_keys_per_s_vs_redis_mget_unix_worst_clients "
           f"= {dworst['ratio']:.3g} at {dworst['clients']} clients "
+          f"(target >= 1.0)")
+    print(f"BENCH curves: lookup_keys_per_s_vs_redis_mget_unix_worst_chain "
+          f"= {cworst['ratio']:.3g} at {cworst['chain']} keys "
           f"(target >= 1.0)")
 
 
