@@ -25,6 +25,12 @@
  * the headlines are the medians of per-pass ratios (own's time over
  * shared's: above 1, shared is faster) with their range, for raw and for
  * int8 (a codec whose encode dominates).
+ *
+ * MLA: DeepSeek-V3's latent cache (61 layers, one plane 576 wide, bf16,
+ * the same on every rank) at TP 4: four ranks save the same BLOCKS blocks
+ * at once in the one namespace MLA engines use (no TP size or rank in
+ * it); the store's growth in objects and bytes, over what one copy of
+ * those blocks takes (1: one copy, not four).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -42,11 +48,14 @@
 #define NB 128u
 #define BLOCKS 32u
 #define PASSES 7
+#define MLA_RANKS 4
+#define MLA_LAYERS 61u
+#define MLA_DIM 576u
 
 typedef struct rank {
     kvd_worker_t *w;
     kvd_namespace_t ns;
-    void *bases[LAYERS];
+    void *bases[MLA_LAYERS]; /* LAYERS of them but for MLA */
     int32_t save_ids[BLOCKS], load_ids[BLOCKS];
     kvd_block_hash_t hashes[BLOCKS];
     bool load;
@@ -90,20 +99,29 @@ static void *rank_step(void *arg)
     return NULL;
 }
 
-/* Both ranks' step at once; its seconds, or -1. */
-static double both(rank_t *rk, bool load)
+/* The n ranks' step at once; its seconds, or -1. */
+static double all_ranks(rank_t *rk, int n, bool load)
 {
-    pthread_t t[2];
+    pthread_t t[MLA_RANKS];
     double t0 = now_s();
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < n; r++) {
         rk[r].load = load;
         pthread_create(&t[r], NULL, rank_step, &rk[r]);
     }
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < n; r++) {
         pthread_join(t[r], NULL);
     }
     double dt = now_s() - t0;
-    return rk[0].rc == 0 && rk[1].rc == 0 ? dt : -1;
+    int bad = 0;
+    for (int r = 0; r < n; r++) {
+        bad += rk[r].rc != 0;
+    }
+    return bad == 0 ? dt : -1;
+}
+
+static double both(rank_t *rk, bool load)
+{
+    return all_ranks(rk, 2, load);
 }
 
 /* The two ranks of one side over `cache`: shared objects, or a namespace
@@ -203,6 +221,77 @@ static int codec_passes(kvd_store_t *st, unsigned char *cache,
     return rc;
 }
 
+/* MLA at TP 4 (see the top): the objects and bytes the four ranks' saves
+ * added to the store, each over one copy's; 0 or -1. */
+static int mla_tp4(kvd_store_t *st, double *objects, double *bytes)
+{
+    size_t layer_bytes = (size_t)NB * BS * MLA_DIM * 2;
+    unsigned char *cache = malloc(layer_bytes * MLA_LAYERS);
+    static rank_t rk[MLA_RANKS];
+    kvd_object_format_t fmt = {KVD_DTYPE_BF16,
+                               MLA_LAYERS,
+                               1,
+                               1,
+                               MLA_DIM,
+                               BS,
+                               {KVD_CODEC_RAW, KVD_CODEC_RAW},
+                               0};
+    int rc = cache == NULL ? -1 : 0;
+    for (size_t i = 0; rc == 0 && i < layer_bytes * MLA_LAYERS; i++) {
+        cache[i] = (unsigned char)(i * 131u + (i >> 11));
+    }
+    int made = 0;
+    for (; rc == 0 && made < MLA_RANKS; made++) {
+        rank_t *r = &rk[made];
+        memset(r, 0, sizeof *r);
+        for (uint32_t l = 0; l < MLA_LAYERS; l++) {
+            r->bases[l] = cache + l * layer_bytes;
+        }
+        kvd_kv_layout_t lo = {
+            r->bases, NB, 0, (int64_t)BS * MLA_DIM * 2, (int64_t)MLA_DIM * 2,
+            0};
+        memset(r->ns.bytes, 0x4d, sizeof r->ns);
+        kvd_worker_config_t wc = {.store = st,
+                                  .ns = r->ns,
+                                  .format = fmt,
+                                  .num_threads = 1,
+                                  .worker_rank = (uint32_t)made};
+        char err[256] = "";
+        if (kvd_worker_create(&wc, &r->w, err, sizeof err) != KVD_OK ||
+            kvd_worker_register_kv_caches(r->w, &lo, err, sizeof err) !=
+                KVD_OK) {
+            fprintf(stderr, "mla worker: %s\n", err);
+            rc = -1;
+        }
+        for (uint32_t i = 0; i < BLOCKS; i++) {
+            r->save_ids[i] = (int32_t)i;
+            memset(r->hashes[i].bytes, 0x4d, sizeof r->hashes[i].bytes);
+            memcpy(r->hashes[i].bytes, &i, sizeof i);
+        }
+    }
+    kvd_store_stats_t a = {0}, b = {0};
+    if (rc == 0 && (kvd_store_stats(st, &a) != KVD_OK ||
+                    all_ranks(rk, MLA_RANKS, false) < 0 ||
+                    kvd_store_stats(st, &b) != KVD_OK)) {
+        rc = -1;
+    }
+    for (int r = 0; r < made; r++) {
+        kvd_worker_destroy(rk[r].w);
+    }
+    free(cache);
+    double one = (double)BLOCKS * (double)kvd_object_stored_bytes(&fmt);
+    *objects = (double)(b.host.objects - a.host.objects) / BLOCKS;
+    *bytes = (double)(b.host.bytes - a.host.bytes) / one;
+    if (rc == 0) {
+        printf("MLA at TP %d: %u blocks saved by every rank: %llu objects, "
+               "%llu bytes stored (one copy: %.0f bytes)\n",
+               MLA_RANKS, BLOCKS,
+               (unsigned long long)(b.host.objects - a.host.objects),
+               (unsigned long long)(b.host.bytes - a.host.bytes), one);
+    }
+    return rc;
+}
+
 int main(void)
 {
     kvd_config_t *cfg = NULL;
@@ -244,6 +333,10 @@ int main(void)
         rc = codec_passes(st, cache, codecs[c], r[c][0], r[c][1]);
     }
     free(cache);
+    double mla_objects = 0, mla_bytes = 0;
+    if (rc == 0) {
+        rc = mla_tp4(st, &mla_objects, &mla_bytes);
+    }
     kvd_store_close(st);
     if (rc != 0) {
         return 1;
@@ -257,5 +350,11 @@ int main(void)
                "= %.3g (%.3g-%.3g) (target >= 0.9)\n",
                n, r[c][1][0], r[c][1][1], r[c][1][2]);
     }
+    printf("BENCH shared: mla_tp%d_objects_stored_per_block = %.3g (target "
+           "<= 1: one copy, not %d)\n",
+           MLA_RANKS, mla_objects, MLA_RANKS);
+    printf("BENCH shared: mla_tp%d_bytes_stored_over_one_copy = %.3g (target "
+           "<= 1)\n",
+           MLA_RANKS, mla_bytes);
     return 0;
 }
