@@ -43,8 +43,9 @@ static int gate_serve(const kvd_demo_opts_t *o, const char *dir, bool copy,
     snprintf(path, sizeof path, "%s/run", dir);
     if (copy) {
         snprintf(cmd, sizeof cmd,
-                 "rm -rf '%s' && cp -a '%s/populated' '%s' && sync", path, dir,
-                 path);
+                 "rm -rf '%s' && cp -a --sparse=always '%s/populated' '%s' && "
+                 "sync",
+                 path, dir, path);
     } else {
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
     }
