@@ -36,6 +36,9 @@
 #                        docs/perf/dashboard.png (not make test)
 #   make bench-peers     kvdepot against LMCache, Mooncake and NIXL in one run
 #                        (PyPI peers in a venv under build/; not make test)
+#   make bench-all       every benchmark, demo, curve and peer in one sitting
+#                        (about 45 min), outputs in docs/perf/sitting/, the
+#                        tables of docs/performance.md rewritten from them
 #   make soak            32 client processes against one kvdepotd for 10 min
 #                        (SOAK_SECONDS, SOAK_CLIENTS); not part of make test
 #   make fuzz NAME=x     run one libFuzzer target for FUZZ_SECONDS (clang)
@@ -58,7 +61,7 @@ FUZZ_SECONDS ?= 60
 CTEST := ctest --output-on-failure -j $(JOBS)
 SOURCES = $(shell git ls-files '*.c' '*.h' '*.cu' '*.cuh' 2>/dev/null)
 
-.PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo demo-rag demo-gate wheel bench bench-peers soak \
+.PHONY: all deps build test test-ci test-asan test-tsan test-vllm test-trtllm test-hf demo demo-rag demo-gate wheel bench bench-peers bench-all soak \
         deb image test-deb test-image test-package chart bench-curves \
         wheel-manylinux test-wheel-manylinux dashboard-png \
         fuzz fuzz-all fmt \
@@ -193,6 +196,14 @@ dashboard-png: build
 bench-peers: build
 	@scripts/install-peers.sh build/peers-venv
 	@build/peers-venv/bin/python bench/peers/run.py
+
+# One sitting of everything above (bench/all.py; BENCH_ALL_ARGS, e.g.
+# --only store,daemon or --no-doc).
+bench-all: build
+	@scripts/install-deps.sh bench
+	@scripts/install-peers.sh build/peers-venv
+	@scripts/install-engines.sh --hf build/hf-venv
+	@/usr/bin/python3 bench/all.py $(BENCH_ALL_ARGS)
 
 SOAK_SECONDS ?= 600
 SOAK_CLIENTS ?= 32

@@ -53,7 +53,7 @@ SHAPES = {
                num_key_value_heads=8, head_dim=128, intermediate_size=14336,
                vocab_size=128256),
 }
-SIZES = {"1k": 1024, "4k": 4096, "16k": 16384, "32k": 32768,
+SIZES = {"1k": 1024, "2k": 2048, "4k": 4096, "16k": 16384, "32k": 32768,
          "256": 256}
 BLOCK = 16
 
@@ -414,7 +414,7 @@ def main():
     ap.add_argument("--models", default=None,
                     help="of 1b,8b (default both; small: 1b)")
     ap.add_argument("--sizes", default=None,
-                    help="of 256,1k,4k,16k,32k (default 1k,4k,16k,32k; "
+                    help="of 256,1k,2k,4k,16k,32k (default 1k,4k,16k,32k; "
                     "small: 256,1k)")
     ap.add_argument("--codecs", default="raw,fp8_e4m3,tq4")
     ap.add_argument("--tiers", default="host,nvme,daemon,gate")
