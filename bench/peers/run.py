@@ -17,7 +17,8 @@ run here becomes a row with its exact error instead of ending the run.
                            127.0.0.1 in batches of 32: kvdepot's cluster fetch
                            between two kvdepotd (`bench_cluster`, UCX over
                            TCP) against Mooncake's transfer engine (TCP) and
-                           NIXL (UCX backend, UCX_TLS=tcp, UCX_NET_DEVICES=lo).
+                           NIXL (UCX backend, UCX_TLS=tcp, UCX_NET_DEVICES=lo),
+                           three rounds, each kvdepot's fetch then every peer.
 
 "Retrieve" ends with the bytes in the caller's buffer on both sides.
 Output: one row per workload (kvdepot, peer, ratio, versions), then one
@@ -137,6 +138,10 @@ class Row:
     def ratio(self):
         return statistics.median(o / t for o, t in self.pairs)
 
+    def spread(self):
+        rs = [o / t for o, t in self.pairs]
+        return f"({min(rs):.3g}-{max(rs):.3g})"
+
     def line(self):
         if not self.pairs:
             ours = f"{statistics.median(self.ours) / GB:9.2f}" \
@@ -166,7 +171,7 @@ def print_table(rows, notes, versions):
     for row in rows:
         if row.pairs:
             print(f"BENCH peers: {row.metric} = {row.ratio():.3g} "
-                  "(target >= 1.0)")
+                  f"{row.spread()} (target >= 1.0)")
 
 
 def store_rounds(rows, bench_dir):
@@ -199,6 +204,30 @@ def store_rounds(rows, bench_dir):
                         for w, r in fio) + " GB/s"]
 
 
+def fetch_rounds(rows):
+    """STORE_ROUNDS rounds of kvdepot's fetch then each peer's pull of the
+    same objects, back to back, so a slow spell of the machine touches
+    every side of a round."""
+    peers = ((rows["mooncake"], "mooncake_peer.py"),
+             (rows["nixl"], "nixl_peer.py"))
+    fetch = None
+    for _ in range(STORE_ROUNDS):
+        fetch, fetch_err = attempt(kvdepot_fetch)
+        if fetch_err is not None:
+            for row, _script in peers:
+                row.err = row.err or f"kvdepot's side failed: {fetch_err}"
+            continue
+        shape = ("--objects", fetch["objects"], "--size", fetch["size"],
+                 "--batch", fetch["batch"])
+        for row, script in peers:
+            row.record(fetch["bytes_per_s"],
+                       attempt(lambda s=script: run_peer(s, *shape)))
+    if fetch is None:
+        return []
+    return [f"remote fetch: {fetch['objects']} x {fetch['size'] >> 20} MiB "
+            f"in batches of {fetch['batch']}, pulled from another process"]
+
+
 def main():
     bench_dir = os.environ.get("KVDEPOT_BENCH_DIR", "/var/tmp")
     lm = "LMCache"
@@ -219,20 +248,7 @@ def main():
                     "fetch_vs_nixl_ucx", "NIXL", "bytes_per_s"),
     }
     notes = store_rounds(rows, bench_dir)
-    fetch, fetch_err = attempt(kvdepot_fetch)
-    if fetch is not None:
-        shape = ("--objects", fetch["objects"], "--size", fetch["size"],
-                 "--batch", fetch["batch"])
-        notes.append(f"remote fetch: {fetch['objects']} x "
-                     f"{fetch['size'] >> 20} MiB in batches of "
-                     f"{fetch['batch']}, pulled from another process")
-    for row, script in ((rows["mooncake"], "mooncake_peer.py"),
-                        (rows["nixl"], "nixl_peer.py")):
-        if fetch_err is not None:
-            row.err = f"kvdepot's side failed first: {fetch_err}"
-        else:
-            row.record(fetch["bytes_per_s"],
-                       attempt(lambda s=script: run_peer(s, *shape)))
+    notes += fetch_rounds(rows)
     print_table(rows.values(), notes, [
         kvdepot_version(), dist_version("lmcache"),
         dist_version("mooncake-transfer-engine",
