@@ -23,7 +23,10 @@ Usage: bench/all.py [--only a,b] [--skip a,b] [--out DIR] [--doc FILE]
                     [--no-doc] [--list]
 """
 import argparse
+import csv
 import datetime
+import importlib.util
+import json
 import os
 import platform
 import re
@@ -124,7 +127,7 @@ def steps(tmp):
         ("ttft_hf", [str(HF_PY), str(ROOT / "bench" / "ttft_hf.py"),
                      "--small", "--models", "1b", "--sizes",
                      os.environ.get("KVDEPOT_BENCH_HF_SIZES",
-                                    "256,1k,2k,4k"),
+                                    "1k,2k,4k,8k"),
                      "--codecs", "raw,fp8_e4m3", "--tiers", "host,nvme"],
          py_env(), HF_PY),
     ]
@@ -204,6 +207,75 @@ def run_step(name, argv, env, needs, out_dir, sitting):
     return {"rc": rc, "wall_s": wall, "text": text}
 
 
+def curves_module():
+    spec = importlib.util.spec_from_file_location(
+        "kvd_curves", ROOT / "bench" / "curves.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def ttft_rows(text):
+    """ttft_hf's SWEEP lines as rows: model, prompt tokens, what (cold, or
+    tier/codec), median/min/max seconds; restore bandwidth lines left
+    out."""
+    rows = []
+    for line in text.splitlines():
+        if not line.startswith("SWEEP "):
+            continue
+        d = json.loads(line[len("SWEEP "):])
+        parts = d["key"].split("/")
+        if len(parts) < 3 or parts[2] == "bw" or "median" not in d:
+            continue
+        size = parts[1]
+        tokens = int(size[:-1]) * 1024 if size.endswith("k") else int(size)
+        rows.append({"model": parts[0], "tokens": tokens,
+                     "what": "/".join(parts[2:]), "median_s": d["median"],
+                     "min_s": d["min"], "max_s": d["max"], "n": d["n"]})
+    return rows
+
+
+def draw_ttft(text, out, when):
+    """The prompt-length curve of ttft_hf's sweep: CSV and PNG in `out`;
+    the PNG's path, or None when the output holds no sweep."""
+    rows = ttft_rows(text)
+    if not rows:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "ttft_prompt_length.csv", "w", newline="") as f:
+        f.write(f"# {when}\n")
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    cv = curves_module()
+    plt, fig, a, b = cv.figure()
+    tokens = sorted({r["tokens"] for r in rows})
+    labels = [f"{t // 1024}k" if t >= 1024 else str(t) for t in tokens]
+    cold = {r["tokens"]: r["median_s"] for r in rows if r["what"] == "cold"}
+    for what in sorted({r["what"] for r in rows}):
+        pts = sorted((r["tokens"], r["median_s"]) for r in rows
+                     if r["what"] == what)
+        style = "k^--" if what == "cold" else "o-"
+        a.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], style,
+               label=what + (" (computed)" if what == "cold" else ""))
+        if what != "cold":
+            b.plot([p[0] for p in pts if p[0] in cold],
+                   [p[1] / cold[p[0]] for p in pts if p[0] in cold], "o-",
+                   label=what)
+    cv.log2_axis(a, tokens, labels, "prompt tokens", "TTFT, ms (median)",
+                 log_y=True)
+    a.legend(fontsize=8)
+    a.set_title("time to first token")
+    cv.log2_axis(b, tokens, labels, "prompt tokens",
+                 "restored TTFT / cold TTFT", log_y=True)
+    b.legend(fontsize=8)
+    b.set_title("restored over computed")
+    path = out / "ttft_prompt_length.png"
+    cv.finish(plt, fig, "kvdepot.hf on the CPU by prompt length "
+              "(Llama-3.2-1B shape, 2 layers)", when, path)
+    return path
+
+
 def rewrite_doc(doc, tables):
     """Replaces each step's block in doc; every step run must have one."""
     text = doc.read_text()
@@ -251,6 +323,10 @@ def main(argv=None):
         doc = Path(args.doc)
         for name, cmd, env, needs in plan:
             res = run_step(name, cmd, env, needs, out_dir, sitting)
+            if name == "ttft_hf" and res["rc"] == 0:
+                png = draw_ttft(res["text"], ROOT / "docs" / "perf",
+                                sitting.line())
+                print(f"bench-all: ttft_hf: curve {png}", flush=True)
             rel = os.path.relpath(out_dir / f"{name}.txt", doc.parent)
             tables[name] = table(name, res, sitting, rel)
             if res["rc"] != 0:

@@ -53,7 +53,7 @@ SHAPES = {
                num_key_value_heads=8, head_dim=128, intermediate_size=14336,
                vocab_size=128256),
 }
-SIZES = {"1k": 1024, "2k": 2048, "4k": 4096, "16k": 16384, "32k": 32768,
+SIZES = {"1k": 1024, "2k": 2048, "4k": 4096, "8k": 8192, "16k": 16384, "32k": 32768,
          "256": 256}
 BLOCK = 16
 
@@ -380,10 +380,21 @@ def run_model(args, name, device, res, say):
 def headlines(args, res, on_gpu):
     """One pair of lines per codec: restored TTFT over cold (host arena)
     and restore bandwidth over the plain copy, at 16k on the 8b shape
-    where both were run (else the last size and model)."""
+    where both were run (else the last size and model); at small sizes
+    (a CPU's prompt-length sweep) the TTFT line of every size too."""
     out = []
     model = "8b" if "8b" in args.models else args.models[-1]
     size = "16k" if "16k" in args.sizes else args.sizes[-1]
+    if args.small:
+        for sz in args.sizes[:-1]:
+            c = res.get(f"{model}/{sz}/cold")
+            for codec in args.codecs:
+                h = res.get(f"{model}/{sz}/host/{codec}")
+                if c and h:
+                    out.append(f"BENCH ttft_hf: restored_ttft_{sz}_{model}_"
+                               f"{codec}_over_cold = "
+                               f"{h['median'] / c['median']:.3f} (no target: "
+                               "CPU reference)")
     cold = res.get(f"{model}/{size}/cold")
     tgt = "(target <= 0.2)" if on_gpu and (model, size) == ("8b", "16k") \
         else "(no target: CPU reference)" if not on_gpu else \
@@ -414,7 +425,7 @@ def main():
     ap.add_argument("--models", default=None,
                     help="of 1b,8b (default both; small: 1b)")
     ap.add_argument("--sizes", default=None,
-                    help="of 256,1k,2k,4k,16k,32k (default 1k,4k,16k,32k; "
+                    help="of 256,1k,2k,4k,8k,16k,32k (default 1k,4k,16k,32k; "
                     "small: 256,1k)")
     ap.add_argument("--codecs", default="raw,fp8_e4m3,tq4")
     ap.add_argument("--tiers", default="host,nvme,daemon,gate")
@@ -455,6 +466,10 @@ def main():
     t0 = time.monotonic()
     for name in args.models:
         run_model(args, name, device, res, say)
+    for key, s in res.items():
+        # One line per figure for whoever draws them (bench/all.py):
+        # model/size/what[/codec] and its statistics.
+        print("SWEEP " + json.dumps(dict(key=key, **s)), flush=True)
     say(f"ttft_hf: {time.monotonic() - t0:.0f} s")
     for line in headlines(args, res, on_gpu):
         say(line)
