@@ -13,11 +13,19 @@ run here becomes a row with its exact error instead of ending the run.
                            written, then read back cold: kvdepot's NVMe tier
                            against LMCache's LocalDiskBackend, same directory;
                            fio on that directory gives the disk's own speed.
+  engine store / retrieve  a 4096-token prompt of a Llama-3-8B shard saved from
+                           and loaded into a vLLM-shaped paged cache in host
+                           memory: kvdepot's leader and worker against
+                           LMCacheEngine store/retrieve (256-token chunks,
+                           its hashing), five interleaved passes
+                           (lmcache_engine_peer.py runs both sides).
   remote fetch             128 objects of 2 MiB pulled from another process on
                            127.0.0.1 in batches of 32: kvdepot's cluster fetch
                            between two kvdepotd (`bench_cluster`, UCX over
                            TCP) against Mooncake's transfer engine (TCP) and
                            NIXL (UCX backend, UCX_TLS=tcp, UCX_NET_DEVICES=lo),
+                           and Mooncake Store (mooncake_master and two
+                           clients, TCP: a getter pulls what a holder put);
                            three rounds, each kvdepot's fetch then every peer.
 
 "Retrieve" ends with the bytes in the caller's buffer on both sides.
@@ -79,7 +87,9 @@ def run_program(argv, env=None, timeout=PEER_TIMEOUT_S):
 def run_peer(script, *args):
     """One peer workload in its own process: its JSON line, or its error."""
     argv = [sys.executable, str(HERE / script), *map(str, args)]
-    out = run_program(argv, env={"LMCACHE_LOG_LEVEL": "WARNING"})
+    out = run_program(argv, env={"LMCACHE_LOG_LEVEL": "WARNING",
+                                 "KVDEPOT_LIB": str(BIN.parent /
+                                                    "libkvdepot.so")})
     for line in reversed(out.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -148,18 +158,18 @@ class Row:
                 if self.ours else f"{'-':>9}"
             why = f"\n    {self.peer} could not run here: {self.err}" \
                 if self.err else ""
-            return f"{self.name:<36} {ours} {self.peer:<9} {'-':>9} " \
+            return f"{self.name:<36} {ours} {self.peer:<10} {'-':>9} " \
                    f"{'-':>6}{why}"
         ours = statistics.median(o for o, _ in self.pairs) / GB
         theirs = statistics.median(t for _, t in self.pairs) / GB
-        return f"{self.name:<36} {ours:9.2f} {self.peer:<9} {theirs:9.2f} " \
+        return f"{self.name:<36} {ours:9.2f} {self.peer:<10} {theirs:9.2f} " \
                f"{self.ratio():6.2f}"
 
 
 def print_table(rows, notes, versions):
     print("\nkvdepot against its peers (GB/s = 1e9 bytes/s, medians over "
           "the rounds; ratio = median of the rounds' kvdepot / peer)")
-    print(f"{'workload':<36} {'kvdepot':>9} {'peer':<9} {'peer GB/s':>9} "
+    print(f"{'workload':<36} {'kvdepot':>9} {'peer':<10} {'peer GB/s':>9} "
           f"{'ratio':>6}")
     for row in rows:
         print(row.line())
@@ -209,7 +219,8 @@ def fetch_rounds(rows):
     same objects, back to back, so a slow spell of the machine touches
     every side of a round."""
     peers = ((rows["mooncake"], "mooncake_peer.py"),
-             (rows["nixl"], "nixl_peer.py"))
+             (rows["nixl"], "nixl_peer.py"),
+             (rows["mooncake_store"], "mooncake_store_peer.py"))
     fetch = None
     for _ in range(STORE_ROUNDS):
         fetch, fetch_err = attempt(kvdepot_fetch)
@@ -226,6 +237,31 @@ def fetch_rounds(rows):
         return []
     return [f"remote fetch: {fetch['objects']} x {fetch['size'] >> 20} MiB "
             f"in batches of {fetch['batch']}, pulled from another process"]
+
+
+def engine_rows(rows):
+    """LMCacheEngine store/retrieve of a 4096-token prompt against kvdepot's
+    leader and worker on the same paged cache (lmcache_engine_peer.py runs
+    both sides, interleaved pass by pass): one pair per pass."""
+    res, err = attempt(lambda: run_peer("lmcache_engine_peer.py"))
+    if err is None and res.get("lmcache_error"):
+        err = f"LMCache could not run: {res['lmcache_error']}"
+    for op in ("store", "retrieve"):
+        row = rows[f"engine_{op}"]
+        if err is not None:
+            row.err = err
+            continue
+        secs = res["pass_seconds"]
+        for k, lm in zip(secs[f"kvdepot_{op}"], secs[f"lmcache_{op}"]):
+            row.record(res["bytes"] / k,
+                       ({"bytes_per_s": res["bytes"] / lm}, None))
+    if err is not None:
+        return []
+    return [f"engine level: a {res['tokens']}-token prompt of a "
+            f"Llama-3-8B shard ({res['bytes'] >> 20} MiB of KV), "
+            f"LMCache chunk {res['chunk_size']} tokens, {res['threads']} "
+            f"copy threads a side, {res['passes']} interleaved passes; "
+            "LMCache's copies run its CPU fallback (no CUDA here)"]
 
 
 def main():
@@ -246,8 +282,18 @@ def main():
                         "fetch_vs_mooncake_tcp", "Mooncake", "bytes_per_s"),
         "nixl": Row("remote fetch, UCX over TCP",
                     "fetch_vs_nixl_ucx", "NIXL", "bytes_per_s"),
+        "engine_store": Row("engine store, 4096 tokens",
+                            "engine_store_vs_lmcache_engine", "LMCacheEng",
+                            "bytes_per_s"),
+        "engine_retrieve": Row("engine retrieve, 4096 tokens",
+                               "engine_retrieve_vs_lmcache_engine",
+                               "LMCacheEng", "bytes_per_s"),
+        "mooncake_store": Row("remote fetch, store with master, TCP",
+                              "fetch_vs_mooncake_store_tcp", "MooncakeS",
+                              "bytes_per_s"),
     }
     notes = store_rounds(rows, bench_dir)
+    notes += engine_rows(rows)
     notes += fetch_rounds(rows)
     print_table(rows.values(), notes, [
         kvdepot_version(), dist_version("lmcache"),
