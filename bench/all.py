@@ -162,7 +162,9 @@ def table(name, result, sitting, out_rel):
         return "\n".join(lines)
     if result["rc"] != 0:
         lines.append(f"\nThe step exited {result['rc']}: see its output.")
-    rows = parse(result["text"])
+    # Only the step's own lines: a step may echo the programs it drives
+    # (the peers run bench_store and bench_cluster, whose lines are theirs).
+    rows = [r for r in parse(result["text"]) if r["bench"] == name]
     if not rows:
         lines.append("\nNo headline lines printed.")
         return "\n".join(lines)

@@ -73,6 +73,7 @@ def test_table_of_a_step_and_of_a_failure():
            "| yes |" in ok
     assert "(output: [perf/sitting/store.txt](perf/sitting/store.txt), 12 s)" \
         in ok
+    assert "decode_step_headroom" not in ok  # the leader's, not the store's
     failed = ba.table("cluster", {"rc": 3, "wall_s": 1.0, "text": ""},
                       FakeSitting(), "x.txt")
     assert "exited 3" in failed and "No headline lines" in failed
