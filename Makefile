@@ -37,7 +37,7 @@
 #   make bench-peers     kvdepot against LMCache, Mooncake and NIXL in one run
 #                        (PyPI peers in a venv under build/; not make test)
 #   make bench-all       every benchmark, demo, curve and peer in one sitting
-#                        (about 45 min), outputs in docs/perf/sitting/, the
+#                        (about 20 min), outputs in docs/perf/sitting/, the
 #                        tables of docs/performance.md rewritten from them
 #   make soak            32 client processes against one kvdepotd for 10 min
 #                        (SOAK_SECONDS, SOAK_CLIENTS); not part of make test
