@@ -207,59 +207,51 @@ def arena_pressure(build, out, when):
     return rows
 
 
-def daemon_clients(build, out, when):
-    rows = sweep(build, "bench_daemon", out, "daemon_clients", when)
+def daemon_lookups(rows, x, xlabel, us_per_unit, unit, titles, path, when):
+    """The two panels of a daemon lookup sweep over `x` (a row key): keys
+    per second of kvdepotd and redis, and their p50 and p99 per call in
+    `unit` (us_per_unit microseconds each)."""
     plt, fig, a, b = figure()
-    n = [r["clients"] for r in rows]
-    labels = [str(x) for x in n]
+    n = [r[x] for r in rows]
+    labels = [str(v) for v in n]
     a.plot(n, [r["kvd_keys_per_s"] / 1e6 for r in rows], "o-",
            label="kvdepotd: lookup + release")
     a.plot(n, [r["redis_keys_per_s"] / 1e6 for r in rows], "s--",
            label="redis MGET, unix socket (peer)")
-    log2_axis(a, n, labels, "client processes", "M keys/s (median of passes)")
+    log2_axis(a, n, labels, xlabel, "M keys/s (median of passes)")
     a.legend()
-    a.set_title("throughput, 512-key chains")
+    a.set_title(titles[0])
     for key, style, label in (("kvd", "o-", "kvdepotd"),
                               ("redis", "s--", "redis")):
-        b.plot(n, [r[f"{key}_p50_us"] / 1e3 for r in rows], style,
+        b.plot(n, [r[f"{key}_p50_us"] / us_per_unit for r in rows], style,
                label=f"{label} p50")
-        b.plot(n, [r[f"{key}_p99_us"] / 1e3 for r in rows], style,
+        b.plot(n, [r[f"{key}_p99_us"] / us_per_unit for r in rows], style,
                alpha=0.4, label=f"{label} p99")
-    log2_axis(b, n, labels, "client processes", "ms per call", log_y=True)
+    log2_axis(b, n, labels, xlabel, f"{unit} per call", log_y=True)
     b.legend(fontsize=8)
-    b.set_title("latency per call (p50: median client, p99: worst client)")
-    finish(plt, fig, "kvdepotd lookups against redis, by client count", when,
-           out / "daemon_clients.png")
+    b.set_title(titles[1])
+    finish(plt, fig, titles[2], when, path)
     return rows
+
+
+def daemon_clients(build, out, when):
+    rows = sweep(build, "bench_daemon", out, "daemon_clients", when)
+    return daemon_lookups(
+        rows, "clients", "client processes", 1e3, "ms",
+        ("throughput, 512-key chains",
+         "latency per call (p50: median client, p99: worst client)",
+         "kvdepotd lookups against redis, by client count"),
+        out / "daemon_clients.png", when)
 
 
 def daemon_chain(build, out, when):
     rows = sweep(build, "bench_daemon", out, "daemon_chain", when,
                  flag="--sweep-chain")
-    plt, fig, a, b = figure()
-    n = [r["chain"] for r in rows]
-    labels = [str(x) for x in n]
-    a.plot(n, [r["kvd_keys_per_s"] / 1e6 for r in rows], "o-",
-           label="kvdepotd: lookup + release")
-    a.plot(n, [r["redis_keys_per_s"] / 1e6 for r in rows], "s--",
-           label="redis MGET, unix socket (peer)")
-    log2_axis(a, n, labels, "keys per call (chain length)",
-              "M keys/s (median of passes)")
-    a.legend()
-    a.set_title("throughput, one client")
-    for key, style, label in (("kvd", "o-", "kvdepotd"),
-                              ("redis", "s--", "redis")):
-        b.plot(n, [r[f"{key}_p50_us"] for r in rows], style,
-               label=f"{label} p50")
-        b.plot(n, [r[f"{key}_p99_us"] for r in rows], style, alpha=0.4,
-               label=f"{label} p99")
-    log2_axis(b, n, labels, "keys per call (chain length)", "us per call",
-              log_y=True)
-    b.legend(fontsize=8)
-    b.set_title("latency per call")
-    finish(plt, fig, "kvdepotd lookups against redis, by chain length", when,
-           out / "daemon_chain.png")
-    return rows
+    return daemon_lookups(
+        rows, "chain", "keys per call (chain length)", 1.0, "us",
+        ("throughput, one client", "latency per call",
+         "kvdepotd lookups against redis, by chain length"),
+        out / "daemon_chain.png", when)
 
 
 def main(argv=None):

@@ -76,14 +76,18 @@ def tcp_pull(objects: int = 128, size: int = 2 << 20, batch: int = 32,
 
 
 def _run_group(cmd: list[str], err) -> tuple[int, str]:
-    """Run cmd in its own process group; kill the whole group if it hangs."""
+    """Run cmd in its own process group; kill what is left of the group
+    (children it started and left behind, or all of it if it hangs)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err,
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
     finally:
-        if proc.poll() is None:
+        try:
             os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        if proc.poll() is None:
             proc.wait(timeout=EXIT_TIMEOUT_S)
     return proc.returncode, out.decode()
 

@@ -63,9 +63,7 @@ as a script it prints one JSON line:
 
 import argparse
 import ctypes
-import fcntl
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -73,11 +71,14 @@ import select
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The transfer-engine peer's process-group runner, lo bring-up and version.
+from mooncake_peer import _loopback_up, _run_group, version  # noqa: E402
 
 PEER = "mooncake-store"
 HOST = "127.0.0.1"
@@ -88,14 +89,7 @@ READY_TIMEOUT_S = 120
 EXIT_TIMEOUT_S = 30
 HEADROOM = 64 << 20
 HOLDER_STAGING = 16 << 20
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 PR_SET_PDEATHSIG = 1
-
-
-def version() -> str:
-    """The distribution providing the `mooncake` package, and its version."""
-    dist = importlib.metadata.packages_distributions()["mooncake"][0]
-    return f"{dist} {importlib.metadata.version(dist)}"
 
 
 def store_pull(objects: int = 128, size: int = 2 << 20, batch: int = 32,
@@ -113,31 +107,6 @@ def store_pull(objects: int = 128, size: int = 2 << 20, batch: int = 32,
     if rc != 0 or not lines:
         raise RuntimeError(f"mooncake store getter exited {rc}:\n{log}")
     return json.loads(lines[-1])
-
-
-def _run_group(cmd: list[str], err) -> tuple[int, str]:
-    """Run cmd in its own process group; kill what is left of the group."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if proc.poll() is None:
-            proc.wait(timeout=EXIT_TIMEOUT_S)
-    return proc.returncode, out.decode()
-
-
-def _loopback_up() -> None:
-    """Bring up lo in the fresh network namespace (it starts down)."""
-    ifreq = "16sH22x"  # struct ifreq: name, flags, padding to 40 bytes
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        got = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack(ifreq, b"lo", 0))
-        flags = struct.unpack(ifreq, got)[1] | IFF_UP
-        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack(ifreq, b"lo", flags))
 
 
 def _free_port() -> int:
