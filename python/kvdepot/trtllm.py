@@ -44,6 +44,11 @@ How TensorRT-LLM's API shapes this module:
   nothing either way).
   Several ranks share no embedded store: store_mode "auto" starts (or joins)
   the engine's own kvdepotd, as with vLLM.
+- async_saves: TensorRT-LLM runs a connector only under the capacity
+  scheduler policy GUARANTEED_NO_EVICT (py_executor_creator refuses any
+  other), so a request's blocks are freed only when it ends, and
+  request_finished answering True keeps them until every rank's get_finished
+  names it. A request is named only once no save of it is in flight.
 """
 
 from __future__ import annotations
@@ -115,10 +120,13 @@ class KvdepotTrtMetadata:
     the requests whose blocks the engine kept for saves (`kept`) and those
     whose promised blocks failed to load (`failed`: id -> reason)."""
 
-    def __init__(self, plan=b"", kept=(), failed=None):
+    def __init__(self, plan=b"", kept=(), failed=None, answered=()):
         self.plan = bytes(plan)
         self.kept = sorted(kept)
         self.failed = dict(failed or {})
+        # Requests this iteration answers whose KV another engine loads
+        # next (_answers_once): their saves are committed before it ends.
+        self.answered = sorted(answered)
 
 
 # What rank 0's worker gathered from every rank, for the scheduler of the
@@ -182,6 +190,40 @@ def _parallel(llm_args):
     return tp, pp
 
 
+def _async_saves_allowed(llm_args):
+    """Saves that outlive their step read blocks TensorRT-LLM must not give
+    to another request meanwhile. It keeps a finished request's blocks while
+    request_finished says so, and frees a running request's only under a
+    capacity scheduler policy other than GUARANTEED_NO_EVICT (pausing), or
+    with its own cache transceiver (some releases then free the blocks
+    whatever request_finished answered): those are refused, with the
+    reason."""
+    sc = getattr(llm_args, "scheduler_config", None)
+    policy = getattr(sc, "capacity_scheduler_policy", None)
+    name = getattr(policy, "name", None) or (str(policy) if policy else "")
+    if name and "GUARANTEED_NO_EVICT" not in name.upper():
+        raise ValueError(
+            f"kvdepot: async_saves needs the capacity scheduler policy "
+            f"GUARANTEED_NO_EVICT (this engine's is {name}): a paused "
+            f"request's blocks would go to another request while a save "
+            f"still reads them")
+    ctc = getattr(llm_args, "cache_transceiver_config", None)
+    if ctc is not None and getattr(ctc, "backend", None) is not None:
+        raise ValueError(
+            "kvdepot: async_saves with TensorRT-LLM's cache transceiver "
+            "(cache_transceiver_config.backend): the engine may free a "
+            "finished request's blocks while a save still reads them")
+
+
+def _answers_once(request):
+    """True for a request that ends with its context phase, whose KV another
+    engine loads next: a context-only request of TensorRT-LLM's own
+    disaggregated mode, or one of max_new_tokens 1 (the router's request to
+    a context engine, docs/trtllm.md)."""
+    return bool(getattr(request, "is_context_only_request", False)) or \
+        getattr(request, "max_new_tokens", None) == 1
+
+
 def _kv_dtype(llm_args, model_dtype):
     kvc = getattr(llm_args, "kv_cache_config", None)
     want = str(getattr(kvc, "dtype", None) or "auto")
@@ -232,12 +274,7 @@ class _Model:
                              "supported")
         self.settings = config.parse(extra)
         if self.settings.async_saves:
-            raise ValueError(
-                "kvdepot: async_saves is not supported with TensorRT-LLM: "
-                "its connector API has no preemption hook (vLLM's "
-                "handle_preemptions), so nothing would keep a preempted "
-                "request's blocks while a save still reads them; saves end "
-                "at wait_for_save")
+            _async_saves_allowed(llm_args)
         self.tp, _ = _parallel(llm_args)
         self.rank = rank
         self.tp_rank = rank % self.tp
@@ -368,6 +405,7 @@ class KvdepotScheduler(KvCacheConnectorScheduler):
         self._matched = {}
         self._kept = set()      # request_finished said True: for the plan
         self._failed = {}       # request id -> why its load failed
+        self._answers = {}      # id -> prompt length (_answers_once)
         log.info("kvdepot: TensorRT-LLM connector, %s store, TP %d",
                  m.store_mode, m.tp)
 
@@ -384,6 +422,10 @@ class KvdepotScheduler(KvCacheConnectorScheduler):
             r = (0, False)
         matched, _ = r if r is not None else (0, False)
         self._matched[rid] = matched
+        if _answers_once(request):
+            n = getattr(request, "prompt_len", None)
+            self._answers[rid] = n if n is not None else \
+                len(_tokens(request))
         # Every load is asynchronous (the module's docstring says why).
         return matched, matched > 0
 
@@ -409,29 +451,35 @@ class KvdepotScheduler(KvCacheConnectorScheduler):
     def build_connector_meta(self, scheduler_output: Any
                              ) -> KvdepotTrtMetadata:
         self._take_inbox()
-        failed = {}
+        failed, answered = {}, []
         for rd in scheduler_output.new_requests:
             rid = str(rd.request_id)
             if rid in self._failed:
                 failed[rid] = self._failed.pop(rid)
-            self.leader.request_scheduled(
-                rid, [], [], rd.computed_position + rd.num_scheduled_tokens)
+            computed = rd.computed_position + rd.num_scheduled_tokens
+            self.leader.request_scheduled(rid, [], [], computed)
+            if computed >= self._answers.get(rid, computed + 1):
+                answered.append(rid)
         for rd in scheduler_output.cached_requests:
             rid = str(rd.request_id)
             if rid in self._failed:
                 failed[rid] = self._failed.pop(rid)
+            computed = rd.computed_position + rd.num_scheduled_tokens
             self.leader.request_scheduled(
                 rid, _blocks(rd.new_block_ids), list(rd.new_tokens or []),
-                rd.computed_position + rd.num_scheduled_tokens)
+                computed)
+            if computed >= self._answers.get(rid, computed + 1):
+                answered.append(rid)
         kept, self._kept = self._kept, set()
         return KvdepotTrtMetadata(self.leader.build_connector_meta(), kept,
-                                  failed)
+                                  failed, answered)
 
     def request_finished(self, request: Any,
                          cache_block_ids: List[int]) -> bool:
         rid = str(request.request_id)
         self._matched.pop(rid, None)
         self._failed.pop(rid, None)
+        self._answers.pop(rid, None)
         keep = self.leader.request_finished(rid)
         if keep:
             self._kept.add(rid)
@@ -466,6 +514,7 @@ class KvdepotWorker(KvCacheConnectorWorker):
         self._kept = set()    # kept for saves, by a plan bound here
         self._finished = set()  # finished by the engine, not yet reported
         self._failed = {}     # this step's requests whose loads failed
+        self._answered = ()   # this step answers them (the plan's)
 
     def register_kv_caches(self, kv_cache_tensor: Any) -> None:
         """The block-first pool [blocks, layers, kv, heads*block*dim]
@@ -524,7 +573,9 @@ class KvdepotWorker(KvCacheConnectorWorker):
             self.store, self.ns, fmt, rank=self.rank,
             threads=self.settings.threads, device=device,
             plan_ns=self.model.ns_all[0] if self.model.tp > 1 else None,
-            object_heads=object_heads, head_start=head_start)
+            object_heads=object_heads, head_start=head_start,
+            async_saves=self.settings.async_saves,
+            max_inflight_save_bytes=self.settings.max_inflight_save_bytes)
         self._device = device
         # The worker copies to and from the pool's memory: keep it alive.
         self._pool = t
@@ -542,6 +593,7 @@ class KvdepotWorker(KvCacheConnectorWorker):
         self.worker.bind_metadata(metadata.plan)
         self._kept.update(getattr(metadata, "kept", ()))
         self._failed = dict(getattr(metadata, "failed", {}) or {})
+        self._answered = tuple(getattr(metadata, "answered", ()))
 
     # TensorRT-LLM hands each call the torch.cuda.Stream the forward pass
     # runs on; the CUDA backend orders its copies on it (worker.h).
@@ -566,6 +618,12 @@ class KvdepotWorker(KvCacheConnectorWorker):
     def wait_for_save(self, stream: Any) -> None:
         self.worker.wait_for_save(_stream_of(self._device, stream))
         self.worker.clear_metadata()
+        # With async_saves: a request this step answers is loaded by another
+        # engine next, so its objects are committed before the answer
+        # leaves (this rank's part; docs/trtllm.md says what TP > 1 adds).
+        if any(self.worker.request_saving(r) for r in self._answered):
+            self.worker.flush_saves()
+        self._answered = ()
 
     def get_finished(self, finished_gen_req_ids: List[int],
                      started_loading_req_ids: List[int]
@@ -585,11 +643,12 @@ class KvdepotWorker(KvCacheConnectorWorker):
                     box[0].append(r)
                 box[1].extend(f)
         self._loaded.update(rid for rid, is_async in loading if is_async)
-        # Saves end in wait_for_save: a request whose blocks TensorRT-LLM
-        # kept for us is saved once a plan naming it was bound here (its
-        # step's wait_for_save has run by now). TensorRT-LLM accepts only
-        # ids it passed in.
-        sending = self._kept & self._finished
+        # A request whose blocks TensorRT-LLM kept for us is saved once a
+        # plan naming it was bound here (its step's wait_for_save has run by
+        # now) and no save of it is in flight (async_saves: the committer
+        # commits after the step). TensorRT-LLM accepts only ids it passed.
+        sending = {r for r in self._kept & self._finished
+                   if not self.worker.request_saving(r)}
         self._kept -= sending
         self._finished -= sending
         # TensorRT-LLM passes a load's id once, when it starts.

@@ -112,10 +112,13 @@ class KvdepotConnectorMetadata(KVConnectorMetadata):
     say so, and the requests vLLM waits for (asynchronous loads)."""
 
     def __init__(self, plans=(), delayed=(), async_loads=(), generation=0,
-                 preempted=()):
+                 preempted=(), answered=()):
         self.plans = tuple(bytes(p) for p in plans)
         self.delayed = tuple(delayed)
         self.async_loads = tuple(async_loads)
+        # Requests this step answers whose KV another engine loads next
+        # (_answered_by): their saves are committed before the step ends.
+        self.answered = tuple(answered)
         # Requests vLLM preempted this step: their blocks go to others, so
         # their saves still in flight end first (handle_preemptions).
         self.preempted = tuple(preempted)
@@ -279,6 +282,24 @@ def _prompt_tokens(request):
     return list(request.prompt_token_ids)
 
 
+def _answered_by(request, computed):
+    """True when the step computing up to `computed` tokens answers the
+    request and another engine loads its KV right after: a prefill
+    engine's hand-off (kv_transfer_params do_remote_decode), or a request
+    of one token (max_tokens 1, as a router sends the prompt to a prefill
+    engine before the decode engine), in the step that completes its
+    prompt. With async_saves the answer would otherwise leave before the
+    objects are committed, and the decode engine would compute them."""
+    p = getattr(request, "kv_transfer_params", None) or {}
+    if not (p.get("do_remote_decode") or
+            getattr(request, "max_tokens", None) == 1):
+        return False
+    n = getattr(request, "num_prompt_tokens", None)
+    if n is None:
+        n = len(request.prompt_token_ids or ())
+    return computed >= n
+
+
 # ---- the connector -------------------------------------------------------------
 
 # Saved blocks and store events queued for take_events between two steps
@@ -373,6 +394,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self._refused = set()  # reasons a request was not cached, logged
             self._delayed = []    # kept blocks, for the next plan
             self._async_loads = []  # vLLM waits for these, for the plan
+            self._answered = []   # answered by the step planned (meta)
             self._init_events(vllm_config)
         else:
             self._layer_index = {}   # layer name -> (group, layer in group)
@@ -384,6 +406,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             self._exc_at_bind = None  # the exception handled at bind, if any
             self._registered = {}    # layer -> (tensor, address registered)
             self._asleep = False     # sleep mode released the KV cache
+            self._answered = ()      # the bound step answers these
             self._stats_seen = {}    # kvdepot_stats() at the last interval
             self._load_wait = 0.0    # seconds waited on loads, this step
         # This interval's counters (get_kv_connector_stats), and the
@@ -594,12 +617,19 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         if entry is None:
             return
         request, given = entry[0], entry[1]
+        # The tokens after the ones the leaders have, up to what this step
+        # computes: all_token_ids holds only accepted tokens, while with
+        # speculative decoding `computed` also counts the drafts scheduled
+        # (whose KV may be rejected), so the leaders are given exactly the
+        # tokens known, never a count that skips some.
         tokens = list(request.all_token_ids[given:computed]) \
             if computed > given else []
         for g, leader in enumerate(self.leaders):
             leader.request_scheduled(req_id, self._group_ids(new_blocks, g),
                                      tokens, computed)
-        entry[1] = max(given, computed)
+        entry[1] = given + len(tokens)
+        if _answered_by(request, computed):
+            self._answered.append(req_id)
 
     def build_connector_meta(self, scheduler_output: Any
                              ) -> KvdepotConnectorMetadata:
@@ -618,8 +648,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         meta = KvdepotConnectorMetadata(
             [leader.build_connector_meta() for leader in self.leaders],
             self._delayed, self._async_loads, self.generation,
-            getattr(so, "preempted_req_ids", None) or ())
-        self._delayed, self._async_loads = [], []
+            getattr(so, "preempted_req_ids", None) or (), self._answered)
+        self._delayed, self._async_loads, self._answered = [], [], []
         return meta
 
     def update_connector_output(self, connector_output: Any) -> None:
@@ -841,6 +871,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         self._delayed.update(m.delayed)
         for rid in m.async_loads:
             self._loading[rid] = len(self.workers)
+        self._answered = getattr(m, "answered", ())
         # An exception being handled around the whole step (not raised by
         # it): wait_for_save must not take it for a failed forward pass.
         self._exc_at_bind = sys.exc_info()[1]
@@ -849,6 +880,7 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
 
     def clear_connector_metadata(self) -> None:
         self._exc_at_bind = None
+        self._answered = ()
         for worker in self.workers:
             worker.clear_metadata()
         super().clear_connector_metadata()
@@ -928,6 +960,14 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         s = _stream_of(self._device)
         for worker in self.workers:
             worker.wait_for_save(s)
+        # A request this step answers is loaded by another engine next:
+        # with async_saves its objects are committed before the answer
+        # leaves (vLLM returns the step's output after this call, from
+        # every rank).
+        if any(w.request_saving(rid) for rid in self._answered
+               for w in self.workers):
+            for worker in self.workers:
+                worker.flush_saves()
 
     def get_finished(self, finished_req_ids: Set[str]
                      ) -> Tuple[Optional[Set[str]], Optional[Set[str]]]:

@@ -14,6 +14,8 @@ classic KvCacheConnectorScheduler / KvCacheConnectorWorker are checked.
 import inspect
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -302,13 +304,74 @@ def test_settings_from_a_yaml_file(monkeypatch):
             kt.KvdepotScheduler(llm_args(write_model(d)))
 
 
-def test_async_saves_refused(monkeypatch):
-    """TensorRT-LLM's connector API has no preemption hook: saves that
-    outlive their step are refused with the reason, not silently off."""
+def test_async_saves_refused_where_blocks_can_move(monkeypatch):
+    """async_saves needs TensorRT-LLM to keep a request's blocks while a
+    save reads them: refused, with the reason, under a capacity scheduler
+    policy that pauses requests and with TensorRT-LLM's cache transceiver;
+    accepted under GUARANTEED_NO_EVICT (the only policy TensorRT-LLM runs a
+    connector with)."""
     with tempfile.TemporaryDirectory() as d:
         set_config(monkeypatch, d, async_saves=True)
-        with pytest.raises(ValueError, match="preemption hook"):
-            kt.KvdepotScheduler(llm_args(write_model(d)))
+        model = write_model(d)
+        with pytest.raises(ValueError, match="GUARANTEED_NO_EVICT"):
+            kt.KvdepotScheduler(llm_args(model, scheduler_config=NS(
+                capacity_scheduler_policy="MAX_UTILIZATION")))
+        with pytest.raises(ValueError, match="cache transceiver"):
+            kt.KvdepotScheduler(llm_args(
+                model, cache_transceiver_config=NS(backend="UCX")))
+        policy = NS(name="GUARANTEED_NO_EVICT")  # as its enum prints it
+        s = kt.KvdepotScheduler(llm_args(model, scheduler_config=NS(
+            capacity_scheduler_policy=policy)))
+        s.shutdown()
+
+
+_ASYNC_SAVES = """
+import json, os, tempfile, time
+import test_trtllm_connector as t
+from trtllm_standin import LlmRequest, rd, sched_out
+with tempfile.TemporaryDirectory() as d:
+    os.environ["KVDEPOT_CONFIG"] = json.dumps({
+        "store_dir": d + "/store", "arena_size": "64m", "disk_size": "64m",
+        "disk_write": "through", "async_saves": True})
+    s, w, m = t.engine(t.llm_args(t.write_model(d)), t.pool(fill=True))
+    for rid, max_new in ((1, 4), (2, 1)):
+        tokens = [(i * 5 + rid) % 32000 for i in range(t.PROMPT)]
+        blocks = list(range(5 * rid - 5, 5 * rid))
+        req = LlmRequest(rid, tokens, max_new_tokens=max_new,
+                         prompt_len=t.PROMPT)
+        m.get_num_new_matched_tokens(req, 0)
+        m.update_state_after_alloc(req, blocks)
+        m.step(sched_out([rd(rid, blocks, tokens, 0, t.PROMPT)]), t.LAYERS)
+        # The context phase ended: is a save of it still in flight?
+        print(w.kvdepot_stats()["saves_inflight"] > 0, flush=True)
+        if m.request_finished(req, blocks):
+            deadline = time.monotonic() + 20
+            while rid not in m.saved:
+                assert time.monotonic() < deadline
+                m.step(sched_out(), t.LAYERS)
+                # Named saved only once its objects are committed.
+                st = w.kvdepot_stats()
+                assert rid not in m.saved or st["saves_inflight"] == 0, st
+        assert w.kvdepot_stats()["blocks_saved"] == 4 * rid
+    again = LlmRequest(3, [(i * 5 + 1) % 32000 for i in range(t.PROMPT)])
+    print(m.get_num_new_matched_tokens(again, 0)[0] == 4 * t.BS)
+    t.close(s, w)
+"""
+
+
+def test_async_saves_hold_the_blocks():
+    """async_saves: a context request's saves outlive its step;
+    request_finished keeps its blocks and get_finished names it only once
+    its objects are committed. A request of max_new_tokens 1 (a context
+    engine's, whose KV the generation engine loads next) ends its step with
+    them committed. Commits are slowed (failpoint worker.commit, in a
+    process of its own)."""
+    env = dict(os.environ, KVDEPOT_FAILPOINTS="worker.commit=delay:300")
+    out = subprocess.run([sys.executable, "-c", _ASYNC_SAVES],
+                         cwd=os.path.dirname(os.path.abspath(__file__)),
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert out.stdout.split() == ["True", "False", "True"], out.stdout
 
 
 def test_mla_one_namespace_for_every_rank(monkeypatch):

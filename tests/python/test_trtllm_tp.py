@@ -27,9 +27,10 @@ BS, LAYERS, HEADS, DIM, NB = 16, 2, 4, 32, 12   # 4 KV heads: 2 per rank
 PROMPT = 70  # 4 full blocks
 
 
-def _rank_main(rank, conn, model, sock, phase, out, tp=2):
+def _rank_main(rank, conn, model, sock, phase, out, tp=2, extra=None):
     os.environ["KVDEPOT_CONFIG"] = json.dumps({
-        "store_mode": "daemon", "store_address": f"unix:{sock}"})
+        "store_mode": "daemon", "store_address": f"unix:{sock}",
+        **(extra or {})})
     import time
     from kvdepot import trtllm as kt
     from trtllm_standin import LlmRequest, Manager, PipeComm, rd, sched_out
@@ -71,7 +72,14 @@ def _rank_main(rank, conn, model, sock, phase, out, tp=2):
     else:
         assert m.step(sched_out([rd(1, blocks, tokens, n, PROMPT - n)]),
                       LAYERS) is None
-    m.request_finished(req, blocks)
+    # Kept (async_saves: saves in flight): every rank steps until all of
+    # them named it saved (the same answer on each, as in TensorRT-LLM).
+    keep = m.request_finished(req, blocks)
+    deadline = time.monotonic() + 20
+    while keep and 1 not in m.saved:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+        m.step(sched_out(), LAYERS)
     for _ in range(2):
         m.step(sched_out(), LAYERS)
     out.put((rank, n, is_async, w.kvdepot_stats(),
@@ -81,12 +89,12 @@ def _rank_main(rank, conn, model, sock, phase, out, tp=2):
         s.shutdown()
 
 
-def run_engine(model, sock, phase, tp=2):
+def run_engine(model, sock, phase, tp=2, extra=None):
     ctx = multiprocessing.get_context("spawn")
     a, b = ctx.Pipe() if tp == 2 else (None, None)
     out = ctx.Queue()
     procs = [ctx.Process(target=_rank_main,
-                         args=(r, c, model, sock, phase, out, tp))
+                         args=(r, c, model, sock, phase, out, tp, extra))
              for r, c in ((0, a), (1, b))[:tp]]
     for p in procs:
         p.start()
@@ -113,10 +121,12 @@ def model_and_daemon(tmp_path):
 
 
 @pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
-def test_two_ranks_in_two_processes_through_a_daemon(tmp_path):
+@pytest.mark.parametrize("extra", [None, {"async_saves": True}],
+                         ids=["sync_saves", "async_saves"])
+def test_two_ranks_in_two_processes_through_a_daemon(tmp_path, extra):
     model, proc, sock = model_and_daemon(tmp_path)
     try:
-        saved = run_engine(model, sock, "save")
+        saved = run_engine(model, sock, "save", extra=extra)
         for r in (0, 1):
             n, is_async, stats, _ = saved[r]
             assert (n, is_async) == (0, False)

@@ -694,6 +694,44 @@ def test_sleep_waits_for_saves_in_flight():
     assert out.stdout.split() == ["0", "6"], out.stdout
 
 
+_ANSWER_AFTER_COMMIT = """
+import sys, tempfile, test_vllm_connector as t
+with tempfile.TemporaryDirectory() as d:
+    kvs = t.caches("flash", fill=True)
+    s, w, names = t.connector_pair(t.vllm_config(d, async_saves=True), kvs)
+    for i, params in enumerate(({}, {"do_remote_decode": True}, None)):
+        tokens = [(j * 7 + 11 * i) % 32000 for j in range(t.PROMPT)]
+        req = t.Request(f"r{i}", tokens)
+        req.kv_transfer_params = params
+        if params is None:
+            req.max_tokens = 1  # a router's prefill request
+        s.get_num_new_matched_tokens(req, 0)
+        s.update_state_after_alloc(req, t.Blocks(range(7 * i, 7 * i + 7)), 0)
+        t.worker_step(w, s.build_connector_meta(t.sched_output(
+            new=[(req, 0)], tokens={req.request_id: t.PROMPT})), kvs, names)
+        # What the step's answer finds committed when it leaves.
+        print(w.kvdepot_stats()["saves_inflight"] > 0, flush=True)
+        w.workers[0].flush_saves()
+        s.request_finished(req, [])
+    s.shutdown()
+    w.shutdown()
+"""
+
+
+def test_answer_leaves_after_its_commits():
+    """async_saves on a prefill engine: the step that answers a hand-off
+    request (do_remote_decode) or a one-token request commits its saves
+    before it ends, since the decode engine loads them next; another
+    request's step ends with its saves in flight. The commits are slowed
+    (failpoint worker.commit, in a process of its own)."""
+    env = dict(os.environ, KVDEPOT_FAILPOINTS="worker.commit=delay:300")
+    out = subprocess.run([sys.executable, "-c", _ANSWER_AFTER_COMMIT],
+                         cwd=os.path.dirname(os.path.abspath(__file__)),
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "False", "False"], out.stdout
+
+
 # ---- vLLM's hybrid allocator: several KV-cache groups --------------------
 
 class FullAttentionSpec:
@@ -842,6 +880,74 @@ def test_decode_saves_and_delayed_free():
             assert out.finished_sending is None
         s.update_connector_output(out)
         assert w.kvdepot_stats()["blocks_saved"] == 2
+        s.shutdown()
+        w.shutdown()
+
+
+def test_speculative_decoding_saves_accepted_tokens():
+    """n-gram speculative decoding: each decode step schedules the last
+    token and three drafts, and vLLM keeps only the accepted ones (its
+    all_token_ids), rewinding num_computed_tokens past the rejected. The
+    blocks saved are keyed by the accepted tokens: a prompt of those tokens
+    finds every full block, and one block's key never covers another
+    sequence's tokens."""
+    with tempfile.TemporaryDirectory() as d:
+        kvs = caches("flash", fill=True)
+        s, w, names = connector_pair(vllm_config(d), kvs)
+        req = Request("r", list(range(40, 70)))  # 30 tokens
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, Blocks([4, 6, 8, 10]), 0)
+        out = worker_step(w, s.build_connector_meta(sched_output(
+            new=[(req, 0)], tokens={"r": 30})), kvs, names)
+        req.all_token_ids.append(500)  # sampled by the prefill step
+        accepted = iter([0, 2, 0, 1, 3, 0, 3, 3, 3, 0])
+        while True:  # until a step starts with 48 tokens known
+            n = len(req.all_token_ids)
+            meta = s.build_connector_meta(sched_output(
+                cached=[("r", None, n - 1)], tokens={"r": 4}))
+            s.update_connector_output(out)
+            out = worker_step(w, meta, kvs, names)
+            if n >= 48:
+                break
+            req.all_token_ids += [600 + n + i
+                                  for i in range(next(accepted) + 1)]
+        s.update_connector_output(out)
+        s.request_finished(req, [4, 6, 8, 10])
+        s.update_connector_output(worker_step(
+            w, s.build_connector_meta(sched_output()), kvs, names,
+            finished={"r"}))
+        again = Request("again", req.all_token_ids[:48] + [7])
+        assert s.get_num_new_matched_tokens(again, 0)[0] == 48
+        s.shutdown()
+        w.shutdown()
+
+
+def test_async_scheduling_tokens_arrive_late():
+    """vLLM's asynchronous scheduling plans step k+1 before step k's token
+    is known: num_computed_tokens counts it, all_token_ids does not yet.
+    The leader is given each token once it is known, so the blocks saved
+    carry the keys of the tokens they hold."""
+    with tempfile.TemporaryDirectory() as d:
+        kvs = caches("flash", fill=True)
+        s, w, names = connector_pair(vllm_config(d), kvs)
+        req = Request("r", list(range(40, 70)))  # 30 tokens
+        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+        s.update_state_after_alloc(req, Blocks([4, 6, 8, 10]), 0)
+        out = worker_step(w, s.build_connector_meta(sched_output(
+            new=[(req, 0)], tokens={"r": 30})), kvs, names)
+        for pos in range(30, 52):  # step k+1 planned, then k's token
+            meta = s.build_connector_meta(sched_output(
+                cached=[("r", None, pos)], tokens={"r": 1}))
+            req.all_token_ids.append(700 + pos)
+            s.update_connector_output(out)
+            out = worker_step(w, meta, kvs, names)
+        s.update_connector_output(out)
+        s.request_finished(req, [4, 6, 8, 10])
+        s.update_connector_output(worker_step(
+            w, s.build_connector_meta(sched_output()), kvs, names,
+            finished={"r"}))
+        again = Request("again", req.all_token_ids[:48] + [7])
+        assert s.get_num_new_matched_tokens(again, 0)[0] == 48
         s.shutdown()
         w.shutdown()
 

@@ -208,6 +208,11 @@ class Engine:
         aggregated as vLLM's executor does (done when every worker says
         so, the worker metadata of all), and go to the scheduler."""
         so = self.sched.schedule()
+        self.sched.update_from_output(so, self.run_workers(so, token))
+        return so
+
+    def run_workers(self, so, token=7):
+        """The workers' side of the step `so`: its ModelRunnerOutput."""
         finished, wmeta, invalid = ([], []), None, set()
         for w, kvs in zip(self.workers, self.kvs):
             w.bind_connector_metadata(so.kv_connector_metadata)
@@ -238,8 +243,7 @@ class Engine:
             kv_connector_output=KVConnectorOutput(
                 finished_sending=sending, finished_recving=recving,
                 invalid_block_ids=invalid, kv_connector_worker_meta=wmeta))
-        self.sched.update_from_output(so, out)
-        return so
+        return out
 
     def run_until_done(self, *rids, steps=400):
         for _ in range(steps):
@@ -375,6 +379,83 @@ def test_preemption(extra):
         assert not e.invalid
         e.close()
 
+
+_HAND_OFF = """
+import sys, tempfile
+from pathlib import Path
+import test_real_scheduler as t
+with tempfile.TemporaryDirectory() as root:
+    a = t.Engine(root, str(Path(root) / "store"), seed=12,
+                 extra={"async_saves": True})
+    for i, rid, params in ((1, "d", {}), (2, "p", {"do_remote_decode": True})):
+        req = t.make_request(rid, [x + i for x in t.PROMPT],
+                             max_tokens=1 if params else 4)
+        req.kv_transfer_params = params
+        a.sched.add_request(req)
+        a.step()  # the whole prompt: a prefill engine answers "p" here
+        st = a.worker.kvdepot_stats()
+        print(st["saves_inflight"] > 0, flush=True)
+        a.run_until_done(rid)
+    a.close()
+"""
+
+
+def test_hand_off_answered_after_its_commits():
+    """A prefill engine with async_saves: the step that answers a hand-off
+    request (do_remote_decode, max_tokens 1) ends with its blocks committed,
+    as the decode engine loads them next; a request decoding here leaves its
+    saves in flight. Commits are slowed by a failpoint (a process of its
+    own: the library reads KVDEPOT_FAILPOINTS when it loads)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, KVDEPOT_FAILPOINTS="worker.commit=delay:300")
+    out = subprocess.run([sys.executable, "-c", _HAND_OFF],
+                         cwd=os.path.dirname(os.path.abspath(__file__)),
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    said = [w for w in out.stdout.split() if w in ("True", "False")]
+    assert said == ["True", "False"], out.stdout  # among vLLM's log lines
+
+
+
+def test_async_scheduling_keys_decode_blocks():
+    """vLLM's AsyncScheduler (asynchronous scheduling, the default in recent
+    releases) plans step k+1 before step k's sampled token is known. The
+    blocks a request's decode fills are saved under the keys of the tokens
+    they hold: a new engine given the prompt plus the generated tokens
+    finds every full block, the decode-filled ones included."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    with tempfile.TemporaryDirectory() as root:
+        store = str(Path(root) / "store")
+        a = Engine(root, store, seed=13)
+        kvc = kv_cache_config(NB)
+        a.sched = AsyncScheduler(
+            vllm_config=a.cfg, kv_cache_config=kvc, log_stats=True,
+            structured_output_manager=StructuredOutputManager(a.cfg),
+            block_size=BS)
+        req = make_request("g", PROMPT, max_tokens=40)
+        a.sched.add_request(req)
+        pending, n = None, 0
+        while "g" in a.sched.requests or pending is not None:
+            n += 1
+            assert n < 200, "g did not finish"
+            so = a.sched.schedule()  # before the last step's output
+            out = a.run_workers(so, token=300 + n)
+            if pending is not None:
+                a.sched.update_from_output(*pending)
+            pending = (so, out) if so.total_num_scheduled_tokens or \
+                "g" in a.sched.requests else None
+        tokens = list(req.all_token_ids)
+        assert len(tokens) >= 8 * BS + 1
+        assert a.worker.kvdepot_stats()["blocks_saved"] >= 8
+        a.close()
+
+        b = Engine(root, store, seed=14)
+        c = b.sched.get_kv_connector()
+        again = make_request("h", tokens[:8 * BS] + [5])
+        assert c.get_num_new_matched_tokens(again, 0)[0] == 8 * BS
+        b.close()
 
 
 def test_hybrid_allocator_groups():
