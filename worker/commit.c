@@ -18,7 +18,9 @@
  * exactly once, since nothing of it is in flight any more.
  *
  * With async_saves the first way is split: wait_for_save only detaches
- * the step onto the drain list (kvd_worker_step_detach) and returns; the
+ * the step onto the drain list (kvd_worker_step_detach) and returns (its
+ * copies end before the next step is bound, kvd_worker_earlier_copies_wait:
+ * the engine may reuse blocks from then on); the
  * worker's committer thread ends each drained step, oldest first, once its
  * copy tasks ran (CUDA: it then waits for the side stream, and finishes
  * the step's loads too), with the store's calls outside the worker's lock. The
@@ -175,10 +177,39 @@ void kvd_worker_step_detach(kvd_worker_t *w, wstep_t *s)
     pthread_mutex_unlock(&w->mu);
 }
 
+/* async_saves: the copies of earlier steps' saves read the engine's blocks,
+ * and from its next step on the engine may give blocks to other requests
+ * without telling the connector first (vLLM frees the blocks that left a
+ * sliding window or a local-attention chunk while the request runs). So a
+ * new step is bound only once those copies ran (host) or are enqueued
+ * ahead of anything it enqueues (CUDA: the side stream runs them first,
+ * and start_load_kv orders the engine's stream after them); only the
+ * commits, the store's calls, outlive the step (mu not held). */
+void kvd_worker_earlier_copies_wait(kvd_worker_t *w)
+{
+    pthread_mutex_lock(&w->mu);
+    const wstep_t *d = w->drain_head;
+    while (d != NULL) {
+        if (d->save_tasks_left > 0) {
+            pthread_cond_wait(&w->done_cv, &w->mu);
+            d = w->drain_head; /* the list may have moved meanwhile */
+            continue;
+        }
+        d = d->drain_next;
+    }
+    w->order_reads = w->drain_head != NULL;
+    pthread_mutex_unlock(&w->mu);
+}
+
 /* Ends the saves of the oldest draining step, whose copies all ran (mu
  * held; dropped around the store's calls, which may be a daemon's). */
 static void drain_one(kvd_worker_t *w, wstep_t *s)
 {
+    /* A committer that falls behind (delay) or is held (block), in tests:
+     * the step stays at the head meanwhile, only this thread removes it. */
+    pthread_mutex_unlock(&w->mu);
+    (void)KVD_FAILPOINT("worker.drain");
+    pthread_mutex_lock(&w->mu);
     /* CUDA: the side stream has run the step's copies (and its loads are
      * finished: leases back, failures reported); may drop mu. */
     kvd_worker_copies_finish(w, s);

@@ -93,6 +93,7 @@ typedef struct cres {
     void *stream;
     void **layer_ev; /* num_layers */
     void *save_ev;
+    void *reads_ev; /* the side stream's tail, for the engine's stream */
     void **slot_ev; /* n_slots */
     void *staging;
     int32_t *ids_host; /* pinned; the asynchronous slots' */
@@ -303,6 +304,7 @@ static void res_destroy(kvd_worker_t *w, cres_t *r)
     }
     free(r->slot_ev);
     kvd_cuda_event_destroy(r->save_ev);
+    kvd_cuda_event_destroy(r->reads_ev);
     for (uint32_t l = 0; r->layer_ev != NULL && l < w->cfg.format.num_layers;
          l++) {
         kvd_cuda_event_destroy(r->layer_ev[l]);
@@ -339,6 +341,9 @@ static kvd_status_t res_create(kvd_worker_t *w, int device, cres_t **out,
     }
     if (st == KVD_OK) {
         st = kvd_cuda_event_create(&r->save_ev);
+    }
+    if (st == KVD_OK) {
+        st = kvd_cuda_event_create(&r->reads_ev);
     }
     if (st == KVD_OK) {
         what = "staging buffer";
@@ -875,6 +880,19 @@ static kvd_status_t cuda_save_order(kvd_worker_t *w, void *stream)
     return st;
 }
 
+static kvd_status_t cuda_reads_order(kvd_worker_t *w, void *stream)
+{
+    wcuda_t *c = w->cuda;
+    /* Under mu, as save_order: recorded after a whole staging sequence. */
+    pthread_mutex_lock(&c->mu);
+    kvd_status_t st = kvd_cuda_event_record(c->res->reads_ev, c->res->stream);
+    if (st == KVD_OK) {
+        st = kvd_cuda_stream_wait_event(stream, c->res->reads_ev);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
 static kvd_status_t cuda_drain(kvd_worker_t *w)
 {
     return kvd_cuda_stream_wait(w->cuda->res->stream);
@@ -916,6 +934,7 @@ const wdevice_ops_t kvd_worker_device_cuda = {
     .load_async = cuda_load_async,
     .stream_wait = cuda_stream_wait,
     .save_order = cuda_save_order,
+    .reads_order = cuda_reads_order,
     .drain = cuda_drain,
     .step_done = cuda_step_done,
     .can_rotate = true,

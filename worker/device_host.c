@@ -266,6 +266,12 @@ static kvd_status_t host_save_order(kvd_worker_t *w, void *stream)
     return KVD_OK;
 }
 
+static kvd_status_t host_reads_order(kvd_worker_t *w, void *stream)
+{
+    (void)w, (void)stream; /* bind waited for the copies themselves */
+    return KVD_OK;
+}
+
 static kvd_status_t host_drain(kvd_worker_t *w)
 {
     (void)w;
@@ -283,6 +289,7 @@ const wdevice_ops_t kvd_worker_device_host = {
     .load_async = host_load_async,
     .stream_wait = host_stream_wait,
     .save_order = host_save_order,
+    .reads_order = host_reads_order,
     .drain = host_drain,
     .can_rotate = true,
 };

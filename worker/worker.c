@@ -831,6 +831,7 @@ KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
     }
     s->step = msg->step;
     s->ns = w->cfg.ns;
+    kvd_worker_earlier_copies_wait(w);
     preempted_wait(w, msg);
     st = step_requests(w, s, msg, err, err_len);
     kvd_proto_step_plan_free(msg);
@@ -905,6 +906,19 @@ KVD_API kvd_status_t kvd_worker_start_load_kv(kvd_worker_t *worker,
     wstep_t *s = w->step;
     if (s == NULL) {
         return KVD_OK;
+    }
+    if (w->order_reads) {
+        /* Before the step's forward pass writes any block: the earlier
+         * steps' copies out of the cache come first (CUDA). */
+        w->order_reads = false;
+        kvd_status_t st = w->dev->reads_order(w, stream);
+        if (st != KVD_OK) {
+            KVD_LOG_ERROR("worker: step %llu: the engine's stream could not "
+                          "be ordered after the earlier saves (%s): "
+                          "waiting for them",
+                          (unsigned long long)s->step, kvd_status_str(st));
+            (void)w->dev->drain(w);
+        }
     }
     if (!s->loads_started) {
         kvd_worker_loads_start(w, s);

@@ -188,6 +188,9 @@ struct kvd_worker {
     wstep_t *drain_head, *drain_tail;
     uint64_t inflight_save_bytes, max_inflight_save_bytes;
     bool async_saves; /* cfg.async_saves */
+    /* The bound step's start_load_kv orders the engine's stream after the
+     * copies of earlier steps (bind found steps draining). */
+    bool order_reads;
     pthread_t committer;
     bool committer_started;
 
@@ -274,6 +277,11 @@ void kvd_worker_step_end(kvd_worker_t *w, wstep_t *s, const char *abort_why);
  * mu not held; every layer to copy issued): waits only for the step's
  * synchronous loads, then puts the step on the drain list. */
 void kvd_worker_step_detach(kvd_worker_t *w, wstep_t *s);
+/* cfg.async_saves, at bind: waits until the copies of the steps still
+ * draining ran (host) or are enqueued (CUDA; sets order_reads for the
+ * step's start_load_kv), since the engine may reuse their blocks from its
+ * next step on (engine thread, mu not held). */
+void kvd_worker_earlier_copies_wait(kvd_worker_t *w);
 /* The committer thread: ends the saves of each drained step, oldest
  * first, once its copies ran; leaves when `quit` is set and nothing is
  * left to drain. */
@@ -351,6 +359,9 @@ struct wdevice_ops {
     kvd_status_t (*stream_wait)(kvd_worker_t *w, uint32_t layer, void *stream);
     /* Orders the next saves after the work on the engine's `stream`. */
     kvd_status_t (*save_order)(kvd_worker_t *w, void *stream);
+    /* Orders the engine's `stream` after every copy enqueued so far (the
+     * saves of earlier steps read the cache until they ran). */
+    kvd_status_t (*reads_order)(kvd_worker_t *w, void *stream);
     /* Blocks until every copy enqueued so far has run. */
     kvd_status_t (*drain)(kvd_worker_t *w);
     /* After drain: the step's copies ran, its per-step device state may

@@ -172,9 +172,14 @@ typedef struct kvd_worker_config {
      * reuse a saving request's blocks before that report: vLLM keeps a
      * finished request's blocks while request_finished said delay_free,
      * and a plan naming preempted requests makes bind_metadata wait for
-     * their saves first. kvd_worker_flush_saves waits for all of them.
-     * Both backends; CUDA: the committer waits for the side stream, and a
-     * step's block-id arrays stay its own until then. */
+     * their saves first. The copies out of the cache end before the next
+     * step (engines also free blocks mid-request: vLLM those that left a
+     * sliding window): bind_metadata waits for the earlier steps' copies
+     * (CUDA: their enqueueing, and start_load_kv orders the engine's
+     * stream after them), so only the commits outlive the step.
+     * kvd_worker_flush_saves waits for all of them. Both backends; CUDA:
+     * the committer waits for the side stream, and a step's block-id
+     * arrays stay its own until then. */
     bool async_saves;
     /* With async_saves: the most object bytes reserved for saves not yet
      * committed, the bound step's and the draining steps' together; a

@@ -722,11 +722,11 @@ static void assert_same_objects(kvd_store_t *st, const kvd_namespace_t *ns,
     }
 }
 
-/* async_saves on the CUDA backend: step 1's last copy task is held
- * (worker.save=block@LAYERS), so its copies wait on the side stream (the
- * CPU model runs them only when waited for) while step 2 uploads its
- * block ids and enqueues its own. Each step's ids stay its own: both
- * steps' objects equal the host backend's. */
+/* async_saves on the CUDA backend: the committer is held before it
+ * drains step 1 (worker.drain=block), so step 1's copies wait on the side
+ * stream (the CPU model runs them only when waited for) while step 2
+ * uploads its block ids and enqueues its own. Each step's ids stay its
+ * own: both steps' objects equal the host backend's. */
 static void test_async_saves_keep_their_ids(void **state)
 {
     (void)state;
@@ -751,9 +751,7 @@ static void test_async_saves_keep_their_ids(void **state)
     side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x46, 0);
     g_async_saves = false;
     side_register(&dev, &dsrc.layout);
-    char spec[64];
-    snprintf(spec, sizeof spec, "worker.save=block@%d", LAYERS);
-    assert_int_equal(kvd_failpoint_set(spec, NULL, 0), KVD_OK);
+    assert_int_equal(kvd_failpoint_set("worker.drain=block", NULL, 0), KVD_OK);
     saving_step(&dev, save_blocks, 500);
     saving_step(&dev, other_blocks, 600);
     bool saving = false; /* nothing committed yet: step 1 is held */

@@ -8,7 +8,8 @@
  * the namespace of their bind, and the bytes in flight are bounded.
  *
  * The copies are held with the failpoint worker.save=block (the test
- * decides when they run), so nothing here depends on timing. With saves
+ * decides when they run), so nothing here depends on timing (but for
+ * the slowed copies of test_next_step_waits_for_the_copies). With saves
  * that end at wait_for_save the first test would hang at wait_for_save
  * (and fail by the test's timeout).
  */
@@ -293,7 +294,8 @@ static void test_inflight_bound_sheds(void **state)
     wfixture_open(&fx, 91);
     size_t obj = kvd_object_stored_bytes(&fx.fmt);
     kvd_worker_t *w = worker_async(&fx, 5 * obj);
-    hold_copies();
+    /* The commits are held: the copies ran, the bytes are still reserved. */
+    assert_int_equal(kvd_failpoint_set("worker.commit=block", NULL, 0), KVD_OK);
     saving_step(w, 1, "first", save_blocks, keys4); /* 4 of 5 in flight */
     assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
     saving_step(w, 2, "second", blocks_b, keys_b); /* room for one */
@@ -308,6 +310,42 @@ static void test_inflight_bound_sheds(void **state)
     ws = stats(w);
     assert_int_equal(ws.blocks_saved, 5);
     assert_int_equal(ws.saves_inflight, 0);
+    worker_store_close(w, fx.st);
+    cache_cleanup(&fx.c);
+}
+
+/* The engine may give a block to another request from its next step on
+ * (vLLM frees the blocks that left a sliding window while the request
+ * runs): a step is bound only once the earlier steps' copies out of the
+ * cache ran, so what they store is what the cache held at their step. The
+ * copies are slowed; the cache is overwritten as soon as the next step is
+ * bound, and the objects must still hold the bytes of the step that saved
+ * them. */
+static void test_next_step_waits_for_the_copies(void **state)
+{
+    (void)state;
+    wfixture_t fx;
+    wfixture_open(&fx, 94);
+    kvd_worker_t *w = worker_async(&fx, 0);
+    unsigned char *before = malloc(fx.c.bytes);
+    assert_non_null(before);
+    memcpy(before, fx.c.mem, fx.c.bytes);
+    assert_int_equal(kvd_failpoint_set("worker.save=delay:150", NULL, 0),
+                     KVD_OK);
+    saving_step(w, 1, "writer", save_blocks, keys4);
+    assert_true(saving(w, "writer")); /* the copies are still running */
+    assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
+    treq_t next = {.id = "next", .layerwise = true};
+    worker_bind(w, 2, &next, 1);
+    memset(fx.c.mem, 0x5a, fx.c.bytes); /* the next step's forward pass */
+    assert_int_equal(kvd_worker_start_load_kv(w, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
+    kvd_failpoint_clear();
+    assert_int_equal(kvd_worker_flush_saves(w), KVD_OK);
+    assert_int_equal(stored(fx.st, keys4, 4), 4);
+    memcpy(fx.c.mem, before, fx.c.bytes);
+    assert_bytes_back(w, &fx, 3, save_blocks);
+    free(before);
     worker_store_close(w, fx.st);
     cache_cleanup(&fx.c);
 }
@@ -373,6 +411,7 @@ int main(void)
         cmocka_unit_test(test_destroy_commits_in_flight),
         cmocka_unit_test(test_namespace_of_the_bind),
         cmocka_unit_test(test_inflight_bound_sheds),
+        cmocka_unit_test(test_next_step_waits_for_the_copies),
         cmocka_unit_test(test_short_step_still_aborted),
         cmocka_unit_test(test_bound_below_one_object_refused),
     };
