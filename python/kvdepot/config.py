@@ -43,9 +43,9 @@ class Settings:
     #   their heads into one object per block, which an engine of any TP
     #   size loads (docs/vllm.md, "Any tensor-parallel size"); false: each
     #   rank stores its shard in a namespace naming its TP size and rank
-    async_saves: bool = False      # a step's saves are committed after the
-    #   step (the copies overlap the next steps; vLLM keeps the blocks of a
-    #   finished request until then)
+    async_saves: bool = True       # a step's saves are committed after the
+    #   step (its copies out of the cache end before the next step; the
+    #   engine keeps a finished request's blocks until the commit)
     max_inflight_save_bytes: int = 0  # async saves reserved and not yet
     #   committed, at most (0 = 1 GiB): saves beyond are skipped, not waited
     gate: dict = field(default_factory=dict)  # recompute-vs-fetch gate:

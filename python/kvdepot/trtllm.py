@@ -190,29 +190,26 @@ def _parallel(llm_args):
     return tp, pp
 
 
-def _async_saves_allowed(llm_args):
-    """Saves that outlive their step read blocks TensorRT-LLM must not give
-    to another request meanwhile. It keeps a finished request's blocks while
-    request_finished says so, and frees a running request's only under a
-    capacity scheduler policy other than GUARANTEED_NO_EVICT (pausing), or
-    with its own cache transceiver (some releases then free the blocks
-    whatever request_finished answered): those are refused, with the
-    reason."""
+def _async_saves_refused(llm_args):
+    """Why saves cannot outlive their step in this engine, or None. A
+    finished request's blocks must stay until its commits: TensorRT-LLM
+    keeps them while request_finished says so, but not under a capacity
+    scheduler policy other than GUARANTEED_NO_EVICT (it pauses requests),
+    nor with its own cache transceiver (some releases then free them
+    whatever request_finished answered)."""
     sc = getattr(llm_args, "scheduler_config", None)
     policy = getattr(sc, "capacity_scheduler_policy", None)
     name = getattr(policy, "name", None) or (str(policy) if policy else "")
     if name and "GUARANTEED_NO_EVICT" not in name.upper():
-        raise ValueError(
-            f"kvdepot: async_saves needs the capacity scheduler policy "
-            f"GUARANTEED_NO_EVICT (this engine's is {name}): a paused "
-            f"request's blocks would go to another request while a save "
-            f"still reads them")
+        return (f"needs the capacity scheduler policy GUARANTEED_NO_EVICT "
+                f"(this engine's is {name}): a paused request's blocks "
+                f"would go to another request before its commit")
     ctc = getattr(llm_args, "cache_transceiver_config", None)
     if ctc is not None and getattr(ctc, "backend", None) is not None:
-        raise ValueError(
-            "kvdepot: async_saves with TensorRT-LLM's cache transceiver "
-            "(cache_transceiver_config.backend): the engine may free a "
-            "finished request's blocks while a save still reads them")
+        return ("is not used with TensorRT-LLM's cache transceiver "
+                "(cache_transceiver_config.backend): the engine may free a "
+                "finished request's blocks before its commit")
+    return None
 
 
 def _answers_once(request):
@@ -273,8 +270,13 @@ class _Model:
             raise ValueError(f"kvdepot: dtype {shape['dtype']!r} not "
                              "supported")
         self.settings = config.parse(extra)
-        if self.settings.async_saves:
-            _async_saves_allowed(llm_args)
+        why = _async_saves_refused(llm_args)
+        if why and self.settings.async_saves:
+            if "async_saves" in extra:
+                raise ValueError(f"kvdepot: async_saves {why}")
+            log.info("kvdepot: saves end at wait_for_save (async_saves "
+                     "%s)", why)
+            self.settings.async_saves = False
         self.tp, _ = _parallel(llm_args)
         self.rank = rank
         self.tp_rank = rank % self.tp

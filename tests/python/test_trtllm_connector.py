@@ -52,8 +52,10 @@ def write_model(d, heads=HEADS):
 
 
 def set_config(monkeypatch, d, **extra):
+    """Saves end at wait_for_save unless a test asks for async_saves (the
+    default): these tests look at a step's objects when it ends."""
     cfg = {"store_dir": str(Path(d) / "store"), "arena_size": "64m",
-           "disk_size": "64m", "disk_write": "through"}
+           "disk_size": "64m", "disk_write": "through", "async_saves": False}
     cfg.update(extra)
     monkeypatch.setenv("KVDEPOT_CONFIG", json.dumps(cfg))
 
@@ -305,14 +307,24 @@ def test_settings_from_a_yaml_file(monkeypatch):
 
 
 def test_async_saves_refused_where_blocks_can_move(monkeypatch):
-    """async_saves needs TensorRT-LLM to keep a request's blocks while a
-    save reads them: refused, with the reason, under a capacity scheduler
-    policy that pauses requests and with TensorRT-LLM's cache transceiver;
-    accepted under GUARANTEED_NO_EVICT (the only policy TensorRT-LLM runs a
-    connector with)."""
+    """async_saves (the default) needs TensorRT-LLM to keep a finished
+    request's blocks until its commits: asked for, it is refused with the
+    reason under a capacity scheduler policy that pauses requests and with
+    TensorRT-LLM's cache transceiver; by default saves then end at
+    wait_for_save. Accepted under GUARANTEED_NO_EVICT (the only policy
+    TensorRT-LLM runs a connector with)."""
     with tempfile.TemporaryDirectory() as d:
-        set_config(monkeypatch, d, async_saves=True)
         model = write_model(d)
+        monkeypatch.setenv("KVDEPOT_CONFIG", json.dumps({
+            "arena_size": "64m"}))
+        s = kt.KvdepotScheduler(llm_args(model))
+        assert s.settings.async_saves is True  # the default
+        s.shutdown()
+        s = kt.KvdepotScheduler(llm_args(model, scheduler_config=NS(
+            capacity_scheduler_policy="MAX_UTILIZATION")))
+        assert s.settings.async_saves is False
+        s.shutdown()
+        set_config(monkeypatch, d, async_saves=True)
         with pytest.raises(ValueError, match="GUARANTEED_NO_EVICT"):
             kt.KvdepotScheduler(llm_args(model, scheduler_config=NS(
                 capacity_scheduler_policy="MAX_UTILIZATION")))

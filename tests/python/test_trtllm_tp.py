@@ -121,8 +121,8 @@ def model_and_daemon(tmp_path):
 
 
 @pytest.mark.skipif(not KVDEPOTD, reason="KVDEPOTD not set")
-@pytest.mark.parametrize("extra", [None, {"async_saves": True}],
-                         ids=["sync_saves", "async_saves"])
+@pytest.mark.parametrize("extra", [{"async_saves": False}, None],
+                         ids=["sync_saves", "async_saves_default"])
 def test_two_ranks_in_two_processes_through_a_daemon(tmp_path, extra):
     model, proc, sock = model_and_daemon(tmp_path)
     try:

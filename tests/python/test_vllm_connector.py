@@ -81,8 +81,12 @@ class CudaLike:
         return getattr(self._t, name)
 
 def vllm_config(store_dir, mla=False, **extra):
+    """A VllmConfig stand-in. Saves end at wait_for_save unless a test asks
+    for async_saves (the default): these tests look at a step's objects when
+    it ends; saves across steps have their own tests."""
     extra = {"store_dir": store_dir, "arena_size": "64m",
-             "disk_size": "64m", "disk_write": "through", **extra}
+             "disk_size": "64m", "disk_write": "through",
+             "async_saves": False, **extra}
     return NS(model_config=ModelConfig(mla),
               parallel_config=NS(tensor_parallel_size=1,
                                  pipeline_parallel_size=1),

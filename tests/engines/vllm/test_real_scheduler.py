@@ -270,10 +270,10 @@ def block(kvd, layer, b):
     return list(kvd.values())[layer][:, b]
 
 
-# async_saves: the saves are committed after their step; vLLM keeps a
-# finished request's blocks until the connector reports it sending.
-ASYNC = pytest.mark.parametrize("extra", [None, {"async_saves": True}],
-                                ids=["sync_saves", "async_saves"])
+# async_saves (the default): the saves are committed after their step; vLLM
+# keeps a finished request's blocks until the connector reports it sending.
+ASYNC = pytest.mark.parametrize("extra", [{"async_saves": False}, None],
+                                ids=["sync_saves", "async_saves_default"])
 
 
 @ASYNC
@@ -385,8 +385,7 @@ import sys, tempfile
 from pathlib import Path
 import test_real_scheduler as t
 with tempfile.TemporaryDirectory() as root:
-    a = t.Engine(root, str(Path(root) / "store"), seed=12,
-                 extra={"async_saves": True})
+    a = t.Engine(root, str(Path(root) / "store"), seed=12)  # async saves
     for i, rid, params in ((1, "d", {}), (2, "p", {"do_remote_decode": True})):
         req = t.make_request(rid, [x + i for x in t.PROMPT],
                              max_tokens=1 if params else 4)
