@@ -201,6 +201,22 @@ void kvd_worker_earlier_copies_wait(kvd_worker_t *w)
     pthread_mutex_unlock(&w->mu);
 }
 
+kvd_status_t kvd_worker_reads_order(kvd_worker_t *w, void *stream)
+{
+    if (!w->order_reads) {
+        return KVD_OK;
+    }
+    w->order_reads = false;
+    kvd_status_t st = w->dev->reads_order(w, stream);
+    if (st != KVD_OK) {
+        KVD_LOG_ERROR("worker: the engine's stream could not be ordered after "
+                      "the earlier saves' copies (%s): waiting for them",
+                      kvd_status_str(st));
+        (void)w->dev->drain(w);
+    }
+    return st;
+}
+
 /* Ends the saves of the oldest draining step, whose copies all ran (mu
  * held; dropped around the store's calls, which may be a daemon's). */
 static void drain_one(kvd_worker_t *w, wstep_t *s)

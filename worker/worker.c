@@ -907,19 +907,9 @@ KVD_API kvd_status_t kvd_worker_start_load_kv(kvd_worker_t *worker,
     if (s == NULL) {
         return KVD_OK;
     }
-    if (w->order_reads) {
-        /* Before the step's forward pass writes any block: the earlier
-         * steps' copies out of the cache come first (CUDA). */
-        w->order_reads = false;
-        kvd_status_t st = w->dev->reads_order(w, stream);
-        if (st != KVD_OK) {
-            KVD_LOG_ERROR("worker: step %llu: the engine's stream could not "
-                          "be ordered after the earlier saves (%s): "
-                          "waiting for them",
-                          (unsigned long long)s->step, kvd_status_str(st));
-            (void)w->dev->drain(w);
-        }
-    }
+    /* Before the step's forward pass writes any block: the earlier steps'
+     * copies out of the cache come first (CUDA). */
+    (void)kvd_worker_reads_order(w, stream);
     if (!s->loads_started) {
         kvd_worker_loads_start(w, s);
     }
@@ -1051,6 +1041,15 @@ KVD_API kvd_status_t kvd_worker_wait_for_save(kvd_worker_t *worker,
         kvd_worker_step_end(w, s, NULL);
     }
     return KVD_OK;
+}
+
+KVD_API kvd_status_t kvd_worker_blocks_fence(kvd_worker_t *worker, void *stream)
+{
+    if (worker == NULL) {
+        return KVD_ERR_INVALID;
+    }
+    kvd_worker_earlier_copies_wait(worker);
+    return kvd_worker_reads_order(worker, stream);
 }
 
 KVD_API kvd_status_t kvd_worker_flush_saves(kvd_worker_t *worker)

@@ -282,6 +282,10 @@ void kvd_worker_step_detach(kvd_worker_t *w, wstep_t *s);
  * step's start_load_kv), since the engine may reuse their blocks from its
  * next step on (engine thread, mu not held). */
 void kvd_worker_earlier_copies_wait(kvd_worker_t *w);
+/* When the last earlier_copies_wait found steps draining: makes the
+ * engine's `stream` wait for every copy enqueued so far (CUDA; on failure
+ * waits for them on the CPU and returns the error). Engine thread. */
+kvd_status_t kvd_worker_reads_order(kvd_worker_t *w, void *stream);
 /* The committer thread: ends the saves of each drained step, oldest
  * first, once its copies ran; leaves when `quit` is set and nothing is
  * left to drain. */

@@ -497,6 +497,21 @@ KVD_API kvd_status_t kvd_worker_stats(kvd_worker_t *worker,
 KVD_API kvd_status_t kvd_worker_flush_saves(kvd_worker_t *worker);
 
 /*
+ * The engine is about to write blocks of its next step before binding its
+ * plan (vLLM zeroes newly allocated blocks and copies blocks in its model
+ * runner first): with async_saves, waits until the copies of earlier
+ * steps' saves ran (host) or are enqueued (CUDA), and makes the engine's
+ * `stream` wait for them, so a block they read that the engine gave to
+ * another request is written only after. bind_metadata and start_load_kv
+ * do the same; this call is for writes that come before them. Returns at
+ * once without async_saves. Engine thread; errors: KVD_ERR_INVALID (NULL
+ * worker), a CUDA error ordering the stream (the copies were then waited
+ * for on the CPU instead).
+ */
+KVD_API kvd_status_t kvd_worker_blocks_fence(kvd_worker_t *worker,
+                                             void *stream);
+
+/*
  * *saving_out: a save of request `request_id` is in flight (the bound
  * step's, or an earlier step's with async_saves), so the engine must keep
  * its blocks. Errors: KVD_ERR_INVALID (NULL argument). Thread: any.

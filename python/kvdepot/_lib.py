@@ -403,6 +403,7 @@ def _declare(h):
         "kvd_worker_get_finished": (st, [vp, P(cp), sz, P(WorkerFinished)]),
         "kvd_worker_stats": (st, [vp, P(WorkerStats)]),
         "kvd_worker_flush_saves": (st, [vp]),
+        "kvd_worker_blocks_fence": (st, [vp, vp]),
         "kvd_worker_request_saving": (st, [vp, cp, P(ctypes.c_bool)]),
         "kvd_leader_stats": (st, [vp, P(LeaderStats)]),
         "kvd_leader_set_saved_queue": (st, [vp, sz]),
@@ -920,6 +921,12 @@ class Worker:
     def flush_saves(self):
         """Waits until no earlier step's save is in flight."""
         _check("flush_saves", lib().kvd_worker_flush_saves(self.handle))
+
+    def blocks_fence(self, stream=None):
+        """The engine writes blocks next, before binding its plan: earlier
+        steps' copies out of the cache end first (worker.h)."""
+        _check("blocks_fence", lib().kvd_worker_blocks_fence(self.handle,
+                                                             stream))
 
     def request_saving(self, request_id):
         """True while a save of the request is in flight."""

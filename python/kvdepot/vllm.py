@@ -886,9 +886,17 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         super().clear_connector_metadata()
 
     def handle_preemptions(self, kv_connector_metadata):
-        """Before vLLM reuses a preempted request's blocks: its saves still
-        in flight (async_saves) end first. Binding the plan waits for them
-        too; this runs earlier in vLLM's step."""
+        """vLLM's first call of a step, before its model runner writes any
+        block (it zeroes newly allocated blocks and copies blocks before
+        binding the plan). With async_saves the copies of earlier steps'
+        saves end first, since vLLM may have given their blocks to other
+        requests (a finished request's are kept, but a sliding window's
+        blocks are freed while the request runs); and a preempted
+        request's saves still in flight end too (binding the plan waits for
+        them as well, for engines without this hook)."""
+        s = _stream_of(self._device)
+        for worker in self.workers:
+            worker.blocks_fence(s)
         for rid in getattr(kv_connector_metadata, "preempted", ()):
             for worker in self.workers:
                 if worker.request_saving(rid):

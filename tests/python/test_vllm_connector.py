@@ -722,6 +722,66 @@ with tempfile.TemporaryDirectory() as d:
 """
 
 
+_FENCE_BEFORE_WRITES = """
+import tempfile, time, test_vllm_connector as t
+with tempfile.TemporaryDirectory() as d:
+    kvs = t.caches("flash", fill=True)
+    orig = {n: x.clone() for n, x in kvs.items()}
+    s, w, names = t.connector_pair(t.vllm_config(d, async_saves=True), kvs)
+    tokens = [(i * 13 + 5) % 32000 for i in range(t.PROMPT)]
+    a = [3, 9, 1, 12, 5, 20, 7]
+    req = t.Request("a", tokens)
+    s.get_num_new_matched_tokens(req, 0)
+    s.update_state_after_alloc(req, t.Blocks(a), 0)
+    s.update_connector_output(t.worker_step(w, s.build_connector_meta(
+        t.sched_output(new=[(req, 0)], tokens={"a": t.PROMPT})), kvs, names))
+    # The next step: vLLM's first connector call, then its model runner
+    # zeroes the blocks it allocated (here: all of them) before the bind.
+    w.handle_preemptions(s.build_connector_meta(t.sched_output()))
+    for x in kvs.values():
+        x.zero_()
+    for x in w.workers:
+        x.flush_saves()
+    b = [11, 13, 15, 17, 19, 21, 23]
+    req = t.Request("b", tokens)
+    n, is_async = s.get_num_new_matched_tokens(req, 0)
+    s.update_state_after_alloc(req, t.Blocks(b), n)
+    deadline = time.monotonic() + 20
+    done = not is_async
+    while not done and time.monotonic() < deadline:
+        out = t.worker_step(w, s.build_connector_meta(t.sched_output()),
+                            kvs, names)
+        s.update_connector_output(out)
+        done = bool(out.finished_recving)
+    s.update_connector_output(t.worker_step(w, s.build_connector_meta(
+        t.sched_output(new=[(req, n)], tokens={"b": t.PROMPT - n})), kvs,
+        names))
+    same = all(torch_equal(t.block_of("flash", orig, l, a[i]),
+                           t.block_of("flash", kvs, l, b[i]))
+               for l in range(t.LAYERS) for i in range(6))
+    print(n, same)
+    s.shutdown()
+    w.shutdown()
+"""
+
+
+def test_copies_end_before_vllm_writes_blocks():
+    """async_saves: vLLM's model runner writes blocks (zeroing those it
+    allocated, copying blocks) after handle_preemptions and before the
+    plan's bind, and a block an earlier step's save still copies may be
+    among them (vLLM frees a sliding window's blocks while the request
+    runs). handle_preemptions ends those copies first: what was stored is
+    what the step computed. The copies are slowed (failpoint worker.save,
+    in a process of its own)."""
+    env = dict(os.environ, KVDEPOT_FAILPOINTS="worker.save=delay:150")
+    script = "from torch import equal as torch_equal\n" + _FENCE_BEFORE_WRITES
+    out = subprocess.run([sys.executable, "-c", script],
+                         cwd=os.path.dirname(os.path.abspath(__file__)),
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert out.stdout.split() == ["96", "True"], out.stdout
+
+
 def test_answer_leaves_after_its_commits():
     """async_saves on a prefill engine: the step that answers a hand-off
     request (do_remote_decode) or a one-token request commits its saves

@@ -350,6 +350,39 @@ static void test_next_step_waits_for_the_copies(void **state)
     cache_cleanup(&fx.c);
 }
 
+/* vLLM writes blocks of its next step (zeroing new ones) before binding
+ * the plan: kvd_worker_blocks_fence, called first, ends the earlier
+ * steps' copies out of the cache, so the objects hold what their step
+ * saved. The copies are slowed; the cache is overwritten right after the
+ * fence. */
+static void test_fence_before_the_engine_writes(void **state)
+{
+    (void)state;
+    wfixture_t fx;
+    wfixture_open(&fx, 95);
+    kvd_worker_t *w = worker_async(&fx, 0);
+    unsigned char *before = malloc(fx.c.bytes);
+    assert_non_null(before);
+    memcpy(before, fx.c.mem, fx.c.bytes);
+    assert_int_equal(kvd_failpoint_set("worker.save=delay:150", NULL, 0),
+                     KVD_OK);
+    saving_step(w, 1, "writer", save_blocks, keys4);
+    assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
+    assert_int_equal(kvd_worker_blocks_fence(w, NULL), KVD_OK);
+    memset(fx.c.mem, 0, fx.c.bytes); /* the engine zeroes its new blocks */
+    kvd_failpoint_clear();
+    assert_int_equal(kvd_worker_flush_saves(w), KVD_OK);
+    assert_int_equal(stored(fx.st, keys4, 4), 4);
+    memcpy(fx.c.mem, before, fx.c.bytes);
+    assert_bytes_back(w, &fx, 2, save_blocks);
+    /* Nothing in flight: returns at once. */
+    assert_int_equal(kvd_worker_blocks_fence(w, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_blocks_fence(NULL, NULL), KVD_ERR_INVALID);
+    free(before);
+    worker_store_close(w, fx.st);
+    cache_cleanup(&fx.c);
+}
+
 /* A bound below one object would shed every save: refused at create. */
 static void test_bound_below_one_object_refused(void **state)
 {
@@ -412,6 +445,7 @@ int main(void)
         cmocka_unit_test(test_namespace_of_the_bind),
         cmocka_unit_test(test_inflight_bound_sheds),
         cmocka_unit_test(test_next_step_waits_for_the_copies),
+        cmocka_unit_test(test_fence_before_the_engine_writes),
         cmocka_unit_test(test_short_step_still_aborted),
         cmocka_unit_test(test_bound_below_one_object_refused),
     };
