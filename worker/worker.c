@@ -774,22 +774,6 @@ static kvd_status_t step_requests(kvd_worker_t *w, wstep_t *s,
     return KVD_OK;
 }
 
-/* The engine is about to reuse the blocks of the plan's preempted
- * requests: their saves still in flight (async_saves) end first. */
-static void preempted_wait(kvd_worker_t *w, const kvd_pb_step_plan_t *plan)
-{
-    if (plan->n_preempted_request_ids == 0) {
-        return;
-    }
-    pthread_mutex_lock(&w->mu);
-    for (size_t i = 0; i < plan->n_preempted_request_ids; i++) {
-        while (kvd_worker_req_saving(w, plan->preempted_request_ids[i])) {
-            pthread_cond_wait(&w->done_cv, &w->mu);
-        }
-    }
-    pthread_mutex_unlock(&w->mu);
-}
-
 KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
                                               const void *plan, size_t len,
                                               char *err, size_t err_len)
@@ -831,8 +815,9 @@ KVD_API kvd_status_t kvd_worker_bind_metadata(kvd_worker_t *worker,
     }
     s->step = msg->step;
     s->ns = w->cfg.ns;
+    /* Also what makes the blocks of the plan's preempted requests safe to
+     * reuse: their saves' copies ran, only commits may be left. */
     kvd_worker_earlier_copies_wait(w);
-    preempted_wait(w, msg);
     st = step_requests(w, s, msg, err, err_len);
     kvd_proto_step_plan_free(msg);
     if (st == KVD_OK) {

@@ -169,14 +169,14 @@ typedef struct kvd_worker_config {
      * worker's committer thread commits each step's objects (all or
      * nothing, as always) when its copies ran, and reports its requests as
      * finishing saving then (vLLM finished_sending). The engine must not
-     * reuse a saving request's blocks before that report: vLLM keeps a
-     * finished request's blocks while request_finished said delay_free,
-     * and a plan naming preempted requests makes bind_metadata wait for
-     * their saves first. The copies out of the cache end before the next
-     * step (engines also free blocks mid-request: vLLM those that left a
+     * give a finished request's blocks away before that report: vLLM
+     * keeps them while request_finished said delay_free. The copies out
+     * of the cache end before the next step (engines also reuse blocks
+     * of running requests: vLLM a preempted request's, those that left a
      * sliding window): bind_metadata waits for the earlier steps' copies
      * (CUDA: their enqueueing, and start_load_kv orders the engine's
-     * stream after them), so only the commits outlive the step.
+     * stream after them; kvd_worker_blocks_fence for writes before the
+     * bind), so only the commits outlive the step.
      * kvd_worker_flush_saves waits for all of them. Both backends; CUDA:
      * the committer waits for the side stream, and a step's block-id
      * arrays stay its own until then. */

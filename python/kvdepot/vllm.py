@@ -119,8 +119,8 @@ class KvdepotConnectorMetadata(KVConnectorMetadata):
         # Requests this step answers whose KV another engine loads next
         # (_answered_by): their saves are committed before the step ends.
         self.answered = tuple(answered)
-        # Requests vLLM preempted this step: their blocks go to others, so
-        # their saves still in flight end first (handle_preemptions).
+        # Requests vLLM preempted this step (their blocks go to others; the
+        # copies of every earlier save end first, handle_preemptions).
         self.preempted = tuple(preempted)
         # The scheduler's namespace generation (reset_cache bumps it): the
         # workers move to it before binding the plans.
@@ -890,17 +890,12 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         block (it zeroes newly allocated blocks and copies blocks before
         binding the plan). With async_saves the copies of earlier steps'
         saves end first, since vLLM may have given their blocks to other
-        requests (a finished request's are kept, but a sliding window's
-        blocks are freed while the request runs); and a preempted
-        request's saves still in flight end too (binding the plan waits for
-        them as well, for engines without this hook)."""
+        requests: a preempted request's, a sliding window's (freed while
+        the request runs). Their commits go on: they read the arena only.
+        Binding the plan does the same, for engines without this hook."""
         s = _stream_of(self._device)
         for worker in self.workers:
             worker.blocks_fence(s)
-        for rid in getattr(kv_connector_metadata, "preempted", ()):
-            for worker in self.workers:
-                if worker.request_saving(rid):
-                    worker.flush_saves()
 
     def unregister_kv_caches(self):
         """vLLM's sleep mode is about to release the KV cache memory (its

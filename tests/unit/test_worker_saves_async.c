@@ -3,9 +3,10 @@
  * worker/commit.c): wait_for_save returns while the copies still run, the
  * committer commits the step's objects (all or nothing) afterwards, and a
  * request is reported as finished saving only once none of its saves is in
- * flight. The engine's blocks stay safe: a plan naming a preempted request
- * waits for its saves, destroy commits what is in flight, the keys keep
- * the namespace of their bind, and the bytes in flight are bounded.
+ * flight. The engine's blocks stay safe: the next step (a plan naming a
+ * preempted request too) is bound only after the earlier copies ran, destroy
+ * commits what is in flight, the keys keep the namespace of their bind, and the
+ * bytes in flight are bounded.
  *
  * The copies are held with the failpoint worker.save=block (the test
  * decides when they run), so nothing here depends on timing (but for
@@ -208,13 +209,18 @@ static void *release_later(void *arg)
 }
 
 /* A plan naming a preempted request (its blocks go to others next) is
- * bound only after that request's saves are committed. */
-static void test_preempted_request_waits(void **state)
+ * bound only after that request's copies ran (its commit may still be
+ * pending): the cache overwritten right after the bind leaves the
+ * objects as the step saved them. */
+static void test_preempted_request_copies_end(void **state)
 {
     (void)state;
     wfixture_t fx;
     wfixture_open(&fx, 91);
     kvd_worker_t *w = worker_async(&fx, 0);
+    unsigned char *before = malloc(fx.c.bytes);
+    assert_non_null(before);
+    memcpy(before, fx.c.mem, fx.c.bytes);
     hold_copies();
     saving_step(w, 1, "victim", save_blocks, keys4);
     assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
@@ -234,12 +240,15 @@ static void test_preempted_request_waits(void **state)
     assert_int_equal(pthread_create(&t, NULL, release_later, NULL), 0);
     assert_int_equal(kvd_worker_bind_metadata(w, buf, len, why, sizeof why),
                      KVD_OK);
-    /* Bound: the victim's objects are whole in the store already. */
-    assert_false(saving(w, "victim"));
-    assert_int_equal(stored(fx.st, keys4, 4), 4);
+    memset(fx.c.mem, 0x5a, fx.c.bytes); /* the blocks' next owner */
     pthread_join(t, NULL);
     free(buf);
     assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
+    assert_int_equal(kvd_worker_flush_saves(w), KVD_OK);
+    assert_int_equal(stored(fx.st, keys4, 4), 4);
+    memcpy(fx.c.mem, before, fx.c.bytes);
+    assert_bytes_back(w, &fx, 3, save_blocks);
+    free(before);
     worker_store_close(w, fx.st);
     cache_cleanup(&fx.c);
 }
@@ -440,7 +449,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_wait_for_save_does_not_wait),
         cmocka_unit_test(test_report_waits_for_the_last_step),
-        cmocka_unit_test(test_preempted_request_waits),
+        cmocka_unit_test(test_preempted_request_copies_end),
         cmocka_unit_test(test_destroy_commits_in_flight),
         cmocka_unit_test(test_namespace_of_the_bind),
         cmocka_unit_test(test_inflight_bound_sheds),
