@@ -948,6 +948,33 @@ def test_decode_saves_and_delayed_free():
         w.shutdown()
 
 
+def decode_started(d):
+    """Request "r" of 30 tokens in blocks 4, 6, 8, 10, prefilled: (s, w,
+    names, kvs, req, the prefill step's output)."""
+    kvs = caches("flash", fill=True)
+    s, w, names = connector_pair(vllm_config(d), kvs)
+    req = Request("r", list(range(40, 70)))
+    assert s.get_num_new_matched_tokens(req, 0) == (0, False)
+    s.update_state_after_alloc(req, Blocks([4, 6, 8, 10]), 0)
+    out = worker_step(w, s.build_connector_meta(sched_output(
+        new=[(req, 0)], tokens={"r": 30})), kvs, names)
+    return s, w, names, kvs, req, out
+
+
+def decode_finished(s, w, out, req, kvs, names):
+    """Ends request "r" after its last step (`out`); a prompt of its first
+    48 tokens must find the three blocks they fill."""
+    s.update_connector_output(out)
+    s.request_finished(req, [4, 6, 8, 10])
+    s.update_connector_output(worker_step(
+        w, s.build_connector_meta(sched_output()), kvs, names,
+        finished={"r"}))
+    again = Request("again", req.all_token_ids[:48] + [7])
+    assert s.get_num_new_matched_tokens(again, 0)[0] == 48
+    s.shutdown()
+    w.shutdown()
+
+
 def test_speculative_decoding_saves_accepted_tokens():
     """n-gram speculative decoding: each decode step schedules the last
     token and three drafts, and vLLM keeps only the accepted ones (its
@@ -956,13 +983,7 @@ def test_speculative_decoding_saves_accepted_tokens():
     finds every full block, and one block's key never covers another
     sequence's tokens."""
     with tempfile.TemporaryDirectory() as d:
-        kvs = caches("flash", fill=True)
-        s, w, names = connector_pair(vllm_config(d), kvs)
-        req = Request("r", list(range(40, 70)))  # 30 tokens
-        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
-        s.update_state_after_alloc(req, Blocks([4, 6, 8, 10]), 0)
-        out = worker_step(w, s.build_connector_meta(sched_output(
-            new=[(req, 0)], tokens={"r": 30})), kvs, names)
+        s, w, names, kvs, req, out = decode_started(d)
         req.all_token_ids.append(500)  # sampled by the prefill step
         accepted = iter([0, 2, 0, 1, 3, 0, 3, 3, 3, 0])
         while True:  # until a step starts with 48 tokens known
@@ -975,15 +996,7 @@ def test_speculative_decoding_saves_accepted_tokens():
                 break
             req.all_token_ids += [600 + n + i
                                   for i in range(next(accepted) + 1)]
-        s.update_connector_output(out)
-        s.request_finished(req, [4, 6, 8, 10])
-        s.update_connector_output(worker_step(
-            w, s.build_connector_meta(sched_output()), kvs, names,
-            finished={"r"}))
-        again = Request("again", req.all_token_ids[:48] + [7])
-        assert s.get_num_new_matched_tokens(again, 0)[0] == 48
-        s.shutdown()
-        w.shutdown()
+        decode_finished(s, w, out, req, kvs, names)
 
 
 def test_async_scheduling_tokens_arrive_late():
@@ -992,28 +1005,14 @@ def test_async_scheduling_tokens_arrive_late():
     The leader is given each token once it is known, so the blocks saved
     carry the keys of the tokens they hold."""
     with tempfile.TemporaryDirectory() as d:
-        kvs = caches("flash", fill=True)
-        s, w, names = connector_pair(vllm_config(d), kvs)
-        req = Request("r", list(range(40, 70)))  # 30 tokens
-        assert s.get_num_new_matched_tokens(req, 0) == (0, False)
-        s.update_state_after_alloc(req, Blocks([4, 6, 8, 10]), 0)
-        out = worker_step(w, s.build_connector_meta(sched_output(
-            new=[(req, 0)], tokens={"r": 30})), kvs, names)
+        s, w, names, kvs, req, out = decode_started(d)
         for pos in range(30, 52):  # step k+1 planned, then k's token
             meta = s.build_connector_meta(sched_output(
                 cached=[("r", None, pos)], tokens={"r": 1}))
             req.all_token_ids.append(700 + pos)
             s.update_connector_output(out)
             out = worker_step(w, meta, kvs, names)
-        s.update_connector_output(out)
-        s.request_finished(req, [4, 6, 8, 10])
-        s.update_connector_output(worker_step(
-            w, s.build_connector_meta(sched_output()), kvs, names,
-            finished={"r"}))
-        again = Request("again", req.all_token_ids[:48] + [7])
-        assert s.get_num_new_matched_tokens(again, 0)[0] == 48
-        s.shutdown()
-        w.shutdown()
+        decode_finished(s, w, out, req, kvs, names)
 
 
 def test_load_errors_surface():

@@ -135,6 +135,28 @@ static void assert_bytes_back(kvd_worker_t *w, wfixture_t *fx, uint64_t step,
     cache_cleanup(&want);
 }
 
+/* The cache's bytes now: what the objects of keys4 must hold later. */
+static unsigned char *cache_snapshot(const wfixture_t *fx)
+{
+    unsigned char *b = malloc(fx->c.bytes);
+    assert_non_null(b);
+    memcpy(b, fx->c.mem, fx->c.bytes);
+    return b;
+}
+
+/* The saves of keys4 (from save_blocks) are committed with the bytes of
+ * `before`, whatever the cache held since: the cache is set back to
+ * `before` (freed) and the objects load into blocks_b at step `step`. */
+static void assert_saved_as(kvd_worker_t *w, wfixture_t *fx, uint64_t step,
+                            unsigned char *before)
+{
+    assert_int_equal(kvd_worker_flush_saves(w), KVD_OK);
+    assert_int_equal(stored(fx->st, keys4, 4), 4);
+    memcpy(fx->c.mem, before, fx->c.bytes);
+    free(before);
+    assert_bytes_back(w, fx, step, save_blocks);
+}
+
 /* wait_for_save returns with every copy held; the objects appear, and
  * the request is reported, only once the copies ran. */
 static void test_wait_for_save_does_not_wait(void **state)
@@ -218,9 +240,7 @@ static void test_preempted_request_copies_end(void **state)
     wfixture_t fx;
     wfixture_open(&fx, 91);
     kvd_worker_t *w = worker_async(&fx, 0);
-    unsigned char *before = malloc(fx.c.bytes);
-    assert_non_null(before);
-    memcpy(before, fx.c.mem, fx.c.bytes);
+    unsigned char *before = cache_snapshot(&fx);
     hold_copies();
     saving_step(w, 1, "victim", save_blocks, keys4);
     assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
@@ -244,11 +264,7 @@ static void test_preempted_request_copies_end(void **state)
     pthread_join(t, NULL);
     free(buf);
     assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
-    assert_int_equal(kvd_worker_flush_saves(w), KVD_OK);
-    assert_int_equal(stored(fx.st, keys4, 4), 4);
-    memcpy(fx.c.mem, before, fx.c.bytes);
-    assert_bytes_back(w, &fx, 3, save_blocks);
-    free(before);
+    assert_saved_as(w, &fx, 3, before);
     worker_store_close(w, fx.st);
     cache_cleanup(&fx.c);
 }
@@ -336,9 +352,7 @@ static void test_next_step_waits_for_the_copies(void **state)
     wfixture_t fx;
     wfixture_open(&fx, 94);
     kvd_worker_t *w = worker_async(&fx, 0);
-    unsigned char *before = malloc(fx.c.bytes);
-    assert_non_null(before);
-    memcpy(before, fx.c.mem, fx.c.bytes);
+    unsigned char *before = cache_snapshot(&fx);
     assert_int_equal(kvd_failpoint_set("worker.save=delay:150", NULL, 0),
                      KVD_OK);
     saving_step(w, 1, "writer", save_blocks, keys4);
@@ -350,11 +364,7 @@ static void test_next_step_waits_for_the_copies(void **state)
     assert_int_equal(kvd_worker_start_load_kv(w, NULL), KVD_OK);
     assert_int_equal(kvd_worker_clear_metadata(w), KVD_OK);
     kvd_failpoint_clear();
-    assert_int_equal(kvd_worker_flush_saves(w), KVD_OK);
-    assert_int_equal(stored(fx.st, keys4, 4), 4);
-    memcpy(fx.c.mem, before, fx.c.bytes);
-    assert_bytes_back(w, &fx, 3, save_blocks);
-    free(before);
+    assert_saved_as(w, &fx, 3, before);
     worker_store_close(w, fx.st);
     cache_cleanup(&fx.c);
 }
@@ -370,9 +380,7 @@ static void test_fence_before_the_engine_writes(void **state)
     wfixture_t fx;
     wfixture_open(&fx, 95);
     kvd_worker_t *w = worker_async(&fx, 0);
-    unsigned char *before = malloc(fx.c.bytes);
-    assert_non_null(before);
-    memcpy(before, fx.c.mem, fx.c.bytes);
+    unsigned char *before = cache_snapshot(&fx);
     assert_int_equal(kvd_failpoint_set("worker.save=delay:150", NULL, 0),
                      KVD_OK);
     saving_step(w, 1, "writer", save_blocks, keys4);
@@ -380,14 +388,10 @@ static void test_fence_before_the_engine_writes(void **state)
     assert_int_equal(kvd_worker_blocks_fence(w, NULL), KVD_OK);
     memset(fx.c.mem, 0, fx.c.bytes); /* the engine zeroes its new blocks */
     kvd_failpoint_clear();
-    assert_int_equal(kvd_worker_flush_saves(w), KVD_OK);
-    assert_int_equal(stored(fx.st, keys4, 4), 4);
-    memcpy(fx.c.mem, before, fx.c.bytes);
-    assert_bytes_back(w, &fx, 2, save_blocks);
+    assert_saved_as(w, &fx, 2, before);
     /* Nothing in flight: returns at once. */
     assert_int_equal(kvd_worker_blocks_fence(w, NULL), KVD_OK);
     assert_int_equal(kvd_worker_blocks_fence(NULL, NULL), KVD_ERR_INVALID);
-    free(before);
     worker_store_close(w, fx.st);
     cache_cleanup(&fx.c);
 }
