@@ -102,6 +102,53 @@ static inline void etcd_start(etcd_proc_t *p)
     }
 }
 
+/* True once etcd's client port accepts a connection. */
+static inline bool etcd_listening(const etcd_proc_t *p)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)p->client_port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0) {
+        close(fd);
+    }
+    return ok;
+}
+
+/* Picks two free ports and starts etcd on them until it listens. A port
+ * free_port returned can be taken again before etcd binds it (another
+ * test's listener, or an outgoing connection's source port): etcd then
+ * exits, and it is started again on new ports, three times at most. */
+static inline void etcd_start_listening(etcd_proc_t *p)
+{
+    for (int attempt = 0; attempt < 3; attempt++) {
+        p->client_port = free_port();
+        p->peer_port = free_port();
+        snprintf(p->endpoint, sizeof p->endpoint, "127.0.0.1:%d",
+                 p->client_port);
+        etcd_start(p);
+        for (double end = now_s() + 20; now_s() < end; usleep(50000)) {
+            if (waitpid(p->pid, NULL, WNOHANG) == p->pid) {
+                fprintf(stderr,
+                        "etcd exited at start (ports %d/%d): "
+                        "trying other ports; log %s/etcd.log\n",
+                        p->client_port, p->peer_port, p->dir.path);
+                p->pid = -1;
+                break;
+            }
+            if (etcd_listening(p)) {
+                return;
+            }
+        }
+        if (p->pid > 0) {
+            fail_msg("etcd did not listen in 20 s: log %s/etcd.log",
+                     p->dir.path);
+        }
+    }
+    fail_msg("etcd exited at start three times: log %s/etcd.log", p->dir.path);
+}
+
 static inline void etcd_kill(etcd_proc_t *p, int sig)
 {
     if (p->pid > 0) {

@@ -61,10 +61,7 @@ static int setup(void **state)
     etcd_proc_t *p = calloc(1, sizeof *p);
     assert_non_null(p);
     kvd_test_dir_make(&p->dir, "etcd");
-    p->client_port = free_port();
-    p->peer_port = free_port();
-    snprintf(p->endpoint, sizeof p->endpoint, "127.0.0.1:%d", p->client_port);
-    etcd_start(p);
+    etcd_start_listening(p);
     *state = p;
     return 0;
 }
