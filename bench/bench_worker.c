@@ -337,10 +337,12 @@ static void cuda_peer(const cuda_bench_t *cb, size_t bytes, double *h2d,
 }
 
 /* Save and load passes of one codec on a fresh store and worker; writes
- * the medians of the per-pass ratios to the peer and the best times. */
+ * the medians of the per-pass ratios to the peer and the best times.
+ * per_object: one copy per object's layer (cuda_copy_per_object), not one
+ * 2D copy per run of objects at one stride in the arena. */
 static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, uint32_t staging,
-                      size_t io_bytes, double *save_ratio, double *load_ratio,
-                      double *best_save, double *best_load)
+                      bool per_object, size_t io_bytes, double *save_ratio,
+                      double *load_ratio, double *best_save, double *best_load)
 {
     bench_t b;
     if (bench_open(&b, (uint8_t)(0x78 + (int)codec)) != 0) {
@@ -352,6 +354,7 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, uint32_t staging,
     wc.ns = b.ns;
     wc.device = KVD_WORKER_DEVICE_CUDA;
     wc.cuda_staging_blocks = staging;
+    wc.cuda_copy_per_object = per_object;
     wc.format = (kvd_object_format_t){KVD_DTYPE_BF16, LAYERS, 2, HEADS, DIM, BS,
                                       {codec, codec}, 0};
     kvd_status_t s = kvd_worker_create(&wc, &b.w, err, sizeof err);
@@ -384,6 +387,10 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, uint32_t staging,
         save[p] = d2h / sv;
         load[p] = h2d / ld;
     }
+    kvd_worker_stats_t ws = {0};
+    if (b.w != NULL) {
+        (void)kvd_worker_stats(b.w, &ws);
+    }
     kvd_worker_destroy(b.w);
     kvd_store_close(b.store);
     if (s != KVD_OK) {
@@ -391,13 +398,17 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, uint32_t staging,
                 kvd_status_str(s), err);
         return -1;
     }
-    /* Where the best passes' time went, on the host clock. */
-    printf("cuda     %-8s staging %u: best save %.2f ms = bind %.2f + "
+    /* Where the best passes' time went, on the host clock; the copies
+     * between the arena and the device per step (save and load alike). */
+    printf("cuda     %-8s staging %u%s: best save %.2f ms = bind %.2f + "
            "save_kv_layer x %u %.2f + wait_for_save %.2f; best load %.2f ms "
-           "= bind %.2f + start_load_kv %.2f + clear and sync %.2f\n",
-           kvd_codec_name(codec), staging, *best_save * 1e3, save_ph[0] * 1e3,
-           LAYERS, save_ph[1] * 1e3, save_ph[2] * 1e3, *best_load * 1e3,
-           load_ph[0] * 1e3, load_ph[1] * 1e3, load_ph[2] * 1e3);
+           "= bind %.2f + start_load_kv %.2f + clear and sync %.2f; %.0f "
+           "copies per step\n",
+           kvd_codec_name(codec), staging, per_object ? ", per object" : "",
+           *best_save * 1e3, save_ph[0] * 1e3, LAYERS, save_ph[1] * 1e3,
+           save_ph[2] * 1e3, *best_load * 1e3, load_ph[0] * 1e3,
+           load_ph[1] * 1e3, load_ph[2] * 1e3,
+           (double)ws.copy_ops / (2.0 * PASSES));
     qsort(save, PASSES, sizeof *save, cmp_double);
     qsort(load, PASSES, sizeof *load, cmp_double);
     *save_ratio = save[PASSES / 2];
@@ -420,8 +431,8 @@ static int cuda_staging_rows(cuda_bench_t *cb, size_t io_bytes)
             return -1;
         }
         double sr = 0, lr = 0, bs = 0, bl = 0;
-        if (cuda_codec(cb, KVD_CODEC_RAW, (uint32_t)n, io_bytes, &sr, &lr, &bs,
-                       &bl) != 0) {
+        if (cuda_codec(cb, KVD_CODEC_RAW, (uint32_t)n, false, io_bytes, &sr,
+                       &lr, &bs, &bl) != 0) {
             return -1;
         }
         printf("cuda     raw staging %5lu blocks: save %.2f GB/s, load %.2f "
@@ -478,7 +489,8 @@ static int cuda_rows(void)
     double raw_save = 0, raw_load = 0;
     for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++) {
         double sr = 0, lr = 0, bs = 0, bl = 0;
-        if (cuda_codec(&cb, codecs[c], 0, io_bytes, &sr, &lr, &bs, &bl) != 0) {
+        if (cuda_codec(&cb, codecs[c], 0, false, io_bytes, &sr, &lr, &bs,
+                       &bl) != 0) {
             goto out;
         }
         /* Effective: the bf16 cache bytes the step moved, whatever the
@@ -492,6 +504,16 @@ static int cuda_rows(void)
             raw_load = lr;
         }
     }
+    /* The same raw steps with one copy per object's layer, as before
+     * objects at one stride went as one 2D copy. */
+    double po_save = 0, po_load = 0, po_bs = 0, po_bl = 0;
+    if (cuda_codec(&cb, KVD_CODEC_RAW, 0, true, io_bytes, &po_save, &po_load,
+                   &po_bs, &po_bl) != 0) {
+        goto out;
+    }
+    printf("cuda     raw      one copy per object: save %.2f GB/s, load %.2f "
+           "GB/s (%.2f / %.2f of the copy; runs: %.2f / %.2f)\n",
+           gb / po_bs, gb / po_bl, po_save, po_load, raw_save, raw_load);
     if (cuda_staging_rows(&cb, io_bytes) != 0) {
         goto out;
     }

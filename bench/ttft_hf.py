@@ -336,15 +336,21 @@ def run_model(args, name, device, res, say):
                 if gated.get(c):
                     gate_row(res, key, c, gated[c], kvg[c], say)
                 # restore bandwidth against the plain copy
+                # (the CUDA worker's copies between the arena and the
+                # device per restore: one per run of objects at one stride)
+                ops0 = kvs[c].stats().get("copy_ops", 0)
                 bw = [restore_pass(kvs[c], ids, device) for _ in range(passes)]
+                ops = (kvs[c].stats().get("copy_ops", 0) - ops0) / passes
                 nbytes = bw[0][1]
                 t = statistics.median(x[0] for x in bw)
                 tp = plain_copy(nbytes, device, passes)
                 res[f"{key}/bw/{c}"] = {"bytes": nbytes, "restore_s": t,
-                                        "plain_s": tp, "ratio": tp / t}
+                                        "plain_s": tp, "ratio": tp / t,
+                                        "copies": ops}
                 say(f"{key:10s} restore {c:8s} {nbytes / t / 1e9:7.2f} GB/s"
                     f"  plain {nbytes / tp / 1e9:7.2f} GB/s  "
-                    f"ratio {tp / t:.3f}")
+                    f"ratio {tp / t:.3f}"
+                    + (f"  {ops:.0f} copies" if ops else ""))
                 nvme_cells[c][size] = [1000 + n]
         for kv in list(kvs.values()) + list(kvd.values()) + \
                 list(kvg.values()):

@@ -207,12 +207,18 @@ kvd_status_t kvd_worker_reads_order(kvd_worker_t *w, void *stream)
         return KVD_OK;
     }
     w->order_reads = false;
-    kvd_status_t st = w->dev->reads_order(w, stream);
+    /* A CUDA error recording or waiting on the event (simulated here). */
+    kvd_status_t st = KVD_FAILPOINT("worker.reads_order") != 0
+                          ? KVD_ERR_IO
+                          : w->dev->reads_order(w, stream);
     if (st != KVD_OK) {
+        /* The copies are waited for on the CPU instead: once they ran,
+         * the engine may write its blocks, so the fence held. Only when
+         * that wait fails too is the engine told. */
         KVD_LOG_ERROR("worker: the engine's stream could not be ordered after "
                       "the earlier saves' copies (%s): waiting for them",
                       kvd_status_str(st));
-        (void)w->dev->drain(w);
+        st = w->dev->drain(w);
     }
     return st;
 }

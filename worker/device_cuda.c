@@ -119,9 +119,11 @@ struct wcuda {
     uint32_t n_slots;
     uint64_t slot_busy; /* bit j: slot j's event and ids are in use */
     bool pinned;        /* the arena mapped now (pin_gen) is page-locked */
+    bool per_object;    /* cfg.cuda_copy_per_object: no 2D runs */
     uint32_t pin_gen;
     struct {
         void *base;
+        uint64_t size;
         uint32_t gen;
     } pins[MAX_WORKER_PINS]; /* mappings registered and held, oldest first */
     size_t n_pins;
@@ -249,6 +251,7 @@ static void arena_pin(kvd_worker_t *w)
         arena_pin_drop(w, 0);
     }
     c->pins[c->n_pins].base = base;
+    c->pins[c->n_pins].size = size;
     c->pins[c->n_pins].gen = gen;
     c->n_pins++;
     c->pinned = true;
@@ -407,6 +410,7 @@ static kvd_status_t cuda_create(kvd_worker_t *w, char *err, size_t err_len)
     c->staging_blocks = w->cfg.cuda_staging_blocks != 0
                             ? w->cfg.cuda_staging_blocks
                             : CUDA_DEFAULT_STAGING_BLOCKS;
+    c->per_object = w->cfg.cuda_copy_per_object;
     c->fmt1 = w->cfg.format;
     c->fmt1.num_layers = 1;
     c->stride = (kvd_object_bytes(&c->fmt1) + CUDA_STAGING_ALIGN - 1) /
@@ -624,39 +628,93 @@ static kvd_status_t deltas_upload(wcuda_t *c, int64_t *host, int64_t *dev,
     return kvd_cuda_copy_async(dev, host, n * sizeof *d, c->res->stream);
 }
 
+/* [lo, hi) lies inside one of the worker's registered mappings (mu held). */
+static bool in_one_pin(const wcuda_t *c, uintptr_t lo, uintptr_t hi)
+{
+    for (size_t i = 0; i < c->n_pins; i++) {
+        uintptr_t base = (uintptr_t)c->pins[i].base;
+        if (lo >= base && hi <= base + c->pins[i].size) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* How many of objects i.. hold range `r` at one ascending stride (*pitch)
+ * inside one registered mapping: slots handed out one after another, as a
+ * step's saves are, so the copy engine can move them as one 2D copy (the
+ * staging slots are at c->stride). 1: no run (mu held). */
+static size_t run_at(const wcuda_t *c, void *const *objs, size_t i, size_t n,
+                     const kvd_object_range_t *r, size_t *pitch)
+{
+    if (c->per_object || !c->pinned || i + 1 >= n) {
+        return 1;
+    }
+    uintptr_t a = (uintptr_t)objs[i], b = (uintptr_t)objs[i + 1];
+    if (b <= a || b - a < r->bytes) {
+        return 1;
+    }
+    uintptr_t p = b - a;
+    size_t h = 2;
+    while (i + h < n &&
+           (uintptr_t)objs[i + h] - (uintptr_t)objs[i + h - 1] == p) {
+        h++;
+    }
+    uintptr_t lo = a + r->object_offset;
+    if (!in_one_pin(c, lo, lo + (h - 1) * p + r->bytes)) {
+        return 1;
+    }
+    *pitch = p;
+    return h;
+}
+
 /* The copies of each of `n` objects' ranges `r` (a layer: one range, or a
  * shared object's heads of it): arena -> staging (to_device) or staging ->
- * arena (mu held). */
+ * arena. Runs of objects at one stride go as one 2D copy each, the others
+ * in one batch (mu held). */
 static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
                                    const kvd_object_range_t *r, size_t nr,
                                    bool to_device)
 {
     wcuda_t *c = w->cuda;
     unsigned char *staging = c->res->staging;
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        for (size_t j = 0; j < nr; j++, k++) {
+    void *stream = c->res->stream;
+    kvd_status_t st = KVD_OK;
+    size_t k = 0, ops = 0;
+    for (size_t j = 0; j < nr && st == KVD_OK; j++) {
+        for (size_t i = 0, h = 1; i < n && st == KVD_OK; i += h) {
             unsigned char *slot =
                 staging + i * c->stride + c->slot_off + r[j].shard_offset;
             unsigned char *obj = (unsigned char *)objs[i] + r[j].object_offset;
+            size_t pitch = 0;
+            h = run_at(c, objs, i, n, &r[j], &pitch);
+            if (h > 1) {
+                st = to_device
+                         ? kvd_cuda_copy_2d_async(slot, c->stride, obj, pitch,
+                                                  r[j].bytes, h, stream)
+                         : kvd_cuda_copy_2d_async(obj, pitch, slot, c->stride,
+                                                  r[j].bytes, h, stream);
+                ops++;
+                continue;
+            }
             c->cp_dst[k] = to_device ? (void *)slot : (void *)obj;
             c->cp_src[k] = to_device ? (const void *)obj : (const void *)slot;
             c->cp_len[k] = r[j].bytes;
+            k++;
         }
     }
-    n = k;
-    if (c->pinned) {
-        return kvd_cuda_copy_batch_async(c->cp_dst, c->cp_src, c->cp_len, n,
-                                         to_device, c->res->device,
-                                         c->res->stream);
+    if (st == KVD_OK && c->pinned) {
+        st = kvd_cuda_copy_batch_async(c->cp_dst, c->cp_src, c->cp_len, k,
+                                       to_device, c->res->device, stream);
+    } else if (st == KVD_OK) {
+        /* Pageable: the runtime stages each copy itself; batching would
+         * not make it a DMA. */
+        for (size_t i = 0; i < k && st == KVD_OK; i++) {
+            st = kvd_cuda_copy_async(c->cp_dst[i], c->cp_src[i], c->cp_len[i],
+                                     stream);
+        }
     }
-    /* Pageable: the runtime stages each copy itself; batching would not
-     * make it a DMA. */
-    kvd_status_t st = KVD_OK;
-    for (size_t i = 0; i < n && st == KVD_OK; i++) {
-        st = kvd_cuda_copy_async(c->cp_dst[i], c->cp_src[i], c->cp_len[i],
-                                 c->res->stream);
-    }
+    atomic_fetch_add(&w->copy_ops, ops + k);
     return st;
 }
 

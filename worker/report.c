@@ -253,5 +253,6 @@ KVD_API kvd_status_t kvd_worker_stats(kvd_worker_t *worker,
     pthread_mutex_lock(&worker->mu);
     *out = worker->st;
     pthread_mutex_unlock(&worker->mu);
+    out->copy_ops = atomic_load(&worker->copy_ops);
     return KVD_OK;
 }

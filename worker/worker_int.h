@@ -17,6 +17,7 @@
 #define KVD_WORKER_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -229,6 +230,8 @@ struct kvd_worker {
 
     int efd;
     kvd_worker_stats_t st;
+    /* st.copy_ops, counted by the CUDA backend under its own lock. */
+    atomic_uint_fast64_t copy_ops;
 
     pthread_t *threads;
     uint32_t threads_started;

@@ -338,6 +338,20 @@ kvd_status_t kvd_cuda_copy_batch_async(void *const *dsts,
                                        bool to_device, int device,
                                        void *stream);
 
+/*
+ * `height` copies of `width` bytes in one cudaMemcpy2DAsync: row r goes
+ * from src + r * spitch to dst + r * dpitch, host to device or device to
+ * host (cudaMemcpyDefault), ordered on the stream as one copy. Where the
+ * host side is pinned or registered the copy engine moves the rows as one
+ * operation instead of `height`. Both pitches must be at least `width`;
+ * a pitch the device cannot take (over cudaDevAttrMaxPitch) gets
+ * `height` plain copies instead. width or height 0: nothing. Errors as
+ * kvd_cuda_copy_async.
+ */
+kvd_status_t kvd_cuda_copy_2d_async(void *dst, size_t dpitch, const void *src,
+                                    size_t spitch, size_t width, size_t height,
+                                    void *stream);
+
 /* ------------------------------------------------------------------------ */
 /* Synchronous helpers for tests and benchmarks (util.cu)                   */
 /* ------------------------------------------------------------------------ */

@@ -209,6 +209,11 @@ typedef struct kvd_worker_config {
      * aligned (kvd_object_shard_direct), else through a buffer. */
     uint32_t object_heads;
     uint32_t head_start;
+    /* CUDA backend: objects whose layer regions lie at one stride in the
+     * pinned arena (slots handed out one after another, as a step's saves
+     * are) move as one 2D copy per run (cudaMemcpy2DAsync), not one copy
+     * each; true: one copy per object, for comparison (bench_worker). */
+    bool cuda_copy_per_object;
 } kvd_worker_config_t;
 
 /*
@@ -480,6 +485,10 @@ typedef struct kvd_worker_stats {
                                   * max_inflight_save_bytes */
     uint64_t saves_inflight;     /* objects reserved, not yet committed or
                                   * aborted (gauge) */
+    uint64_t copy_ops;           /* CUDA backend: copies enqueued between
+                                  * the arena and the device, a run of
+                                  * objects at one stride counting one (0
+                                  * on the host backend) */
 } kvd_worker_stats_t;
 
 /* Copies the worker's counters into *out: one consistent snapshot, taken
@@ -504,9 +513,10 @@ KVD_API kvd_status_t kvd_worker_flush_saves(kvd_worker_t *worker);
  * `stream` wait for them, so a block they read that the engine gave to
  * another request is written only after. bind_metadata and start_load_kv
  * do the same; this call is for writes that come before them. Returns at
- * once without async_saves. Engine thread; errors: KVD_ERR_INVALID (NULL
- * worker), a CUDA error ordering the stream (the copies were then waited
- * for on the CPU instead).
+ * once without async_saves. When the engine's stream cannot be ordered
+ * (a CUDA error), the copies are waited for on the CPU instead and the
+ * call still succeeds. Engine thread; errors: KVD_ERR_INVALID (NULL
+ * worker), a CUDA error from that wait (the fence did not hold).
  */
 KVD_API kvd_status_t kvd_worker_blocks_fence(kvd_worker_t *worker,
                                              void *stream);

@@ -234,3 +234,33 @@ extern "C" kvd_status_t kvd_cuda_copy_batch_async(void *const *dsts,
     }
     return kvd_cuda_status(err, "batched copy");
 }
+
+extern "C" kvd_status_t kvd_cuda_copy_2d_async(void *dst, size_t dpitch,
+                                               const void *src, size_t spitch,
+                                               size_t width, size_t height,
+                                               void *stream)
+{
+    if (width == 0 || height == 0) {
+        return KVD_OK;
+    }
+    if (dst == NULL || src == NULL || dpitch < width || spitch < width) {
+        return KVD_ERR_INVALID;
+    }
+    cudaError_t err =
+        cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height,
+                          cudaMemcpyDefault, (cudaStream_t)stream);
+    if (err == cudaErrorInvalidPitchValue) {
+        // A pitch over the device's limit: nothing was enqueued; the rows
+        // one by one instead, same stream.
+        (void)cudaGetLastError();
+        KVD_LOG_DEBUG("cudaMemcpy2DAsync refused pitch %zu / %zu: %zu copies",
+                      dpitch, spitch, height);
+        err = cudaSuccess;
+        for (size_t r = 0; r < height && err == cudaSuccess; r++) {
+            err = cudaMemcpyAsync((char *)dst + r * dpitch,
+                                  (const char *)src + r * spitch, width,
+                                  cudaMemcpyDefault, (cudaStream_t)stream);
+        }
+    }
+    return kvd_cuda_status(err, "cudaMemcpy2DAsync");
+}

@@ -272,7 +272,8 @@ class WorkerConfig(ctypes.Structure):
                 ("async_saves", ctypes.c_bool),
                 ("max_inflight_save_bytes", ctypes.c_uint64),
                 ("object_heads", ctypes.c_uint32),
-                ("head_start", ctypes.c_uint32)]
+                ("head_start", ctypes.c_uint32),
+                ("cuda_copy_per_object", ctypes.c_bool)]
 
 
 class FailedLoad(ctypes.Structure):
@@ -298,7 +299,7 @@ class WorkerStats(ctypes.Structure):
         "blocks_loaded", "load_errors", "promotions", "blocks_saved",
         "saves_skipped", "saves_dropped", "bytes_loaded", "bytes_saved",
         "async_loads_active", "saves_aborted", "header_errors",
-        "saves_shed", "saves_inflight")]
+        "saves_shed", "saves_inflight", "copy_ops")]
 
 
 class LeaderGate(ctypes.Structure):

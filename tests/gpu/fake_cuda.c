@@ -552,6 +552,42 @@ kvd_status_t kvd_cuda_copy_batch_async(void *const *dsts,
     return KVD_OK;
 }
 
+/* The worker forms 2D copies only inside a registered (pinned) mapping:
+ * the host side's first and last byte must be registered, the device
+ * side's device memory. The rows are queued as copies of their own. */
+kvd_status_t kvd_cuda_copy_2d_async(void *dst, size_t dpitch, const void *src,
+                                    size_t spitch, size_t width, size_t height,
+                                    void *stream)
+{
+    if (width == 0 || height == 0) {
+        return KVD_OK;
+    }
+    if (dst == NULL || src == NULL || dpitch < width || spitch < width) {
+        return KVD_ERR_INVALID;
+    }
+    const unsigned char *d0 = dst, *s0 = src;
+    const unsigned char *d1 = d0 + (height - 1) * dpitch + width - 1;
+    const unsigned char *s1 = s0 + (height - 1) * spitch + width - 1;
+    lock();
+    bool to_device = in_ranges(g_device, d0);
+    const unsigned char *h0 = to_device ? s0 : d0, *h1 = to_device ? s1 : d1;
+    const unsigned char *v1 = to_device ? d1 : s1;
+    bool ok = in_ranges(g_device, v1) && in_ranges(g_registered, h0) &&
+              in_ranges(g_registered, h1) && !in_ranges(g_device, h0);
+    unlock();
+    if (!ok) {
+        return KVD_ERR_INVALID;
+    }
+    for (size_t r = 0; r < height; r++) {
+        kvd_status_t st = kvd_cuda_copy_async((unsigned char *)dst + r * dpitch,
+                                              s0 + r * spitch, width, stream);
+        if (st != KVD_OK) {
+            return st;
+        }
+    }
+    return KVD_OK;
+}
+
 /* ---- codec tables, gather and scatter
  * ---------------------------------------- */
 

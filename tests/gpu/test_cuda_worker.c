@@ -774,6 +774,152 @@ static void test_async_saves_keep_their_ids(void **state)
     cache_cleanup(&src);
 }
 
+/* kvd_worker_blocks_fence when the engine's stream cannot be ordered after
+ * the side stream (a CUDA error, worker.reads_order): the earlier step's
+ * copies are waited for on the CPU instead, so the fence holds and the
+ * call succeeds (the engine's step goes on). The committer is held, so
+ * only the fence runs the copies (the CPU model runs a stream's work when
+ * it is waited for); the cache is overwritten right after it. */
+static void test_fence_falls_back_to_waiting(void **state)
+{
+    (void)state;
+#ifndef KVD_FAILPOINTS_ENABLED
+    skip();
+#endif
+    test_cache_t src;
+    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    fill_random(&src, 321);
+    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    dev_cache_t dsrc;
+    dev_cache_init(&dsrc, &src);
+    assert_int_equal(kvd_cuda_mem_copy(dsrc.mem, src.mem, src.bytes), KVD_OK);
+    kvd_store_t *st = store_open();
+    side_t host, dev;
+    side_open(&host, st, &fmt, KVD_WORKER_DEVICE_HOST, 0x47, 0);
+    side_register(&host, &src.layout);
+    saving_step(&host, save_blocks, 700);
+    g_async_saves = true;
+    side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x48, 0);
+    g_async_saves = false;
+    side_register(&dev, &dsrc.layout);
+    assert_int_equal(
+        kvd_failpoint_set("worker.drain=block,worker.reads_order=EIO", NULL, 0),
+        KVD_OK);
+    saving_step(&dev, save_blocks, 700);
+    assert_int_equal(kvd_worker_blocks_fence(dev.w, NULL), KVD_OK);
+    assert_int_equal(kvd_cuda_mem_set(dsrc.mem, 0, src.bytes), KVD_OK);
+    kvd_failpoint_clear();
+    assert_int_equal(kvd_worker_flush_saves(dev.w), KVD_OK);
+    assert_same_objects(st, &dev.ns, &host.ns, 700, kvd_object_bytes(&fmt));
+    kvd_worker_destroy(dev.w);
+    kvd_worker_destroy(host.w);
+    kvd_store_close(st);
+    dev_cache_cleanup(&dsrc);
+    cache_cleanup(&src);
+}
+
+/* ---- copies in runs ------------------------------------------------------ */
+
+/* A whole-step load of keys[i] into load_blocks[i]. */
+static void loading_step(side_t *sd, const uint32_t *keys)
+{
+    kvd_block_hash_t h[N];
+    for (uint32_t i = 0; i < N; i++) {
+        h[i] = key_hash(keys[i]);
+    }
+    kvd_testplan_req_t r = {.id = "reader",
+                            .n_loads = N,
+                            .load_ids = load_blocks,
+                            .load_hashes = h};
+    side_bind(sd, &r);
+    assert_int_equal(kvd_worker_start_load_kv(sd->w, NULL), KVD_OK);
+    assert_int_equal(kvd_worker_wait_for_save(sd->w, NULL), KVD_OK);
+    kvd_worker_finished_t f;
+    assert_int_equal(kvd_worker_get_finished(sd->w, NULL, 0, &f), KVD_OK);
+    assert_int_equal(f.num_failed_loads, 0);
+    assert_int_equal(kvd_worker_clear_metadata(sd->w), KVD_OK);
+}
+
+static uint64_t copy_ops(const side_t *sd)
+{
+    kvd_worker_stats_t ws;
+    assert_int_equal(kvd_worker_stats(sd->w, &ws), KVD_OK);
+    return ws.copy_ops;
+}
+
+/* A step's saves get arena slots one after another: each layer of them
+ * moves as one 2D copy. Loading keys 1, 2, 0, 3 of them makes two runs a
+ * layer (slots 1-2 at one slot's stride, slots 0 and 3 at three); with
+ * cuda_copy_per_object every object's layer is a copy of its own. The
+ * objects and the loaded cache equal the host backend's. */
+static void test_copy_runs(void **state)
+{
+    (void)state;
+    static const uint32_t mixed[N] = {901, 902, 900, 903};
+    test_cache_t src, hdst, got;
+    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_init(&hdst, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    cache_init(&got, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    fill_random(&src, 77);
+    memset(hdst.mem, POISON, hdst.bytes);
+    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    size_t bytes = kvd_object_bytes(&fmt);
+    dev_cache_t dsrc, ddst;
+    dev_cache_init(&dsrc, &src);
+    dev_cache_init(&ddst, &hdst);
+    assert_int_equal(kvd_cuda_mem_copy(dsrc.mem, src.mem, src.bytes), KVD_OK);
+    assert_int_equal(kvd_cuda_mem_set(ddst.mem, POISON, hdst.bytes), KVD_OK);
+    kvd_store_t *st = store_open();
+    side_t host, dev, one;
+    side_open(&host, st, &fmt, KVD_WORKER_DEVICE_HOST, 0x49, 0);
+    side_register(&host, &src.layout);
+    saving_step(&host, save_blocks, 900);
+    side_register(&host, &hdst.layout);
+    loading_step(&host, mixed);
+    assert_int_equal(copy_ops(&host), 0);
+
+    side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x4a, 0);
+    side_register(&dev, &dsrc.layout);
+    saving_step(&dev, save_blocks, 900);
+    assert_int_equal(copy_ops(&dev), LAYERS);
+    assert_same_objects(st, &dev.ns, &host.ns, 900, bytes);
+    side_register(&dev, &ddst.layout);
+    loading_step(&dev, mixed);
+    assert_int_equal(copy_ops(&dev), LAYERS + 2 * LAYERS);
+    assert_int_equal(kvd_cuda_mem_copy(got.mem, ddst.mem, got.bytes), KVD_OK);
+    if (memcmp(got.mem, hdst.mem, got.bytes) != 0) {
+        fail_msg("loaded in runs: the device cache differs from the host's");
+    }
+
+    kvd_worker_config_t cfg = {0};
+    cfg.store = st;
+    cfg.ns = ns_of(0x4b);
+    cfg.format = fmt;
+    cfg.device = KVD_WORKER_DEVICE_CUDA;
+    cfg.cuda_copy_per_object = true;
+    side_create(&one, &cfg);
+    side_register(&one, &dsrc.layout);
+    saving_step(&one, save_blocks, 900);
+    assert_int_equal(copy_ops(&one), N * LAYERS);
+    assert_same_objects(st, &one.ns, &host.ns, 900, bytes);
+    assert_int_equal(kvd_cuda_mem_set(ddst.mem, POISON, hdst.bytes), KVD_OK);
+    side_register(&one, &ddst.layout);
+    loading_step(&one, mixed);
+    assert_int_equal(copy_ops(&one), 2 * N * LAYERS);
+    assert_int_equal(kvd_cuda_mem_copy(got.mem, ddst.mem, got.bytes), KVD_OK);
+    assert_memory_equal(got.mem, hdst.mem, got.bytes);
+
+    kvd_worker_destroy(one.w);
+    kvd_worker_destroy(dev.w);
+    kvd_worker_destroy(host.w);
+    kvd_store_close(st);
+    dev_cache_cleanup(&dsrc);
+    dev_cache_cleanup(&ddst);
+    cache_cleanup(&src);
+    cache_cleanup(&hdst);
+    cache_cleanup(&got);
+}
+
 /* ---- registration errors ------------------------------------------------ */
 
 static void test_register_host_memory_refused(void **state)
@@ -1032,6 +1178,8 @@ int main(void)
         cmocka_unit_test(test_aborted_steps),
         cmocka_unit_test(test_content_loads_rotated),
         cmocka_unit_test(test_async_saves_keep_their_ids),
+        cmocka_unit_test(test_fence_falls_back_to_waiting),
+        cmocka_unit_test(test_copy_runs),
         cmocka_unit_test(test_shared_objects),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
