@@ -425,6 +425,20 @@ def _declare(h):
         fn.argtypes = args
 
 
+_U32x1 = ctypes.c_uint32 * 1
+
+
+def _u32s(xs):
+    """xs as a uint32 array for one call; None when empty (the library
+    takes NULL with a count of 0)."""
+    n = len(xs)
+    if n == 0:
+        return None
+    if n == 1:
+        return _U32x1(xs[0])
+    return (ctypes.c_uint32 * n)(*xs)
+
+
 def _check(what, status, reason=b""):
     if status != KVD_OK:
         if isinstance(reason, (bytes, bytearray)):
@@ -619,6 +633,7 @@ class Leader:
                                                         ctypes.byref(cfg.root)))
         self._store = store  # the leader borrows it: keep it open
         self.handle = ctypes.c_void_p()
+        self._request_scheduled = L.kvd_leader_request_scheduled
         _check("leader create", L.kvd_leader_create(
             ctypes.byref(cfg), store.handle,
             ctypes.byref(self.handle)))
@@ -673,11 +688,14 @@ class Leader:
 
     def request_scheduled(self, request_id, new_block_ids, new_tokens,
                           num_computed):
-        b = (ctypes.c_uint32 * max(1, len(new_block_ids)))(*new_block_ids)
-        t = (ctypes.c_uint32 * max(1, len(new_tokens)))(*new_tokens)
-        _check("request_scheduled", lib().kvd_leader_request_scheduled(
-            self.handle, request_id.encode(), b, len(new_block_ids), t,
-            len(new_tokens), None, 0, num_computed))
+        # Once per running request per step: the function is bound once
+        # and a decode step's one token needs no array type built.
+        s = self._request_scheduled(
+            self.handle, request_id.encode(), _u32s(new_block_ids),
+            len(new_block_ids), _u32s(new_tokens), len(new_tokens), None, 0,
+            num_computed)
+        if s != KVD_OK:
+            _check("request_scheduled", s)
 
     def build_connector_meta(self):
         buf, n = ctypes.c_void_p(), ctypes.c_size_t(0)

@@ -624,9 +624,13 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
         # tokens known, never a count that skips some.
         tokens = list(request.all_token_ids[given:computed]) \
             if computed > given else []
-        for g, leader in enumerate(self.leaders):
-            leader.request_scheduled(req_id, self._group_ids(new_blocks, g),
-                                     tokens, computed)
+        if new_blocks is None:  # a decode step's usual case: no new block
+            for leader in self.leaders:
+                leader.request_scheduled(req_id, (), tokens, computed)
+        else:
+            for g, leader in enumerate(self.leaders):
+                leader.request_scheduled(
+                    req_id, self._group_ids(new_blocks, g), tokens, computed)
         entry[1] = given + len(tokens)
         if _answered_by(request, computed):
             self._answered.append(req_id)
