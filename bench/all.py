@@ -108,7 +108,10 @@ def steps(tmp):
     the transformers sweep."""
     b = BUILD / "bench"
     demo = str(BUILD / "demo" / "kvdepot-demo")
-    out = [(n, [str(b / f"bench_{n}")], {}, b / f"bench_{n}")
+    # bench_leader --long: also the steps in which requests outgrow their
+    # arrays (about a second more).
+    out = [(n, [str(b / f"bench_{n}")] + (["--long"] if n == "leader" else []),
+            {}, b / f"bench_{n}")
            for n in ("kernels", "store", "leader", "worker", "daemon",
                      "cluster", "saves", "shared")]
     out += [

@@ -20,7 +20,11 @@
  *               block steps included) against 1% of a 30 ms engine step,
  *               and the slowest step, reported apart; the first step after
  *               the admission of all 256 requests is printed on its own.
+ *               `bench_leader --long`: 8,256 more steps, until every
+ *               request outgrows the arrays it got at admission, and the
+ *               cost of that step.
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +39,7 @@
 #define PY_CHAINS 16u
 #define PASSES 5
 #define DECODE_STEPS 64u
+#define LONG_STEPS 8256u
 
 static double now_s(void)
 {
@@ -132,13 +137,14 @@ static void warm_store(kvd_store_t *st, const kvd_leader_config_t *lc,
     free(h);
 }
 
-/* Decode steps: one token per request per step; each step's time in
- * seconds into steps[DECODE_STEPS]. -1 when a plan fails. */
-static int decode_steps(kvd_leader_t *ld, uint32_t *blocks, double *steps)
+/* Decode steps `from` .. from + n - 1: one token per request per step;
+ * each step's time in seconds into steps[0..n). -1 when a plan fails. */
+static int decode_steps(kvd_leader_t *ld, uint32_t *blocks, uint32_t from,
+                        uint32_t n, double *steps)
 {
     uint8_t *plan = NULL;
     size_t len = 0;
-    for (uint32_t s = 0; s < DECODE_STEPS; s++) {
+    for (uint32_t s = from; s < from + n; s++) {
         double a = now_s();
         for (uint32_t r = 0; r < REQUESTS; r++) {
             char id[32];
@@ -153,7 +159,7 @@ static int decode_steps(kvd_leader_t *ld, uint32_t *blocks, double *steps)
             return -1;
         }
         free(plan);
-        steps[s] = now_s() - a;
+        steps[s - from] = now_s() - a;
     }
     return 0;
 }
@@ -167,7 +173,7 @@ static int decode_report(kvd_leader_t *ld, uint32_t *blocks, double *step_us,
      * loads' plans settle in it): reported apart, as the cost of that
      * burst; the headlines are over the steady steps 1.. after it. */
     double steps[DECODE_STEPS], mean = 0, block_mean = 0;
-    if (decode_steps(ld, blocks, steps) != 0) {
+    if (decode_steps(ld, blocks, 0, DECODE_STEPS, steps) != 0) {
         return -1;
     }
     const uint32_t steady = DECODE_STEPS - 1;
@@ -213,8 +219,36 @@ static void hash_report(const kvd_block_hash_t *root, uint32_t *toks,
            ratio[PASSES - 1]);
 }
 
-int main(void)
+/* --long: 8,256 more decode steps, up to 16,385 tokens a request, in which
+ * every request outgrows the token, hash and block-id arrays it got at
+ * admission (each at a point of its own, kvd_lreq_grow). Prints the
+ * slowest of those steps and the 99th percentile. */
+static int long_report(kvd_leader_t *ld, uint32_t *blocks)
 {
+    const uint32_t n = LONG_STEPS;
+    double *steps = malloc(sizeof *steps * n);
+    if (steps == NULL || decode_steps(ld, blocks, DECODE_STEPS, n, steps)) {
+        free(steps);
+        return -1;
+    }
+    uint32_t worst = 0;
+    for (uint32_t s = 1; s < n; s++) {
+        worst = steps[s] > steps[worst] ? s : worst;
+    }
+    double worst_us = steps[worst] * 1e6;
+    qsort(steps, n, sizeof *steps, cmp_double);
+    printf("long decode, %u more steps to %u tokens a request (every "
+           "request outgrows its arrays at least once): slowest %.1f us at %u "
+           "tokens, p99 %.1f us\n",
+           n, TOKENS + DECODE_STEPS + n, worst_us,
+           TOKENS + DECODE_STEPS + worst + 1, steps[n - 1 - n / 100] * 1e6);
+    free(steps);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bool longer = argc > 1 && strcmp(argv[1], "--long") == 0;
     kvd_config_t *cfg = NULL;
     kvd_store_t *st = NULL;
     char err[256] = "";
@@ -285,6 +319,9 @@ int main(void)
 
     double step_us = 0, worst_us = 0;
     if (decode_report(ld, blocks, &step_us, &worst_us) != 0) {
+        return 1;
+    }
+    if (longer && long_report(ld, blocks) != 0) {
         return 1;
     }
     double ratio[PASSES];

@@ -118,10 +118,10 @@ kvd_status_t kvd_lreq_extend_content(kvd_leader_t *ld, lreq_t *r)
     if (full <= r->num_content) {
         return KVD_OK;
     }
-    if (!kvd_grow((void **)&r->content, &r->cap_content, full,
-                  sizeof *r->content) ||
-        !kvd_grow((void **)&r->has_content, &r->cap_has_content, full,
-                  sizeof *r->has_content)) {
+    if (!kvd_lreq_grow(r, (void **)&r->content, &r->cap_content, full, 16,
+                       sizeof *r->content) ||
+        !kvd_lreq_grow(r, (void **)&r->has_content, &r->cap_has_content, full,
+                       16, sizeof *r->has_content)) {
         return KVD_ERR_NOMEM;
     }
     for (size_t b = r->num_content; b < full; b++) {

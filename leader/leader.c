@@ -273,8 +273,8 @@ kvd_status_t kvd_lreq_extend_hashes(kvd_leader_t *ld, lreq_t *r)
     if (r->hashes_mode || full <= r->num_hashes) {
         return kvd_lreq_extend_content(ld, r);
     }
-    if (!kvd_grow((void **)&r->hashes, &r->cap_hashes, full,
-                  sizeof *r->hashes)) {
+    if (!kvd_lreq_grow(r, (void **)&r->hashes, &r->cap_hashes, full, 16,
+                       sizeof *r->hashes)) {
         return KVD_ERR_NOMEM;
     }
     /* vLLM's request_block_hasher scans the inputs from the first when it
@@ -352,6 +352,7 @@ kvd_status_t kvd_lreq_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
     }
     bool ok = true;
     snprintf(r->id, sizeof r->id, "%s", q->request_id);
+    r->spread = (uint32_t)(kvd_xxh3_64(r->id, strlen(r->id)) >> 32);
     r->prompt_tokens = q->num_tokens;
     r->chunk_on = ld->chunk.enabled;
     r->chunk_from = SIZE_MAX;
@@ -360,15 +361,16 @@ kvd_status_t kvd_lreq_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
     r->source = dup_or_null(q->source_node, &ok);
     r->hashes_mode = q->hashes != NULL;
     if (ok && r->hashes_mode) {
-        ok = kvd_grow((void **)&r->hashes, &r->cap_hashes, q->num_hashes,
-                      sizeof *r->hashes);
+        ok = kvd_lreq_grow(r, (void **)&r->hashes, &r->cap_hashes,
+                           q->num_hashes, 16, sizeof *r->hashes);
         if (ok && q->num_hashes > 0) {
             memcpy(r->hashes, q->hashes, q->num_hashes * sizeof *r->hashes);
             r->num_hashes = q->num_hashes;
         }
     } else if (ok && q->num_tokens > 0) {
-        ok = kvd_grow((void **)&r->tokens, &r->cap_tokens, q->num_tokens,
-                      sizeof *r->tokens);
+        ok =
+            kvd_lreq_grow(r, (void **)&r->tokens, &r->cap_tokens, q->num_tokens,
+                          16 * ld->cfg.block_size, sizeof *r->tokens);
         if (ok) {
             memcpy(r->tokens, q->tokens, q->num_tokens * sizeof *r->tokens);
             r->num_tokens = q->num_tokens;

@@ -311,8 +311,8 @@ KVD_API kvd_status_t kvd_leader_update_state_after_alloc(
         kvd_chunk_blocks_needed(r) > num_block_ids) {
         return KVD_ERR_RANGE;
     }
-    if (!kvd_grow((void **)&r->block_ids, &r->cap_block_ids, num_block_ids,
-                  sizeof *r->block_ids)) {
+    if (!kvd_lreq_grow(r, (void **)&r->block_ids, &r->cap_block_ids,
+                       num_block_ids, 16, sizeof *r->block_ids)) {
         return KVD_ERR_NOMEM;
     }
     if (num_block_ids > 0) {
@@ -382,14 +382,18 @@ KVD_API kvd_status_t kvd_leader_request_scheduled(
     if (r->finished) {
         return KVD_ERR_STATE;
     }
-    if (!kvd_grow((void **)&r->block_ids, &r->cap_block_ids,
-                  r->num_block_ids + num_new_blocks, sizeof *r->block_ids) ||
+    size_t bs = ld->cfg.block_size;
+    if (!kvd_lreq_grow(r, (void **)&r->block_ids, &r->cap_block_ids,
+                       r->num_block_ids + num_new_blocks, 16,
+                       sizeof *r->block_ids) ||
         (num_new_tokens > 0 &&
-         !kvd_grow((void **)&r->tokens, &r->cap_tokens,
-                   r->num_tokens + num_new_tokens, sizeof *r->tokens)) ||
+         !kvd_lreq_grow(r, (void **)&r->tokens, &r->cap_tokens,
+                        r->num_tokens + num_new_tokens, 16 * bs,
+                        sizeof *r->tokens)) ||
         (num_new_hashes > 0 &&
-         !kvd_grow((void **)&r->hashes, &r->cap_hashes,
-                   r->num_hashes + num_new_hashes, sizeof *r->hashes))) {
+         !kvd_lreq_grow(r, (void **)&r->hashes, &r->cap_hashes,
+                        r->num_hashes + num_new_hashes, 16,
+                        sizeof *r->hashes))) {
         return KVD_ERR_NOMEM;
     }
     if (num_new_blocks > 0) {
@@ -413,7 +417,7 @@ KVD_API kvd_status_t kvd_leader_request_scheduled(
     }
     /* Full blocks computed by the end of this step, with a hash and an
      * engine block, and not yet stored or planned. */
-    size_t done = (size_t)(num_computed_tokens / ld->cfg.block_size);
+    size_t done = (size_t)(num_computed_tokens / bs);
     if (done > r->num_hashes) {
         done = r->num_hashes;
     }
