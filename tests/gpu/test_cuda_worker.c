@@ -722,6 +722,46 @@ static void assert_same_objects(kvd_store_t *st, const kvd_namespace_t *ns,
     }
 }
 
+/* A random cache on the host and its device twin, one store, a host
+ * worker that saved save_blocks under keys base.. (the reference) and a
+ * CUDA worker with async_saves registered on the twin. */
+typedef struct async_pair {
+    test_cache_t src;
+    dev_cache_t dsrc;
+    kvd_object_format_t fmt;
+    kvd_store_t *st;
+    side_t host, dev;
+} async_pair_t;
+
+static void async_pair_open(async_pair_t *p, uint64_t seed, unsigned char ns,
+                            uint32_t base)
+{
+    cache_init(&p->src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    fill_random(&p->src, seed);
+    p->fmt = cache_format(&p->src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    dev_cache_init(&p->dsrc, &p->src);
+    assert_int_equal(kvd_cuda_mem_copy(p->dsrc.mem, p->src.mem, p->src.bytes),
+                     KVD_OK);
+    p->st = store_open();
+    side_open(&p->host, p->st, &p->fmt, KVD_WORKER_DEVICE_HOST, ns, 0);
+    side_register(&p->host, &p->src.layout);
+    saving_step(&p->host, save_blocks, base);
+    g_async_saves = true;
+    side_open(&p->dev, p->st, &p->fmt, KVD_WORKER_DEVICE_CUDA,
+              (unsigned char)(ns + 1), 0);
+    g_async_saves = false;
+    side_register(&p->dev, &p->dsrc.layout);
+}
+
+static void async_pair_close(async_pair_t *p)
+{
+    kvd_worker_destroy(p->dev.w);
+    kvd_worker_destroy(p->host.w);
+    kvd_store_close(p->st);
+    dev_cache_cleanup(&p->dsrc);
+    cache_cleanup(&p->src);
+}
+
 /* async_saves on the CUDA backend: the committer is held before it
  * drains step 1 (worker.drain=block), so step 1's copies wait on the side
  * stream (the CPU model runs them only when waited for) while step 2
@@ -734,44 +774,26 @@ static void test_async_saves_keep_their_ids(void **state)
     skip();
 #endif
     static const int32_t other_blocks[N] = {0, 2, 5, 7};
-    test_cache_t src;
-    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
-    fill_random(&src, 123);
-    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
-    dev_cache_t dsrc;
-    dev_cache_init(&dsrc, &src);
-    assert_int_equal(kvd_cuda_mem_copy(dsrc.mem, src.mem, src.bytes), KVD_OK);
-    kvd_store_t *st = store_open();
-    side_t host, dev;
-    side_open(&host, st, &fmt, KVD_WORKER_DEVICE_HOST, 0x45, 0);
-    side_register(&host, &src.layout);
-    saving_step(&host, save_blocks, 500);
-    saving_step(&host, other_blocks, 600);
-    g_async_saves = true;
-    side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x46, 0);
-    g_async_saves = false;
-    side_register(&dev, &dsrc.layout);
+    async_pair_t p;
+    async_pair_open(&p, 123, 0x45, 500);
+    saving_step(&p.host, other_blocks, 600);
     assert_int_equal(kvd_failpoint_set("worker.drain=block", NULL, 0), KVD_OK);
-    saving_step(&dev, save_blocks, 500);
-    saving_step(&dev, other_blocks, 600);
+    saving_step(&p.dev, save_blocks, 500);
+    saving_step(&p.dev, other_blocks, 600);
     bool saving = false; /* nothing committed yet: step 1 is held */
-    assert_int_equal(kvd_worker_request_saving(dev.w, "writer", &saving),
+    assert_int_equal(kvd_worker_request_saving(p.dev.w, "writer", &saving),
                      KVD_OK);
     assert_true(saving);
     kvd_failpoint_clear();
-    assert_int_equal(kvd_worker_flush_saves(dev.w), KVD_OK);
-    size_t bytes = kvd_object_bytes(&fmt); /* the headers name each ns */
-    assert_same_objects(st, &dev.ns, &host.ns, 500, bytes);
-    assert_same_objects(st, &dev.ns, &host.ns, 600, bytes);
+    assert_int_equal(kvd_worker_flush_saves(p.dev.w), KVD_OK);
+    size_t bytes = kvd_object_bytes(&p.fmt); /* the headers name each ns */
+    assert_same_objects(p.st, &p.dev.ns, &p.host.ns, 500, bytes);
+    assert_same_objects(p.st, &p.dev.ns, &p.host.ns, 600, bytes);
     kvd_worker_stats_t ws;
-    assert_int_equal(kvd_worker_stats(dev.w, &ws), KVD_OK);
+    assert_int_equal(kvd_worker_stats(p.dev.w, &ws), KVD_OK);
     assert_int_equal(ws.blocks_saved, 2 * N);
     assert_int_equal(ws.saves_inflight, 0);
-    kvd_worker_destroy(dev.w);
-    kvd_worker_destroy(host.w);
-    kvd_store_close(st);
-    dev_cache_cleanup(&dsrc);
-    cache_cleanup(&src);
+    async_pair_close(&p);
 }
 
 /* kvd_worker_blocks_fence when the engine's stream cannot be ordered after
@@ -786,36 +808,19 @@ static void test_fence_falls_back_to_waiting(void **state)
 #ifndef KVD_FAILPOINTS_ENABLED
     skip();
 #endif
-    test_cache_t src;
-    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
-    fill_random(&src, 321);
-    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
-    dev_cache_t dsrc;
-    dev_cache_init(&dsrc, &src);
-    assert_int_equal(kvd_cuda_mem_copy(dsrc.mem, src.mem, src.bytes), KVD_OK);
-    kvd_store_t *st = store_open();
-    side_t host, dev;
-    side_open(&host, st, &fmt, KVD_WORKER_DEVICE_HOST, 0x47, 0);
-    side_register(&host, &src.layout);
-    saving_step(&host, save_blocks, 700);
-    g_async_saves = true;
-    side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x48, 0);
-    g_async_saves = false;
-    side_register(&dev, &dsrc.layout);
+    async_pair_t p;
+    async_pair_open(&p, 321, 0x47, 700);
     assert_int_equal(
         kvd_failpoint_set("worker.drain=block,worker.reads_order=EIO", NULL, 0),
         KVD_OK);
-    saving_step(&dev, save_blocks, 700);
-    assert_int_equal(kvd_worker_blocks_fence(dev.w, NULL), KVD_OK);
-    assert_int_equal(kvd_cuda_mem_set(dsrc.mem, 0, src.bytes), KVD_OK);
+    saving_step(&p.dev, save_blocks, 700);
+    assert_int_equal(kvd_worker_blocks_fence(p.dev.w, NULL), KVD_OK);
+    assert_int_equal(kvd_cuda_mem_set(p.dsrc.mem, 0, p.src.bytes), KVD_OK);
     kvd_failpoint_clear();
-    assert_int_equal(kvd_worker_flush_saves(dev.w), KVD_OK);
-    assert_same_objects(st, &dev.ns, &host.ns, 700, kvd_object_bytes(&fmt));
-    kvd_worker_destroy(dev.w);
-    kvd_worker_destroy(host.w);
-    kvd_store_close(st);
-    dev_cache_cleanup(&dsrc);
-    cache_cleanup(&src);
+    assert_int_equal(kvd_worker_flush_saves(p.dev.w), KVD_OK);
+    assert_same_objects(p.st, &p.dev.ns, &p.host.ns, 700,
+                        kvd_object_bytes(&p.fmt));
+    async_pair_close(&p);
 }
 
 /* ---- copies in runs ------------------------------------------------------ */
