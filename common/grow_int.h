@@ -10,6 +10,25 @@
 #include <stdlib.h>
 
 /*
+ * Reallocates *p to a capacity of exactly `c` elements of `elem` bytes.
+ * Returns false, with *p and *cap untouched, when the size overflows or
+ * realloc fails.
+ */
+static inline bool kvd_grow_to(void **p, size_t *cap, size_t c, size_t elem)
+{
+    if (elem != 0 && c > SIZE_MAX / elem) {
+        return false;
+    }
+    void *q = realloc(*p, c * elem);
+    if (q == NULL) {
+        return false;
+    }
+    *p = q;
+    *cap = c;
+    return true;
+}
+
+/*
  * Makes room for `need` elements of `elem` bytes in *p (capacity *cap),
  * doubling from 16. Returns false, with *p and *cap untouched, when the
  * size overflows or realloc fails.
@@ -26,16 +45,7 @@ static inline bool kvd_grow(void **p, size_t *cap, size_t need, size_t elem)
         }
         c *= 2;
     }
-    if (elem != 0 && c > SIZE_MAX / elem) {
-        return false;
-    }
-    void *q = realloc(*p, c * elem);
-    if (q == NULL) {
-        return false;
-    }
-    *p = q;
-    *cap = c;
-    return true;
+    return kvd_grow_to(p, cap, c, elem);
 }
 
 #endif /* KVD_COMMON_GROW_INT_H */

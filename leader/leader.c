@@ -352,7 +352,6 @@ kvd_status_t kvd_lreq_create(kvd_leader_t *ld, const kvd_leader_request_t *q,
     }
     bool ok = true;
     snprintf(r->id, sizeof r->id, "%s", q->request_id);
-    r->spread = (uint32_t)(kvd_xxh3_64(r->id, strlen(r->id)) >> 32);
     r->prompt_tokens = q->num_tokens;
     r->chunk_on = ld->chunk.enabled;
     r->chunk_from = SIZE_MAX;

@@ -15,8 +15,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
+#include <string.h>
 
+#include "common/grow_int.h"
 #include "kvdepot/leader.h"
 #include "proto/kvd_proto.h"
 
@@ -36,7 +37,6 @@ struct lreq {
     lreq_t *next_touched; /* plan list */
     bool touched;
     char id[LEADER_ID_MAX + 1];
-    uint32_t spread; /* from the id: where its arrays grow (kvd_lreq_grow) */
     uint64_t not_yet_since_ns; /* first "not yet" answer, 0: none */
 
     /* Identity. */
@@ -198,11 +198,11 @@ kvd_status_t kvd_lreq_extend_hashes(kvd_leader_t *ld, lreq_t *r);
 
 /* Room for `need` elements in one of request r's arrays. When it must
  * grow, it gets 25% to 50% more plus `unit` (16 blocks' worth), the share
- * fixed per request (r->spread): requests admitted together with prompts
- * of one length (a benchmark's fixed input length) then outgrow their
- * tokens, hashes and block ids in different steps, not all in one (256
- * requests growing at 16,384 tokens cost one step 10 ms when capacities
- * doubled in step). Amortized O(1) appends, as doubling. */
+ * fixed per request (from a hash of its id): requests admitted together
+ * with prompts of one length (a benchmark's fixed input length) then
+ * outgrow their tokens, hashes and block ids in different steps, not all
+ * in one (256 requests growing at 16,384 tokens cost one step 10 ms when
+ * capacities doubled in step). Amortized O(1) appends, as doubling. */
 static inline bool kvd_lreq_grow(const lreq_t *r, void **p, size_t *cap,
                                  size_t need, size_t unit, size_t elem)
 {
@@ -210,17 +210,9 @@ static inline bool kvd_lreq_grow(const lreq_t *r, void **p, size_t *cap,
         return true;
     }
     size_t quarter = need / 4;
-    size_t c = need + quarter + unit + r->spread % (quarter + 1);
-    if (c < need || elem == 0 || c > SIZE_MAX / elem) {
-        return false;
-    }
-    void *q = realloc(*p, c * elem);
-    if (q == NULL) {
-        return false;
-    }
-    *p = q;
-    *cap = c;
-    return true;
+    uint64_t spread = kvd_xxh3_64(r->id, strlen(r->id)) >> 32;
+    size_t c = need + quarter + unit + (size_t)(spread % (quarter + 1));
+    return c >= need && kvd_grow_to(p, cap, c, elem);
 }
 
 /* ---- blocks being loaded (leader.c) ------------------------------------- */
