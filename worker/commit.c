@@ -13,7 +13,7 @@
  *
  * Either way the copies already started are waited for first (the
  * reserved slots must not be given back while a copy writes them; CUDA:
- * the side stream is drained), the step's synchronous loads are finished
+ * the side streams are drained), the step's synchronous loads are finished
  * as always, and each request with saves is reported as finished saving
  * exactly once, since nothing of it is in flight any more.
  *
@@ -22,7 +22,7 @@
  * copies end before the next step is bound, kvd_worker_earlier_copies_wait:
  * the engine may reuse blocks from then on); the
  * worker's committer thread ends each drained step, oldest first, once its
- * copy tasks ran (CUDA: it then waits for the side stream, and finishes
+ * copy tasks ran (CUDA: it then waits for the side streams, and finishes
  * the step's loads too), with the store's calls outside the worker's lock. The
  * step's keys use the namespace of its bind (a set_namespace in between does
  * not move them). A request saving in several steps in flight is reported once,
@@ -182,7 +182,7 @@ void kvd_worker_step_detach(kvd_worker_t *w, wstep_t *s)
  * without telling the connector first (vLLM frees the blocks that left a
  * sliding window or a local-attention chunk while the request runs). So a
  * new step is bound only once those copies ran (host) or are enqueued
- * ahead of anything it enqueues (CUDA: the side stream runs them first,
+ * ahead of anything it enqueues (CUDA: the side streams run them first,
  * and start_load_kv orders the engine's stream after them); only the
  * commits, the store's calls, outlive the step (mu not held). */
 void kvd_worker_earlier_copies_wait(kvd_worker_t *w)
@@ -232,7 +232,7 @@ static void drain_one(kvd_worker_t *w, wstep_t *s)
     pthread_mutex_unlock(&w->mu);
     (void)KVD_FAILPOINT("worker.drain");
     pthread_mutex_lock(&w->mu);
-    /* CUDA: the side stream has run the step's copies (and its loads are
+    /* CUDA: the side streams have run the step's copies (and its loads are
      * finished: leases back, failures reported); may drop mu. */
     kvd_worker_copies_finish(w, s);
     pthread_mutex_unlock(&w->mu);

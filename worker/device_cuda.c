@@ -1,6 +1,6 @@
 /*
  * The worker's CUDA device backend (KVD_WORKER_DEVICE_CUDA): the copy step
- * of the shared pipeline (exec.c) done on a side stream with the kernels of
+ * of the shared pipeline (exec.c) done on side streams with the kernels of
  * kernels/cuda, and the engine-stream ordering around it, behind the
  * worker's device ops table (kvd_worker_device_cuda, worker_int.h).
  * Planning, resolution, promotions, leases, reports and commits stay in
@@ -9,11 +9,14 @@
  * KVD_HAVE_CUDA.
  *
  * Resources, allocated once by register_kv_caches on the caches' device
- * and never in the per-step path: one non-blocking side stream; one event
- * per layer, recorded on the side stream after that layer's loads of the
+ * and never in the per-step path: two non-blocking side streams, one for
+ * the copies between staging and the arena (the copy stream), one for the
+ * kernels and the block-id uploads (the kernel stream); one event per
+ * layer, recorded on the kernel stream after that layer's loads of the
  * step are enqueued; one event the engine's stream records for the saves;
- * one event per pool thread for asynchronous requests; a device staging
- * buffer of `cuda_staging_blocks` slots of one layer each; pinned host
+ * one event per pool thread for asynchronous requests; two device staging
+ * buffers of `cuda_staging_blocks` slots of one layer each, with two
+ * events each (filled, read); pinned host
  * and device arrays for block ids (one region per pool thread for
  * asynchronous requests; each step's from a free list of arrays, grown
  * when a step needs more); the codec tables on
@@ -22,23 +25,28 @@
  * arena, counted, so several workers on one store share it; when it cannot
  * be pinned, copies go through pageable memory, slower but the same).
  *
- * Ordering. Everything this backend enqueues goes to the one side stream,
- * and `mu` makes each sequence that uses the staging buffer (copies into
- * staging, then scatter; or gather, then copies out of staging) reach the
- * stream whole, whichever pool thread enqueues it: the stream then orders
- * every reuse of staging and of the id arrays. A load of layer l copies the
- * layer's byte range of each object from its arena slot into a staging
- * slot, then scatters it; the layer's event is recorded
- * after it, and wait_for_layer_load(l) makes the engine's stream wait on
- * that event (the host only waits until it is recorded). save_kv_layer(l)
- * records the save event on the engine's stream and makes the side stream
- * wait on it before the gather of layer l into staging and the copies of
- * its bytes into the reserved arena slots.
+ * Ordering. `mu` makes each sequence that uses a staging buffer (copies
+ * into staging, then scatter; or gather, then copies out of staging) reach
+ * the streams whole, whichever pool thread enqueues it. Consecutive
+ * sequences use the two buffers in turn, so the copy engine moves one
+ * while a kernel fills or drains the other; within a sequence the stream
+ * that filled the buffer records its "filled" event and the other waits
+ * on it, and the reader records "read", which the next filler of that
+ * buffer waits on (layer_copy). Only the kernel stream touches the
+ * engine's cache, and the id arrays are uploaded in its order. A load of
+ * layer l copies the layer's byte range of each object from its arena
+ * slot into a staging slot, then scatters it; the layer's event is
+ * recorded on the kernel stream after it, and wait_for_layer_load(l)
+ * makes the engine's stream wait on that event (the host only waits until
+ * it is recorded). save_kv_layer(l) records the save event on the
+ * engine's stream and makes the kernel stream wait on it before the
+ * gather of layer l into staging; the copies of its bytes into the
+ * reserved arena slots follow on the copy stream.
  *
  * Completion. A task finishing on the host only means its work is
  * enqueued. The step's leases are given back and its loads reported at
- * wait_for_save (exec.c, kvd_worker_copies_finish), after the side stream
- * has been synchronized; the saves are committed after that same
+ * wait_for_save (exec.c, kvd_worker_copies_finish), after both side
+ * streams have been synchronized; the saves are committed after that same
  * synchronization. With async_saves that happens on the worker's
  * committer thread after the step, while the engine's next steps enqueue
  * theirs: each step's block ids therefore live in arrays of its own
@@ -63,6 +71,9 @@
  * H100 a step of 64 blocks ran at 0.56 of cudaMemcpyAsync with 16, 0.69
  * with 32, 0.77 with 64 and 0.78 with 128 (docs/performance.md). */
 #define CUDA_DEFAULT_STAGING_BLOCKS 64u
+/* Staging buffers used in turn: the kernels fill or drain one while the
+ * copy engine moves the other. */
+#define STAGING_BUFS 2u
 /* Arena mappings one worker keeps pinned (daemon restarts). */
 #define MAX_WORKER_PINS 4u
 #define CUDA_STAGING_ALIGN 256u
@@ -90,12 +101,16 @@ typedef struct cids {
 /* What register_kv_caches allocates on one device. */
 typedef struct cres {
     int device;
-    void *stream;
+    void *stream;    /* the copies between staging and the arena */
+    void *kstream;   /* the kernels and the id uploads */
     void **layer_ev; /* num_layers */
     void *save_ev;
-    void *reads_ev; /* the side stream's tail, for the engine's stream */
+    void *reads_ev; /* the kernel stream's tail, for the engine's stream */
     void **slot_ev; /* n_slots */
+    /* STAGING_BUFS buffers of staging_blocks slots; per buffer, the event
+     * recorded after what filled it and after what last read it. */
     void *staging;
+    void *full_ev[2], *free_ev[2];
     int32_t *ids_host; /* pinned; the asynchronous slots' */
     int32_t *ids_dev;
     cids_t *free_ids; /* steps' id arrays not in use */
@@ -117,6 +132,7 @@ struct wcuda {
     kvd_object_format_t fmt1;
     size_t stride, slot_off;
     uint32_t n_slots;
+    uint32_t next_buf;  /* the staging buffer the next chunk uses */
     uint64_t slot_busy; /* bit j: slot j's event and ids are in use */
     bool pinned;        /* the arena mapped now (pin_gen) is page-locked */
     bool per_object;    /* cfg.cuda_copy_per_object: no 2D runs */
@@ -132,6 +148,19 @@ struct wcuda {
     const void **cp_src;
     size_t *cp_len;
 };
+
+/* Waits until both side streams ran what was enqueued on them. */
+static kvd_status_t streams_wait(const cres_t *r)
+{
+    kvd_status_t st = KVD_OK, k = KVD_OK;
+    if (r->stream != NULL) {
+        st = kvd_cuda_stream_wait(r->stream);
+    }
+    if (r->kstream != NULL) {
+        k = kvd_cuda_stream_wait(r->kstream);
+    }
+    return st != KVD_OK ? st : k;
+}
 
 /* ---- the arena's registration, shared by the process's workers --------- */
 
@@ -246,7 +275,7 @@ static void arena_pin(kvd_worker_t *w)
     if (c->n_pins == MAX_WORKER_PINS) {
         /* Nothing of the oldest may be in flight: wait for the stream. */
         if (c->res != NULL) {
-            (void)kvd_cuda_stream_wait(c->res->stream);
+            (void)streams_wait(c->res);
         }
         arena_pin_drop(w, 0);
     }
@@ -287,9 +316,7 @@ static void res_destroy(kvd_worker_t *w, cres_t *r)
     if (r == NULL) {
         return;
     }
-    if (r->stream != NULL) {
-        (void)kvd_cuda_stream_wait(r->stream);
-    }
+    (void)streams_wait(r);
     while (r->free_ids != NULL) {
         cids_t *b = r->free_ids;
         r->free_ids = b->next;
@@ -308,12 +335,17 @@ static void res_destroy(kvd_worker_t *w, cres_t *r)
     free(r->slot_ev);
     kvd_cuda_event_destroy(r->save_ev);
     kvd_cuda_event_destroy(r->reads_ev);
+    for (uint32_t b = 0; b < STAGING_BUFS; b++) {
+        kvd_cuda_event_destroy(r->full_ev[b]);
+        kvd_cuda_event_destroy(r->free_ev[b]);
+    }
     for (uint32_t l = 0; r->layer_ev != NULL && l < w->cfg.format.num_layers;
          l++) {
         kvd_cuda_event_destroy(r->layer_ev[l]);
     }
     free(r->layer_ev);
     kvd_cuda_stream_destroy(r->stream);
+    kvd_cuda_stream_destroy(r->kstream);
     free(r);
 }
 
@@ -328,8 +360,11 @@ static kvd_status_t res_create(kvd_worker_t *w, int device, cres_t **out,
         return KVD_ERR_NOMEM;
     }
     r->device = device;
-    const char *what = "side stream";
+    const char *what = "side streams";
     kvd_status_t st = kvd_cuda_stream_create(&r->stream);
+    if (st == KVD_OK) {
+        st = kvd_cuda_stream_create(&r->kstream);
+    }
     if (st == KVD_OK) {
         what = "events";
         r->layer_ev = calloc(layers, sizeof *r->layer_ev);
@@ -348,9 +383,16 @@ static kvd_status_t res_create(kvd_worker_t *w, int device, cres_t **out,
     if (st == KVD_OK) {
         st = kvd_cuda_event_create(&r->reads_ev);
     }
+    for (uint32_t b = 0; st == KVD_OK && b < STAGING_BUFS; b++) {
+        st = kvd_cuda_event_create(&r->full_ev[b]);
+        if (st == KVD_OK) {
+            st = kvd_cuda_event_create(&r->free_ev[b]);
+        }
+    }
     if (st == KVD_OK) {
-        what = "staging buffer";
-        st = kvd_cuda_mem_create(c->staging_blocks * c->stride, &r->staging);
+        what = "staging buffers";
+        st = kvd_cuda_mem_create(STAGING_BUFS * c->staging_blocks * c->stride,
+                                 &r->staging);
     }
     if (st == KVD_OK) {
         what = "block id arrays";
@@ -531,7 +573,7 @@ static kvd_status_t ids_upload(wcuda_t *c, int32_t *host, int32_t *dev,
                                const int32_t *ids, size_t n)
 {
     memcpy(host, ids, n * sizeof *ids);
-    return kvd_cuda_copy_async(dev, host, n * sizeof *ids, c->res->stream);
+    return kvd_cuda_copy_async(dev, host, n * sizeof *ids, c->res->kstream);
 }
 
 /* The step's id arrays, taken from the free list (or made) at its first
@@ -606,7 +648,7 @@ static kvd_status_t rope_ready(kvd_worker_t *w)
     }
     uint32_t gen = __atomic_load_n(&w->rope_gen, __ATOMIC_ACQUIRE);
     if (st == KVD_OK && r->rope != NULL && r->rope_gen != gen) {
-        st = kvd_cuda_stream_wait(r->stream);
+        st = streams_wait(r);
         if (st == KVD_OK) {
             kvd_cuda_rope_destroy(r->rope);
             r->rope = NULL;
@@ -625,7 +667,7 @@ static kvd_status_t deltas_upload(wcuda_t *c, int64_t *host, int64_t *dev,
                                   const int64_t *d, size_t n)
 {
     memcpy(host, d, n * sizeof *d);
-    return kvd_cuda_copy_async(dev, host, n * sizeof *d, c->res->stream);
+    return kvd_cuda_copy_async(dev, host, n * sizeof *d, c->res->kstream);
 }
 
 /* [lo, hi) lies inside one of the worker's registered mappings (mu held). */
@@ -669,15 +711,15 @@ static size_t run_at(const wcuda_t *c, void *const *objs, size_t i, size_t n,
 }
 
 /* The copies of each of `n` objects' ranges `r` (a layer: one range, or a
- * shared object's heads of it): arena -> staging (to_device) or staging ->
- * arena. Runs of objects at one stride go as one 2D copy each, the others
- * in one batch (mu held). */
-static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
+ * shared object's heads of it): arena -> the staging buffer `staging`
+ * (to_device) or back, on the copy stream. Runs of objects at one stride
+ * go as one 2D copy each, the others in one batch (mu held). */
+static kvd_status_t staging_copies(kvd_worker_t *w, unsigned char *staging,
+                                   void *const *objs, size_t n,
                                    const kvd_object_range_t *r, size_t nr,
                                    bool to_device)
 {
     wcuda_t *c = w->cuda;
-    unsigned char *staging = c->res->staging;
     void *stream = c->res->stream;
     kvd_status_t st = KVD_OK;
     size_t k = 0, ops = 0;
@@ -718,21 +760,36 @@ static kvd_status_t staging_copies(kvd_worker_t *w, void *const *objs, size_t n,
     return st;
 }
 
+/* `from` records `ev`, then `to` waits for it (mu held). */
+static kvd_status_t hand_over(void *from, void *ev, void *to)
+{
+    kvd_status_t st = kvd_cuda_event_record(ev, from);
+    return st == KVD_OK ? kvd_cuda_stream_wait_event(to, ev) : st;
+}
+
 /* Enqueues layer `layer` of `n` blocks `ids` (the same ids are at
- * `ids_dev` on the device), in chunks of the staging buffer's size: a load
+ * `ids_dev` on the device), in chunks of a staging buffer's size: a load
  * copies each object's layer bytes into staging, then scatters them into
  * the blocks; a save gathers the blocks into staging, then copies the
  * bytes into the objects (mu held). A load with `deltas_dev` (the
  * rotations on the device, uploaded in stream order) rotates each block's
  * keys as the scatter decodes them. The kernels run on a one-layer view
  * (the layer's base, the one-layer format): a layer's region of an object
- * does not depend on the other layers, so the bytes are the same. */
+ * does not depend on the other layers, so the bytes are the same.
+ *
+ * The copies go on the copy stream, the kernels on the kernel stream, and
+ * consecutive chunks (of this layer or the next call's) use the staging
+ * buffers in turn: the copy engine moves one buffer while a kernel fills or
+ * drains the other, instead of each waiting for the other. A chunk's
+ * buffer is handed from the stream that fills it to the one that reads it
+ * (full_ev), and back once read (free_ev) before it is filled again. */
 static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
                                const int32_t *ids, const int32_t *ids_dev,
                                const int64_t *deltas_dev, void *const *objs,
                                size_t n, bool load)
 {
     wcuda_t *c = w->cuda;
+    cres_t *res = c->res;
     const kvd_object_format_t *f = &w->cfg.format;
     /* The layer's bytes of each object, or this worker's heads of them. */
     kvd_object_range_t r[KVD_OBJECT_MAX_RANGES] = {
@@ -747,26 +804,53 @@ static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
     kvd_status_t st = KVD_OK;
     for (size_t k = 0; k < n && st == KVD_OK; k += c->staging_blocks) {
         size_t m = n - k < c->staging_blocks ? n - k : c->staging_blocks;
+        uint32_t b = c->next_buf;
+        c->next_buf = (b + 1) % STAGING_BUFS;
+        unsigned char *stg =
+            (unsigned char *)res->staging + b * c->staging_blocks * c->stride;
+        /* The stream that fills the buffer waits until its last reader
+         * is done with it. */
+        void *fill = load ? res->stream : res->kstream;
+        void *drain = load ? res->kstream : res->stream;
+        st = kvd_cuda_stream_wait_event(fill, res->free_ev[b]);
         if (load) {
-            st = staging_copies(w, objs + k, m, r, nr, true);
+            if (st == KVD_OK) {
+                st = staging_copies(w, stg, objs + k, m, r, nr, true);
+            }
+            if (st == KVD_OK) {
+                st = hand_over(fill, res->full_ev[b], drain);
+            }
             if (st == KVD_OK && deltas_dev != NULL) {
                 st = kvd_cuda_scatter_layer_rope(
-                    &one, &c->fmt1, c->res->tables, c->res->rope, 0, ids + k,
-                    ids_dev + k, deltas_dev + k, m, f->block_size,
-                    c->res->staging, c->stride, c->res->stream);
+                    &one, &c->fmt1, res->tables, res->rope, 0, ids + k,
+                    ids_dev + k, deltas_dev + k, m, f->block_size, stg,
+                    c->stride, drain);
             } else if (st == KVD_OK) {
                 st = kvd_cuda_scatter_layer(
-                    &one, &c->fmt1, c->res->tables, 0, ids + k, ids_dev + k, m,
-                    f->block_size, c->res->staging, c->stride, c->res->stream);
+                    &one, &c->fmt1, res->tables, 0, ids + k, ids_dev + k, m,
+                    f->block_size, stg, c->stride, drain);
             }
         } else {
-            st = kvd_cuda_gather_layer(
-                &one, &c->fmt1, c->res->tables, 0, ids + k, ids_dev + k, m,
-                f->block_size, c->res->staging, c->stride, c->res->stream);
             if (st == KVD_OK) {
-                st = staging_copies(w, objs + k, m, r, nr, false);
+                st = kvd_cuda_gather_layer(&one, &c->fmt1, res->tables, 0,
+                                           ids + k, ids_dev + k, m,
+                                           f->block_size, stg, c->stride, fill);
+            }
+            if (st == KVD_OK) {
+                st = hand_over(fill, res->full_ev[b], drain);
+            }
+            if (st == KVD_OK) {
+                st = staging_copies(w, stg, objs + k, m, r, nr, false);
             }
         }
+        if (st == KVD_OK) {
+            st = kvd_cuda_event_record(res->free_ev[b], drain);
+        }
+    }
+    if (st != KVD_OK) {
+        /* A chunk stopped half-way left its buffer's free_ev behind what
+         * may still write it: wait until both streams are idle. */
+        (void)streams_wait(res);
     }
     return st;
 }
@@ -806,10 +890,12 @@ static kvd_status_t cuda_load(kvd_worker_t *w, wstep_t *s, uint32_t layer,
                         s->any_delta ? b->ddev + first : NULL,
                         s->load_objs + first, count, true);
     }
-    /* Recorded even after an error: the engine's stream then waits for
-     * what was enqueued, and the failed blocks are reported. */
+    /* On the kernel stream, after the layer's scatters (which waited for
+     * their copies). Recorded even after an error: the engine's stream
+     * then waits for what was enqueued, and the failed blocks are
+     * reported. */
     kvd_status_t rec =
-        kvd_cuda_event_record(c->res->layer_ev[layer], c->res->stream);
+        kvd_cuda_event_record(c->res->layer_ev[layer], c->res->kstream);
     pthread_mutex_unlock(&c->mu);
     return st != KVD_OK ? st : rec;
 }
@@ -890,8 +976,9 @@ static kvd_status_t cuda_load_async(kvd_worker_t *w, const int32_t *ids,
         pthread_mutex_unlock(&c->mu);
     }
     pthread_mutex_lock(&c->mu);
+    /* After the last scatter, which waited for its copies. */
     kvd_status_t rec =
-        kvd_cuda_event_record(c->res->slot_ev[slot], c->res->stream);
+        kvd_cuda_event_record(c->res->slot_ev[slot], c->res->kstream);
     pthread_mutex_unlock(&c->mu);
     /* Whatever was enqueued must have run before the caller gives the
      * leases back, error or not. */
@@ -901,7 +988,7 @@ static kvd_status_t cuda_load_async(kvd_worker_t *w, const int32_t *ids,
     pthread_mutex_unlock(&c->mu);
     if (rec != KVD_OK && done == KVD_OK) {
         /* Not recorded: nothing tells when the copies ran. */
-        done = kvd_cuda_stream_wait(c->res->stream);
+        done = streams_wait(c->res);
     }
     return st != KVD_OK ? st : done;
 }
@@ -927,12 +1014,14 @@ static kvd_status_t cuda_stream_wait(kvd_worker_t *w, uint32_t layer,
 static kvd_status_t cuda_save_order(kvd_worker_t *w, void *stream)
 {
     wcuda_t *c = w->cuda;
-    /* Under mu: the wait lands between two staging sequences, and the
-     * event is not recorded again before the side stream captured it. */
+    /* The gathers (kernel stream) read the engine's cache; the copies
+     * only staging and the arena. Under mu: the wait lands between two
+     * staging sequences, and the event is not recorded again before the
+     * kernel stream captured it. */
     pthread_mutex_lock(&c->mu);
     kvd_status_t st = kvd_cuda_event_record(c->res->save_ev, stream);
     if (st == KVD_OK) {
-        st = kvd_cuda_stream_wait_event(c->res->stream, c->res->save_ev);
+        st = kvd_cuda_stream_wait_event(c->res->kstream, c->res->save_ev);
     }
     pthread_mutex_unlock(&c->mu);
     return st;
@@ -941,9 +1030,11 @@ static kvd_status_t cuda_save_order(kvd_worker_t *w, void *stream)
 static kvd_status_t cuda_reads_order(kvd_worker_t *w, void *stream)
 {
     wcuda_t *c = w->cuda;
-    /* Under mu, as save_order: recorded after a whole staging sequence. */
+    /* Only the kernel stream touches the engine's cache (gathers read it,
+     * scatters write it). Under mu, as save_order: recorded after a whole
+     * staging sequence. */
     pthread_mutex_lock(&c->mu);
-    kvd_status_t st = kvd_cuda_event_record(c->res->reads_ev, c->res->stream);
+    kvd_status_t st = kvd_cuda_event_record(c->res->reads_ev, c->res->kstream);
     if (st == KVD_OK) {
         st = kvd_cuda_stream_wait_event(stream, c->res->reads_ev);
     }
@@ -953,7 +1044,7 @@ static kvd_status_t cuda_reads_order(kvd_worker_t *w, void *stream)
 
 static kvd_status_t cuda_drain(kvd_worker_t *w)
 {
-    return kvd_cuda_stream_wait(w->cuda->res->stream);
+    return streams_wait(w->cuda->res);
 }
 
 /* The step's copies ran: its id arrays go back to the free list. */

@@ -20,10 +20,10 @@
  *
  * The copies, and the stream ordering around them, go through the device
  * backend (w->dev). With the CUDA backend (device_cuda.c) a finished task
- * means its copies are enqueued on the side stream; the engine's calls add
+ * means its copies are enqueued on the side streams; the engine's calls add
  * the stream ordering: wait_for_layer_load(l) makes the engine's stream
- * wait for layer l's event, save_kv_layer orders the side stream after the
- * engine's, and wait_for_save synchronizes the side stream before the
+ * wait for layer l's event, save_kv_layer orders the kernel stream after the
+ * engine's, and wait_for_save synchronizes the side streams before the
  * commits (kvd_worker_copies_finish). The host backend's stream calls do
  * nothing.
  */
@@ -864,7 +864,7 @@ err_step:
 
 /* ---- the engine's per-step calls ----------------------------------------- */
 
-/* CUDA: the side stream could not be ordered after the engine's, so the
+/* CUDA: the kernel stream could not be ordered after the engine's, so the
  * step's saves might read the cache before the engine wrote it; none of
  * them is committed. */
 static void saves_fail(kvd_worker_t *w, wstep_t *s, kvd_status_t st)

@@ -3,7 +3,7 @@
  * (threads, promotions, the copy tasks), commit.c (the end of a step's
  * saves: commit or abort) and the device backends behind
  * wdevice_ops_t: device_host.c (CPU reference kernels) and device_cuda.c
- * (a side stream with the kernels of kernels/cuda).
+ * (side streams with the kernels of kernels/cuda).
  *
  * One mutex, `mu`, guards everything below that more than one thread
  * touches: the task queue, the promotion backlog, the step's counters, the

@@ -19,6 +19,9 @@
  * happen at enqueue, as in gather.cu and rope.cu (element alignment is
  * checked for the RoPE shift only).
  *
+ * tests/gpu/fake_cuda_int.h lets a test make one side of an ordering run
+ * ahead of the other instead (the device racing ahead).
+ *
  * Not modelled: concurrency between streams (everything runs on the thread
  * that waits, under one recursive lock), device faults, and the copy
  * engine. One device, ordinal 0.
@@ -31,6 +34,7 @@
 
 #include "kvdepot/kernels_cuda.h"
 #include "kernels/ref/ref.h"
+#include "tests/gpu/fake_cuda_int.h"
 #include "kernels/ref/rope_int.h"
 
 typedef enum fop_kind {
@@ -103,6 +107,10 @@ static fstream_t *g_streams = &g_default;
 static frange_t *g_device;     /* "device" allocations */
 static frange_t *g_registered; /* cudaHostRegister'ed ranges */
 static _Thread_local int g_current;
+/* 0 every stream lazy; 1 g_ahead runs ahead (kvd_fake_cuda_engine_ahead);
+ * 2 every stream but g_ahead does (kvd_fake_cuda_others_ahead). */
+static int g_ahead_mode;
+static fstream_t *g_ahead;
 
 static void fake_init(void)
 {
@@ -213,6 +221,19 @@ static void run_until(fstream_t *s, uint64_t seq)
     }
 }
 
+/* Runs `s`'s operations until one waits for an event its stream has not
+ * reached (lock held): what can run without making another stream run. */
+static void run_ready(fstream_t *s)
+{
+    while (s->done < s->queued) {
+        const fop_t *op = &s->ops[s->done - s->first];
+        if (op->kind == FOP_WAIT && op->on->done < op->seq) {
+            return;
+        }
+        run_until(s, s->done + 1);
+    }
+}
+
 static void run_all(void)
 {
     for (fstream_t *s = g_streams; s != NULL; s = s->next) {
@@ -237,8 +258,37 @@ static kvd_status_t enqueue(void *stream, const fop_t *op)
     }
     s->ops[used] = *op;
     s->queued++;
+    if (g_ahead_mode == 1 && s == g_ahead) {
+        run_until(s, s->queued);
+    } else if (g_ahead_mode == 2 && s != g_ahead) {
+        run_ready(s);
+    }
     unlock();
     return KVD_OK;
+}
+
+void kvd_fake_cuda_engine_ahead(void *stream)
+{
+    lock();
+    g_ahead = stream_of(stream);
+    g_ahead_mode = 1;
+    unlock();
+}
+
+void kvd_fake_cuda_others_ahead(void *stream)
+{
+    lock();
+    g_ahead = stream_of(stream);
+    g_ahead_mode = 2;
+    unlock();
+}
+
+void kvd_fake_cuda_lazy(void)
+{
+    lock();
+    g_ahead_mode = 0;
+    g_ahead = NULL;
+    unlock();
 }
 
 static bool in_ranges(const frange_t *r, const void *p)
