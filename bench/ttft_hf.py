@@ -16,8 +16,9 @@ Cold and host passes are interleaved; figures are medians with their
 range. Before them each restoring store serves the prompt once untimed
 (printed as "first hit"): a process's first hit of a size also pays for
 its first kernel launches and tensor allocations of that size (on an
-H200, 0.87 s against 0.11 s for the 8b shape's raw 16k), which the
-restores of a serving process that has had hits do not. Restore bandwidth: the restored KV's bytes over the time of
+H200 one of two timed passes of the 8b shape's raw 16k took 0.87 s, the
+other 0.11 s), which the restores of a serving process that has had hits
+do not. Restore bandwidth: the restored KV's bytes over the time of
 KvdepotHF.restore (lookup, load, decode), next to a pinned host tensor of
 the same bytes copied with .to('cuda', non_blocking=True) + synchronize
 (on a CPU: a torch copy of the same bytes).
