@@ -336,13 +336,19 @@ static void cuda_peer(const cuda_bench_t *cb, size_t bytes, double *h2d,
     *d2h = now_s() - t0;
 }
 
+/* The CUDA worker's settings a row changes (0 / false: the defaults). */
+typedef struct cuda_opts {
+    uint32_t staging; /* cuda_staging_blocks */
+    bool per_object;  /* cuda_copy_per_object: one copy per object's layer,
+                         not one 2D copy per run at one stride */
+    uint32_t buffers; /* cuda_staging_buffers */
+} cuda_opts_t;
+
 /* Save and load passes of one codec on a fresh store and worker; writes
- * the medians of the per-pass ratios to the peer and the best times.
- * per_object: one copy per object's layer (cuda_copy_per_object), not one
- * 2D copy per run of objects at one stride in the arena. */
-static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, uint32_t staging,
-                      bool per_object, size_t io_bytes, double *save_ratio,
-                      double *load_ratio, double *best_save, double *best_load)
+ * the medians of the per-pass ratios to the peer and the best times. */
+static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, cuda_opts_t o,
+                      size_t io_bytes, double *save_ratio, double *load_ratio,
+                      double *best_save, double *best_load)
 {
     bench_t b;
     if (bench_open(&b, (uint8_t)(0x78 + (int)codec)) != 0) {
@@ -353,8 +359,9 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, uint32_t staging,
     wc.store = b.store;
     wc.ns = b.ns;
     wc.device = KVD_WORKER_DEVICE_CUDA;
-    wc.cuda_staging_blocks = staging;
-    wc.cuda_copy_per_object = per_object;
+    wc.cuda_staging_blocks = o.staging;
+    wc.cuda_copy_per_object = o.per_object;
+    wc.cuda_staging_buffers = o.buffers;
     wc.format = (kvd_object_format_t){KVD_DTYPE_BF16, LAYERS, 2, HEADS, DIM, BS,
                                       {codec, codec}, 0};
     kvd_status_t s = kvd_worker_create(&wc, &b.w, err, sizeof err);
@@ -400,15 +407,15 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, uint32_t staging,
     }
     /* Where the best passes' time went, on the host clock; the copies
      * between the arena and the device per step (save and load alike). */
-    printf("cuda     %-8s staging %u%s: best save %.2f ms = bind %.2f + "
+    printf("cuda     %-8s staging %u%s%s: best save %.2f ms = bind %.2f + "
            "save_kv_layer x %u %.2f + wait_for_save %.2f; best load %.2f ms "
            "= bind %.2f + start_load_kv %.2f + clear and sync %.2f; %.0f "
            "copies per step\n",
-           kvd_codec_name(codec), staging, per_object ? ", per object" : "",
-           *best_save * 1e3, save_ph[0] * 1e3, LAYERS, save_ph[1] * 1e3,
-           save_ph[2] * 1e3, *best_load * 1e3, load_ph[0] * 1e3,
-           load_ph[1] * 1e3, load_ph[2] * 1e3,
-           (double)ws.copy_ops / (2.0 * PASSES));
+           kvd_codec_name(codec), o.staging, o.per_object ? ", per object" : "",
+           o.buffers == 1 ? ", one buffer" : "", *best_save * 1e3,
+           save_ph[0] * 1e3, LAYERS, save_ph[1] * 1e3, save_ph[2] * 1e3,
+           *best_load * 1e3, load_ph[0] * 1e3, load_ph[1] * 1e3,
+           load_ph[2] * 1e3, (double)ws.copy_ops / (2.0 * PASSES));
     qsort(save, PASSES, sizeof *save, cmp_double);
     qsort(load, PASSES, sizeof *load, cmp_double);
     *save_ratio = save[PASSES / 2];
@@ -431,8 +438,9 @@ static int cuda_staging_rows(cuda_bench_t *cb, size_t io_bytes)
             return -1;
         }
         double sr = 0, lr = 0, bs = 0, bl = 0;
-        if (cuda_codec(cb, KVD_CODEC_RAW, (uint32_t)n, false, io_bytes, &sr,
-                       &lr, &bs, &bl) != 0) {
+        cuda_opts_t o = {.staging = (uint32_t)n};
+        if (cuda_codec(cb, KVD_CODEC_RAW, o, io_bytes, &sr, &lr, &bs, &bl) !=
+            0) {
             return -1;
         }
         printf("cuda     raw staging %5lu blocks: save %.2f GB/s, load %.2f "
@@ -489,8 +497,8 @@ static int cuda_rows(void)
     double raw_save = 0, raw_load = 0;
     for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++) {
         double sr = 0, lr = 0, bs = 0, bl = 0;
-        if (cuda_codec(&cb, codecs[c], 0, false, io_bytes, &sr, &lr, &bs,
-                       &bl) != 0) {
+        if (cuda_codec(&cb, codecs[c], (cuda_opts_t){0}, io_bytes, &sr, &lr,
+                       &bs, &bl) != 0) {
             goto out;
         }
         /* Effective: the bf16 cache bytes the step moved, whatever the
@@ -507,13 +515,23 @@ static int cuda_rows(void)
     /* The same raw steps with one copy per object's layer, as before
      * objects at one stride went as one 2D copy. */
     double po_save = 0, po_load = 0, po_bs = 0, po_bl = 0;
-    if (cuda_codec(&cb, KVD_CODEC_RAW, 0, true, io_bytes, &po_save, &po_load,
-                   &po_bs, &po_bl) != 0) {
+    if (cuda_codec(&cb, KVD_CODEC_RAW, (cuda_opts_t){.per_object = true},
+                   io_bytes, &po_save, &po_load, &po_bs, &po_bl) != 0) {
         goto out;
     }
     printf("cuda     raw      one copy per object: save %.2f GB/s, load %.2f "
            "GB/s (%.2f / %.2f of the copy; runs: %.2f / %.2f)\n",
            gb / po_bs, gb / po_bl, po_save, po_load, raw_save, raw_load);
+    /* And with one staging buffer: each chunk's copies and kernel wait for
+     * the previous chunk's, as before the buffers were used in turn. */
+    double ob_save = 0, ob_load = 0, ob_bs = 0, ob_bl = 0;
+    if (cuda_codec(&cb, KVD_CODEC_RAW, (cuda_opts_t){.buffers = 1}, io_bytes,
+                   &ob_save, &ob_load, &ob_bs, &ob_bl) != 0) {
+        goto out;
+    }
+    printf("cuda     raw      one staging buffer: save %.2f GB/s, load %.2f "
+           "GB/s (%.2f / %.2f of the copy; the default: %.2f / %.2f)\n",
+           gb / ob_bs, gb / ob_bl, ob_save, ob_load, raw_save, raw_load);
     if (cuda_staging_rows(&cb, io_bytes) != 0) {
         goto out;
     }

@@ -14,9 +14,9 @@
  * kernels and the block-id uploads (the kernel stream); one event per
  * layer, recorded on the kernel stream after that layer's loads of the
  * step are enqueued; one event the engine's stream records for the saves;
- * one event per pool thread for asynchronous requests; two device staging
- * buffers of `cuda_staging_blocks` slots of one layer each, with two
- * events each (filled, read); pinned host
+ * one event per pool thread for asynchronous requests; device staging
+ * buffers (`cuda_staging_buffers`, default 2) of `cuda_staging_blocks`
+ * slots of one layer each, with two events each (filled, read); pinned host
  * and device arrays for block ids (one region per pool thread for
  * asynchronous requests; each step's from a free list of arrays, grown
  * when a step needs more); the codec tables on
@@ -28,8 +28,8 @@
  * Ordering. `mu` makes each sequence that uses a staging buffer (copies
  * into staging, then scatter; or gather, then copies out of staging) reach
  * the streams whole, whichever pool thread enqueues it. Consecutive
- * sequences use the two buffers in turn, so the copy engine moves one
- * while a kernel fills or drains the other; within a sequence the stream
+ * sequences use the buffers in turn, so the copy engine moves one while a
+ * kernel fills or drains another; within a sequence the stream
  * that filled the buffer records its "filled" event and the other waits
  * on it, and the reader records "read", which the next filler of that
  * buffer waits on (layer_copy). Only the kernel stream touches the
@@ -71,9 +71,10 @@
  * H100 a step of 64 blocks ran at 0.56 of cudaMemcpyAsync with 16, 0.69
  * with 32, 0.77 with 64 and 0.78 with 128 (docs/performance.md). */
 #define CUDA_DEFAULT_STAGING_BLOCKS 64u
-/* Staging buffers used in turn: the kernels fill or drain one while the
- * copy engine moves the other. */
-#define STAGING_BUFS 2u
+/* Staging buffers used in turn (cuda_staging_buffers): the kernels fill
+ * or drain one while the copy engine moves another. */
+#define CUDA_DEFAULT_STAGING_BUFS 2u
+#define STAGING_BUFS KVD_WORKER_MAX_STAGING_BUFFERS
 /* Arena mappings one worker keeps pinned (daemon restarts). */
 #define MAX_WORKER_PINS 4u
 #define CUDA_STAGING_ALIGN 256u
@@ -107,10 +108,10 @@ typedef struct cres {
     void *save_ev;
     void *reads_ev; /* the kernel stream's tail, for the engine's stream */
     void **slot_ev; /* n_slots */
-    /* STAGING_BUFS buffers of staging_blocks slots; per buffer, the event
+    /* n_bufs buffers of staging_blocks slots; per buffer, the event
      * recorded after what filled it and after what last read it. */
     void *staging;
-    void *full_ev[2], *free_ev[2];
+    void *full_ev[STAGING_BUFS], *free_ev[STAGING_BUFS];
     int32_t *ids_host; /* pinned; the asynchronous slots' */
     int32_t *ids_dev;
     cids_t *free_ids; /* steps' id arrays not in use */
@@ -132,6 +133,7 @@ struct wcuda {
     kvd_object_format_t fmt1;
     size_t stride, slot_off;
     uint32_t n_slots;
+    uint32_t n_bufs;    /* staging buffers (cuda_staging_buffers) */
     uint32_t next_buf;  /* the staging buffer the next chunk uses */
     uint64_t slot_busy; /* bit j: slot j's event and ids are in use */
     bool pinned;        /* the arena mapped now (pin_gen) is page-locked */
@@ -383,7 +385,7 @@ static kvd_status_t res_create(kvd_worker_t *w, int device, cres_t **out,
     if (st == KVD_OK) {
         st = kvd_cuda_event_create(&r->reads_ev);
     }
-    for (uint32_t b = 0; st == KVD_OK && b < STAGING_BUFS; b++) {
+    for (uint32_t b = 0; st == KVD_OK && b < c->n_bufs; b++) {
         st = kvd_cuda_event_create(&r->full_ev[b]);
         if (st == KVD_OK) {
             st = kvd_cuda_event_create(&r->free_ev[b]);
@@ -391,7 +393,7 @@ static kvd_status_t res_create(kvd_worker_t *w, int device, cres_t **out,
     }
     if (st == KVD_OK) {
         what = "staging buffers";
-        st = kvd_cuda_mem_create(STAGING_BUFS * c->staging_blocks * c->stride,
+        st = kvd_cuda_mem_create(c->n_bufs * c->staging_blocks * c->stride,
                                  &r->staging);
     }
     if (st == KVD_OK) {
@@ -445,6 +447,11 @@ static kvd_status_t cuda_create(kvd_worker_t *w, char *err, size_t err_len)
                        w->cfg.cuda_staging_blocks, IDS_ASYNC_CAP);
         return KVD_ERR_INVALID;
     }
+    if (w->cfg.cuda_staging_buffers > STAGING_BUFS) {
+        kvd_config_err(err, err_len, "worker: cuda_staging_buffers %u > %u",
+                       w->cfg.cuda_staging_buffers, STAGING_BUFS);
+        return KVD_ERR_INVALID;
+    }
     wcuda_t *c = calloc(1, sizeof *c);
     if (c == NULL) {
         return KVD_ERR_NOMEM;
@@ -453,6 +460,8 @@ static kvd_status_t cuda_create(kvd_worker_t *w, char *err, size_t err_len)
                             ? w->cfg.cuda_staging_blocks
                             : CUDA_DEFAULT_STAGING_BLOCKS;
     c->per_object = w->cfg.cuda_copy_per_object;
+    c->n_bufs = w->cfg.cuda_staging_buffers != 0 ? w->cfg.cuda_staging_buffers
+                                                 : CUDA_DEFAULT_STAGING_BUFS;
     c->fmt1 = w->cfg.format;
     c->fmt1.num_layers = 1;
     c->stride = (kvd_object_bytes(&c->fmt1) + CUDA_STAGING_ALIGN - 1) /
@@ -805,7 +814,7 @@ static kvd_status_t layer_copy(kvd_worker_t *w, uint32_t layer,
     for (size_t k = 0; k < n && st == KVD_OK; k += c->staging_blocks) {
         size_t m = n - k < c->staging_blocks ? n - k : c->staging_blocks;
         uint32_t b = c->next_buf;
-        c->next_buf = (b + 1) % STAGING_BUFS;
+        c->next_buf = (b + 1) % c->n_bufs;
         unsigned char *stg =
             (unsigned char *)res->staging + b * c->staging_blocks * c->stride;
         /* The stream that fills the buffer waits until its last reader

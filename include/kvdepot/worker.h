@@ -214,7 +214,15 @@ typedef struct kvd_worker_config {
      * are) move as one 2D copy per run (cudaMemcpy2DAsync), not one copy
      * each; true: one copy per object, for comparison (bench_worker). */
     bool cuda_copy_per_object;
+    /* CUDA backend: staging buffers used in turn, so the copy engine moves
+     * one while a kernel fills or drains another. 0: the default, 2; 1: a
+     * chunk's copies and kernel wait for the previous chunk's (for
+     * comparison, bench_worker); at most KVD_WORKER_MAX_STAGING_BUFFERS,
+     * else kvd_worker_create answers KVD_ERR_INVALID. */
+    uint32_t cuda_staging_buffers;
 } kvd_worker_config_t;
+
+#define KVD_WORKER_MAX_STAGING_BUFFERS 4u
 
 /*
  * Creates a worker and starts its threads (the copy pool and the store

@@ -152,7 +152,8 @@ static kvd_block_hash_t key_hash(uint32_t k)
     return h;
 }
 
-static bool g_async_saves; /* side_open: the worker's async_saves */
+static bool g_async_saves;         /* side_open: the worker's async_saves */
+static uint32_t g_staging_buffers; /* side_open: cuda_staging_buffers */
 
 typedef struct side {
     kvd_worker_t *w;
@@ -182,6 +183,7 @@ static void side_open(side_t *sd, kvd_store_t *st,
     cfg.format = *fmt;
     cfg.device = dev;
     cfg.cuda_staging_blocks = staging;
+    cfg.cuda_staging_buffers = g_staging_buffers;
     cfg.async_saves = g_async_saves;
     side_create(sd, &cfg);
 }
@@ -425,6 +427,7 @@ typedef struct rt_case {
      * the save step, the engine's ahead of theirs for the load step
      * (tests/gpu/fake_cuda_int.h); else both lag as far as they may. */
     bool ahead;
+    uint32_t buffers; /* cuda_staging_buffers (0: the default) */
 } rt_case_t;
 
 /* The CPU model's scheduling of the streams (no-op on a GPU). */
@@ -488,7 +491,9 @@ static void round_trip(const rt_case_t *k)
         assert_int_equal(kvd_cuda_stream_create(&stream), KVD_OK);
     }
     side_t dev;
+    g_staging_buffers = k->buffers;
     side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x43, k->staging);
+    g_staging_buffers = 0;
     side_register(&dev, &dsrc.layout);
     copy_arg_t stage = {&src, dsrc.mem, dtruth.mem};
     streams_ahead(k, stream, false);
@@ -569,7 +574,10 @@ static void test_round_trips(void **state)
                            .staging = n % 2 == 0 ? 3 : 0,
                            .legacy_stream = n % 3 == 2,
                            .layerwise = n % 4 != 3,
-                           .ahead = n / 2 % 2 == 1};
+                           .ahead = n / 2 % 2 == 1,
+                           .buffers = n % 5 == 1   ? 1
+                                      : n % 5 == 4 ? 3
+                                                   : 0};
             round_trip(&k);
         }
     }
@@ -976,6 +984,33 @@ static void test_copy_runs(void **state)
 
 /* ---- registration errors ------------------------------------------------ */
 
+/* More staging buffers than the backend has events for: refused at
+ * create, with the setting named. */
+static void test_staging_buffers_bounded(void **state)
+{
+    (void)state;
+    test_cache_t c;
+    cache_init(&c, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
+    kvd_store_t *st = store_open();
+    kvd_worker_config_t cfg = {0};
+    cfg.store = st;
+    cfg.ns = ns_of(0x46);
+    cfg.format = cache_format(&c, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+    cfg.device = KVD_WORKER_DEVICE_CUDA;
+    cfg.cuda_staging_buffers = KVD_WORKER_MAX_STAGING_BUFFERS + 1;
+    kvd_worker_t *w = NULL;
+    char err[256] = "";
+    assert_int_equal(kvd_worker_create(&cfg, &w, err, sizeof err),
+                     KVD_ERR_INVALID);
+    assert_null(w);
+    assert_non_null(strstr(err, "cuda_staging_buffers"));
+    cfg.cuda_staging_buffers = KVD_WORKER_MAX_STAGING_BUFFERS;
+    assert_int_equal(kvd_worker_create(&cfg, &w, err, sizeof err), KVD_OK);
+    kvd_worker_destroy(w);
+    kvd_store_close(st);
+    cache_cleanup(&c);
+}
+
 static void test_register_host_memory_refused(void **state)
 {
     (void)state;
@@ -1227,6 +1262,7 @@ int main(void)
 #ifdef KVD_HAVE_CUDA
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_register_host_memory_refused),
+        cmocka_unit_test(test_staging_buffers_bounded),
         cmocka_unit_test(test_round_trips),
         cmocka_unit_test(test_async_load),
         cmocka_unit_test(test_aborted_steps),
