@@ -858,7 +858,7 @@ static void l1_hit(kvd_l1_t *l1, l1_entry_t *e)
 
 kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_store_key_t *keys,
                                   size_t n, uint32_t *slots_out,
-                                  size_t *matched_out)
+                                  uint64_t *sizes_out, size_t *matched_out)
 {
     if (l1 == NULL || matched_out == NULL ||
         (n > 0 && (keys == NULL || slots_out == NULL))) {
@@ -875,6 +875,9 @@ kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_store_key_t *keys,
         l1_lease_take(l1, e);
         l1_hit(l1, e);
         slots_out[m] = e->slot;
+        if (sizes_out != NULL) {
+            sizes_out[m] = e->size_bytes;
+        }
     }
     l1->st.hits += m;
     if (m < n) {

@@ -279,12 +279,14 @@ kvd_status_t kvd_l1_abort(kvd_l1_t *l1, const kvd_store_key_t *key,
  * match counts as a hit for the policy (S3-FIFO frequency, LRU recency) and
  * in stats.hits; a lookup stopping before keys[n-1] adds one to
  * stats.misses. Every leased key must be released with kvd_l1_release.
- * `keys` and `slots_out` have `n` elements (both may be NULL when n is 0).
+ * `keys` and `slots_out` have `n` elements (both may be NULL when n is 0);
+ * `sizes_out` (n elements, or NULL) gets each match's size_bytes, read in
+ * the same lock hold (a lease pins the entry, so it cannot change).
  * Errors: KVD_ERR_INVALID (NULL l1/matched_out, or NULL arrays with n > 0).
  */
 kvd_status_t kvd_l1_lookup_prefix(kvd_l1_t *l1, const kvd_store_key_t *keys,
                                   size_t n, uint32_t *slots_out,
-                                  size_t *matched_out);
+                                  uint64_t *sizes_out, size_t *matched_out);
 
 /*
  * Drops one lease taken by kvd_l1_lookup_prefix. Errors: KVD_ERR_INVALID

@@ -30,6 +30,7 @@ static size_t store_lookup_tier(kvd_embedded_t *st, kvd_l1_t *table,
 {
     kvd_store_key_t keys[STORE_KEY_CHUNK];
     uint32_t slots[STORE_KEY_CHUNK];
+    uint64_t sizes[STORE_KEY_CHUNK];
     size_t done = 0;
     while (done < n) {
         size_t c = n - done < STORE_KEY_CHUNK ? n - done : STORE_KEY_CHUNK;
@@ -38,18 +39,14 @@ static size_t store_lookup_tier(kvd_embedded_t *st, kvd_l1_t *table,
             keys[i].hash = hashes[done + i];
         }
         size_t m = 0;
-        (void)kvd_l1_lookup_prefix(table, keys, c, slots, &m);
+        (void)kvd_l1_lookup_prefix(table, keys, c, slots, sizes, &m);
         for (size_t i = 0; i < m; i++) {
             kvd_store_lease_t *l = &leases_out[done + i];
-            kvd_l1_entry_info_t info;
             memset(l, 0, sizeof *l);
             l->key.ns = *ns;
             l->key.hash = hashes[done + i];
             l->tier = tier;
-            /* The lease pins the entry, so its size cannot change. */
-            if (kvd_l1_peek(table, &keys[i], &info) == KVD_OK) {
-                l->size_bytes = info.size_bytes;
-            }
+            l->size_bytes = sizes[i];
             l->arena_offset = tier == KVD_STORE_TIER_HOST
                                   ? kvd_arena_slot_offset(st->arena, slots[i])
                                   : 0;

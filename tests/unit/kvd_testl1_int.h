@@ -63,7 +63,7 @@ static inline bool test_get(kvd_l1_t *l1, const kvd_store_key_t *k,
 {
     size_t m = 99;
     uint32_t s = UINT32_MAX;
-    assert_int_equal(kvd_l1_lookup_prefix(l1, k, 1, &s, &m), KVD_OK);
+    assert_int_equal(kvd_l1_lookup_prefix(l1, k, 1, &s, NULL, &m), KVD_OK);
     if (m == 1 && slot != NULL) {
         *slot = s;
     }

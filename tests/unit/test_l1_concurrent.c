@@ -103,7 +103,7 @@ static void cc_lookup(cc_shared_t *sh, uint32_t first)
     for (uint32_t i = 0; i < 4; i++) {
         keys[i] = test_key(16, (first + i) % CC_KEYS);
     }
-    if (kvd_l1_lookup_prefix(sh->l1, keys, 4, slots, &m) != KVD_OK) {
+    if (kvd_l1_lookup_prefix(sh->l1, keys, 4, slots, NULL, &m) != KVD_OK) {
         atomic_fetch_add(&sh->failures, 1);
         return;
     }

@@ -99,11 +99,11 @@ static void test_lifecycle_errors(void **state)
     assert_int_equal(kvd_l1_release(l1, NULL), KVD_ERR_INVALID);
     assert_int_equal(kvd_l1_pin(NULL, &k, true, 0), KVD_ERR_INVALID);
     assert_int_equal(kvd_l1_delete(l1, &k, NULL), KVD_ERR_INVALID);
-    assert_int_equal(kvd_l1_lookup_prefix(l1, NULL, 1, &slot, &n),
+    assert_int_equal(kvd_l1_lookup_prefix(l1, NULL, 1, &slot, NULL, &n),
                      KVD_ERR_INVALID);
-    assert_int_equal(kvd_l1_lookup_prefix(l1, &k, 1, NULL, &n),
+    assert_int_equal(kvd_l1_lookup_prefix(l1, &k, 1, NULL, NULL, &n),
                      KVD_ERR_INVALID);
-    assert_int_equal(kvd_l1_lookup_prefix(l1, &k, 1, &slot, NULL),
+    assert_int_equal(kvd_l1_lookup_prefix(l1, &k, 1, &slot, NULL, NULL),
                      KVD_ERR_INVALID);
     assert_int_equal(kvd_l1_evict(l1, 1, 0, NULL, 1, &n), KVD_ERR_INVALID);
     assert_int_equal(kvd_l1_evict(l1, 1, 0, v, 1, NULL), KVD_ERR_INVALID);
@@ -196,18 +196,19 @@ static void test_lookup_prefix(void **state)
         keys[i] = test_key(3, i);
     }
     for (uint32_t i = 0; i < 3; i++) {
-        test_put(l1, &keys[i], 0, 10, 100 + i);
+        test_put(l1, &keys[i], 0, 10 + i, 100 + i);
     }
     size_t n;
-    assert_int_equal(kvd_l1_reserve(l1, &keys[3], 0, 10, 103, NULL, 0, &n),
+    assert_int_equal(kvd_l1_reserve(l1, &keys[3], 0, 13, 103, NULL, 0, &n),
                      KVD_OK);
-    test_put(l1, &keys[4], 0, 10, 104);
+    test_put(l1, &keys[4], 0, 14, 104);
 
     uint32_t slots[8];
     size_t m = 99;
     memset(slots, 0xff, sizeof(slots));
     /* Stops at the reserved key 3 though 4 is ready. */
-    assert_int_equal(kvd_l1_lookup_prefix(l1, keys, 8, slots, &m), KVD_OK);
+    assert_int_equal(kvd_l1_lookup_prefix(l1, keys, 8, slots, NULL, &m),
+                     KVD_OK);
     assert_int_equal(m, 3);
     for (uint32_t i = 0; i < 3; i++) {
         assert_int_equal(slots[i], 100 + i);
@@ -220,20 +221,30 @@ static void test_lookup_prefix(void **state)
     assert_int_equal(s.leased_objects, 3);
 
     /* Empty query: no hit, no miss. */
-    assert_int_equal(kvd_l1_lookup_prefix(l1, NULL, 0, NULL, &m), KVD_OK);
+    assert_int_equal(kvd_l1_lookup_prefix(l1, NULL, 0, NULL, NULL, &m), KVD_OK);
     assert_int_equal(m, 0);
     /* Stops at once when the first key is absent. */
-    assert_int_equal(kvd_l1_lookup_prefix(l1, &keys[5], 3, slots, &m), KVD_OK);
+    assert_int_equal(kvd_l1_lookup_prefix(l1, &keys[5], 3, slots, NULL, &m),
+                     KVD_OK);
     assert_int_equal(m, 0);
 
     /* Once key 3 is committed the prefix runs through 4 and stops at 5. */
     assert_int_equal(kvd_l1_commit(l1, &keys[3]), KVD_OK);
-    assert_int_equal(kvd_l1_lookup_prefix(l1, keys, 8, slots, &m), KVD_OK);
+    uint64_t sizes[8];
+    memset(sizes, 0xff, sizeof(sizes));
+    assert_int_equal(kvd_l1_lookup_prefix(l1, keys, 8, slots, sizes, &m),
+                     KVD_OK);
     assert_int_equal(m, 5);
     assert_int_equal(slots[3], 103);
     assert_int_equal(slots[4], 104);
+    /* Each match's size, from the same lock hold. */
+    for (uint32_t i = 0; i < 5; i++) {
+        assert_int_equal(sizes[i], 10 + i);
+    }
+    assert_int_equal(sizes[5], UINT64_MAX); /* untouched past the match */
     /* A full match counts no miss. */
-    assert_int_equal(kvd_l1_lookup_prefix(l1, keys, 2, slots, &m), KVD_OK);
+    assert_int_equal(kvd_l1_lookup_prefix(l1, keys, 2, slots, NULL, &m),
+                     KVD_OK);
     assert_int_equal(m, 2);
     s = test_stats(l1);
     assert_int_equal(s.hits, 3 + 5 + 2);
