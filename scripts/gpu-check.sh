@@ -17,8 +17,8 @@
 # env:   KVD_DEPS_PREFIX (default /opt/kvd-deps), CUDA_ARCH (default 90),
 #        OUT, JOBS (default: the CPU count), GPU_CHECK_STEPS (the steps to
 #        run after the set-up, by name; default all: nvidia-smi gpu-tests
-#        sanitize-kernels sanitize-worker bench-kernels ncu-kernels
-#        bench-worker bench-saves demo ttft-hf), TTFT_HF_ARGS (flags for
+#        sanitize-kernels sanitize-worker racecheck-kernels bench-kernels
+#        ncu-kernels bench-worker bench-saves demo ttft-hf), TTFT_HF_ARGS (flags for
 #        bench/ttft_hf.py, e.g. "--models 8b --sizes 16k"), TTFT_HF_TIMEOUT
 #        (seconds, default 300), GPU_CHECK_TARGETS (the build's targets
 #        instead of all the steps need, e.g. "kvdepot kvdepotd" for ttft-hf),
@@ -164,10 +164,10 @@ step gpu-tests ctest --test-dir build/gpu --output-on-failure -R \
 if command -v compute-sanitizer >/dev/null; then
     step sanitize-kernels timeout 150 compute-sanitizer --tool memcheck \
         --leak-check full --error-exitcode 9 build/gpu/tests/test_cuda_kernels
-    step sanitize-worker sh -c 'timeout 60 compute-sanitizer --tool memcheck \
-        --error-exitcode 9 build/gpu/tests/test_cuda_worker &&
-        timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
-        build/gpu/tests/test_cuda_kernels &&
+    step sanitize-worker timeout 60 compute-sanitizer --tool memcheck \
+        --error-exitcode 9 build/gpu/tests/test_cuda_worker
+    step racecheck-kernels sh -c 'timeout 120 compute-sanitizer --tool racecheck \
+        --error-exitcode 9 build/gpu/tests/test_cuda_kernels &&
         timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 \
         build/gpu/tests/test_cuda_rope'
 fi
