@@ -24,6 +24,9 @@
  * where one core cannot saturate memory the one-thread memcpy flatters the
  * worker, and the second pair of headlines says so.
  *
+ * Each step's plan is packed before its clock starts (the leader builds
+ * it, in the scheduler's process); the worker's bind of it is timed.
+ *
  * Seven passes; the headlines are medians of per-pass ratios. The
  * overlap runs on a worker with one thread fewer than the machine's cores
  * (the engine thread keeps one). KVDEPOT_BENCH_THREADS sets the worker's
@@ -181,14 +184,23 @@ typedef struct bench {
     double ph_bind, ph_layers, ph_end;
 } bench_t;
 
-static int bind(bench_t *b, const kvd_testplan_req_t *r)
+/* The step's plan, packed before the clock starts: the leader builds it
+ * in the scheduler's process, not the worker. NULL on failure. */
+static uint8_t *plan_of(bench_t *b, const kvd_testplan_req_t *r, size_t *len)
 {
-    size_t len = 0;
-    uint8_t *plan = kvd_testplan_pack(++b->step, BS, &b->ns, r, 1, &len);
+    uint8_t *plan = kvd_testplan_pack(++b->step, BS, &b->ns, r, 1, len);
+    if (plan == NULL) {
+        fprintf(stderr, "plan: could not pack step %llu\n",
+                (unsigned long long)b->step);
+    }
+    return plan;
+}
+
+/* The worker's bind of `plan` (freed). */
+static int bind(bench_t *b, uint8_t *plan, size_t len)
+{
     char err[256] = "";
-    kvd_status_t s = plan == NULL ? KVD_ERR_PROTO
-                                  : kvd_worker_bind_metadata(b->w, plan, len,
-                                                             err, sizeof err);
+    kvd_status_t s = kvd_worker_bind_metadata(b->w, plan, len, err, sizeof err);
     free(plan);
     if (s != KVD_OK) {
         fprintf(stderr, "bind: %s (%s)\n", kvd_status_str(s), err);
@@ -245,8 +257,13 @@ static double save_pass(bench_t *b, uint32_t pass, void *stream)
                             .save_hashes = b->hashes};
     kvd_worker_stats_t before, after;
     (void)kvd_worker_stats(b->w, &before);
+    size_t len = 0;
+    uint8_t *plan = plan_of(b, &r, &len);
+    if (plan == NULL) {
+        return -1;
+    }
     double t0 = now_s();
-    if (bind(b, &r) != 0) {
+    if (bind(b, plan, len) != 0) {
         return -1;
     }
     double t1 = now_s();
@@ -285,8 +302,13 @@ static double load_pass(bench_t *b, uint32_t pass, double compute_s,
                             .n_loads = N_IO,
                             .load_ids = b->load_ids,
                             .load_hashes = b->hashes};
+    size_t len = 0;
+    uint8_t *plan = plan_of(b, &r, &len);
+    if (plan == NULL) {
+        return -1;
+    }
     double t0 = now_s();
-    if (bind(b, &r) != 0) {
+    if (bind(b, plan, len) != 0) {
         return -1;
     }
     double t1 = now_s();
@@ -339,8 +361,8 @@ static void cuda_peer(const cuda_bench_t *cb, size_t bytes, double *h2d,
 /* The CUDA worker's settings a row changes (0 / false: the defaults). */
 typedef struct cuda_opts {
     uint32_t staging; /* cuda_staging_blocks */
-    bool per_object;  /* cuda_copy_per_object: one copy per object's layer,
-                         not one 2D copy per run at one stride */
+    bool runs;        /* cuda_copy_runs: one 2D copy per run of objects at
+                         one stride, not one copy per object's layer */
     uint32_t buffers; /* cuda_staging_buffers */
 } cuda_opts_t;
 
@@ -360,7 +382,7 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, cuda_opts_t o,
     wc.ns = b.ns;
     wc.device = KVD_WORKER_DEVICE_CUDA;
     wc.cuda_staging_blocks = o.staging;
-    wc.cuda_copy_per_object = o.per_object;
+    wc.cuda_copy_runs = o.runs;
     wc.cuda_staging_buffers = o.buffers;
     wc.format = (kvd_object_format_t){KVD_DTYPE_BF16, LAYERS, 2, HEADS, DIM, BS,
                                       {codec, codec}, 0};
@@ -411,7 +433,7 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, cuda_opts_t o,
            "save_kv_layer x %u %.2f + wait_for_save %.2f; best load %.2f ms "
            "= bind %.2f + start_load_kv %.2f + clear and sync %.2f; %.0f "
            "copies per step\n",
-           kvd_codec_name(codec), o.staging, o.per_object ? ", per object" : "",
+           kvd_codec_name(codec), o.staging, o.runs ? ", 2D runs" : "",
            o.buffers == 1 ? ", one buffer" : "", *best_save * 1e3,
            save_ph[0] * 1e3, LAYERS, save_ph[1] * 1e3, save_ph[2] * 1e3,
            *best_load * 1e3, load_ph[0] * 1e3, load_ph[1] * 1e3,
@@ -512,16 +534,17 @@ static int cuda_rows(void)
             raw_load = lr;
         }
     }
-    /* The same raw steps with one copy per object's layer, as before
-     * objects at one stride went as one 2D copy. */
-    double po_save = 0, po_load = 0, po_bs = 0, po_bl = 0;
-    if (cuda_codec(&cb, KVD_CODEC_RAW, (cuda_opts_t){.per_object = true},
-                   io_bytes, &po_save, &po_load, &po_bs, &po_bl) != 0) {
+    /* The same raw steps with objects at one stride moved as one 2D copy
+     * per run (cuda_copy_runs) instead of one copy per object's layer. */
+    double ru_save = 0, ru_load = 0, ru_bs = 0, ru_bl = 0;
+    if (cuda_codec(&cb, KVD_CODEC_RAW, (cuda_opts_t){.runs = true}, io_bytes,
+                   &ru_save, &ru_load, &ru_bs, &ru_bl) != 0) {
         goto out;
     }
-    printf("cuda     raw      one copy per object: save %.2f GB/s, load %.2f "
-           "GB/s (%.2f / %.2f of the copy; runs: %.2f / %.2f)\n",
-           gb / po_bs, gb / po_bl, po_save, po_load, raw_save, raw_load);
+    printf("cuda     raw      2D copies of runs: save %.2f GB/s, load %.2f "
+           "GB/s (%.2f / %.2f of the copy; one copy per object, the default: "
+           "%.2f / %.2f)\n",
+           gb / ru_bs, gb / ru_bl, ru_save, ru_load, raw_save, raw_load);
     /* And with one staging buffer: each chunk's copies and kernel wait for
      * the previous chunk's, as before the buffers were used in turn. */
     double ob_save = 0, ob_load = 0, ob_bs = 0, ob_bl = 0;

@@ -137,7 +137,7 @@ struct wcuda {
     uint32_t next_buf;  /* the staging buffer the next chunk uses */
     uint64_t slot_busy; /* bit j: slot j's event and ids are in use */
     bool pinned;        /* the arena mapped now (pin_gen) is page-locked */
-    bool per_object;    /* cfg.cuda_copy_per_object: no 2D runs */
+    bool runs;          /* cfg.cuda_copy_runs: 2D copies of runs */
     uint32_t pin_gen;
     struct {
         void *base;
@@ -459,7 +459,7 @@ static kvd_status_t cuda_create(kvd_worker_t *w, char *err, size_t err_len)
     c->staging_blocks = w->cfg.cuda_staging_blocks != 0
                             ? w->cfg.cuda_staging_blocks
                             : CUDA_DEFAULT_STAGING_BLOCKS;
-    c->per_object = w->cfg.cuda_copy_per_object;
+    c->runs = w->cfg.cuda_copy_runs;
     c->n_bufs = w->cfg.cuda_staging_buffers != 0 ? w->cfg.cuda_staging_buffers
                                                  : CUDA_DEFAULT_STAGING_BUFS;
     c->fmt1 = w->cfg.format;
@@ -698,7 +698,7 @@ static bool in_one_pin(const wcuda_t *c, uintptr_t lo, uintptr_t hi)
 static size_t run_at(const wcuda_t *c, void *const *objs, size_t i, size_t n,
                      const kvd_object_range_t *r, size_t *pitch)
 {
-    if (c->per_object || !c->pinned || i + 1 >= n) {
+    if (!c->runs || !c->pinned || i + 1 >= n) {
         return 1;
     }
     uintptr_t a = (uintptr_t)objs[i], b = (uintptr_t)objs[i + 1];

@@ -209,11 +209,14 @@ typedef struct kvd_worker_config {
      * aligned (kvd_object_shard_direct), else through a buffer. */
     uint32_t object_heads;
     uint32_t head_start;
-    /* CUDA backend: objects whose layer regions lie at one stride in the
-     * pinned arena (slots handed out one after another, as a step's saves
-     * are) move as one 2D copy per run (cudaMemcpy2DAsync), not one copy
-     * each; true: one copy per object, for comparison (bench_worker). */
-    bool cuda_copy_per_object;
+    /* CUDA backend: false (the default): each object's layer region is one
+     * copy of its own, the step's copies handed to the driver as one batch
+     * (cudaMemcpyBatchAsync where the runtime has it). true: objects whose
+     * regions lie at one stride in the pinned arena (slots handed out one
+     * after another, as a step's saves are) move as one 2D copy per run
+     * (cudaMemcpy2DAsync): twenty times fewer copies, but measured slower
+     * on an H200 (docs/performance.md); for comparison (bench_worker). */
+    bool cuda_copy_runs;
     /* CUDA backend: staging buffers used in turn, so the copy engine moves
      * one while a kernel fills or drains another. 0: the default, 2; 1: a
      * chunk's copies and kernel wait for the previous chunk's (for

@@ -909,11 +909,12 @@ static uint64_t copy_ops(const side_t *sd)
     return ws.copy_ops;
 }
 
-/* A step's saves get arena slots one after another: each layer of them
- * moves as one 2D copy. Loading keys 1, 2, 0, 3 of them makes two runs a
- * layer (slots 1-2 at one slot's stride, slots 0 and 3 at three); with
- * cuda_copy_per_object every object's layer is a copy of its own. The
- * objects and the loaded cache equal the host backend's. */
+/* By default every object's layer is a copy of its own. With
+ * cuda_copy_runs a step's saves, which get arena slots one after another,
+ * move as one 2D copy a layer, and loading keys 1, 2, 0, 3 of them makes
+ * two runs a layer (slots 1-2 at one slot's stride, slots 0 and 3 at
+ * three). Both ways the objects and the loaded cache equal the host
+ * backend's. */
 static void test_copy_runs(void **state)
 {
     (void)state;
@@ -940,7 +941,13 @@ static void test_copy_runs(void **state)
     loading_step(&host, mixed);
     assert_int_equal(copy_ops(&host), 0);
 
-    side_open(&dev, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x4a, 0);
+    kvd_worker_config_t cfg = {0};
+    cfg.store = st;
+    cfg.ns = ns_of(0x4a);
+    cfg.format = fmt;
+    cfg.device = KVD_WORKER_DEVICE_CUDA;
+    cfg.cuda_copy_runs = true;
+    side_create(&dev, &cfg);
     side_register(&dev, &dsrc.layout);
     saving_step(&dev, save_blocks, 900);
     assert_int_equal(copy_ops(&dev), LAYERS);
@@ -953,13 +960,7 @@ static void test_copy_runs(void **state)
         fail_msg("loaded in runs: the device cache differs from the host's");
     }
 
-    kvd_worker_config_t cfg = {0};
-    cfg.store = st;
-    cfg.ns = ns_of(0x4b);
-    cfg.format = fmt;
-    cfg.device = KVD_WORKER_DEVICE_CUDA;
-    cfg.cuda_copy_per_object = true;
-    side_create(&one, &cfg);
+    side_open(&one, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x4b, 0);
     side_register(&one, &dsrc.layout);
     saving_step(&one, save_blocks, 900);
     assert_int_equal(copy_ops(&one), N * LAYERS);
