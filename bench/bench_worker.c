@@ -361,8 +361,7 @@ static void cuda_peer(const cuda_bench_t *cb, size_t bytes, double *h2d,
 /* The CUDA worker's settings a row changes (0 / false: the defaults). */
 typedef struct cuda_opts {
     uint32_t staging; /* cuda_staging_blocks */
-    bool runs;        /* cuda_copy_runs: one 2D copy per run of objects at
-                         one stride, not one copy per object's layer */
+    uint8_t mode;     /* cuda_copy_mode (kvd_worker_copy_mode_t) */
     uint32_t buffers; /* cuda_staging_buffers */
 } cuda_opts_t;
 
@@ -382,7 +381,7 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, cuda_opts_t o,
     wc.ns = b.ns;
     wc.device = KVD_WORKER_DEVICE_CUDA;
     wc.cuda_staging_blocks = o.staging;
-    wc.cuda_copy_runs = o.runs;
+    wc.cuda_copy_mode = o.mode;
     wc.cuda_staging_buffers = o.buffers;
     wc.format = (kvd_object_format_t){KVD_DTYPE_BF16, LAYERS, 2, HEADS, DIM, BS,
                                       {codec, codec}, 0};
@@ -433,7 +432,10 @@ static int cuda_codec(cuda_bench_t *cb, kvd_codec_t codec, cuda_opts_t o,
            "save_kv_layer x %u %.2f + wait_for_save %.2f; best load %.2f ms "
            "= bind %.2f + start_load_kv %.2f + clear and sync %.2f; %.0f "
            "copies per step\n",
-           kvd_codec_name(codec), o.staging, o.runs ? ", 2D runs" : "",
+           kvd_codec_name(codec), o.staging,
+           o.mode == KVD_WORKER_COPY_RUNS         ? ", 2D runs"
+           : o.mode == KVD_WORKER_COPY_PER_OBJECT ? ", per object"
+                                                  : "",
            o.buffers == 1 ? ", one buffer" : "", *best_save * 1e3,
            save_ph[0] * 1e3, LAYERS, save_ph[1] * 1e3, save_ph[2] * 1e3,
            *best_load * 1e3, load_ph[0] * 1e3, load_ph[1] * 1e3,
@@ -533,18 +535,24 @@ static int cuda_rows(void)
             raw_save = sr;
             raw_load = lr;
         }
+        /* The same steps with each copy mode forced: the default picks
+         * per object or runs by the layer region's size. */
+        static const uint8_t modes[] = {KVD_WORKER_COPY_RUNS,
+                                        KVD_WORKER_COPY_PER_OBJECT};
+        static const char *const names[] = {"2D copies of runs",
+                                            "one copy per object"};
+        for (size_t m = 0; m < 2; m++) {
+            double mr = 0, ml = 0, mbs = 0, mbl = 0;
+            if (cuda_codec(&cb, codecs[c], (cuda_opts_t){.mode = modes[m]},
+                           io_bytes, &mr, &ml, &mbs, &mbl) != 0) {
+                goto out;
+            }
+            printf("cuda     %-8s %s: save %.2f GB/s, load %.2f GB/s "
+                   "(%.2f / %.2f of the copy; the default: %.2f / %.2f)\n",
+                   kvd_codec_name(codecs[c]), names[m], gb / mbs, gb / mbl, mr,
+                   ml, sr, lr);
+        }
     }
-    /* The same raw steps with objects at one stride moved as one 2D copy
-     * per run (cuda_copy_runs) instead of one copy per object's layer. */
-    double ru_save = 0, ru_load = 0, ru_bs = 0, ru_bl = 0;
-    if (cuda_codec(&cb, KVD_CODEC_RAW, (cuda_opts_t){.runs = true}, io_bytes,
-                   &ru_save, &ru_load, &ru_bs, &ru_bl) != 0) {
-        goto out;
-    }
-    printf("cuda     raw      2D copies of runs: save %.2f GB/s, load %.2f "
-           "GB/s (%.2f / %.2f of the copy; one copy per object, the default: "
-           "%.2f / %.2f)\n",
-           gb / ru_bs, gb / ru_bl, ru_save, ru_load, raw_save, raw_load);
     /* And with one staging buffer: each chunk's copies and kernel wait for
      * the previous chunk's, as before the buffers were used in turn. */
     double ob_save = 0, ob_load = 0, ob_bs = 0, ob_bl = 0;

@@ -137,7 +137,7 @@ struct wcuda {
     uint32_t next_buf;  /* the staging buffer the next chunk uses */
     uint64_t slot_busy; /* bit j: slot j's event and ids are in use */
     bool pinned;        /* the arena mapped now (pin_gen) is page-locked */
-    bool runs;          /* cfg.cuda_copy_runs: 2D copies of runs */
+    uint8_t copy_mode;  /* cfg.cuda_copy_mode */
     uint32_t pin_gen;
     struct {
         void *base;
@@ -447,6 +447,13 @@ static kvd_status_t cuda_create(kvd_worker_t *w, char *err, size_t err_len)
                        w->cfg.cuda_staging_blocks, IDS_ASYNC_CAP);
         return KVD_ERR_INVALID;
     }
+    if (w->cfg.cuda_copy_mode > KVD_WORKER_COPY_PER_OBJECT) {
+        kvd_config_err(err, err_len,
+                       "worker: cuda_copy_mode %u is not one of 0 (auto), 1 "
+                       "(runs), 2 (per object)",
+                       (unsigned)w->cfg.cuda_copy_mode);
+        return KVD_ERR_INVALID;
+    }
     if (w->cfg.cuda_staging_buffers > STAGING_BUFS) {
         kvd_config_err(err, err_len, "worker: cuda_staging_buffers %u > %u",
                        w->cfg.cuda_staging_buffers, STAGING_BUFS);
@@ -459,7 +466,7 @@ static kvd_status_t cuda_create(kvd_worker_t *w, char *err, size_t err_len)
     c->staging_blocks = w->cfg.cuda_staging_blocks != 0
                             ? w->cfg.cuda_staging_blocks
                             : CUDA_DEFAULT_STAGING_BLOCKS;
-    c->runs = w->cfg.cuda_copy_runs;
+    c->copy_mode = w->cfg.cuda_copy_mode;
     c->n_bufs = w->cfg.cuda_staging_buffers != 0 ? w->cfg.cuda_staging_buffers
                                                  : CUDA_DEFAULT_STAGING_BUFS;
     c->fmt1 = w->cfg.format;
@@ -691,6 +698,16 @@ static bool in_one_pin(const wcuda_t *c, uintptr_t lo, uintptr_t hi)
     return false;
 }
 
+/* Whether range `r` of each object moves in runs (cuda_copy_mode). */
+static bool runs_for(const wcuda_t *c, const kvd_object_range_t *r)
+{
+    switch (c->copy_mode) {
+    case KVD_WORKER_COPY_RUNS: return true;
+    case KVD_WORKER_COPY_PER_OBJECT: return false;
+    default: return r->bytes < KVD_WORKER_COPY_RUN_BELOW;
+    }
+}
+
 /* How many of objects i.. hold range `r` at one ascending stride (*pitch)
  * inside one registered mapping: slots handed out one after another, as a
  * step's saves are, so the copy engine can move them as one 2D copy (the
@@ -698,7 +715,7 @@ static bool in_one_pin(const wcuda_t *c, uintptr_t lo, uintptr_t hi)
 static size_t run_at(const wcuda_t *c, void *const *objs, size_t i, size_t n,
                      const kvd_object_range_t *r, size_t *pitch)
 {
-    if (!c->runs || !c->pinned || i + 1 >= n) {
+    if (!runs_for(c, r) || !c->pinned || i + 1 >= n) {
         return 1;
     }
     uintptr_t a = (uintptr_t)objs[i], b = (uintptr_t)objs[i + 1];

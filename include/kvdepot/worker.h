@@ -209,14 +209,19 @@ typedef struct kvd_worker_config {
      * aligned (kvd_object_shard_direct), else through a buffer. */
     uint32_t object_heads;
     uint32_t head_start;
-    /* CUDA backend: false (the default): each object's layer region is one
-     * copy of its own, the step's copies handed to the driver as one batch
-     * (cudaMemcpyBatchAsync where the runtime has it). true: objects whose
-     * regions lie at one stride in the pinned arena (slots handed out one
-     * after another, as a step's saves are) move as one 2D copy per run
-     * (cudaMemcpy2DAsync): twenty times fewer copies, but measured slower
-     * on an H200 (docs/performance.md); for comparison (bench_worker). */
-    bool cuda_copy_runs;
+    /* CUDA backend: how objects' layer regions move between the arena and
+     * staging (kvd_worker_copy_mode_t). Runs: objects whose regions lie at
+     * one stride in the pinned arena (slots handed out one after another,
+     * as a step's saves are) move as one 2D copy per run
+     * (cudaMemcpy2DAsync). Per object: one copy each, a chunk's copies
+     * handed to the driver as one batch (cudaMemcpyBatchAsync where the
+     * runtime has it), which costs the host about 0.75 us a copy on an
+     * H200. KVD_WORKER_COPY_AUTO (0, the default): per object for regions
+     * of at least KVD_WORKER_COPY_RUN_BELOW bytes, which take the copy
+     * engine longer than they take to enqueue, runs below (measured in
+     * docs/performance.md); the other two force one way, for comparison
+     * (bench_worker). Another value: KVD_ERR_INVALID at create. */
+    uint8_t cuda_copy_mode;
     /* CUDA backend: staging buffers used in turn, so the copy engine moves
      * one while a kernel fills or drains another. 0: the default, 2; 1: a
      * chunk's copies and kernel wait for the previous chunk's (for
@@ -226,6 +231,18 @@ typedef struct kvd_worker_config {
 } kvd_worker_config_t;
 
 #define KVD_WORKER_MAX_STAGING_BUFFERS 4u
+
+/* kvd_worker_config_t.cuda_copy_mode. */
+typedef enum kvd_worker_copy_mode {
+    KVD_WORKER_COPY_AUTO = 0,
+    KVD_WORKER_COPY_RUNS = 1,
+    KVD_WORKER_COPY_PER_OBJECT = 2,
+} kvd_worker_copy_mode_t;
+
+/* KVD_WORKER_COPY_AUTO: a layer region this long or longer is copied on
+ * its own (about 0.9 us of an H200's copy engine, more than the 0.75 us its
+ * enqueue costs); shorter ones move in runs. */
+#define KVD_WORKER_COPY_RUN_BELOW 49152u
 
 /*
  * Creates a worker and starts its threads (the copy pool and the store

@@ -273,7 +273,7 @@ class WorkerConfig(ctypes.Structure):
                 ("max_inflight_save_bytes", ctypes.c_uint64),
                 ("object_heads", ctypes.c_uint32),
                 ("head_start", ctypes.c_uint32),
-                ("cuda_copy_runs", ctypes.c_bool),
+                ("cuda_copy_mode", ctypes.c_uint8),
                 ("cuda_staging_buffers", ctypes.c_uint32)]
 
 

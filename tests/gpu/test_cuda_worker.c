@@ -120,8 +120,10 @@ static kvd_store_t *store_open(void)
 {
     kvd_config_t *cfg = NULL;
     assert_int_equal(kvd_config_create(&cfg), KVD_OK);
+    /* 4 MiB chunks: test_copy_runs's 16 objects of 196 KiB share one, so
+     * a step's slots are one run. */
     static const char *const kv[] = {
-        "store.arena_size",      "32m", "store.arena_chunk",    "1m",
+        "store.arena_size",      "32m", "store.arena_chunk",    "4m",
         "store.arena_hugepages", "off", "store.arena_prefault", "false",
         "store.reserve_timeout", "0"};
     for (size_t i = 0; i < sizeof kv / sizeof *kv; i += 2) {
@@ -909,78 +911,113 @@ static uint64_t copy_ops(const side_t *sd)
     return ws.copy_ops;
 }
 
-/* By default every object's layer is a copy of its own. With
- * cuda_copy_runs a step's saves, which get arena slots one after another,
- * move as one 2D copy a layer, and loading keys 1, 2, 0, 3 of them makes
+/* A CUDA worker with cuda_copy_mode `mode` (namespace byte `ns`) saves
+ * save_blocks of `dsrc` under keys 900.. and loads keys 901, 902, 900, 903
+ * into `ddst`: the objects equal the host reference's (namespace `ref`),
+ * the loaded cache equals `hdst`, and the copies per layer of a step are
+ * `save_ops` and `load_ops`. */
+static void copy_mode_step(kvd_store_t *st, const kvd_object_format_t *fmt,
+                           uint8_t mode, unsigned char ns,
+                           const kvd_namespace_t *ref, dev_cache_t *dsrc,
+                           dev_cache_t *ddst, const test_cache_t *hdst,
+                           test_cache_t *got, uint64_t save_ops,
+                           uint64_t load_ops)
+{
+    static const uint32_t mixed[N] = {901, 902, 900, 903};
+    kvd_worker_config_t cfg = {0};
+    cfg.store = st;
+    cfg.ns = ns_of(ns);
+    cfg.format = *fmt;
+    cfg.device = KVD_WORKER_DEVICE_CUDA;
+    cfg.cuda_copy_mode = mode;
+    side_t dev;
+    side_create(&dev, &cfg);
+    side_register(&dev, &dsrc->layout);
+    saving_step(&dev, save_blocks, 900);
+    assert_int_equal(copy_ops(&dev), save_ops * LAYERS);
+    assert_same_objects(st, &dev.ns, ref, 900, kvd_object_bytes(fmt));
+    assert_int_equal(kvd_cuda_mem_set(ddst->mem, POISON, hdst->bytes), KVD_OK);
+    side_register(&dev, &ddst->layout);
+    loading_step(&dev, mixed);
+    assert_int_equal(copy_ops(&dev), (save_ops + load_ops) * LAYERS);
+    assert_int_equal(kvd_cuda_mem_copy(got->mem, ddst->mem, got->bytes),
+                     KVD_OK);
+    if (memcmp(got->mem, hdst->mem, got->bytes) != 0) {
+        fail_msg("copy mode %u: the device cache differs from the host's",
+                 (unsigned)mode);
+    }
+    kvd_worker_destroy(dev.w);
+}
+
+/* A step's saves get arena slots one after another, so in runs each layer
+ * of them moves as one 2D copy, and loading keys 1, 2, 0, 3 of them makes
  * two runs a layer (slots 1-2 at one slot's stride, slots 0 and 3 at
- * three). Both ways the objects and the loaded cache equal the host
- * backend's. */
+ * three); per object every object's layer is a copy of its own. The
+ * default picks runs for layer regions under KVD_WORKER_COPY_RUN_BELOW
+ * bytes (8 KiB here; 64 KiB with 8 heads of 128), one copy per object at
+ * or above. Every way the objects and the loaded cache equal the host
+ * backend's. Then a mode the worker does not know is refused. */
 static void test_copy_runs(void **state)
 {
     (void)state;
     static const uint32_t mixed[N] = {901, 902, 900, 903};
-    test_cache_t src, hdst, got;
-    cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
-    cache_init(&hdst, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
-    cache_init(&got, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, HEADS, DIM);
-    fill_random(&src, 77);
-    memset(hdst.mem, POISON, hdst.bytes);
-    kvd_object_format_t fmt = cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
-    size_t bytes = kvd_object_bytes(&fmt);
-    dev_cache_t dsrc, ddst;
-    dev_cache_init(&dsrc, &src);
-    dev_cache_init(&ddst, &hdst);
-    assert_int_equal(kvd_cuda_mem_copy(dsrc.mem, src.mem, src.bytes), KVD_OK);
-    assert_int_equal(kvd_cuda_mem_set(ddst.mem, POISON, hdst.bytes), KVD_OK);
-    kvd_store_t *st = store_open();
-    side_t host, dev, one;
-    side_open(&host, st, &fmt, KVD_WORKER_DEVICE_HOST, 0x49, 0);
-    side_register(&host, &src.layout);
-    saving_step(&host, save_blocks, 900);
-    side_register(&host, &hdst.layout);
-    loading_step(&host, mixed);
-    assert_int_equal(copy_ops(&host), 0);
+    static const uint32_t heads[2] = {HEADS, 8}, dims[2] = {DIM, 128};
+    for (int big = 0; big < 2; big++) {
+        test_cache_t src, hdst, got;
+        cache_init(&src, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, heads[big],
+                   dims[big]);
+        cache_init(&hdst, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, heads[big],
+                   dims[big]);
+        cache_init(&got, LAYOUT_VLLM_NHD, 2, LAYERS, BLOCKS, BS, heads[big],
+                   dims[big]);
+        fill_random(&src, 77 + (uint64_t)big);
+        memset(hdst.mem, POISON, hdst.bytes);
+        kvd_object_format_t fmt =
+            cache_format(&src, KVD_DTYPE_FP16, KVD_CODEC_RAW);
+        assert_true((kvd_object_layer_bytes(&fmt) >=
+                     KVD_WORKER_COPY_RUN_BELOW) == (big == 1));
+        dev_cache_t dsrc, ddst;
+        dev_cache_init(&dsrc, &src);
+        dev_cache_init(&ddst, &hdst);
+        assert_int_equal(kvd_cuda_mem_copy(dsrc.mem, src.mem, src.bytes),
+                         KVD_OK);
+        kvd_store_t *st = store_open();
+        side_t host;
+        side_open(&host, st, &fmt, KVD_WORKER_DEVICE_HOST, 0x49, 0);
+        side_register(&host, &src.layout);
+        saving_step(&host, save_blocks, 900);
+        side_register(&host, &hdst.layout);
+        loading_step(&host, mixed);
+        assert_int_equal(copy_ops(&host), 0);
 
-    kvd_worker_config_t cfg = {0};
-    cfg.store = st;
-    cfg.ns = ns_of(0x4a);
-    cfg.format = fmt;
-    cfg.device = KVD_WORKER_DEVICE_CUDA;
-    cfg.cuda_copy_runs = true;
-    side_create(&dev, &cfg);
-    side_register(&dev, &dsrc.layout);
-    saving_step(&dev, save_blocks, 900);
-    assert_int_equal(copy_ops(&dev), LAYERS);
-    assert_same_objects(st, &dev.ns, &host.ns, 900, bytes);
-    side_register(&dev, &ddst.layout);
-    loading_step(&dev, mixed);
-    assert_int_equal(copy_ops(&dev), LAYERS + 2 * LAYERS);
-    assert_int_equal(kvd_cuda_mem_copy(got.mem, ddst.mem, got.bytes), KVD_OK);
-    if (memcmp(got.mem, hdst.mem, got.bytes) != 0) {
-        fail_msg("loaded in runs: the device cache differs from the host's");
+        copy_mode_step(st, &fmt, KVD_WORKER_COPY_RUNS, 0x4a, &host.ns, &dsrc,
+                       &ddst, &hdst, &got, 1, 2);
+        copy_mode_step(st, &fmt, KVD_WORKER_COPY_PER_OBJECT, 0x4b, &host.ns,
+                       &dsrc, &ddst, &hdst, &got, N, N);
+        copy_mode_step(st, &fmt, KVD_WORKER_COPY_AUTO, 0x4c, &host.ns, &dsrc,
+                       &ddst, &hdst, &got, big ? N : 1, big ? N : 2);
+
+        kvd_worker_config_t cfg = {0};
+        cfg.store = st;
+        cfg.ns = ns_of(0x4d);
+        cfg.format = fmt;
+        cfg.device = KVD_WORKER_DEVICE_CUDA;
+        cfg.cuda_copy_mode = KVD_WORKER_COPY_PER_OBJECT + 1;
+        kvd_worker_t *w = NULL;
+        char err[256] = "";
+        assert_int_equal(kvd_worker_create(&cfg, &w, err, sizeof err),
+                         KVD_ERR_INVALID);
+        assert_null(w);
+        assert_non_null(strstr(err, "cuda_copy_mode"));
+
+        kvd_worker_destroy(host.w);
+        kvd_store_close(st);
+        dev_cache_cleanup(&dsrc);
+        dev_cache_cleanup(&ddst);
+        cache_cleanup(&src);
+        cache_cleanup(&hdst);
+        cache_cleanup(&got);
     }
-
-    side_open(&one, st, &fmt, KVD_WORKER_DEVICE_CUDA, 0x4b, 0);
-    side_register(&one, &dsrc.layout);
-    saving_step(&one, save_blocks, 900);
-    assert_int_equal(copy_ops(&one), N * LAYERS);
-    assert_same_objects(st, &one.ns, &host.ns, 900, bytes);
-    assert_int_equal(kvd_cuda_mem_set(ddst.mem, POISON, hdst.bytes), KVD_OK);
-    side_register(&one, &ddst.layout);
-    loading_step(&one, mixed);
-    assert_int_equal(copy_ops(&one), 2 * N * LAYERS);
-    assert_int_equal(kvd_cuda_mem_copy(got.mem, ddst.mem, got.bytes), KVD_OK);
-    assert_memory_equal(got.mem, hdst.mem, got.bytes);
-
-    kvd_worker_destroy(one.w);
-    kvd_worker_destroy(dev.w);
-    kvd_worker_destroy(host.w);
-    kvd_store_close(st);
-    dev_cache_cleanup(&dsrc);
-    dev_cache_cleanup(&ddst);
-    cache_cleanup(&src);
-    cache_cleanup(&hdst);
-    cache_cleanup(&got);
 }
 
 /* ---- registration errors ------------------------------------------------ */
