@@ -116,13 +116,16 @@ def warm_pass(kv, ids, device):
 
 
 def restore_pass(kv, ids, device):
-    """(seconds of restore alone, bytes restored)."""
+    """(seconds of restore alone, bytes restored, its phases: host seconds
+    of each part and "device", what the copies took after them)."""
     with torch.no_grad():
         t, r = timed(lambda: kv.restore(ids), device)
     kv.finish(r)
     n = 0 if r.staging is None else r.staging[:, :, :, :r.tokens].numel() \
         * r.staging.element_size()
-    return t, n
+    phases = dict(r.phases)
+    phases["device"] = max(0.0, t - sum(phases.values()))
+    return t, n, phases
 
 
 _plain = {}
@@ -367,6 +370,15 @@ def run_model(args, name, device, res, say):
                     f"  plain {nbytes / tp / 1e9:7.2f} GB/s  "
                     f"ratio {tp / t:.3f}"
                     + (f"  {ops:.0f} copies" if ops else ""))
+                # where a restore's time goes (medians, ms): the host's
+                # parts, then the copies still running after them
+                ph = {p: statistics.median(x[2].get(p, 0.0) for x in bw)
+                      for p in ("match", "register", "step", "cache",
+                                "device")}
+                res[f"{key}/bw/{c}"]["phases"] = ph
+                say(f"{key:10s} restore {c:8s} parts: "
+                    + ", ".join(f"{p} {v * 1e3:.1f}" for p, v in ph.items())
+                    + " ms")
                 nvme_cells[c][size] = [1000 + n]
         for kv in list(kvs.values()) + list(kvd.values()) + \
                 list(kvg.values()):

@@ -104,11 +104,17 @@ class Restored:
     tokens of the prompt, None when nothing was restored), `matched` (what
     the leader promised), `failed` (engine blocks whose load failed) and
     `staging` (the tensor the worker wrote, [layers, 2, heads, tokens,
-    dim]; None without a hit)."""
+    dim]; None without a hit) and `phases`: host seconds of the restore's
+    parts, "match" (the leader's lookup), "register" (the staging tensor
+    and the worker's registration of it), "step" (the worker's step: bind,
+    the loads enqueued or done, the reports) and "cache" (the
+    DynamicCache); on a GPU the copies may still run after "step"."""
 
-    def __init__(self, rid, cache, tokens, matched, failed, staging):
+    def __init__(self, rid, cache, tokens, matched, failed, staging,
+                 phases=None):
         self.request_id, self.cache, self.tokens = rid, cache, tokens
         self.matched, self.failed, self.staging = matched, failed, staging
+        self.phases = phases or {}
 
 
 class KvdepotHF:
@@ -292,6 +298,7 @@ class KvdepotHF:
         self._check_length(len(tokens))
         device = device or _model_device(self.model)
         rid = _next_id()
+        t0 = time.perf_counter()
         deadline = time.monotonic() + self.settings.lookup_timeout_ms / 1e3 \
             + 5.0
         while True:
@@ -302,21 +309,29 @@ class KvdepotHF:
         matched, is_async = r if r else (0, False)
         nb = -(-len(tokens) // self.block_size)
         self.leader.update_state_after_alloc(rid, list(range(nb)), matched)
+        t1 = time.perf_counter()
+        phases = {"match": t1 - t0}
         if matched == 0:
-            return Restored(rid, None, 0, 0, [], None)
+            return Restored(rid, None, 0, 0, [], None, phases)
         staging = self._staging(matched // self.block_size, device)
         dev, w = self._register(staging)
+        t2 = time.perf_counter()
         failed = self._run_step(w, dev, rid, wait_async=is_async)
+        t3 = time.perf_counter()
+        phases.update(register=t2 - t1, step=t3 - t2)
         good = min(failed) * self.block_size if failed else matched
         if good == 0:
-            return Restored(rid, None, 0, matched, sorted(failed), staging)
+            return Restored(rid, None, 0, matched, sorted(failed), staging,
+                            phases)
         cache = DynamicCache(config=self.model.config)
         with torch.no_grad():
             for layer in range(self.num_layers):
                 k = staging[layer, 0, :, :good].unsqueeze(0)
                 v = staging[layer, 1, :, :good].unsqueeze(0)
                 cache.update(k, v, layer)
-        return Restored(rid, cache, good, matched, sorted(failed), staging)
+        phases["cache"] = time.perf_counter() - t3
+        return Restored(rid, cache, good, matched, sorted(failed), staging,
+                        phases)
 
     def save(self, restored, input_ids, cache):
         """Saves the prompt's full blocks from `cache` (holding at least the

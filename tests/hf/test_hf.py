@@ -53,8 +53,12 @@ def test_partial_hit_restores_the_shared_prefix(tmp_path):
     b = torch.cat([a[:, :40], models.prompt(50, seed=2)], dim=1)
     with KvdepotHF(m, block_size=16, arena_size="64m") as kv:
         kv.generate(a, max_new_tokens=4, do_sample=False)
+        assert set(kv.last.phases) == {"match"}  # a miss: lookup only
         got = kv.generate(b, max_new_tokens=8, do_sample=False)
         assert kv.last.matched == 32 and kv.last.tokens == 32
+        ph = kv.last.phases
+        assert set(ph) == {"match", "register", "step", "cache"}
+        assert all(v >= 0 for v in ph.values()) and ph["step"] > 0
     cold = m.generate(b, max_new_tokens=8, do_sample=False,
                       attention_mask=torch.ones_like(b))
     assert torch.equal(got, cold)
