@@ -328,9 +328,13 @@ def run_model(args, name, device, res, say):
                     continue
                 for c, kv in group.items():
                     t1 = warm_pass(kv, ids, device)[0]
-                    res[f"{key}/first/{tier}/{c}"] = {"seconds": t1}
+                    ph = dict(kv.last.phases) if kv.last else {}
+                    res[f"{key}/first/{tier}/{c}"] = {"seconds": t1,
+                                                      "phases": ph}
                     say(f"{key:10s} {tier:6s} {c:8s} first hit "
-                        f"{t1 * 1e3:8.2f} ms (not in the medians)")
+                        f"{t1 * 1e3:8.2f} ms (not in the medians; restore "
+                        + ", ".join(f"{p} {v * 1e3:.1f}"
+                                    for p, v in ph.items()) + " ms)")
             cold, host = [], {c: [] for c in args.codecs}
             dmn = {c: [] for c in kvd}
             gated = {c: [] for c in kvg}
