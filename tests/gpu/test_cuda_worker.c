@@ -156,6 +156,7 @@ static kvd_block_hash_t key_hash(uint32_t k)
 
 static bool g_async_saves;         /* side_open: the worker's async_saves */
 static uint32_t g_staging_buffers; /* side_open: cuda_staging_buffers */
+static uint8_t g_copy_mode;        /* side_open: cuda_copy_mode */
 
 typedef struct side {
     kvd_worker_t *w;
@@ -186,6 +187,7 @@ static void side_open(side_t *sd, kvd_store_t *st,
     cfg.device = dev;
     cfg.cuda_staging_blocks = staging;
     cfg.cuda_staging_buffers = g_staging_buffers;
+    cfg.cuda_copy_mode = g_copy_mode;
     cfg.async_saves = g_async_saves;
     side_create(sd, &cfg);
 }
@@ -882,6 +884,18 @@ static void test_fence_falls_back_to_waiting(void **state)
     async_pair_close(&p);
 }
 
+/* Frees a test's device source and destination and their host sides. */
+static void caches_cleanup(dev_cache_t *dsrc, dev_cache_t *ddst,
+                           test_cache_t *src, test_cache_t *hdst,
+                           test_cache_t *got)
+{
+    dev_cache_cleanup(dsrc);
+    dev_cache_cleanup(ddst);
+    cache_cleanup(src);
+    cache_cleanup(hdst);
+    cache_cleanup(got);
+}
+
 /* ---- copies in runs ------------------------------------------------------ */
 
 /* A whole-step load of keys[i] into load_blocks[i]. */
@@ -924,14 +938,10 @@ static void copy_mode_step(kvd_store_t *st, const kvd_object_format_t *fmt,
                            uint64_t load_ops)
 {
     static const uint32_t mixed[N] = {901, 902, 900, 903};
-    kvd_worker_config_t cfg = {0};
-    cfg.store = st;
-    cfg.ns = ns_of(ns);
-    cfg.format = *fmt;
-    cfg.device = KVD_WORKER_DEVICE_CUDA;
-    cfg.cuda_copy_mode = mode;
     side_t dev;
-    side_create(&dev, &cfg);
+    g_copy_mode = mode;
+    side_open(&dev, st, fmt, KVD_WORKER_DEVICE_CUDA, ns, 0);
+    g_copy_mode = KVD_WORKER_COPY_AUTO;
     side_register(&dev, &dsrc->layout);
     saving_step(&dev, save_blocks, 900);
     assert_int_equal(copy_ops(&dev), save_ops * LAYERS);
@@ -956,7 +966,7 @@ static void copy_mode_step(kvd_store_t *st, const kvd_object_format_t *fmt,
  * default picks runs for layer regions under KVD_WORKER_COPY_RUN_BELOW
  * bytes (8 KiB here; 64 KiB with 8 heads of 128), one copy per object at
  * or above. Every way the objects and the loaded cache equal the host
- * backend's. Then a mode the worker does not know is refused. */
+ * backend's. */
 static void test_copy_runs(void **state)
 {
     (void)state;
@@ -997,34 +1007,28 @@ static void test_copy_runs(void **state)
         copy_mode_step(st, &fmt, KVD_WORKER_COPY_AUTO, 0x4c, &host.ns, &dsrc,
                        &ddst, &hdst, &got, big ? N : 1, big ? N : 2);
 
-        kvd_worker_config_t cfg = {0};
-        cfg.store = st;
-        cfg.ns = ns_of(0x4d);
-        cfg.format = fmt;
-        cfg.device = KVD_WORKER_DEVICE_CUDA;
-        cfg.cuda_copy_mode = KVD_WORKER_COPY_PER_OBJECT + 1;
-        kvd_worker_t *w = NULL;
-        char err[256] = "";
-        assert_int_equal(kvd_worker_create(&cfg, &w, err, sizeof err),
-                         KVD_ERR_INVALID);
-        assert_null(w);
-        assert_non_null(strstr(err, "cuda_copy_mode"));
-
         kvd_worker_destroy(host.w);
         kvd_store_close(st);
-        dev_cache_cleanup(&dsrc);
-        dev_cache_cleanup(&ddst);
-        cache_cleanup(&src);
-        cache_cleanup(&hdst);
-        cache_cleanup(&got);
+        caches_cleanup(&dsrc, &ddst, &src, &hdst, &got);
     }
 }
 
 /* ---- registration errors ------------------------------------------------ */
 
-/* More staging buffers than the backend has events for: refused at
- * create, with the setting named. */
-static void test_staging_buffers_bounded(void **state)
+/* kvd_worker_create refuses `cfg` with KVD_ERR_INVALID, naming `setting`. */
+static void assert_refused(const kvd_worker_config_t *cfg, const char *setting)
+{
+    kvd_worker_t *w = NULL;
+    char err[256] = "";
+    assert_int_equal(kvd_worker_create(cfg, &w, err, sizeof err),
+                     KVD_ERR_INVALID);
+    assert_null(w);
+    assert_non_null(strstr(err, setting));
+}
+
+/* More staging buffers than the backend has events for, or a copy mode it
+ * does not know: refused at create, with the setting named. */
+static void test_cuda_settings_bounded(void **state)
 {
     (void)state;
     test_cache_t c;
@@ -1036,13 +1040,13 @@ static void test_staging_buffers_bounded(void **state)
     cfg.format = cache_format(&c, KVD_DTYPE_FP16, KVD_CODEC_RAW);
     cfg.device = KVD_WORKER_DEVICE_CUDA;
     cfg.cuda_staging_buffers = KVD_WORKER_MAX_STAGING_BUFFERS + 1;
+    assert_refused(&cfg, "cuda_staging_buffers");
+    cfg.cuda_staging_buffers = KVD_WORKER_MAX_STAGING_BUFFERS;
+    cfg.cuda_copy_mode = KVD_WORKER_COPY_PER_OBJECT + 1;
+    assert_refused(&cfg, "cuda_copy_mode");
+    cfg.cuda_copy_mode = KVD_WORKER_COPY_PER_OBJECT;
     kvd_worker_t *w = NULL;
     char err[256] = "";
-    assert_int_equal(kvd_worker_create(&cfg, &w, err, sizeof err),
-                     KVD_ERR_INVALID);
-    assert_null(w);
-    assert_non_null(strstr(err, "cuda_staging_buffers"));
-    cfg.cuda_staging_buffers = KVD_WORKER_MAX_STAGING_BUFFERS;
     assert_int_equal(kvd_worker_create(&cfg, &w, err, sizeof err), KVD_OK);
     kvd_worker_destroy(w);
     kvd_store_close(st);
@@ -1282,11 +1286,7 @@ static void test_shared_objects(void **state)
         }
         kvd_worker_destroy(host.w);
         kvd_store_close(st);
-        dev_cache_cleanup(&dsrc);
-        dev_cache_cleanup(&ddst);
-        cache_cleanup(&src);
-        cache_cleanup(&hdst);
-        cache_cleanup(&got);
+        caches_cleanup(&dsrc, &ddst, &src, &hdst, &got);
     }
 }
 #endif
@@ -1300,7 +1300,7 @@ int main(void)
 #ifdef KVD_HAVE_CUDA
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_register_host_memory_refused),
-        cmocka_unit_test(test_staging_buffers_bounded),
+        cmocka_unit_test(test_cuda_settings_bounded),
         cmocka_unit_test(test_round_trips),
         cmocka_unit_test(test_async_load),
         cmocka_unit_test(test_aborted_steps),
