@@ -18,10 +18,12 @@ KVDEPOT_LOG_STDERR=1 keeps the library's own stderr lines. The C level
 (KVDEPOT_LOG_LEVEL, default warn) still decides what is formatted at all.
 """
 
+import array
 import atexit
 import ctypes
 import ctypes.util
 import logging
+import operator
 import os
 import threading
 from pathlib import Path
@@ -429,15 +431,44 @@ def _declare(h):
 _U32x1 = ctypes.c_uint32 * 1
 
 
-def _u32s(xs):
+def _u32_array(xs, what):
+    """xs (any iterable of integers) as a ctypes uint32 array over an
+    array.array's buffer: a tenth of the time of building the ctypes array
+    from the values (1.5 ms for a 16k-token prompt), and a value that is
+    not an integer in 0..2^32-1 is refused (ValueError naming `what`)
+    instead of wrapped around. Returns (array, count); an empty xs gives a
+    one-element array and count 0, so the library never sees NULL from
+    here."""
+    try:
+        buf = array.array("I", xs)
+    except (OverflowError, TypeError) as e:
+        raise ValueError(f"{what}: not an integer in 0..4294967295 ({e})") \
+            from None
+    if len(buf) == 0:
+        return _U32x1(), 0
+    # from_buffer keeps `buf` alive as long as the ctypes array.
+    return (ctypes.c_uint32 * len(buf)).from_buffer(buf), len(buf)
+
+
+if array.array("I").itemsize != 4:
+    raise ImportError("kvdepot: array 'I' is not 32 bits on this platform")
+
+
+def _u32s(xs, what="ids"):
     """xs as a uint32 array for one call; None when empty (the library
     takes NULL with a count of 0)."""
     n = len(xs)
     if n == 0:
         return None
     if n == 1:
-        return _U32x1(xs[0])
-    return (ctypes.c_uint32 * n)(*xs)
+        try:
+            v = operator.index(xs[0])
+        except TypeError as e:
+            raise ValueError(f"{what}: not an integer ({e})") from None
+        if not 0 <= v <= 0xFFFFFFFF:
+            raise ValueError(f"{what}: {v} not in 0..4294967295")
+        return _U32x1(v)
+    return _u32_array(xs, what)[0]
 
 
 def _check(what, status, reason=b""):
@@ -649,7 +680,7 @@ class Leader:
         they enter the keys of the blocks they overlap. `prompt_embeds`: a
         prompt given as embeddings, the 32-byte SHA-256 of each block's
         slice of it (None: a prompt of tokens)."""
-        toks = (ctypes.c_uint32 * len(tokens))(*tokens)
+        toks, ntoks = _u32_array(tokens, "tokens")
         emb = None
         if prompt_embeds is not None:
             raw = b"".join(bytes(d) for d in prompt_embeds)
@@ -661,7 +692,7 @@ class Leader:
             LeaderMmInput(None if i is None else i.encode(), o, n)
             for i, o, n in mm_inputs])
         q = LeaderRequest(request_id=request_id.encode(), tokens=toks,
-                          num_tokens=len(tokens),
+                          num_tokens=ntoks,
                           lora_name=lora_name.encode() if lora_name else None,
                           cache_salt=cache_salt.encode() if cache_salt
                           else None,
@@ -681,10 +712,10 @@ class Leader:
         return m.value, a.value
 
     def update_state_after_alloc(self, request_id, block_ids, num_external):
-        ids = (ctypes.c_uint32 * max(1, len(block_ids)))(*block_ids)
+        ids, nids = _u32_array(block_ids, "block_ids")
         _check("update_state_after_alloc",
                lib().kvd_leader_update_state_after_alloc(
-                   self.handle, request_id.encode(), ids, len(block_ids),
+                   self.handle, request_id.encode(), ids, nids,
                    num_external))
 
     def request_scheduled(self, request_id, new_block_ids, new_tokens,
@@ -692,8 +723,9 @@ class Leader:
         # Once per running request per step: the function is bound once
         # and a decode step's one token needs no array type built.
         s = self._request_scheduled(
-            self.handle, request_id.encode(), _u32s(new_block_ids),
-            len(new_block_ids), _u32s(new_tokens), len(new_tokens), None, 0,
+            self.handle, request_id.encode(), _u32s(new_block_ids, "block_ids"),
+            len(new_block_ids), _u32s(new_tokens, "tokens"), len(new_tokens),
+            None, 0,
             num_computed)
         if s != KVD_OK:
             _check("request_scheduled", s)

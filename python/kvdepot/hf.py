@@ -35,9 +35,9 @@ import threading
 import time
 
 from kvdepot import _lib, config
-from kvdepot._shared import (_DEVICE_CUDA, _DTYPES, _KVD_DTYPES,
-                             _dtype_name, _store_acquire, _store_release,
-                             _stream_of, _worker_device)
+from kvdepot._shared import (_DTYPES, _KVD_DTYPES, _dtype_name,
+                             _store_acquire, _store_release, _stream_of,
+                             _worker_device)
 
 # Model families whose attention caches plain per-layer K and V of shape
 # [batch, kv_heads, seq, head_dim] (config.model_type values).
@@ -478,7 +478,11 @@ def _token_list(input_ids):
             if len(ids) != 1:
                 raise ValueError("kvdepot.hf: one prompt at a time")
             ids = ids[0]
-        return [int(t) for t in ids]
+        if ids and not isinstance(ids[0], int):
+            # A float tensor: its values as ints (the leader refuses what
+            # is not an id in 0..2^32-1).
+            return [int(t) for t in ids]
+        return ids  # an integer tensor's tolist() gives ints already
     return [int(t) for t in input_ids]
 
 
