@@ -167,6 +167,7 @@ class KvdepotHF:
             self.leader.set_gate(**self.gate)
         self._workers = {}  # device backend -> Worker
         self._registered = {}  # device backend -> staging data_ptr/shape
+        self.last = None  # the Restored of the last generate()
         try:  # a format the codecs cannot serve is refused here
             device = _model_device(model)
             self._worker(self._staging(0, device))
@@ -376,7 +377,11 @@ class KvdepotHF:
         """The model's generate() on a batch of one prompt, with its stored
         prefix restored first and, with `save`, its full blocks saved right
         after the prefill. Returns what model.generate returns; the
-        Restored of the last call is in self.last."""
+        Restored of the last call is in self.last, without its cache (the
+        DynamicCache generate grew is released with the call, as
+        model.generate releases its own) but with its staging tensor (the
+        restored bytes) until the next call, which drops it before it
+        restores."""
         import torch
         ids = input_ids if torch.is_tensor(input_ids) else \
             torch.tensor([list(input_ids)])
@@ -384,6 +389,9 @@ class KvdepotHF:
             raise ValueError("kvdepot.hf: generate takes one prompt "
                              f"([1, n] ids), not shape {tuple(ids.shape)}")
         ids = ids.to(_model_device(self.model))
+        # The previous call's staging goes before this one allocates its
+        # own: a long prompt's KV is gigabytes of device memory.
+        self.last = None
         restored = self.restore(ids)
         self.last = restored
         cache = restored.cache
@@ -413,6 +421,7 @@ class KvdepotHF:
             for hook in hooks:
                 hook.remove()
             self.finish(restored)
+            restored.cache = None
         if save and state["error"] is not None:
             raise state["error"]
         return out

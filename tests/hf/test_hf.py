@@ -12,9 +12,11 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import pytest
+
 import torch
 
 import models
@@ -59,6 +61,19 @@ def test_partial_hit_restores_the_shared_prefix(tmp_path):
         ph = kv.last.phases
         assert set(ph) == {"match", "register", "step", "cache"}
         assert all(v >= 0 for v in ph.values()) and ph["step"] > 0
+        # What generate grew is released with the call; the restored
+        # bytes stay until the next call, which drops them before it
+        # restores (a long prompt's KV is gigabytes of device memory).
+        assert kv.last.cache is None and kv.last.staging is not None
+        held = weakref.ref(kv.last.staging)
+        restore = kv.restore
+
+        def checked(ids):
+            assert kv.last is None and held() is None
+            return restore(ids)
+        kv.restore = checked
+        kv.generate(b, max_new_tokens=2, do_sample=False)
+        assert kv.last.tokens == 80
     cold = m.generate(b, max_new_tokens=8, do_sample=False,
                       attention_mask=torch.ones_like(b))
     assert torch.equal(got, cold)
