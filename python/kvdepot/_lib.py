@@ -439,6 +439,10 @@ def _u32_array(xs, what):
     instead of wrapped around. Returns (array, count); an empty xs gives a
     one-element array and count 0, so the library never sees NULL from
     here."""
+    if isinstance(xs, (bytes, bytearray)):
+        # array.array would read their raw bytes as 32-bit values (four
+        # bytes one id); a byte string's ids are its bytes.
+        xs = list(xs)
     try:
         buf = array.array("I", xs)
     except (OverflowError, TypeError) as e:

@@ -42,6 +42,10 @@ def test_conversion_is_exact():
     arr, n = _lib._u32_array(vals, "x")
     assert list(arr) == vals and n == 4
     assert _lib._u32_array([], "x")[1] == 0
+    # A byte string is its bytes, not its raw bytes read four at a time.
+    arr, n = _lib._u32_array(b"\x01\x00\x00\x00", "x")
+    assert list(arr) == [1, 0, 0, 0] and n == 4
+    assert list(_lib._u32_array(bytearray(b"ab"), "x")[0]) == [97, 98]
     assert list(_lib._u32s(vals[:1], "x")) == [0]
     assert _lib._u32s([], "x") is None
     with pytest.raises(ValueError, match="x"):
