@@ -732,6 +732,12 @@ kvd_status_t kvd_nvme_open(const kvd_nvme_config_t *cfg, kvd_nvme_t **nvme_out)
         status = kvd_status_from_errno(e);
         goto err_close;
     }
+    /* Room for every file first: fallocate on a file system without it
+     * takes the disk to full before it fails. */
+    status = kvd_nvme_space_check(cfg->path, nvme->num_files, file_bytes);
+    if (status != KVD_OK) {
+        goto err_close;
+    }
     for (uint32_t i = 0; i < nvme->num_files; i++) {
         status = kvd_nvme_file_open(cfg->path, i, file_bytes, &nvme->fds[i]);
         if (status == KVD_OK) {

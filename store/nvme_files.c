@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "common/failpoint_int.h"
@@ -97,6 +98,36 @@ kvd_status_t kvd_nvme_config_check(const kvd_nvme_config_t *cfg,
 
 /* ---- the data files ----------------------------------------------------- */
 
+kvd_status_t kvd_nvme_space_check(const char *path, uint32_t num_files,
+                                  uint64_t file_bytes)
+{
+    uint64_t want = 0;
+    for (uint32_t i = 0; i < num_files; i++) {
+        char name[KVD_CONFIG_STRING_MAX + 32];
+        snprintf(name, sizeof name, "%s/kvd-data-%03u.dat", path, i);
+        struct stat sb;
+        uint64_t held = stat(name, &sb) == 0 ? (uint64_t)sb.st_blocks * 512 : 0;
+        want += held < file_bytes ? file_bytes - held : 0;
+    }
+    struct statvfs vb;
+    int inject = KVD_FAILPOINT("nvme.statvfs");
+    if (inject != 0 || statvfs(path, &vb) != 0) {
+        int e = inject != 0 ? inject : errno;
+        KVD_LOG_ERROR("nvme: statvfs %s: %s", path, strerror(e));
+        return kvd_status_from_errno(e);
+    }
+    uint64_t avail = (uint64_t)vb.f_bavail * vb.f_frsize;
+    if (want > avail) {
+        KVD_LOG_ERROR("nvme: %s: the tier's files need %llu MiB more and "
+                      "the file system has %llu MiB free; set a smaller "
+                      "store.disk_size or free space",
+                      path, (unsigned long long)(want >> 20),
+                      (unsigned long long)(avail >> 20));
+        return KVD_ERR_NOSPACE;
+    }
+    return KVD_OK;
+}
+
 kvd_status_t kvd_nvme_file_open(const char *path, uint32_t i,
                                 uint64_t file_bytes, int *fd_out)
 {
@@ -118,9 +149,13 @@ kvd_status_t kvd_nvme_file_open(const char *path, uint32_t i,
         return kvd_status_from_errno(e);
     }
     if ((uint64_t)sb.st_size < file_bytes) {
-        inject = KVD_FAILPOINT("nvme.fallocate");
-        int rc = inject != 0 ? -1 : fallocate(fd, 0, 0, (off_t)file_bytes);
-        int e = inject != 0 ? inject : errno;
+        int rc = fallocate(fd, 0, 0, (off_t)file_bytes);
+        int e = errno;
+        int fail = KVD_FAILPOINT("nvme.fallocate");
+        if (fail != 0) {
+            rc = -1;
+            e = fail;
+        }
         if (rc != 0 && (e == EOPNOTSUPP || e == ENOSYS) &&
             ftruncate(fd, (off_t)file_bytes) == 0) {
             KVD_LOG_WARN("nvme: %s: no fallocate on this file system; the "
@@ -129,6 +164,13 @@ kvd_status_t kvd_nvme_file_open(const char *path, uint32_t i,
             rc = 0;
         }
         if (rc != 0) {
+            /* What the file system allocated before it gave up stays
+             * allocated (and the file may be longer): give it back. */
+            if (ftruncate(fd, sb.st_size) != 0) {
+                KVD_LOG_ERROR("nvme: %s: cutting back to %lld bytes after "
+                              "the failed fallocate: %s",
+                              name, (long long)sb.st_size, strerror(errno));
+            }
             KVD_LOG_ERROR("nvme: fallocate %s to %llu bytes: %s", name,
                           (unsigned long long)file_bytes, strerror(e));
             close(fd);

@@ -25,13 +25,29 @@ kvd_status_t kvd_nvme_config_check(const kvd_nvme_config_t *cfg,
                                    uint64_t *file_bytes_out);
 
 /*
+ * Whether the file system of directory `path` has room for `num_files`
+ * data files of `file_bytes` each: the bytes the files do not hold yet
+ * (a file's allocated blocks count as held) against the space an
+ * unprivileged user may still take (statvfs f_bavail, so the root reserve
+ * is left alone). KVD_ERR_NOSPACE, logged with both figures and the
+ * setting to change, when they do not fit; nothing is created. Other
+ * errors: the translated errno of statvfs. Failpoint "nvme.statvfs".
+ */
+kvd_status_t kvd_nvme_space_check(const char *path, uint32_t num_files,
+                                  uint64_t file_bytes);
+
+/*
  * Opens (creating it, mode 0600) data file `i` ("kvd-data-NNN.dat") in
  * directory `path`, O_RDWR | O_DIRECT | O_CLOEXEC, and makes it at least
  * file_bytes long (fallocate, or ftruncate where the file system has no
  * fallocate: a sparse file, logged at WARN). Writes the fd on success.
  * Errors, logged with the file name: KVD_ERR_UNSUPPORTED (no O_DIRECT),
- * KVD_ERR_NOSPACE, other translated errno; nothing is left open.
- * Failpoints "nvme.open", "nvme.fallocate".
+ * KVD_ERR_NOSPACE, other translated errno; nothing is left open. A failed
+ * fallocate (the file system filled up part-way: it keeps what it
+ * allocated and may have grown the file) is undone: the file is cut back
+ * to the length it had, so a refused tier does not leave the disk full.
+ * Failpoints "nvme.open", "nvme.fallocate" (evaluated after the real
+ * fallocate, which then counts as failed part-way).
  */
 kvd_status_t kvd_nvme_file_open(const char *path, uint32_t i,
                                 uint64_t file_bytes, int *fd_out);
