@@ -377,8 +377,8 @@ def run_model(args, name, device, res, say):
                 # where a restore's time goes (medians, ms): the host's
                 # parts, then the copies still running after them
                 ph = {p: statistics.median(x[2].get(p, 0.0) for x in bw)
-                      for p in ("match", "register", "step", "cache",
-                                "device")}
+                      for p in ("match", "register", "bind", "loads",
+                                "reports", "cache", "device")}
                 res[f"{key}/bw/{c}"]["phases"] = ph
                 say(f"{key:10s} restore {c:8s} parts: "
                     + ", ".join(f"{p} {v * 1e3:.1f}" for p, v in ph.items())

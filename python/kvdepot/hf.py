@@ -106,9 +106,12 @@ class Restored:
     `staging` (the tensor the worker wrote, [layers, 2, heads, tokens,
     dim]; None without a hit) and `phases`: host seconds of the restore's
     parts, "match" (the leader's lookup), "register" (the staging tensor
-    and the worker's registration of it), "step" (the worker's step: bind,
-    the loads enqueued or done, the reports) and "cache" (the
-    DynamicCache); on a GPU the copies may still run after "step"."""
+    and the worker's registration of it), the worker's step in three:
+    "bind" (the plan built and bound: the store's lookups and leases),
+    "loads" (every layer's loads done, or on a GPU enqueued) and "reports"
+    (the wait for the step's end, the reports to the leader), then "cache"
+    (the DynamicCache over the staging tensor); on a GPU the copies may
+    still run after "loads"."""
 
     def __init__(self, rid, cache, tokens, matched, failed, staging,
                  phases=None):
@@ -245,22 +248,29 @@ class KvdepotHF:
     # ---- one step with the worker -----------------------------------------
 
     def _run_step(self, w, device, rid, saves=False, wait_async=False,
-                  timeout=60.0):
+                  timeout=60.0, times=None):
         """Binds the leader's next plan, runs its loads (layer by layer)
         and, with `saves`, its saves (every layer), and feeds the worker's
         reports back to the leader. Synchronous loads and the saves are
         done when wait_for_save returns; an asynchronous load (a block on
         the NVMe tier, promoted first) is waited for (`wait_async`) until
         the worker reports `rid` loaded. Returns the failed engine block
-        ids."""
+        ids. `times`, a dict, gets the host seconds of its parts: "bind"
+        (the plan built and bound: the store's lookups and leases),
+        "loads" (every layer's loads done, or enqueued on a GPU) and
+        "reports" (the saves, the wait for the step, the reports)."""
+        t0 = time.perf_counter()
         plan = self.leader.build_connector_meta()
         stream = _stream_of(device)
         w.bind_metadata(plan)
         failed = set()
+        t1 = t2 = t0
         try:
+            t1 = time.perf_counter()
             w.start_load_kv(stream)
             for layer in range(self.num_layers):
                 w.wait_for_layer_load(layer, stream)
+            t2 = time.perf_counter()
             if saves:
                 for layer in range(self.num_layers):
                     w.save_kv_layer(layer, stream)
@@ -284,6 +294,9 @@ class KvdepotHF:
             w.clear_metadata()
         failed.update(self.leader.take_failed_blocks())
         self.leader.take_finished_loads()
+        if times is not None:
+            times.update(bind=t1 - t0, loads=t2 - t1,
+                         reports=time.perf_counter() - t2)
         return failed
 
     # ---- the two halves ---------------------------------------------------
@@ -293,8 +306,6 @@ class KvdepotHF:
         its stored prefix. Returns a Restored whose .cache is the
         DynamicCache to pass to generate() (None on a miss); the request
         stays open for save() (or finish())."""
-        import torch
-        from transformers import DynamicCache
         tokens = _token_list(input_ids)
         self._check_length(len(tokens))
         device = device or _model_device(self.model)
@@ -317,19 +328,15 @@ class KvdepotHF:
         staging = self._staging(matched // self.block_size, device)
         dev, w = self._register(staging)
         t2 = time.perf_counter()
-        failed = self._run_step(w, dev, rid, wait_async=is_async)
+        phases["register"] = t2 - t1
+        failed = self._run_step(w, dev, rid, wait_async=is_async,
+                                times=phases)
         t3 = time.perf_counter()
-        phases.update(register=t2 - t1, step=t3 - t2)
         good = min(failed) * self.block_size if failed else matched
         if good == 0:
             return Restored(rid, None, 0, matched, sorted(failed), staging,
                             phases)
-        cache = DynamicCache(config=self.model.config)
-        with torch.no_grad():
-            for layer in range(self.num_layers):
-                k = staging[layer, 0, :, :good].unsqueeze(0)
-                v = staging[layer, 1, :, :good].unsqueeze(0)
-                cache.update(k, v, layer)
+        cache = _cache_over(self.model.config, staging, good)
         phases["cache"] = time.perf_counter() - t3
         return Restored(rid, cache, good, matched, sorted(failed), staging,
                         phases)
@@ -478,6 +485,50 @@ class KvdepotHF:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _cache_over(config, staging, good):
+    """A DynamicCache holding the first `good` tokens of `staging`
+    ([layers, 2, heads, tokens, dim]) as its layers' K and V. The layers
+    of transformers' own DynamicCache (full and sliding-window) are given
+    views of the staging tensor, not copies: cache.update would
+    concatenate each layer onto an empty tensor, a second copy of every
+    restored byte (as much device memory again, and its time) that the
+    first forward's own concatenation replaces anyway. Layers of another
+    kind take cache.update."""
+    import torch
+    from transformers import DynamicCache
+    try:
+        from transformers.cache_utils import (DynamicLayer,
+                                              DynamicSlidingWindowLayer)
+        views = (DynamicLayer, DynamicSlidingWindowLayer)
+    except ImportError:
+        views = ()
+    cache = DynamicCache(config=config)
+    layers = getattr(cache, "layers", None)
+    with torch.no_grad():
+        for layer in range(staging.shape[0]):
+            k = staging[layer, 0, :, :good].unsqueeze(0)
+            v = staging[layer, 1, :, :good].unsqueeze(0)
+            lay = layers[layer] if layers is not None and \
+                layer < len(layers) else None
+            if type(lay) not in views:
+                cache.update(k, v, layer)
+                continue
+            # Initialised on an empty slice (no bytes move), then pointed
+            # at the views; a sliding layer also counts the tokens it saw
+            # (a prompt is shorter than its window: refused otherwise).
+            cache.update(k[:, :, :0], v[:, :, :0], layer)
+            lay.keys, lay.values = k, v
+            if type(lay) is DynamicSlidingWindowLayer:
+                lay.cumulative_length = good
+            if cache.get_seq_length(layer) != good:
+                raise RuntimeError(
+                    f"kvdepot.hf: cache layer {layer} reports "
+                    f"{cache.get_seq_length(layer)} tokens after holding "
+                    f"{good}: this transformers' cache layout is not the "
+                    "one kvdepot.hf knows")
+    return cache
 
 
 def _token_list(input_ids):
