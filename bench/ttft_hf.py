@@ -298,6 +298,14 @@ def run_model(args, name, device, res, say):
             args, c, tmp, {"model": name, "tier": "daemon"}))
             for c in args.codecs} if daemon else {}
         kvg = {}  # the host tier's store through the gate, made below
+        # The host tier's store again, with other CUDA staging sizes:
+        # restore bandwidth only (the same objects, another chunking).
+        kvz = {(c, z): KvdepotHF(model, block_size=BLOCK,
+                                 cuda_staging_blocks=z, **kv_settings(
+                                     args, c, tmp, {"model": name,
+                                                    "tier": "host"}))
+               for c in args.codecs for z in args.staging} \
+            if "host" in args.tiers else {}
         nvme_cells = {c: {} for c in args.codecs}
         for size in args.sizes:
             n = SIZES[size]
@@ -383,9 +391,24 @@ def run_model(args, name, device, res, say):
                 say(f"{key:10s} restore {c:8s} parts: "
                     + ", ".join(f"{p} {v * 1e3:.1f}" for p, v in ph.items())
                     + " ms")
+                for z in args.staging:
+                    zkv = kvz[(c, z)]
+                    restore_pass(zkv, ids, device)  # its first hit
+                    bw = [restore_pass(zkv, ids, device)
+                          for _ in range(passes)]
+                    t = statistics.median(x[0] for x in bw)
+                    ph = {p: statistics.median(x[2].get(p, 0.0) for x in bw)
+                          for p in ("bind", "loads", "reports", "device")}
+                    res[f"{key}/bw/{c}/staging{z}"] = {
+                        "bytes": nbytes, "restore_s": t, "plain_s": tp,
+                        "ratio": tp / t, "phases": ph}
+                    say(f"{key:10s} restore {c:8s} staging {z:5d} blocks: "
+                        f"{nbytes / t / 1e9:7.2f} GB/s  ratio {tp / t:.3f}  "
+                        + ", ".join(f"{p} {v * 1e3:.1f}"
+                                    for p, v in ph.items()) + " ms")
                 nvme_cells[c][size] = [1000 + n]
         for kv in list(kvs.values()) + list(kvd.values()) + \
-                list(kvg.values()):
+                list(kvg.values()) + list(kvz.values()):
             kv.close()
         # The new process builds its own model: give this one's GPU memory
         # back first (on an 80 GB H100 the 8b child ran out of memory
@@ -394,6 +417,7 @@ def run_model(args, name, device, res, say):
         kvs.clear()
         kvd.clear()
         kvg.clear()
+        kvz.clear()
         model = None
         gc.collect()
         if device.type == "cuda":
@@ -467,6 +491,10 @@ def main():
                     "small: 256,1k)")
     ap.add_argument("--codecs", default="raw,fp8_e4m3,tq4")
     ap.add_argument("--tiers", default="host,nvme,daemon,gate")
+    ap.add_argument("--staging", default="",
+                    help="CUDA staging buffer sizes in blocks (e.g. "
+                    "64,256,1024): the host tier's restore bandwidth again "
+                    "with each (cuda_staging_blocks), the same store")
     ap.add_argument("--arena", default=None, help="embedded arena size")
     ap.add_argument("--daemon-arena", default=None)
     ap.add_argument("--disk", default=None, help="NVMe tier size")
@@ -481,6 +509,10 @@ def main():
     args.models = (args.models or ("1b" if args.small else "1b,8b")).split(",")
     args.codecs = args.codecs.split(",")
     args.tiers = args.tiers.split(",")
+    try:
+        args.staging = [int(x) for x in args.staging.split(",") if x]
+    except ValueError:
+        ap.error(f"--staging {args.staging!r}: block counts, e.g. 64,256")
     for what, xs, known in (("size", args.sizes, SIZES),
                             ("model", args.models, SHAPES)):
         bad = [x for x in xs if x not in known]

@@ -889,17 +889,24 @@ class Worker:
     max_inflight_save_bytes of them at once (0: 1 GiB). object_heads: the
     stored object holds that many KV heads, this worker's fmt.num_heads of
     them from head_start (tensor-parallel ranks writing one object; 0: the
-    object is this worker's alone)."""
+    object is this worker's alone). cuda_staging_blocks,
+    cuda_staging_buffers, cuda_copy_mode: the CUDA backend's (worker.h;
+    0 = its defaults)."""
 
     def __init__(self, store, ns, fmt, rank=0, threads=0, plan_ns=None,
                  device=0, layerwise_saves=False, async_saves=False,
-                 max_inflight_save_bytes=0, object_heads=0, head_start=0):
+                 max_inflight_save_bytes=0, object_heads=0, head_start=0,
+                 cuda_staging_blocks=0, cuda_staging_buffers=0,
+                 cuda_copy_mode=0):
         cfg = WorkerConfig(store=store.handle, ns=ns, format=fmt,
                            worker_rank=rank, num_threads=threads,
                            device=device, layerwise_saves=layerwise_saves,
                            async_saves=async_saves,
                            max_inflight_save_bytes=max_inflight_save_bytes,
-                           object_heads=object_heads, head_start=head_start)
+                           object_heads=object_heads, head_start=head_start,
+                           cuda_staging_blocks=cuda_staging_blocks,
+                           cuda_staging_buffers=cuda_staging_buffers,
+                           cuda_copy_mode=cuda_copy_mode)
         if plan_ns is not None:  # plans name blocks in another namespace
             cfg.plan_ns = plan_ns
         self.handle = ctypes.c_void_p()

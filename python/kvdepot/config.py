@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields
 
 KV_LAYOUTS = ("auto", "flash", "flashinfer", "cpu", "mla")
 STORE_MODES = ("auto", "embedded", "daemon", "spawn")
+# worker.h kvd_worker_copy_mode_t, in its order.
+CUDA_COPY_MODES = ("auto", "runs", "per_object")
 
 
 @dataclass
@@ -48,6 +50,13 @@ class Settings:
     #   engine keeps a finished request's blocks until the commit)
     max_inflight_save_bytes: int = 0  # async saves reserved and not yet
     #   committed, at most (0 = 1 GiB): saves beyond are skipped, not waited
+    cuda_staging_blocks: int = 0   # CUDA worker: blocks a staging
+    #   buffer holds (a layer's copies go in chunks of that many; 0 = the
+    #   library's 64, at most 65536)
+    cuda_staging_buffers: int = 0  # CUDA worker: staging buffers used in
+    #   turn (0 = 2, at most 4)
+    cuda_copy_mode: str = "auto"   # CUDA worker: "auto", "runs" or
+    #   "per_object" (worker.h cuda_copy_mode)
     gate: dict = field(default_factory=dict)  # recompute-vs-fetch gate:
     #   {} off; else GATE_DEFAULTS' keys, prefill_tokens_per_s required
     #   (the engine's prefill rate; docs/vllm.md, "The gate")
@@ -121,6 +130,14 @@ def parse(extra):
         raise ValueError(f"kvdepot: disk_write {s.disk_write!r}: 'back' or "
                          "'through'")
     _check_gate(s.gate)
+    if s.cuda_copy_mode not in CUDA_COPY_MODES:
+        raise ValueError(f"kvdepot: cuda_copy_mode {s.cuda_copy_mode!r}, "
+                         f"one of {CUDA_COPY_MODES}")
+    for k, hi in (("cuda_staging_blocks", 65536), ("cuda_staging_buffers",
+                                                   4)):
+        if not 0 <= getattr(s, k) <= hi:
+            raise ValueError(f"kvdepot: {k} {getattr(s, k)}: 0 (the "
+                             f"library's default) to {hi}")
     if s.max_inflight_save_bytes < 0:
         raise ValueError("kvdepot: max_inflight_save_bytes must be >= 0")
     for k in s.store_settings:
@@ -128,6 +145,14 @@ def parse(extra):
             raise ValueError(f"kvdepot: store_settings key {k!r} must start "
                              "with 'store.'")
     return s
+
+
+def worker_cuda(s):
+    """The CUDA worker's settings as kvdepot._lib.Worker's arguments (the
+    host backend ignores them)."""
+    return {"cuda_staging_blocks": s.cuda_staging_blocks,
+            "cuda_staging_buffers": s.cuda_staging_buffers,
+            "cuda_copy_mode": CUDA_COPY_MODES.index(s.cuda_copy_mode)}
 
 
 def engine_store_mode(s, processes):

@@ -219,7 +219,8 @@ class KvdepotHF:
                                     tq_seed=_TQ_SEED)
             fmt.codec[0], fmt.codec[1] = self.codecs
             w = _lib.Worker(self.store, self.ns, fmt,
-                            threads=self.settings.threads, device=device)
+                            threads=self.settings.threads, device=device,
+                            **config.worker_cuda(self.settings))
             self._workers[device] = w
         return device, w
 

@@ -577,7 +577,8 @@ class KvdepotWorker(KvCacheConnectorWorker):
             plan_ns=self.model.ns_all[0] if self.model.tp > 1 else None,
             object_heads=object_heads, head_start=head_start,
             async_saves=self.settings.async_saves,
-            max_inflight_save_bytes=self.settings.max_inflight_save_bytes)
+            max_inflight_save_bytes=self.settings.max_inflight_save_bytes,
+            **config.worker_cuda(self.settings))
         self._device = device
         # The worker copies to and from the pool's memory: keep it alive.
         self._pool = t

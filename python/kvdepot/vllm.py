@@ -844,7 +844,8 @@ class KvdepotConnector(KVConnectorBase_V1, SupportsHMA):
             device=self._device, layerwise_saves=True,
             async_saves=self.settings.async_saves,
             max_inflight_save_bytes=self.settings.max_inflight_save_bytes,
-            object_heads=object_heads, head_start=head_start)
+            object_heads=object_heads, head_start=head_start,
+            **config.worker_cuda(self.settings))
         self.workers.append(worker)
         worker.register_kv_caches(bases, num_blocks, strides)
 

@@ -1142,6 +1142,28 @@ def test_metadata_pickles_and_aggregates():
         [(0, b"1"), (1, b"2")]
 
 
+def test_cuda_settings_reach_the_worker(monkeypatch):
+    """cuda_staging_blocks, cuda_staging_buffers and cuda_copy_mode are the
+    worker's (kvd_worker_config_t), in the C enum's order."""
+    made = []
+    real = _lib.Worker
+
+    def spy(*a, **kw):
+        made.append(kw)
+        return real(*a, **kw)
+    monkeypatch.setattr(_lib, "Worker", spy)
+    with tempfile.TemporaryDirectory() as d:
+        w = kv.KvdepotConnector(
+            vllm_config(d, cuda_staging_blocks=256, cuda_staging_buffers=3,
+                        cuda_copy_mode="per_object"),
+            kv.KVConnectorRole.WORKER)
+        w.register_kv_caches(caches("flash", False))
+        w.shutdown()
+    assert made and all(
+        (m["cuda_staging_blocks"], m["cuda_staging_buffers"],
+         m["cuda_copy_mode"]) == (256, 3, 2) for m in made)
+
+
 def test_bad_settings_are_refused():
     with tempfile.TemporaryDirectory() as d:
         with pytest.raises(ValueError, match="unknown.*'codek'"):
@@ -1162,6 +1184,13 @@ def test_bad_settings_are_refused():
         with pytest.raises(_lib.KvdepotError, match="codec"):
             kv.KvdepotConnector(vllm_config(d, codec="fp7"),
                                 kv.KVConnectorRole.SCHEDULER)
+        for k, v, msg in (("cuda_copy_mode", "fast", "one of"),
+                          ("cuda_staging_blocks", 65537, "to 65536"),
+                          ("cuda_staging_buffers", 5, "to 4"),
+                          ("cuda_staging_buffers", -1, "to 4")):
+            with pytest.raises(ValueError, match=f"{k} .*{msg}"):
+                kv.KvdepotConnector(vllm_config(d, **{k: v}),
+                                    kv.KVConnectorRole.SCHEDULER)
         # An embedded store with several engine processes: the error names
         # the fix ("auto", the default, or "daemon").
         cfg = vllm_config(d, store_mode="embedded")
