@@ -405,6 +405,25 @@ static size_t load_until_whole(net_t *n, const kvd_block_hash_t *h,
     return got;
 }
 
+/* Packets the statistic rules dropped on A's link so far (-1: unknown). */
+static double dropped_on(const net_t *n)
+{
+    double dropped = -1;
+    char cmd[300], line[64];
+    snprintf(cmd, sizeof cmd,
+             "ip netns exec %s iptables -L -v -x -n | "
+             "awk '/statistic/ {n += $1} END {print n}'",
+             n->ns[1]);
+    FILE *p = popen(cmd, "r");
+    if (p != NULL) {
+        if (fgets(line, sizeof line, p) != NULL) {
+            dropped = strtod(line, NULL);
+        }
+        pclose(p);
+    }
+    return dropped;
+}
+
 static void test_loss_and_slow_link(void **state)
 {
     net_t *n = *state;
@@ -426,27 +445,25 @@ static void test_loss_and_slow_link(void **state)
                      0);
     save(n->client[0], z);
     size_t got = load_until_whole(n, z, "20% loss each way", 30000);
-    double dropped = -1;
-    {
-        char cmd[300], line[64];
-        snprintf(cmd, sizeof cmd,
-                 "ip netns exec %s iptables -L -v -x -n | "
-                 "awk '/statistic/ {n += $1} END {print n}'",
-                 n->ns[1]);
-        FILE *p = popen(cmd, "r");
-        if (p != NULL) {
-            if (fgets(line, sizeof line, p) != NULL) {
-                dropped = strtod(line, NULL);
-            }
-            pclose(p);
-        }
+    assert_int_equal(got, CHAIN);
+    double dropped = dropped_on(n);
+    /* A fast pass crosses the link in a few dozen packets, and with 20%
+     * loss none is dropped now and then (about 1% of runs at 20 packets):
+     * more chains through the same link until the loss shows, each one
+     * whole. */
+    for (unsigned r = 0; dropped == 0 && r < 8; r++) {
+        kvd_block_hash_t more[CHAIN];
+        chain(10 + r, more);
+        save(n->client[0], more);
+        got = load_until_whole(n, more, "20% loss each way, again", 30000);
+        assert_int_equal(got, CHAIN);
+        dropped = dropped_on(n);
     }
     fprintf(stderr, "# packets dropped on A's link: %g\n", dropped);
     assert_int_equal(sh("ip netns exec %s iptables -F INPUT && "
                         "ip netns exec %s iptables -F OUTPUT",
                         n->ns[1], n->ns[1]),
                      0);
-    assert_int_equal(got, CHAIN);
     assert_true(dropped > 0);
 
     /* A's egress at 4 Mbit/s: a 512 KiB chain needs about a second. */
