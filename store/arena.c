@@ -46,6 +46,7 @@
 #include <assert.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -83,7 +84,10 @@ static const kvd_config_field_t arena_config_fields[] = {
      "arena, else transparent huge pages) | on (the pool) | off",
      kvd_config_parse_enum, offsetof(kvd_arena_config_t, hugepages), 0, 0,
      arena_hugepage_choices},
-    {"store.arena_prefault", "true", "touch every arena page at start",
+    {"store.arena_prefault", "true",
+     "touch every arena page at start (an arena larger than the memory "
+     "available to the process, MemAvailable or its memory cgroup's limit, "
+     "is then refused at start)",
      kvd_config_parse_bool, offsetof(kvd_arena_config_t, prefault), 0, 0, NULL},
 };
 
@@ -279,6 +283,33 @@ kvd_status_t kvd_arena_create(const kvd_arena_config_t *cfg,
     status = kvd_arena_region_map(arena, cfg->hugepages);
     if (status != KVD_OK) {
         goto err_mutex;
+    }
+    /* Pages faulted in beyond what the machine (or the memory cgroup) has
+     * bring the OOM killer, to this process or a neighbour, not an error:
+     * refuse first. hugetlb pages were reserved by the mapping. */
+    if (arena->backing != KVD_ARENA_BACKING_HUGETLB) {
+        uint64_t room = 0, limit = 0;
+        kvd_arena_memory_room("", &room, &limit);
+        if (arena->map_bytes > room && cfg->prefault) {
+            char lim[64] = "";
+            if (limit != UINT64_MAX) {
+                snprintf(lim, sizeof lim,
+                         " (memory cgroup limit %" PRIu64 " MiB)", limit >> 20);
+            }
+            KVD_LOG_ERROR("arena: %" PRIu64 " MiB to prefault and %" PRIu64
+                          " MiB of memory available to this process%s; set "
+                          "a smaller store.arena_size",
+                          arena->map_bytes >> 20, room >> 20, lim);
+            status = KVD_ERR_NOMEM;
+            goto err_unmap;
+        }
+        if (arena->map_bytes > room) {
+            KVD_LOG_WARN("arena: %" PRIu64
+                         " MiB, without prefault, and %" PRIu64
+                         " MiB of memory available to this process: filling "
+                         "it will run out of memory",
+                         arena->map_bytes >> 20, room >> 20);
+        }
     }
     /* auto without huge pages from the pool or on faults: built now, as
      * prefault allocates every page anyway. */

@@ -107,4 +107,20 @@ bool kvd_arena_region_collapse(kvd_arena_t *arena);
 /* Touches every page of the region; the errno of a shortage translated. */
 kvd_status_t kvd_arena_region_prefault(kvd_arena_t *arena);
 
+/*
+ * The memory this process can still fault in without the kernel's OOM
+ * killer: MemAvailable (/proc/meminfo), and below it, where the process is
+ * in a memory cgroup with a limit, the limit less what the cgroup holds
+ * beyond its reclaimable file pages (v2: memory.max, memory.current and
+ * memory.stat inactive_file, the tightest of the cgroup and its
+ * ancestors; v1: memory.stat hierarchical_memory_limit or
+ * memory.limit_in_bytes, memory.usage_in_bytes, total_inactive_file).
+ * `root` prefixes every path ("" for this machine; a test's tree of
+ * proc/ and sys/fs/cgroup/ files otherwise). *room_out: UINT64_MAX when
+ * none of it can be read; *limit_out: the cgroup limit that bounds it,
+ * UINT64_MAX for none.
+ */
+void kvd_arena_memory_room(const char *root, uint64_t *room_out,
+                           uint64_t *limit_out);
+
 #endif /* KVD_STORE_ARENA_INT_H */

@@ -331,6 +331,189 @@ bool kvd_arena_region_collapse(kvd_arena_t *arena)
     return true;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Memory the prefault may take                                             */
+/* ------------------------------------------------------------------------ */
+
+/* The first line of `path` as a number ("max": UINT64_MAX); false when the
+ * file cannot be read or holds no number. */
+static bool read_u64_file(const char *path, uint64_t *out)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return false;
+    }
+    char line[64];
+    bool ok = fgets(line, sizeof line, f) != NULL;
+    fclose(f);
+    if (ok && strncmp(line, "max", 3) == 0) {
+        *out = UINT64_MAX;
+        return true;
+    }
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = ok ? strtoull(line, &end, 10) : 0;
+    if (!ok || end == line || errno != 0) {
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+/* The number after "`key` " (or "`key`:") on a line of `path` starting
+ * with the key: memory.stat, /proc/meminfo. */
+static bool read_key(const char *path, const char *key, uint64_t *out)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return false;
+    }
+    size_t n = strlen(key);
+    char line[256];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, key, n) != 0 || (line[n] != ' ' && line[n] != ':')) {
+            continue;
+        }
+        char *end = NULL;
+        unsigned long long v = strtoull(line + n + 1, &end, 10);
+        found = end != line + n + 1;
+        *out = v;
+    }
+    fclose(f);
+    return found;
+}
+
+/* What a cgroup directory leaves: limit - (usage - inactive file pages). */
+static uint64_t cgroup_room(uint64_t limit, uint64_t usage, uint64_t inactive)
+{
+    uint64_t held = usage > inactive ? usage - inactive : 0;
+    return held < limit ? limit - held : 0;
+}
+
+/* cgroup v2: the tightest of `dir` and its ancestors up to `mount`. */
+static void room_v2(const char *mount, const char *path, uint64_t *room,
+                    uint64_t *limit)
+{
+    char rel[512];
+    snprintf(rel, sizeof rel, "%s", path);
+    for (;;) {
+        char dir[1024], f[1100];
+        snprintf(dir, sizeof dir, "%s%s", mount, rel);
+        uint64_t max = 0, cur = 0, inactive = 0;
+        snprintf(f, sizeof f, "%s/memory.max", dir);
+        if (read_u64_file(f, &max) && max != UINT64_MAX) {
+            snprintf(f, sizeof f, "%s/memory.current", dir);
+            if (!read_u64_file(f, &cur)) {
+                cur = 0;
+            }
+            snprintf(f, sizeof f, "%s/memory.stat", dir);
+            if (!read_key(f, "inactive_file", &inactive)) {
+                inactive = 0;
+            }
+            uint64_t r = cgroup_room(max, cur, inactive);
+            if (r < *room) {
+                *room = r;
+                *limit = max;
+            }
+        }
+        char *slash = strrchr(rel, '/');
+        if (slash == NULL || rel[0] == '\0') {
+            return;
+        }
+        *slash = '\0'; /* "/a/b" -> "/a" -> "" (the mount itself) */
+    }
+}
+
+/* cgroup v1: the memory controller's directory of `path` (or, in a
+ * container that sees its own cgroup at the mount, the mount). */
+static void room_v1(const char *mount, const char *path, uint64_t *room,
+                    uint64_t *limit)
+{
+    const char *dirs[2] = {path, ""};
+    for (int i = 0; i < 2; i++) {
+        char dir[1024], f[1100];
+        snprintf(dir, sizeof dir, "%s%s", mount, dirs[i]);
+        uint64_t lim = 0, usage = 0, inactive = 0;
+        snprintf(f, sizeof f, "%s/memory.stat", dir);
+        bool hier = read_key(f, "hierarchical_memory_limit", &lim);
+        if (!read_key(f, "total_inactive_file", &inactive)) {
+            inactive = 0;
+        }
+        snprintf(f, sizeof f, "%s/memory.limit_in_bytes", dir);
+        uint64_t own = 0;
+        if (read_u64_file(f, &own) && (!hier || own < lim)) {
+            lim = own;
+            hier = true;
+        }
+        snprintf(f, sizeof f, "%s/memory.usage_in_bytes", dir);
+        if (!hier || !read_u64_file(f, &usage)) {
+            continue;
+        }
+        /* "No limit" reads as a page-rounded LONG_MAX. */
+        if (lim < (1ull << 62)) {
+            uint64_t r = cgroup_room(lim, usage, inactive);
+            if (r < *room) {
+                *room = r;
+                *limit = lim;
+            }
+        }
+        return;
+    }
+}
+
+void kvd_arena_memory_room(const char *root, uint64_t *room_out,
+                           uint64_t *limit_out)
+{
+    uint64_t room = UINT64_MAX, limit = UINT64_MAX, kb = 0;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/proc/meminfo", root);
+    if (read_key(path, "MemAvailable", &kb) && kb < UINT64_MAX / 1024) {
+        room = kb * 1024;
+    }
+    snprintf(path, sizeof path, "%s/proc/self/cgroup", root);
+    FILE *f = fopen(path, "r");
+    char line[600];
+    while (f != NULL && fgets(line, sizeof line, f) != NULL) {
+        line[strcspn(line, "\n")] = '\0';
+        /* hierarchy-id:controllers:path */
+        char *c1 = strchr(line, ':');
+        char *c2 = c1 != NULL ? strchr(c1 + 1, ':') : NULL;
+        if (c2 == NULL) {
+            continue;
+        }
+        *c2 = '\0';
+        const char *ctrl = c1 + 1, *cg = c2 + 1;
+        if (strcmp(cg, "/") == 0) {
+            cg = "";
+        }
+        char mount[1024];
+        if (ctrl[0] == '\0') {
+            snprintf(mount, sizeof mount, "%s/sys/fs/cgroup", root);
+            room_v2(mount, cg, &room, &limit);
+            snprintf(mount, sizeof mount, "%s/sys/fs/cgroup/unified", root);
+            room_v2(mount, cg, &room, &limit);
+            continue;
+        }
+        /* A v1 hierarchy whose controllers include "memory". */
+        for (const char *p = ctrl; p != NULL && *p != '\0';) {
+            const char *e = strchr(p, ',');
+            size_t n = e != NULL ? (size_t)(e - p) : strlen(p);
+            if (n == 6 && strncmp(p, "memory", 6) == 0) {
+                snprintf(mount, sizeof mount, "%s/sys/fs/cgroup/memory", root);
+                room_v1(mount, cg, &room, &limit);
+                break;
+            }
+            p = e != NULL ? e + 1 : NULL;
+        }
+    }
+    if (f != NULL) {
+        fclose(f);
+    }
+    *room_out = room;
+    *limit_out = limit;
+}
+
 /*
  * Populates every page, in steps of about a tenth so that large arenas log
  * progress. MADV_POPULATE_WRITE (Linux 5.14) allocates and maps in one
