@@ -732,8 +732,8 @@ kvd_status_t kvd_nvme_open(const kvd_nvme_config_t *cfg, kvd_nvme_t **nvme_out)
         status = kvd_status_from_errno(e);
         goto err_close;
     }
-    /* Room for every file first: fallocate on a file system without it
-     * takes the disk to full before it fails. */
+    /* Room for every file first: a fallocate asking for more than the
+     * file system has takes it to full before it fails. */
     status = kvd_nvme_space_check(cfg->path, nvme->num_files, file_bytes);
     if (status != KVD_OK) {
         goto err_close;

@@ -106,8 +106,17 @@ kvd_status_t kvd_nvme_space_check(const char *path, uint32_t num_files,
         char name[KVD_CONFIG_STRING_MAX + 32];
         snprintf(name, sizeof name, "%s/kvd-data-%03u.dat", path, i);
         struct stat sb;
-        uint64_t held = stat(name, &sb) == 0 ? (uint64_t)sb.st_blocks * 512 : 0;
-        want += held < file_bytes ? file_bytes - held : 0;
+        if (stat(name, &sb) != 0) {
+            want += file_bytes;
+            continue;
+        }
+        /* A file already this long is opened as it is (kvd_nvme_file_open
+         * allocates nothing, a sparse one included); a shorter one is
+         * grown over what it does not hold yet. */
+        uint64_t held = (uint64_t)sb.st_blocks * 512;
+        if ((uint64_t)sb.st_size < file_bytes && held < file_bytes) {
+            want += file_bytes - held;
+        }
     }
     struct statvfs vb;
     int inject = KVD_FAILPOINT("nvme.statvfs");

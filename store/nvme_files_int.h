@@ -26,8 +26,9 @@ kvd_status_t kvd_nvme_config_check(const kvd_nvme_config_t *cfg,
 
 /*
  * Whether the file system of directory `path` has room for `num_files`
- * data files of `file_bytes` each: the bytes the files do not hold yet
- * (a file's allocated blocks count as held) against the space an
+ * data files of `file_bytes` each: the bytes the files shorter than that
+ * do not hold yet (their allocated blocks count as held; a file already
+ * that long is opened as it is) against the space an
  * unprivileged user may still take (statvfs f_bavail, so the root reserve
  * is left alone). KVD_ERR_NOSPACE, logged with both figures and the
  * setting to change, when they do not fit; nothing is created. Other
