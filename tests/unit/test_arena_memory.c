@@ -113,10 +113,8 @@ static void test_cgroup_v1(void **state)
     put(d.path, "proc/meminfo", "MemAvailable: 100000000 kB\n");
     put(d.path, "proc/self/cgroup",
         "12:pids:/kv\n7:cpuset,memory:/kv\n1:name=systemd:/kv\n");
-    put(d.path, "sys/fs/cgroup/memory/kv/memory.limit_in_bytes",
-        "536870912\n");
-    put(d.path, "sys/fs/cgroup/memory/kv/memory.usage_in_bytes",
-        "100000000\n");
+    put(d.path, "sys/fs/cgroup/memory/kv/memory.limit_in_bytes", "536870912\n");
+    put(d.path, "sys/fs/cgroup/memory/kv/memory.usage_in_bytes", "100000000\n");
     put(d.path, "sys/fs/cgroup/memory/kv/memory.stat",
         "cache 60000000\nhierarchical_memory_limit 9223372036854771712\n"
         "total_inactive_file 50000000\n");
