@@ -265,9 +265,8 @@ class KvdepotHF:
         stream = _stream_of(device)
         w.bind_metadata(plan)
         failed = set()
-        t1 = t2 = t0
+        t1 = t2 = time.perf_counter()
         try:
-            t1 = time.perf_counter()
             w.start_load_kv(stream)
             for layer in range(self.num_layers):
                 w.wait_for_layer_load(layer, stream)
