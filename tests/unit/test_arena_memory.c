@@ -47,114 +47,135 @@ static void put(const char *root, const char *rel, const char *text)
     assert_int_equal(fclose(f), 0);
 }
 
-static void room_of(const kvd_test_dir_t *d, uint64_t *room, uint64_t *limit)
+/* Writes each (path, text) pair of `files` (NULL-terminated) under d. */
+static void tree(const kvd_test_dir_t *d, const char *const *files)
 {
-    kvd_arena_memory_room(d->path, room, limit);
+    for (size_t i = 0; files[i] != NULL; i += 2) {
+        put(d->path, files[i], files[i + 1]);
+    }
 }
+
+/* The room and limit read from d's tree are `room` and `limit`. */
+static void expect(const kvd_test_dir_t *d, uint64_t room, uint64_t limit)
+{
+    uint64_t r = 0, l = 0;
+    kvd_arena_memory_room(d->path, &r, &l);
+    assert_int_equal(r, room);
+    assert_int_equal(l, limit);
+}
+
+static int dir_setup(void **state)
+{
+    kvd_test_dir_t *d = malloc(sizeof *d);
+    if (d == NULL) {
+        return -1;
+    }
+    kvd_test_dir_make(d, "memroom");
+    *state = d;
+    return 0;
+}
+
+static int dir_teardown(void **state)
+{
+    kvd_test_dir_remove(*state);
+    free(*state);
+    return 0;
+}
+
+#define NONE UINT64_MAX
+#define MEMINFO_100G "proc/meminfo", "MemAvailable: 100000000 kB\n"
 
 static void test_meminfo_only(void **state)
 {
-    (void)state;
-    kvd_test_dir_t d;
-    kvd_test_dir_make(&d, "memroom");
-    uint64_t room = 0, limit = 0;
-    room_of(&d, &room, &limit);
-    assert_true(room == UINT64_MAX && limit == UINT64_MAX); /* nothing */
-    put(d.path, "proc/meminfo",
+    const kvd_test_dir_t *d = *state;
+    expect(d, NONE, NONE); /* nothing to read */
+    put(d->path, "proc/meminfo",
         "MemTotal:       4000000 kB\nMemFree:     10 kB\n"
         "MemAvailable:    1000000 kB\nBuffers: 5 kB\n");
-    room_of(&d, &room, &limit);
-    assert_int_equal(room, 1000000ull * 1024);
-    assert_int_equal(limit, UINT64_MAX);
+    expect(d, 1000000ull * 1024, NONE);
     /* No memory line: a cgroup without the memory controller. */
-    put(d.path, "proc/self/cgroup", "3:cpu,cpuacct:/x\n1:name=systemd:/x\n");
-    room_of(&d, &room, &limit);
-    assert_int_equal(room, 1000000ull * 1024);
-    kvd_test_dir_remove(&d);
+    put(d->path, "proc/self/cgroup", "3:cpu,cpuacct:/x\n1:name=systemd:/x\n");
+    expect(d, 1000000ull * 1024, NONE);
 }
 
 static void test_cgroup_v2(void **state)
 {
-    (void)state;
-    kvd_test_dir_t d;
-    kvd_test_dir_make(&d, "memroom");
-    put(d.path, "proc/meminfo", "MemAvailable: 100000000 kB\n");
-    put(d.path, "proc/self/cgroup", "0::/pod/engine\n");
+    const kvd_test_dir_t *d = *state;
     /* The process's own cgroup has no limit; its parent does. */
-    put(d.path, "sys/fs/cgroup/pod/engine/memory.max", "max\n");
-    put(d.path, "sys/fs/cgroup/pod/engine/memory.current", "5000\n");
-    put(d.path, "sys/fs/cgroup/pod/memory.max", "1048576000\n");
-    put(d.path, "sys/fs/cgroup/pod/memory.current", "300000000\n");
-    put(d.path, "sys/fs/cgroup/pod/memory.stat",
+    static const char *const files[] = {
+        MEMINFO_100G,
+        "proc/self/cgroup",
+        "0::/pod/engine\n",
+        "sys/fs/cgroup/pod/engine/memory.max",
+        "max\n",
+        "sys/fs/cgroup/pod/engine/memory.current",
+        "5000\n",
+        "sys/fs/cgroup/pod/memory.max",
+        "1048576000\n",
+        "sys/fs/cgroup/pod/memory.current",
+        "300000000\n",
+        "sys/fs/cgroup/pod/memory.stat",
         "anon 150000000\nfile 150000000\nactive_file 50000000\n"
-        "inactive_file 100000000\n");
-    uint64_t room = 0, limit = 0;
-    room_of(&d, &room, &limit);
+        "inactive_file 100000000\n",
+        NULL};
+    tree(d, files);
     /* 1048576000 - (300000000 - 100000000 reclaimable). */
-    assert_int_equal(room, 848576000ull);
-    assert_int_equal(limit, 1048576000ull);
+    expect(d, 848576000ull, 1048576000ull);
     /* A tighter limit in the cgroup itself wins. */
-    put(d.path, "sys/fs/cgroup/pod/engine/memory.max", "10000\n");
-    room_of(&d, &room, &limit);
-    assert_int_equal(room, 5000ull);
-    assert_int_equal(limit, 10000ull);
+    put(d->path, "sys/fs/cgroup/pod/engine/memory.max", "10000\n");
+    expect(d, 5000ull, 10000ull);
     /* Held beyond the limit: no room, not a wrapped-around figure. */
-    put(d.path, "sys/fs/cgroup/pod/engine/memory.current", "20000\n");
-    room_of(&d, &room, &limit);
-    assert_int_equal(room, 0);
-    kvd_test_dir_remove(&d);
+    put(d->path, "sys/fs/cgroup/pod/engine/memory.current", "20000\n");
+    expect(d, 0, 10000ull);
 }
 
 static void test_cgroup_v1(void **state)
 {
-    (void)state;
-    kvd_test_dir_t d;
-    kvd_test_dir_make(&d, "memroom");
-    put(d.path, "proc/meminfo", "MemAvailable: 100000000 kB\n");
-    put(d.path, "proc/self/cgroup",
-        "12:pids:/kv\n7:cpuset,memory:/kv\n1:name=systemd:/kv\n");
-    put(d.path, "sys/fs/cgroup/memory/kv/memory.limit_in_bytes", "536870912\n");
-    put(d.path, "sys/fs/cgroup/memory/kv/memory.usage_in_bytes", "100000000\n");
-    put(d.path, "sys/fs/cgroup/memory/kv/memory.stat",
+    const kvd_test_dir_t *d = *state;
+    static const char *const files[] = {
+        MEMINFO_100G,
+        "proc/self/cgroup",
+        "12:pids:/kv\n7:cpuset,memory:/kv\n1:name=systemd:/kv\n",
+        "sys/fs/cgroup/memory/kv/memory.limit_in_bytes",
+        "536870912\n",
+        "sys/fs/cgroup/memory/kv/memory.usage_in_bytes",
+        "100000000\n",
+        "sys/fs/cgroup/memory/kv/memory.stat",
         "cache 60000000\nhierarchical_memory_limit 9223372036854771712\n"
-        "total_inactive_file 50000000\n");
-    uint64_t room = 0, limit = 0;
-    room_of(&d, &room, &limit);
-    assert_int_equal(room, 536870912ull - 50000000ull);
-    assert_int_equal(limit, 536870912ull);
+        "total_inactive_file 50000000\n",
+        NULL};
+    tree(d, files);
+    expect(d, 536870912ull - 50000000ull, 536870912ull);
     /* An ancestor's tighter limit, as the hierarchy reports it. */
-    put(d.path, "sys/fs/cgroup/memory/kv/memory.stat",
+    put(d->path, "sys/fs/cgroup/memory/kv/memory.stat",
         "hierarchical_memory_limit 268435456\n"
         "total_inactive_file 50000000\n");
-    room_of(&d, &room, &limit);
-    assert_int_equal(room, 268435456ull - 50000000ull);
+    expect(d, 268435456ull - 50000000ull, 268435456ull);
     /* "No limit" (a page-rounded LONG_MAX): MemAvailable decides. */
-    put(d.path, "sys/fs/cgroup/memory/kv/memory.limit_in_bytes",
-        "9223372036854771712\n");
-    put(d.path, "sys/fs/cgroup/memory/kv/memory.stat",
-        "hierarchical_memory_limit 9223372036854771712\n");
-    room_of(&d, &room, &limit);
-    assert_int_equal(room, 100000000ull * 1024);
-    assert_int_equal(limit, UINT64_MAX);
-    kvd_test_dir_remove(&d);
+    static const char *const unlimited[] = {
+        "sys/fs/cgroup/memory/kv/memory.limit_in_bytes",
+        "9223372036854771712\n", "sys/fs/cgroup/memory/kv/memory.stat",
+        "hierarchical_memory_limit 9223372036854771712\n", NULL};
+    tree(d, unlimited);
+    expect(d, 100000000ull * 1024, NONE);
 }
 
 /* A container sees its own cgroup at the mount while /proc/self/cgroup
  * names the host's path. */
 static void test_cgroup_v1_container(void **state)
 {
-    (void)state;
-    kvd_test_dir_t d;
-    kvd_test_dir_make(&d, "memroom");
-    put(d.path, "proc/meminfo", "MemAvailable: 100000000 kB\n");
-    put(d.path, "proc/self/cgroup", "9:memory:/kubepods/pod1/abc\n");
-    put(d.path, "sys/fs/cgroup/memory/memory.limit_in_bytes", "1073741824\n");
-    put(d.path, "sys/fs/cgroup/memory/memory.usage_in_bytes", "73741824\n");
-    uint64_t room = 0, limit = 0;
-    room_of(&d, &room, &limit);
-    assert_int_equal(room, 1000000000ull);
-    assert_int_equal(limit, 1073741824ull);
-    kvd_test_dir_remove(&d);
+    const kvd_test_dir_t *d = *state;
+    static const char *const files[] = {
+        MEMINFO_100G,
+        "proc/self/cgroup",
+        "9:memory:/kubepods/pod1/abc\n",
+        "sys/fs/cgroup/memory/memory.limit_in_bytes",
+        "1073741824\n",
+        "sys/fs/cgroup/memory/memory.usage_in_bytes",
+        "73741824\n",
+        NULL};
+    tree(d, files);
+    expect(d, 1000000000ull, 1073741824ull);
 }
 
 /* ---- a real memory cgroup ----------------------------------------------- */
@@ -262,10 +283,14 @@ static void test_prefault_beyond_cgroup_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_meminfo_only),
-        cmocka_unit_test(test_cgroup_v2),
-        cmocka_unit_test(test_cgroup_v1),
-        cmocka_unit_test(test_cgroup_v1_container),
+        cmocka_unit_test_setup_teardown(test_meminfo_only, dir_setup,
+                                        dir_teardown),
+        cmocka_unit_test_setup_teardown(test_cgroup_v2, dir_setup,
+                                        dir_teardown),
+        cmocka_unit_test_setup_teardown(test_cgroup_v1, dir_setup,
+                                        dir_teardown),
+        cmocka_unit_test_setup_teardown(test_cgroup_v1_container, dir_setup,
+                                        dir_teardown),
         cmocka_unit_test(test_prefault_beyond_cgroup_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
