@@ -403,7 +403,12 @@ static kvd_status_t store_disk_open(kvd_embedded_t *st, char *err,
 {
     kvd_status_t status = kvd_nvme_open(&st->cfg.nvme, &st->nvme);
     if (status != KVD_OK) {
-        store_err(err, err_len, "store.disk_path: NVMe tier", status);
+        store_err(err, err_len,
+                  status == KVD_ERR_NOSPACE
+                      ? "store.disk_size: NVMe tier larger than the free "
+                        "space of its file system (the log has both sizes)"
+                      : "store.disk_path: NVMe tier",
+                  status);
         return status;
     }
     /* One fixed buffer per arena chunk: a slot never spans chunks, so its
@@ -604,11 +609,16 @@ kvd_status_t kvd_store_open_partitioned(const kvd_config_t *config,
     }
     status = kvd_arena_create(&st->cfg.arena, &st->arena);
     if (status != KVD_OK) {
-        store_err(err, err_len,
-                  st->num_part_tenants > 0
-                      ? "store.arena_size and server.tenant_arenas: arena"
-                      : "store.arena_size: arena",
-                  status);
+        char what[200];
+        snprintf(what, sizeof what, "%s: arena%s",
+                 st->num_part_tenants > 0
+                     ? "store.arena_size and server.tenant_arenas"
+                     : "store.arena_size",
+                 status == KVD_ERR_NOMEM
+                     ? " larger than the memory available to this process "
+                       "(the log has both sizes)"
+                     : "");
+        store_err(err, err_len, what, status);
         goto err;
     }
     (void)kvd_arena_query(st->arena, &st->arena_info);
