@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -22,6 +23,7 @@
 #include "kvdepot/store.h"
 #include "store/arena.h"
 #include "store/engine.h"
+#include "tests/unit/kvd_testdir_int.h"
 
 #define MIB (1ull << 20)
 
@@ -126,6 +128,37 @@ static size_t lookup_range(kvd_store_t *st, const kvd_namespace_t *ns,
 }
 
 /* ------------------------------------------------------------------------ */
+
+/* An NVMe tier larger than its file system's free space: the open's
+ * error names the setting to change and why, not just the status. */
+static void test_disk_beyond_free_space_says_why(void **state)
+{
+    (void)state;
+    kvd_test_dir_t d;
+    kvd_test_dir_make(&d, "store_space");
+    struct statvfs vb;
+    assert_int_equal(statvfs(d.path, &vb), 0);
+    char size[32];
+    snprintf(size, sizeof size, "%llu",
+             (unsigned long long)vb.f_bavail * vb.f_frsize + (1ull << 30));
+    kvd_config_t *cfg = NULL;
+    assert_int_equal(kvd_config_create(&cfg), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.arena_size", "4m"), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.arena_chunk", "1m"), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.arena_prefault", "false"),
+                     KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.disk_path", d.path), KVD_OK);
+    assert_int_equal(kvd_config_set(cfg, "store.disk_size", size), KVD_OK);
+    kvd_store_t *st = NULL;
+    char err[256] = "";
+    assert_int_equal(kvd_store_open(cfg, &st, err, sizeof err),
+                     KVD_ERR_NOSPACE);
+    assert_null(st);
+    assert_non_null(strstr(err, "store.disk_size"));
+    assert_non_null(strstr(err, "free space"));
+    kvd_config_destroy(cfg);
+    kvd_test_dir_remove(&d);
+}
 
 static void test_settings(void **state)
 {
@@ -735,6 +768,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_settings),
+        cmocka_unit_test(test_disk_beyond_free_space_says_why),
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_scan),
         cmocka_unit_test(test_gaps_duplicates_and_aborts),
