@@ -290,7 +290,13 @@ kvd_status_t kvd_arena_create(const kvd_arena_config_t *cfg,
     if (arena->backing != KVD_ARENA_BACKING_HUGETLB) {
         uint64_t room = 0, limit = 0;
         kvd_arena_memory_room("", &room, &limit);
-        if (arena->map_bytes > room && cfg->prefault) {
+        if (arena->map_bytes > room && !cfg->prefault) {
+            KVD_LOG_WARN("arena: %" PRIu64
+                         " MiB, without prefault, and %" PRIu64
+                         " MiB of memory available to this process: filling "
+                         "it will run out of memory",
+                         arena->map_bytes >> 20, room >> 20);
+        } else if (arena->map_bytes > room) {
             char lim[64] = "";
             if (limit != UINT64_MAX) {
                 snprintf(lim, sizeof lim,
@@ -302,13 +308,6 @@ kvd_status_t kvd_arena_create(const kvd_arena_config_t *cfg,
                           arena->map_bytes >> 20, room >> 20, lim);
             status = KVD_ERR_NOMEM;
             goto err_unmap;
-        }
-        if (arena->map_bytes > room) {
-            KVD_LOG_WARN("arena: %" PRIu64
-                         " MiB, without prefault, and %" PRIu64
-                         " MiB of memory available to this process: filling "
-                         "it will run out of memory",
-                         arena->map_bytes >> 20, room >> 20);
         }
     }
     /* auto without huge pages from the pool or on faults: built now, as

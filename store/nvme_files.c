@@ -98,13 +98,19 @@ kvd_status_t kvd_nvme_config_check(const kvd_nvme_config_t *cfg,
 
 /* ---- the data files ----------------------------------------------------- */
 
+/* The name of data file `i` of the tier in `path`. */
+static void data_file_name(char *name, size_t len, const char *path, uint32_t i)
+{
+    snprintf(name, len, "%s/kvd-data-%03u.dat", path, i);
+}
+
 kvd_status_t kvd_nvme_space_check(const char *path, uint32_t num_files,
                                   uint64_t file_bytes)
 {
     uint64_t want = 0;
     for (uint32_t i = 0; i < num_files; i++) {
         char name[KVD_CONFIG_STRING_MAX + 32];
-        snprintf(name, sizeof name, "%s/kvd-data-%03u.dat", path, i);
+        data_file_name(name, sizeof name, path, i);
         struct stat sb;
         if (stat(name, &sb) != 0) {
             want += file_bytes;
@@ -141,7 +147,7 @@ kvd_status_t kvd_nvme_file_open(const char *path, uint32_t i,
                                 uint64_t file_bytes, int *fd_out)
 {
     char name[KVD_CONFIG_STRING_MAX + 32];
-    snprintf(name, sizeof name, "%s/kvd-data-%03u.dat", path, i);
+    data_file_name(name, sizeof name, path, i);
     int inject = KVD_FAILPOINT("nvme.open");
     int fd = inject != 0
                  ? -1
