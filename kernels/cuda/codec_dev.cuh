@@ -6,9 +6,15 @@
 // payloads included: the hardware instructions are used for finite values
 // (they round to nearest even, as the reference does) and the reference's
 // own bit formula is applied to NaN inputs, where the instructions would
-// return a canonical NaN instead. NaNs *produced* by arithmetic (Inf * 0,
-// Inf / Inf) still differ in payload between x86 and the GPU; only broken
-// caches hold such values.
+// return a canonical NaN instead. The 16-byte chunk paths test a whole
+// chunk for NaN first (kernels/ref/quant_fast.h) and convert a clean one
+// with the plain paired instructions. NaNs *produced* by arithmetic (Inf *
+// 0, Inf / Inf) still differ in payload between x86 and the GPU; only
+// broken caches hold such values.
+//
+// fp8 and int8 quantize x / s without dividing per element: x * (1/s)
+// where quant_fast.h proves the codes equal, the division otherwise
+// (docs/codecs.md, "CPU/GPU parity contract").
 //
 // Work split: one CTA of KVD_GS_THREADS threads per (listed block, plane,
 // head). Token-vector codecs put a group of G lanes (a power of two, up to
@@ -27,6 +33,7 @@
 extern "C" {
 #include "kernels/ref/ref.h"
 }
+#include "kernels/ref/quant_fast.h"
 
 #define KVD_GS_THREADS 128
 #define KVD_GS_WARPS (KVD_GS_THREADS / 32)
@@ -121,6 +128,9 @@ __device__ __forceinline__ uint16_t kvd_dev_float_to_bf16(float f)
 }
 
 // fp16 and bf16 element traits: the codecs are templates over these.
+// load/store follow the reference's NaN rules; the *_fast forms are the
+// plain hardware conversions, equal to them for every value that is not a
+// NaN (kvd_load_chunk and kvd_store_chunk check a whole chunk first).
 struct kvd_elt_fp16 {
     static __device__ __forceinline__ float load(uint16_t u)
     {
@@ -129,6 +139,19 @@ struct kvd_elt_fp16 {
     static __device__ __forceinline__ uint16_t store(float f)
     {
         return kvd_dev_float_to_half(f);
+    }
+    static __device__ __forceinline__ uint32_t word_nan(uint32_t w)
+    {
+        return kvd_qf_fp16x2_nan(w);
+    }
+    static __device__ __forceinline__ float2 load2_fast(uint32_t w)
+    {
+        return __half22float2(*reinterpret_cast<const __half2 *>(&w));
+    }
+    static __device__ __forceinline__ uint32_t store2_fast(float a, float b)
+    {
+        __half2 h = __floats2half2_rn(a, b);
+        return *reinterpret_cast<const uint32_t *>(&h);
     }
 };
 
@@ -140,6 +163,24 @@ struct kvd_elt_bf16 {
     static __device__ __forceinline__ uint16_t store(float f)
     {
         return kvd_dev_float_to_bf16(f);
+    }
+    // Widening bf16 is exact for every pattern, NaN included.
+    static __device__ __forceinline__ uint32_t word_nan(uint32_t)
+    {
+        return 0;
+    }
+    static __device__ __forceinline__ float2 load2_fast(uint32_t w)
+    {
+        return make_float2(__uint_as_float(w << 16),
+                           __uint_as_float(w & 0xffff0000u));
+    }
+    // The reference's integer RNE without its NaN branch.
+    static __device__ __forceinline__ uint32_t store2_fast(float a, float b)
+    {
+        uint32_t x = __float_as_uint(a), y = __float_as_uint(b);
+        x += 0x7fffu + ((x >> 16) & 1u);
+        y += 0x7fffu + ((y >> 16) & 1u);
+        return (x >> 16) | (y & 0xffff0000u);
     }
 };
 
@@ -169,7 +210,9 @@ __device__ __forceinline__ float kvd_dev_fp8_decode(uint8_t q, float scale)
 // ---- chunk loads and stores ----
 
 // Loads KVD_CHUNK elements at p: one 16-byte load when `vec` (p aligned),
-// else eight 2-byte loads.
+// else eight 2-byte loads. A vector chunk without a NaN (nearly every one)
+// converts with the plain instructions; the per-element NaN rules run only
+// where a NaN is present, behind a branch rather than predicated.
 template <class E>
 __device__ __forceinline__ void kvd_load_chunk(const unsigned char *p, bool vec,
                                                float x[KVD_CHUNK])
@@ -177,10 +220,20 @@ __device__ __forceinline__ void kvd_load_chunk(const unsigned char *p, bool vec,
     if (vec) {
         uint4 v = *reinterpret_cast<const uint4 *>(p);
         uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        if ((E::word_nan(w[0]) | E::word_nan(w[1]) | E::word_nan(w[2]) |
+             E::word_nan(w[3])) != 0) {
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            x[2 * j] = E::load((uint16_t)(w[j] & 0xffffu));
-            x[2 * j + 1] = E::load((uint16_t)(w[j] >> 16));
+            for (int j = 0; j < 4; j++) {
+                x[2 * j] = E::load((uint16_t)(w[j] & 0xffffu));
+                x[2 * j + 1] = E::load((uint16_t)(w[j] >> 16));
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float2 f = E::load2_fast(w[j]);
+                x[2 * j] = f.x;
+                x[2 * j + 1] = f.y;
+            }
         }
     } else {
         const uint16_t *q = reinterpret_cast<const uint16_t *>(p);
@@ -195,23 +248,31 @@ template <class E>
 __device__ __forceinline__ void kvd_store_chunk(unsigned char *p, bool vec,
                                                 const float x[KVD_CHUNK])
 {
-    uint16_t u[KVD_CHUNK];
-#pragma unroll
-    for (int j = 0; j < KVD_CHUNK; j++) {
-        u[j] = E::store(x[j]);
-    }
     if (vec) {
-        uint4 v;
-        v.x = (uint32_t)u[0] | ((uint32_t)u[1] << 16);
-        v.y = (uint32_t)u[2] | ((uint32_t)u[3] << 16);
-        v.z = (uint32_t)u[4] | ((uint32_t)u[5] << 16);
-        v.w = (uint32_t)u[6] | ((uint32_t)u[7] << 16);
-        *reinterpret_cast<uint4 *>(p) = v;
+        bool nan = false;
+#pragma unroll
+        for (int j = 0; j < KVD_CHUNK; j++) {
+            nan |= isnan(x[j]);
+        }
+        uint32_t w[4];
+        if (nan) {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                w[j] = (uint32_t)E::store(x[2 * j]) |
+                       ((uint32_t)E::store(x[2 * j + 1]) << 16);
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                w[j] = E::store2_fast(x[2 * j], x[2 * j + 1]);
+            }
+        }
+        *reinterpret_cast<uint4 *>(p) = make_uint4(w[0], w[1], w[2], w[3]);
     } else {
         uint16_t *q = reinterpret_cast<uint16_t *>(p);
 #pragma unroll
         for (int j = 0; j < KVD_CHUNK; j++) {
-            q[j] = u[j];
+            q[j] = E::store(x[j]);
         }
     }
 }
@@ -345,6 +406,17 @@ __device__ __forceinline__ float kvd_group_amax(float v, uint32_t g)
     return v;
 }
 
+// The same for a group size known at compile time: log2(G) shuffles, no
+// loop.
+template <uint32_t G> __device__ __forceinline__ float kvd_group_amax_c(float v)
+{
+#pragma unroll
+    for (uint32_t off = G >> 1; off > 0; off >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(KVD_FULL_MASK, v, off));
+    }
+    return v;
+}
+
 // ---- fp8 and int8 ----
 
 #define KVD_FP8_E4M3_MAX_F 448.0f
@@ -367,11 +439,37 @@ __device__ __forceinline__ uint8_t kvd_i8_code(float x, float s)
     return (uint8_t)(int8_t)q;
 }
 
+// Codes of eight quotients q[j] = x[j] * (1/s) for which the quant_fast.h
+// predicate held, little-endian in two words: E4M3 two per conversion
+// (q is finite there), int8 rounded to nearest even and clamped.
+__device__ __forceinline__ uint2 kvd_fp8_pack8(const float q[KVD_CHUNK])
+{
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < KVD_CHUNK; j += 2) {
+        uint32_t pair = __nv_cvt_float2_to_fp8x2(make_float2(q[j], q[j + 1]),
+                                                 __NV_SATFINITE, __NV_E4M3);
+        w[j / 4] |= pair << (8 * (j & 3));
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+__device__ __forceinline__ uint2 kvd_i8_pack8(const float q[KVD_CHUNK])
+{
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < KVD_CHUNK; j++) {
+        int v = min(max(__float2int_rn(q[j]), -127), 127);
+        w[j / 4] |= ((uint32_t)v & 0xffu) << (8 * (j & 3));
+    }
+    return make_uint2(w[0], w[1]);
+}
+
 // Per-token scale of the two 8-bit codecs, computed exactly as fp8.c and
 // int8.c do: fp8 divides amax by 448 (1.0 at or below 2^-6); int8 rounds
 // amax/127 to fp16 first and replaces a zero scale by 1.0.
 template <bool FP8> struct kvd_q8 {
-    float s;
+    float s, r; // the scale and its reciprocal (one division per vector)
     uint16_t s16;
     __device__ __forceinline__ explicit kvd_q8(float amax)
     {
@@ -386,13 +484,42 @@ template <bool FP8> struct kvd_q8 {
                 s = 1.0f;
             }
         }
+        r = 1.0f / s;
     }
+    // The reference's code: a division per element. A NaN element keeps
+    // its sign as x86's division keeps the NaN operand's, whatever the
+    // GPU's division makes of it.
     __device__ __forceinline__ uint8_t encode(float x) const
     {
         if (FP8) {
+            if (isnan(x)) {
+                return kvd_dev_float_to_fp8(x);
+            }
             return kvd_dev_float_to_fp8(x / s);
         }
         return kvd_i8_code(x, s);
+    }
+    // The codes of x[0..7], little-endian in two words: x * r where that
+    // provably gives the division's codes (kernels/ref/quant_fast.h), the
+    // division for the whole chunk otherwise.
+    __device__ __forceinline__ uint2 encode8(const float x[KVD_CHUNK]) const
+    {
+        float q[KVD_CHUNK];
+        int ok = 1;
+#pragma unroll
+        for (int j = 0; j < KVD_CHUNK; j++) {
+            q[j] = __fmul_rn(x[j], r);
+            ok &= FP8 ? kvd_qf_fp8_ok(q[j]) : kvd_qf_i8_ok(q[j]);
+        }
+        if (ok) {
+            return FP8 ? kvd_fp8_pack8(q) : kvd_i8_pack8(q);
+        }
+        uint32_t w[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < KVD_CHUNK; j++) {
+            w[j / 4] |= (uint32_t)encode(x[j]) << (8 * (j & 3));
+        }
+        return make_uint2(w[0], w[1]);
     }
 };
 
@@ -407,9 +534,66 @@ __device__ __forceinline__ void kvd_q8_store_scale(const kvd_cta &c, size_t v,
     }
 }
 
-// Encode: a lane group per token, two passes over the token's chunks (amax,
-// then quantize; the second pass reads L1-resident lines). Codes land at
-// [h][t][c], eight per 8-byte store on the vector path.
+// Encode, vector rows of at most 32 chunks (head_dim <= 256): a lane group
+// per token, each lane holding at most one chunk, loaded once and kept in
+// registers for the amax and the codes. Codes land at [h][t][c], eight per
+// 8-byte store. G is the group size when the caller knows it (head_dim 64,
+// 128, 256), 0 otherwise.
+template <class E, bool FP8, uint32_t G>
+__device__ void kvd_q8_encode_reg_cta(const kvd_gs_args &a, const kvd_cta &c)
+{
+    const uint32_t chunks = a.head_dim / KVD_CHUNK;
+    const kvd_group gr = kvd_group_make(G != 0 ? G : chunks);
+    const bool mine = gr.lane < chunks;
+    const uint32_t t_step = KVD_GS_WARPS * gr.per_warp;
+    uint32_t t = (threadIdx.x >> 5) * gr.per_warp + gr.sub;
+    // This lane's chunk of token t in the cache and in the object, and
+    // token t's scale; each advances t_step tokens per round.
+    const unsigned char *src =
+        c.src + (int64_t)t * a.stride_token + (size_t)gr.lane * 16;
+    const int64_t src_step = (int64_t)t_step * a.stride_token;
+    const size_t v0 = (size_t)c.h * a.block_size;
+    unsigned char *codes = c.data + (v0 + t) * a.head_dim + (size_t)gr.lane * 8;
+    const size_t codes_step = (size_t)t_step * a.head_dim;
+    // Rounds run while any lane of the warp has a token: the shuffles need
+    // the whole warp.
+    for (uint32_t t0 = t - gr.sub; t0 < a.block_size; t0 += t_step) {
+        const bool live = t < c.valid && mine;
+        float x[KVD_CHUNK];
+        float amax = 0.0f;
+        if (live) {
+            kvd_load_chunk<E>(src, true, x);
+#pragma unroll
+            for (int j = 0; j < KVD_CHUNK; j++) {
+                amax = fmaxf(amax, fabsf(x[j]));
+            }
+        }
+        amax = G != 0 ? kvd_group_amax_c<G>(amax) : kvd_group_amax(amax, gr.g);
+        if (t < a.block_size && mine) {
+            uint2 out = make_uint2(0, 0);
+            float s = 0.0f;
+            uint16_t s16 = 0;
+            if (live) {
+                kvd_q8<FP8> q(amax);
+                out = q.encode8(x);
+                s = q.s;
+                s16 = q.s16;
+            }
+            *reinterpret_cast<uint2 *>(codes) = out;
+            if (gr.lane == 0) {
+                kvd_q8_store_scale<FP8>(c, v0 + t, s, s16);
+            }
+        }
+        t += t_step;
+        src += src_step;
+        codes += codes_step;
+    }
+}
+
+// Encode, any other row: a lane group per token, two passes over the
+// token's chunks (amax, then quantize; the second pass reads L1-resident
+// lines). Codes land at [h][t][c], eight per 8-byte store on the vector
+// path.
 template <class E, bool FP8, bool VEC>
 __device__ void kvd_q8_encode_cta(const kvd_gs_args &a, const kvd_cta &c)
 {
@@ -463,14 +647,8 @@ __device__ void kvd_q8_encode_cta(const kvd_gs_args &a, const kvd_cta &c)
             if (VEC) {
                 float x[KVD_CHUNK];
                 kvd_load_chunk<E>(row + (size_t)k * 16, true, x);
-                uint32_t lo = 0, hi = 0;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    lo |= (uint32_t)q.encode(x[j]) << (8 * j);
-                    hi |= (uint32_t)q.encode(x[j + 4]) << (8 * j);
-                }
                 *reinterpret_cast<uint2 *>(codes + (size_t)k * 8) =
-                    make_uint2(lo, hi);
+                    q.encode8(x);
             } else {
                 codes[k] = q.encode(kvd_load_elt<E>(a, c, t, k));
             }
@@ -508,10 +686,24 @@ __device__ void kvd_q8_decode_cta(const kvd_gs_args &a, const kvd_cta &c)
         if (VEC) {
             uint2 w = *reinterpret_cast<const uint2 *>(codes);
             float x[KVD_CHUNK];
+            if (FP8 && (kvd_qf_e4m3x4_nan(w.x) | kvd_qf_e4m3x4_nan(w.y)) == 0) {
+                // No NaN code: two codes per conversion, the same products.
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                x[j] = kvd_q8_decode<FP8>((uint8_t)(w.x >> (8 * j)), s);
-                x[j + 4] = kvd_q8_decode<FP8>((uint8_t)(w.y >> (8 * j)), s);
+                for (int j = 0; j < KVD_CHUNK; j += 2) {
+                    uint32_t word = j < 4 ? w.x : w.y;
+                    __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
+                        (__nv_fp8x2_storage_t)(word >> (8 * (j & 3))),
+                        __NV_E4M3);
+                    float2 f = __half22float2(__half2(h2));
+                    x[j] = __fmul_rn(f.x, s);
+                    x[j + 1] = __fmul_rn(f.y, s);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    x[j] = kvd_q8_decode<FP8>((uint8_t)(w.x >> (8 * j)), s);
+                    x[j + 4] = kvd_q8_decode<FP8>((uint8_t)(w.y >> (8 * j)), s);
+                }
             }
             kvd_store_chunk<E>(
                 c.src + (int64_t)t * a.stride_token + (size_t)ch * 16, true, x);
@@ -525,14 +717,16 @@ __device__ void kvd_q8_decode_cta(const kvd_gs_args &a, const kvd_cta &c)
 
 // Encode: phase 1, one thread per chunk of channels folds |x| over the
 // valid tokens (fmaxf: order-independent, as in kvd_group_amax) and stores
-// the fp16 scales, meta [h][c], keeping the float scales in `smem`
-// (head_dim floats, sized by the launch); phase 2, one thread per (token,
-// chunk) writes the codes, zero for tokens >= valid.
+// the fp16 scales, meta [h][c], keeping the float scales and their
+// reciprocals in `smem` (2 * head_dim floats, sized by the launch); phase
+// 2, one thread per (token, chunk) writes the codes, zero for tokens >=
+// valid, by the reciprocal where quant_fast.h allows it.
 template <class E, bool VEC>
 __device__ void kvd_i8k_encode_cta(const kvd_gs_args &a, const kvd_cta &c,
                                    unsigned char *smem)
 {
     float *s_scale = reinterpret_cast<float *>(smem);
+    float *s_recip = s_scale + a.head_dim; // 1 / scale, for the shortcut
     const uint32_t step = VEC ? KVD_CHUNK : 1u;
     const uint32_t chunks = a.head_dim / step;
     uint16_t *meta =
@@ -560,6 +754,7 @@ __device__ void kvd_i8k_encode_cta(const kvd_gs_args &a, const kvd_cta &c,
         for (uint32_t j = 0; j < step; j++) {
             kvd_q8<false> q(amax[j]);
             s_scale[k * step + j] = q.s;
+            s_recip[k * step + j] = q.r;
             meta[k * step + j] = q.s16;
         }
     }
@@ -573,20 +768,33 @@ __device__ void kvd_i8k_encode_cta(const kvd_gs_args &a, const kvd_cta &c,
                          ((size_t)c.h * a.block_size + t) * a.head_dim +
                          (size_t)ch * step;
         if (VEC) {
-            uint32_t lo = 0, hi = 0;
+            uint2 out = make_uint2(0, 0);
             if (t < c.valid) {
                 float x[KVD_CHUNK];
                 kvd_load_chunk<E>(c.src + (int64_t)t * a.stride_token +
                                       (size_t)ch * 16,
                                   true, x);
                 const float *sc = s_scale + (size_t)ch * KVD_CHUNK;
+                const float *rc = s_recip + (size_t)ch * KVD_CHUNK;
+                float q[KVD_CHUNK];
+                int ok = 1;
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    lo |= (uint32_t)kvd_i8_code(x[j], sc[j]) << (8 * j);
-                    hi |= (uint32_t)kvd_i8_code(x[j + 4], sc[j + 4]) << (8 * j);
+                for (int j = 0; j < KVD_CHUNK; j++) {
+                    q[j] = __fmul_rn(x[j], rc[j]);
+                    ok &= kvd_qf_i8_ok(q[j]);
+                }
+                if (ok) {
+                    out = kvd_i8_pack8(q);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        out.x |= (uint32_t)kvd_i8_code(x[j], sc[j]) << (8 * j);
+                        out.y |= (uint32_t)kvd_i8_code(x[j + 4], sc[j + 4])
+                                 << (8 * j);
+                    }
                 }
             }
-            *reinterpret_cast<uint2 *>(codes) = make_uint2(lo, hi);
+            *reinterpret_cast<uint2 *>(codes) = out;
         } else {
             codes[0] = t < c.valid ? kvd_i8_code(kvd_load_elt<E>(a, c, t, ch),
                                                  s_scale[ch])

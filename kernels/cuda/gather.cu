@@ -45,11 +45,26 @@ struct kvd_cuda_tables {
 
 // ---- kernel ----
 
+// The register encode for the common head sizes with the lane group's
+// size fixed at compile time, the others with it computed.
+template <class E, bool FP8>
+__device__ void kvd_q8_encode_reg(const kvd_gs_args &a, const kvd_cta &c)
+{
+    switch (a.head_dim) {
+    case 64: kvd_q8_encode_reg_cta<E, FP8, 8>(a, c); break;
+    case 128: kvd_q8_encode_reg_cta<E, FP8, 16>(a, c); break;
+    case 256: kvd_q8_encode_reg_cta<E, FP8, 32>(a, c); break;
+    default: kvd_q8_encode_reg_cta<E, FP8, 0>(a, c); break;
+    }
+}
+
 template <class E, bool FP8, bool GATHER>
 __device__ void kvd_q8_cta(const kvd_gs_args &a, const kvd_cta &c)
 {
     if (a.vec16) {
-        if (GATHER) {
+        if (GATHER && a.head_dim <= 32 * KVD_CHUNK) {
+            kvd_q8_encode_reg<E, FP8>(a, c);
+        } else if (GATHER) {
             kvd_q8_encode_cta<E, FP8, true>(a, c);
         } else {
             kvd_q8_decode_cta<E, FP8, true>(a, c);
@@ -620,7 +635,7 @@ static size_t kvd_gs_smem_bytes(const kvd_object_format_t *fmt, bool gather,
             fmt->head_dim % KVD_CHUNK == 0) {
             need = 2 * sizeof(float) * fmt->head_dim;
         } else if (gather && p == KVD_PLANE_K && c == KVD_CODEC_INT8) {
-            need = sizeof(float) * fmt->head_dim;
+            need = 2 * sizeof(float) * fmt->head_dim;
         } else if (kvd_codec_is_tq_dev(c)) {
             need = KVD_GS_WARPS * sizeof(uint16_t) * fmt->head_dim;
         }

@@ -13,7 +13,8 @@
  * "CPU/GPU parity contract"): float->fp16/bf16 round to nearest even;
  * quantizers divide by the scale (never multiply by a reciprocal) and
  * round with rintf (RNE); scales are rounded to fp16 before use where they
- * are stored as fp16.
+ * are stored as fp16. quant_fast.h says where the CUDA encoders may take a
+ * reciprocal instead and still produce these bytes.
  */
 #ifndef KVD_KERNELS_REF_H
 #define KVD_KERNELS_REF_H

@@ -19,7 +19,9 @@
  * Runs alternate between the legacy default stream (2D copies for
  * copy-engine planes) and a created stream (batched copies). Also: E4M3
  * conversion of all 2^16 fp16 and bf16 patterns and 10^6 random floats
- * against kvd_float_to_fp8_e4m3, argument errors, and a bench smoke run.
+ * against kvd_float_to_fp8_e4m3, the 8-bit codecs on caches holding NaN,
+ * zeros and subnormals (every fast path's fallback), argument errors, and
+ * a bench smoke run.
  * Exits 77 (skipped) when built without CUDA or run without a device.
  */
 #include <setjmp.h>
@@ -182,6 +184,35 @@ static void test_cache_cleanup(test_cache_t *c)
 /* Random values over the whole image: every 16-bit word (or byte for fp8)
  * is an element of some layout position or unused, both fine. A few
  * channels get large outliers, as keys have. */
+/* Set by test_hostile_values: the cache also holds what a broken or
+ * adversarial one does, one element in 96 of each kind (see there). */
+static int test_hostile;
+
+static uint16_t test_hostile_element(kvd_dtype_t dtype, uint16_t u)
+{
+    uint64_t r = test_rand();
+    uint16_t inf = dtype == KVD_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    switch (r % 96u) {
+    case 0:
+        /* Any pattern but Inf: NaNs with every payload and sign, the
+         * largest values, subnormals. */
+        u = (uint16_t)(r >> 32);
+        if ((u & 0x7fffu) == inf) {
+            u ^= 1u;
+        }
+        /* bf16 below 2^22, so int8's fp16 scale stays finite: 0 * Inf in
+         * its decode is another NaN of disputed sign. */
+        if (dtype == KVD_DTYPE_BF16 && (u & 0x7f80u) != 0x7f80u &&
+            (u & 0x7f80u) > (148u << 7)) {
+            u = (uint16_t)((u & 0x807fu) | (148u << 7));
+        }
+        return u;
+    case 1: return (uint16_t)((r >> 32) & 0x8000u); /* +-0 */
+    case 2: return (uint16_t)((r >> 32) & 0x803fu); /* tiny */
+    default: return u;
+    }
+}
+
 static void test_cache_fill(test_cache_t *c)
 {
     if (c->fmt.dtype == KVD_DTYPE_FP8_E4M3) {
@@ -196,6 +227,9 @@ static void test_cache_fill(test_cache_t *c)
             }
             uint16_t u = c->fmt.dtype == KVD_DTYPE_BF16 ? kvd_float_to_bf16(v)
                                                         : kvd_float_to_half(v);
+            if (test_hostile) {
+                u = test_hostile_element(c->fmt.dtype, u);
+            }
             memcpy(c->host + i, &u, 2);
         }
     }
@@ -710,6 +744,37 @@ static void test_copy_engine(void **state)
     test_run_format(TEST_HND_BIG, &f, 1);
 }
 
+/* The 8-bit codecs on hostile values: the encoders multiply by the
+ * scale's reciprocal where kernels/ref/quant_fast.h proves the codes equal
+ * the division's and divide everywhere else (zeros, subnormals, NaN, codes
+ * next to a rounding boundary); the chunk loads and stores convert with the
+ * plain instructions only where no NaN is present. Every path must give the
+ * reference's bytes: the register path (head_dim 128 and 256), the
+ * two-pass path (unaligned rows), both dtypes, gather and scatter (the
+ * scatter decodes the reference's objects, NaN codes included). Inf is left
+ * out: Inf / Inf is a NaN whose sign x86 and the GPU disagree on, a
+ * documented difference of broken caches (codec_dev.cuh). */
+static void test_hostile_values(void **state)
+{
+    (void)state;
+    static const kvd_dtype_t dtypes[] = {KVD_DTYPE_FP16, KVD_DTYPE_BF16};
+    static const kvd_codec_t codecs[] = {KVD_CODEC_FP8_E4M3, KVD_CODEC_INT8};
+    static const test_layout_t kinds[] = {TEST_NHD, TEST_TRT_POOL,
+                                          TEST_ODD_NHD};
+    unsigned runs = 0;
+    test_hostile = 1;
+    for (unsigned d = 0; d < 2; d++) {
+        for (unsigned k = 0; k < 2; k++) {
+            for (unsigned l = 0; l < 3; l++) {
+                kvd_object_format_t f =
+                    test_format(kinds[l], dtypes[d], codecs[k], codecs[k]);
+                test_run_format(kinds[l], &f, (int)(runs++ % 2));
+            }
+        }
+    }
+    test_hostile = 0;
+}
+
 /* ---- fp8 conversion parity ---------------------------------------------- */
 
 static void test_fp8_compare(const float *in, size_t n)
@@ -874,6 +939,7 @@ int main(void)
         cmocka_unit_test(test_mla),
         cmocka_unit_test(test_trt_pool),
         cmocka_unit_test(test_odd_shapes),
+        cmocka_unit_test(test_hostile_values),
         cmocka_unit_test(test_copy_engine),
         cmocka_unit_test(test_bench_smoke),
     };

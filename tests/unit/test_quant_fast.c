@@ -1,0 +1,343 @@
+/*
+ * kernels/ref/quant_fast.h: the shortcuts the CUDA encoders take instead of
+ * a division per element, checked against the reference's division on the
+ * CPU. The GPU runs the same predicates, and its E4M3 conversion equals
+ * kvd_float_to_fp8_e4m3 for every float (test_cuda_kernels,
+ * test_fp8_exhaustive), so what holds here holds there.
+ *
+ * Each check also counts the inputs where the shortcut's code and the
+ * division's differ: the near-boundary cases must produce some (they are
+ * what the predicates exist to refuse), and typical KV values must take the
+ * shortcut nearly always, or it would save nothing.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "tests/unit/kvd_testdata_int.h"
+
+#include "kernels/ref/quant_fast.h"
+#include "kernels/ref/ref.h"
+
+static uint64_t g_seed;
+
+static float bits_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+/* ---- the quantizers as the reference computes them ---------------------- */
+
+/* fp8.c: scale amax / 448, 1.0 at or below 2^-6. */
+static float fp8_scale(float amax)
+{
+    return amax > 0.015625f ? amax / 448.0f : 1.0f;
+}
+
+/* int8.c: scale fp16(amax / 127), 1.0 when that is zero. */
+static float i8_scale(float amax)
+{
+    float s = kvd_half_to_float(kvd_float_to_half(amax / 127.0f));
+    return s == 0.0f ? 1.0f : s;
+}
+
+static int8_t i8_code(float q)
+{
+    float r = rintf(q);
+    if (isnan(r)) {
+        return 0;
+    }
+    return (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+}
+
+typedef struct tally {
+    unsigned long fast, slow, refused_differ;
+} tally_t;
+
+/* One element: where the predicate allows the shortcut, its code must be
+ * the division's. */
+static void check_fp8(float x, float s, tally_t *t)
+{
+    float q = x * (1.0f / s);
+    uint8_t want = kvd_float_to_fp8_e4m3(x / s);
+    uint8_t got = kvd_float_to_fp8_e4m3(q);
+    if (kvd_qf_fp8_ok(q)) {
+        if (got != want) {
+            fail_msg("fp8: x %a s %a: x*(1/s) %a gives %02x, x/s gives %02x",
+                     (double)x, (double)s, (double)q, got, want);
+        }
+        t->fast++;
+    } else {
+        t->slow++;
+        t->refused_differ += got != want;
+    }
+}
+
+static void check_i8(float x, float s, tally_t *t)
+{
+    float q = x * (1.0f / s);
+    int8_t want = i8_code(x / s);
+    int8_t got = i8_code(q);
+    if (kvd_qf_i8_ok(q)) {
+        if (got != want) {
+            fail_msg("int8: x %a s %a: x*(1/s) %a gives %d, x/s gives %d",
+                     (double)x, (double)s, (double)q, got, want);
+        }
+        t->fast++;
+    } else {
+        t->slow++;
+        t->refused_differ += got != want;
+    }
+}
+
+/* Scales from amax values spread over the fp16 and bf16 ranges, the
+ * thresholds and the non-finite cases. */
+static size_t amax_samples(float *out, size_t cap)
+{
+    size_t n = 0;
+    for (uint32_t u = 1; u < 0x7c00u && n < cap; u += 257u) {
+        out[n++] = kvd_half_to_float((uint16_t)u);
+    }
+    for (uint32_t u = 1; u < 0x7f80u && n < cap; u += 263u) {
+        out[n++] = kvd_bf16_to_float((uint16_t)u);
+    }
+    static const float special[] = {
+        0.0f,    0.015625f, 0.0156251f, 448.0f,      65504.0f,
+        3.0e38f, 1e-30f,    INFINITY,   0x1.2p-115f, 127.0f};
+    for (size_t i = 0; i < sizeof(special) / sizeof(special[0]) && n < cap;
+         i++) {
+        out[n++] = special[i];
+    }
+    return n;
+}
+
+/* ---- every fp16 input -------------------------------------------------- */
+
+static void test_fp8_every_fp16_input(void **state)
+{
+    (void)state;
+    float amax[512];
+    size_t na = amax_samples(amax, 512);
+    tally_t t = {0, 0, 0};
+    for (size_t a = 0; a < na; a++) {
+        float s = fp8_scale(amax[a]);
+        for (uint32_t u = 0; u < 65536u; u++) {
+            check_fp8(kvd_half_to_float((uint16_t)u), s, &t);
+        }
+    }
+    printf("fp8, every fp16 x %zu scales: %lu by x*(1/s), %lu divided\n", na,
+           t.fast, t.slow);
+    assert_true(t.fast > 0);
+}
+
+static void test_i8_every_fp16_input(void **state)
+{
+    (void)state;
+    float amax[512];
+    size_t na = amax_samples(amax, 512);
+    tally_t t = {0, 0, 0};
+    for (size_t a = 0; a < na; a++) {
+        float s = i8_scale(amax[a]);
+        for (uint32_t u = 0; u < 65536u; u++) {
+            check_i8(kvd_half_to_float((uint16_t)u), s, &t);
+        }
+    }
+    printf("int8, every fp16 x %zu scales: %lu by x*(1/s), %lu divided\n", na,
+           t.fast, t.slow);
+    assert_true(t.fast > 0);
+}
+
+/* ---- inputs next to the rounding boundaries ---------------------------- */
+
+/* x = m * s rounded, and its float neighbours, for every boundary m of the
+ * code grid: where x * (1/s) and x / s can round apart. */
+static void near_boundaries(int fp8, tally_t *t)
+{
+    uint64_t rng = g_seed;
+    for (unsigned trial = 0; trial < 400; trial++) {
+        float amax = (float)(exp(20.0 * kvd_test_uniform01(&rng) - 10.0));
+        float s = fp8 ? fp8_scale(amax) : i8_scale(amax);
+        unsigned nb = fp8 ? 16u * 8u : 256u;
+        for (unsigned b = 0; b < nb; b++) {
+            double m;
+            if (fp8) {
+                /* Midpoints of the normal binades 2^-6 .. 2^8. */
+                int e = (int)(b / 8u) - 6;
+                m = ldexp(1.0 + (2.0 * (b % 8u) + 1.0) / 16.0, e);
+            } else {
+                m = (double)b - 127.5;
+            }
+            uint32_t bits;
+            float x = (float)(m * (double)s);
+            memcpy(&bits, &x, sizeof(bits));
+            for (int d = -4; d <= 4; d++) {
+                float xd = bits_float(bits + (uint32_t)d);
+                if (fp8) {
+                    check_fp8(xd, s, t);
+                } else {
+                    check_i8(xd, s, t);
+                }
+            }
+        }
+    }
+}
+
+static void test_fp8_near_midpoints(void **state)
+{
+    (void)state;
+    tally_t t = {0, 0, 0};
+    near_boundaries(1, &t);
+    printf("fp8 near midpoints: %lu by x*(1/s), %lu divided, %lu of those "
+           "would have differed\n",
+           t.fast, t.slow, t.refused_differ);
+    assert_true(t.refused_differ > 0);
+}
+
+static void test_i8_near_half_integers(void **state)
+{
+    (void)state;
+    tally_t t = {0, 0, 0};
+    near_boundaries(0, &t);
+    printf("int8 near half-integers: %lu by x*(1/s), %lu divided, %lu of "
+           "those would have differed\n",
+           t.fast, t.slow, t.refused_differ);
+    assert_true(t.refused_differ > 0);
+}
+
+/* ---- arbitrary floats -------------------------------------------------- */
+
+static void test_random_floats(void **state)
+{
+    (void)state;
+    uint64_t rng = g_seed ^ 0x5eedull;
+    tally_t f8 = {0, 0, 0}, i8 = {0, 0, 0};
+    for (unsigned i = 0; i < 2000000; i++) {
+        float x = bits_float((uint32_t)kvd_test_rng(&rng));
+        float amax = fabsf(bits_float((uint32_t)kvd_test_rng(&rng)));
+        if (i % 2 == 0) {
+            /* Mostly the vector's own range: |x| <= amax. */
+            amax = fabsf(x) * (float)(1.0 + 8.0 * kvd_test_uniform01(&rng));
+        }
+        check_fp8(x, fp8_scale(amax), &f8);
+        check_i8(x, i8_scale(amax), &i8);
+    }
+    assert_true(f8.fast > 0);
+    assert_true(i8.fast > 0);
+}
+
+/* ---- typical KV values take the shortcut --------------------------------
+ */
+
+static void test_typical_values_take_the_shortcut(void **state)
+{
+    (void)state;
+    uint64_t rng = g_seed ^ 0xca11ull;
+    enum { DIM = 128, VECTORS = 4096 };
+    double std[DIM], off[DIM];
+    kvd_test_channel_model(1, DIM, &rng, std, off);
+    unsigned long chunks = 0, fp8_fast = 0, i8_fast = 0;
+    tally_t t = {0, 0, 0};
+    for (unsigned v = 0; v < VECTORS; v++) {
+        float x[DIM];
+        float amax = 0.0f;
+        int key_like = v % 2;
+        for (unsigned c = 0; c < DIM; c++) {
+            double g = kvd_test_gauss(&rng);
+            double val = key_like ? off[c] + std[c] * g : g;
+            x[c] = kvd_half_to_float(kvd_float_to_half((float)val));
+            amax = fmaxf(amax, fabsf(x[c]));
+        }
+        float s8 = fp8_scale(amax), si = i8_scale(amax);
+        /* The kernels fall back per chunk of eight elements. */
+        for (unsigned c0 = 0; c0 < DIM; c0 += 8) {
+            int ok8 = 1, oki = 1;
+            for (unsigned c = c0; c < c0 + 8; c++) {
+                ok8 &= kvd_qf_fp8_ok(x[c] * (1.0f / s8));
+                oki &= kvd_qf_i8_ok(x[c] * (1.0f / si));
+                check_fp8(x[c], s8, &t);
+                check_i8(x[c], si, &t);
+            }
+            chunks++;
+            fp8_fast += (unsigned long)ok8;
+            i8_fast += (unsigned long)oki;
+        }
+    }
+    printf("typical values: %lu of %lu chunks fast for fp8, %lu for int8\n",
+           fp8_fast, chunks, i8_fast);
+    assert_true(fp8_fast * 100 >= chunks * 99);
+    assert_true(i8_fast * 100 >= chunks * 99);
+}
+
+/* ---- NaN tests --------------------------------------------------------- */
+
+static int half_is_nan(uint32_t u)
+{
+    float f = kvd_half_to_float((uint16_t)u);
+    return f != f;
+}
+
+static void test_fp16_pair_nan(void **state)
+{
+    (void)state;
+    static const uint32_t partner[] = {0x0000, 0x8000, 0x3c00, 0x7bff,
+                                       0x7c00, 0xfc00, 0x7c01, 0xfe00,
+                                       0x7fff, 0x03ff, 0x83ff, 0xffff};
+    for (uint32_t u = 0; u < 65536u; u++) {
+        for (size_t k = 0; k < sizeof(partner) / sizeof(partner[0]); k++) {
+            uint32_t p = partner[k];
+            int want = half_is_nan(u) || half_is_nan(p);
+            assert_int_equal(kvd_qf_fp16x2_nan(u | (p << 16)) != 0, want);
+            assert_int_equal(kvd_qf_fp16x2_nan(p | (u << 16)) != 0, want);
+        }
+    }
+}
+
+static void test_e4m3_quad_nan(void **state)
+{
+    (void)state;
+    static const uint32_t other[] = {0x00, 0x80, 0x7e, 0xfe, 0x7f, 0xff, 0x01};
+    for (uint32_t c = 0; c < 256u; c++) {
+        for (unsigned pos = 0; pos < 4; pos++) {
+            for (size_t k = 0; k < sizeof(other) / sizeof(other[0]); k++) {
+                uint32_t w = 0;
+                for (unsigned i = 0; i < 4; i++) {
+                    w |= (i == pos ? c : other[k]) << (8 * i);
+                }
+                float a = kvd_fp8_e4m3_to_float((uint8_t)c);
+                float b = kvd_fp8_e4m3_to_float((uint8_t)other[k]);
+                int want = a != a || b != b;
+                assert_int_equal(kvd_qf_e4m3x4_nan(w) != 0, want);
+            }
+        }
+    }
+}
+
+int main(void)
+{
+    const char *env = getenv("KVDEPOT_TEST_SEED");
+    g_seed = env ? strtoull(env, NULL, 0)
+                 : (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
+    printf("test_quant_fast: seed %llu (KVDEPOT_TEST_SEED to replay)\n",
+           (unsigned long long)g_seed);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp8_every_fp16_input),
+        cmocka_unit_test(test_i8_every_fp16_input),
+        cmocka_unit_test(test_fp8_near_midpoints),
+        cmocka_unit_test(test_i8_near_half_integers),
+        cmocka_unit_test(test_random_floats),
+        cmocka_unit_test(test_typical_values_take_the_shortcut),
+        cmocka_unit_test(test_fp16_pair_nan),
+        cmocka_unit_test(test_e4m3_quad_nan),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
