@@ -148,6 +148,14 @@ struct kvd_elt_fp16 {
     {
         return __half22float2(*reinterpret_cast<const __half2 *>(&w));
     }
+    static __device__ __forceinline__ float load_fast(uint16_t u)
+    {
+        return __half2float(__ushort_as_half(u));
+    }
+    static __device__ __forceinline__ uint16_t store_fast(float f)
+    {
+        return __half_as_ushort(__float2half_rn(f));
+    }
     static __device__ __forceinline__ uint32_t store2_fast(float a, float b)
     {
         __half2 h = __floats2half2_rn(a, b);
@@ -173,6 +181,16 @@ struct kvd_elt_bf16 {
     {
         return make_float2(__uint_as_float(w << 16),
                            __uint_as_float(w & 0xffff0000u));
+    }
+    static __device__ __forceinline__ float load_fast(uint16_t u)
+    {
+        return kvd_dev_bf16_to_float(u);
+    }
+    static __device__ __forceinline__ uint16_t store_fast(float f)
+    {
+        uint32_t x = __float_as_uint(f);
+        x += 0x7fffu + ((x >> 16) & 1u);
+        return (uint16_t)(x >> 16);
     }
     // The reference's integer RNE without its NaN branch.
     static __device__ __forceinline__ uint32_t store2_fast(float a, float b)

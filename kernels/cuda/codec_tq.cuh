@@ -1,6 +1,6 @@
 // TurboQuant-MSE on the device (kernels/ref/tq.c and tq_int.h are the
 // contract): norm, sign flip, fast Walsh-Hadamard transform, Lloyd-Max
-// bounds, BP32 bit planes, fp16 norm.
+// bounds (searched, kernels/ref/quant_fast.h), BP32 bit planes, fp16 norm.
 //
 // One warp per (head, token) vector; lane l holds coordinates e*32 + l for
 // e < head_dim/32, which is the layout the reference's parity rules are
@@ -37,15 +37,28 @@ __device__ __forceinline__ void kvd_tq_load(const kvd_gs_args &a,
     const unsigned char *row = c.src + (int64_t)t * a.stride_token;
     uint32_t lane = threadIdx.x & 31u;
     if (a.vec16) {
-        // NE*32 elements = NE*4 16-byte pieces, at most one per lane.
+        // NE*32 elements = NE*4 16-byte pieces, at most one per lane; each
+        // lane tests its piece for NaN, and a vector without one converts
+        // with the plain instruction (the test is warp-uniform).
+        uint32_t nan = 0;
         if (lane < (uint32_t)NE * 4u) {
-            reinterpret_cast<uint4 *>(stage)[lane] =
-                reinterpret_cast<const uint4 *>(row)[lane];
+            uint4 v = reinterpret_cast<const uint4 *>(row)[lane];
+            nan = E::word_nan(v.x) | E::word_nan(v.y) | E::word_nan(v.z) |
+                  E::word_nan(v.w);
+            reinterpret_cast<uint4 *>(stage)[lane] = v;
         }
+        bool any_nan = __any_sync(KVD_FULL_MASK, nan != 0);
         __syncwarp();
+        if (any_nan) {
 #pragma unroll
-        for (int e = 0; e < NE; e++) {
-            x[e] = E::load(stage[e * 32 + lane]);
+            for (int e = 0; e < NE; e++) {
+                x[e] = E::load(stage[e * 32 + lane]);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < NE; e++) {
+                x[e] = E::load_fast(stage[e * 32 + lane]);
+            }
         }
         __syncwarp(); // the stage is reused by the next vector
     } else {
@@ -65,9 +78,21 @@ __device__ __forceinline__ void kvd_tq_store(const kvd_gs_args &a,
     unsigned char *row = c.src + (int64_t)t * a.stride_token;
     uint32_t lane = threadIdx.x & 31u;
     if (a.vec16) {
+        bool nan = false;
 #pragma unroll
         for (int e = 0; e < NE; e++) {
-            stage[e * 32 + lane] = E::store(x[e]);
+            nan |= isnan(x[e]);
+        }
+        if (nan) {
+#pragma unroll
+            for (int e = 0; e < NE; e++) {
+                stage[e * 32 + lane] = E::store(x[e]);
+            }
+        } else {
+#pragma unroll
+            for (int e = 0; e < NE; e++) {
+                stage[e * 32 + lane] = E::store_fast(x[e]);
+            }
         }
         __syncwarp();
         if (lane < (uint32_t)NE * 4u) {
@@ -85,16 +110,20 @@ __device__ __forceinline__ void kvd_tq_store(const kvd_gs_args &a,
 }
 
 // Unnormalized FWHT over the warp's NE*32 coordinates, stages h = 1, 2, ...
+// The upper lane's partner - mine is computed as (-mine) + partner, the
+// same IEEE result, so every lane runs one add after flipping its own sign
+// bit or not.
 template <int NE> __device__ __forceinline__ void kvd_tq_fwht(float u[NE])
 {
     uint32_t lane = threadIdx.x & 31u;
 #pragma unroll
-    for (uint32_t h = 1; h < 32; h <<= 1) {
-        bool upper = (lane & h) != 0;
+    for (uint32_t s = 0; s < 5; s++) {
+        const uint32_t h = 1u << s;
+        const uint32_t flip = (lane << (31u - s)) & 0x80000000u;
 #pragma unroll
         for (int e = 0; e < NE; e++) {
             float p = __shfl_xor_sync(KVD_FULL_MASK, u[e], h);
-            u[e] = upper ? __fsub_rn(p, u[e]) : __fadd_rn(u[e], p);
+            u[e] = __fadd_rn(__uint_as_float(__float_as_uint(u[e]) ^ flip), p);
         }
     }
 #pragma unroll
@@ -118,7 +147,7 @@ __device__ void kvd_tq_encode_cta(const kvd_gs_args &a, const kvd_cta &c,
     const uint32_t lane = threadIdx.x & 31u;
     const uint32_t warp = threadIdx.x >> 5;
     const uint32_t words = NE * BITS; // u32 words per vector
-    float sign[NE], bound[(1u << BITS) - 1u];
+    float sign[NE], bound[KVD_TQ_MAX_LEVELS - 1] = {};
 #pragma unroll
     for (int e = 0; e < NE; e++) {
         sign[e] = __ldg(&a.tables->sign[e * 32 + lane]);
@@ -183,11 +212,7 @@ __device__ void kvd_tq_encode_cta(const kvd_gs_args &a, const kvd_cta &c,
 #pragma unroll
         for (int e = 0; e < NE; e++) {
             float y = __fmul_rn(x[e], a.tq_inv_sqrt_d);
-            uint32_t code = 0;
-#pragma unroll
-            for (unsigned k = 0; k < nbound; k++) {
-                code += y > bound[k] ? 1u : 0u;
-            }
+            uint32_t code = kvd_qf_tq_code(y, bound, BITS);
 #pragma unroll
             for (unsigned k = 0; k < BITS; k++) {
                 uint32_t w = __ballot_sync(KVD_FULL_MASK, (code >> k) & 1u);

@@ -21,7 +21,8 @@
  * takes the division, so the bytes are the reference's in every case;
  * with typical KV values the division runs for well under 1% of vectors.
  * The NaN tests below let the kernels convert a chunk with the plain
- * hardware conversions when no element needs the reference's NaN rules.
+ * hardware conversions when no element needs the reference's NaN rules,
+ * and TurboQuant's bound search replaces 2^bits - 1 comparisons by bits.
  */
 #ifndef KVD_KERNELS_REF_QUANT_FAST_H
 #define KVD_KERNELS_REF_QUANT_FAST_H
@@ -86,6 +87,35 @@ KVD_QF_FN uint32_t kvd_qf_fp16x2_nan(uint32_t w)
 KVD_QF_FN uint32_t kvd_qf_e4m3x4_nan(uint32_t w)
 {
     return ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+}
+
+/* TurboQuant's code of a rotated coordinate, #{k : y > bound[k]} over the
+ * 2^bits - 1 ascending bounds (tq.c counts them one by one), by binary
+ * search: bits comparisons, each choosing the next bound from the earlier
+ * outcomes. For a non-decreasing array the bounds below y form a prefix,
+ * so the search finds the same count; NaN compares false everywhere and
+ * gives 0 both ways. Every index is a constant once bits is, so on the GPU
+ * the bounds stay in registers. */
+KVD_QF_FN uint32_t kvd_qf_tq_code(float y, const float *b, unsigned bits)
+{
+    if (bits == 2) {
+        uint32_t c1 = y > b[1];
+        uint32_t c0 = y > (c1 ? b[2] : b[0]);
+        return 2u * c1 + c0;
+    }
+    if (bits == 3) {
+        uint32_t c2 = y > b[3];
+        uint32_t c1 = y > (c2 ? b[5] : b[1]);
+        float m0 = c2 ? (c1 ? b[6] : b[4]) : (c1 ? b[2] : b[0]);
+        return 4u * c2 + 2u * c1 + (uint32_t)(y > m0);
+    }
+    uint32_t c3 = y > b[7];
+    uint32_t c2 = y > (c3 ? b[11] : b[3]);
+    float m1 = c3 ? (c2 ? b[13] : b[9]) : (c2 ? b[5] : b[1]);
+    uint32_t c1 = y > m1;
+    float m0 = c3 ? (c2 ? (c1 ? b[14] : b[12]) : (c1 ? b[10] : b[8]))
+                  : (c2 ? (c1 ? b[6] : b[4]) : (c1 ? b[2] : b[0]));
+    return 8u * c3 + 4u * c2 + 2u * c1 + (uint32_t)(y > m0);
 }
 
 #endif /* KVD_KERNELS_REF_QUANT_FAST_H */

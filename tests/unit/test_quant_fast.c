@@ -5,6 +5,8 @@
  * kvd_float_to_fp8_e4m3 for every float (test_cuda_kernels,
  * test_fp8_exhaustive), so what holds here holds there.
  *
+ * TurboQuant's bound search is checked against the reference's count.
+ *
  * Each check also counts the inputs where the shortcut's code and the
  * division's differ: the near-boundary cases must produce some (they are
  * what the predicates exist to refuse), and typical KV values must take the
@@ -26,6 +28,7 @@
 
 #include "kernels/ref/quant_fast.h"
 #include "kernels/ref/ref.h"
+#include "kvdepot/kernels.h"
 
 static uint64_t g_seed;
 
@@ -278,6 +281,85 @@ static void test_typical_values_take_the_shortcut(void **state)
     assert_true(i8_fast * 100 >= chunks * 99);
 }
 
+/* ---- TurboQuant's bound search ------------------------------------------ */
+
+static uint32_t tq_count(float y, const float *b, unsigned bits)
+{
+    uint32_t c = 0;
+    for (unsigned k = 0; k < (1u << bits) - 1u; k++) {
+        c += y > b[k];
+    }
+    return c;
+}
+
+static void tq_search_check(const float *b, unsigned bits, float y)
+{
+    uint32_t want = tq_count(y, b, bits);
+    uint32_t got = kvd_qf_tq_code(y, b, bits);
+    if (got != want) {
+        fail_msg("tq%u: y %a: search %u, count %u", bits, (double)y, got, want);
+    }
+}
+
+/* The codec's own tables at every head_dim and width, at every bound and
+ * its float neighbours, the special values and random values; then
+ * non-decreasing arrays with repeated bounds. */
+static void test_tq_bound_search(void **state)
+{
+    (void)state;
+    static const uint32_t dims[] = {64, 128, 256};
+    uint64_t rng = g_seed ^ 0x7a11ull;
+    for (size_t d = 0; d < 3; d++) {
+        kvd_object_format_t fmt;
+        memset(&fmt, 0, sizeof(fmt));
+        fmt.dtype = KVD_DTYPE_FP16;
+        fmt.num_layers = 1;
+        fmt.num_planes = 2;
+        fmt.num_heads = 1;
+        fmt.block_size = 16;
+        fmt.head_dim = dims[d];
+        fmt.codec[0] = fmt.codec[1] = KVD_CODEC_TQ4;
+        fmt.tq_seed = 7;
+        kvd_codec_tables_t *tables = NULL;
+        assert_int_equal(kvd_codec_tables_create(&fmt, &tables), KVD_OK);
+        for (unsigned bits = 2; bits <= 4; bits++) {
+            const float *b = tables->tq_bound[bits - 2];
+            for (unsigned k = 0; k < (1u << bits) - 1u; k++) {
+                uint32_t u;
+                memcpy(&u, &b[k], sizeof(u));
+                for (int e = -2; e <= 2; e++) {
+                    tq_search_check(b, bits, bits_float(u + (uint32_t)e));
+                }
+            }
+            static const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY,
+                                            NAN,  -NAN,  1e30f,    -1e30f};
+            for (size_t i = 0; i < sizeof(special) / sizeof(special[0]); i++) {
+                tq_search_check(b, bits, special[i]);
+            }
+            for (unsigned i = 0; i < 20000; i++) {
+                tq_search_check(b, bits, (float)(0.3 * kvd_test_gauss(&rng)));
+            }
+        }
+        kvd_codec_tables_destroy(tables);
+    }
+    for (unsigned trial = 0; trial < 2000; trial++) {
+        unsigned bits = 2 + trial % 3;
+        float b[15];
+        float v = (float)kvd_test_gauss(&rng);
+        for (unsigned k = 0; k < (1u << bits) - 1u; k++) {
+            if (kvd_test_rng(&rng) % 3 != 0) {
+                v += (float)kvd_test_uniform01(&rng);
+            }
+            b[k] = v;
+        }
+        for (unsigned k = 0; k < (1u << bits) - 1u; k++) {
+            tq_search_check(b, bits, b[k]);
+            tq_search_check(b, bits, nextafterf(b[k], INFINITY));
+            tq_search_check(b, bits, nextafterf(b[k], -INFINITY));
+        }
+    }
+}
+
 /* ---- NaN tests --------------------------------------------------------- */
 
 static int half_is_nan(uint32_t u)
@@ -336,6 +418,7 @@ int main(void)
         cmocka_unit_test(test_i8_near_half_integers),
         cmocka_unit_test(test_random_floats),
         cmocka_unit_test(test_typical_values_take_the_shortcut),
+        cmocka_unit_test(test_tq_bound_search),
         cmocka_unit_test(test_fp16_pair_nan),
         cmocka_unit_test(test_e4m3_quad_nan),
     };
