@@ -67,34 +67,38 @@ typedef struct tally {
     unsigned long fast, slow, refused_differ;
 } tally_t;
 
-/* One element: where the predicate allows the shortcut, its code must be
- * the division's. */
-static void check_fp8(float x, float s, tally_t *t)
+typedef enum quant { QUANT_FP8, QUANT_INT8 } quant_t;
+
+static const char *const quant_names[] = {"fp8", "int8"};
+
+static float quant_scale(quant_t k, float amax)
 {
-    float q = x * (1.0f / s);
-    uint8_t want = kvd_float_to_fp8_e4m3(x / s);
-    uint8_t got = kvd_float_to_fp8_e4m3(q);
-    if (kvd_qf_fp8_ok(q)) {
-        if (got != want) {
-            fail_msg("fp8: x %a s %a: x*(1/s) %a gives %02x, x/s gives %02x",
-                     (double)x, (double)s, (double)q, got, want);
-        }
-        t->fast++;
-    } else {
-        t->slow++;
-        t->refused_differ += got != want;
-    }
+    return k == QUANT_FP8 ? fp8_scale(amax) : i8_scale(amax);
 }
 
-static void check_i8(float x, float s, tally_t *t)
+/* The code of a quotient and whether the predicate admits it. */
+static int quant_code(quant_t k, float q)
+{
+    return k == QUANT_FP8 ? kvd_float_to_fp8_e4m3(q) : i8_code(q);
+}
+
+static int quant_ok(quant_t k, float q)
+{
+    return k == QUANT_FP8 ? kvd_qf_fp8_ok(q) : kvd_qf_i8_ok(q);
+}
+
+/* One element: where the predicate allows the shortcut, its code must be
+ * the division's. */
+static void check(quant_t k, float x, float s, tally_t *t)
 {
     float q = x * (1.0f / s);
-    int8_t want = i8_code(x / s);
-    int8_t got = i8_code(q);
-    if (kvd_qf_i8_ok(q)) {
+    int want = quant_code(k, x / s);
+    int got = quant_code(k, q);
+    if (quant_ok(k, q)) {
         if (got != want) {
-            fail_msg("int8: x %a s %a: x*(1/s) %a gives %d, x/s gives %d",
-                     (double)x, (double)s, (double)q, got, want);
+            fail_msg("%s: x %a s %a: x*(1/s) %a gives %d, x/s gives %d",
+                     quant_names[k], (double)x, (double)s, (double)q, got,
+                     want);
         }
         t->fast++;
     } else {
@@ -126,54 +130,48 @@ static size_t amax_samples(float *out, size_t cap)
 
 /* ---- every fp16 input -------------------------------------------------- */
 
-static void test_fp8_every_fp16_input(void **state)
+static void every_fp16_input(quant_t k)
 {
-    (void)state;
     float amax[512];
     size_t na = amax_samples(amax, 512);
     tally_t t = {0, 0, 0};
     for (size_t a = 0; a < na; a++) {
-        float s = fp8_scale(amax[a]);
+        float s = quant_scale(k, amax[a]);
         for (uint32_t u = 0; u < 65536u; u++) {
-            check_fp8(kvd_half_to_float((uint16_t)u), s, &t);
+            check(k, kvd_half_to_float((uint16_t)u), s, &t);
         }
     }
-    printf("fp8, every fp16 x %zu scales: %lu by x*(1/s), %lu divided\n", na,
-           t.fast, t.slow);
+    printf("%s, every fp16 x %zu scales: %lu by x*(1/s), %lu divided\n",
+           quant_names[k], na, t.fast, t.slow);
     assert_true(t.fast > 0);
+}
+
+static void test_fp8_every_fp16_input(void **state)
+{
+    (void)state;
+    every_fp16_input(QUANT_FP8);
 }
 
 static void test_i8_every_fp16_input(void **state)
 {
     (void)state;
-    float amax[512];
-    size_t na = amax_samples(amax, 512);
-    tally_t t = {0, 0, 0};
-    for (size_t a = 0; a < na; a++) {
-        float s = i8_scale(amax[a]);
-        for (uint32_t u = 0; u < 65536u; u++) {
-            check_i8(kvd_half_to_float((uint16_t)u), s, &t);
-        }
-    }
-    printf("int8, every fp16 x %zu scales: %lu by x*(1/s), %lu divided\n", na,
-           t.fast, t.slow);
-    assert_true(t.fast > 0);
+    every_fp16_input(QUANT_INT8);
 }
 
 /* ---- inputs next to the rounding boundaries ---------------------------- */
 
 /* x = m * s rounded, and its float neighbours, for every boundary m of the
  * code grid: where x * (1/s) and x / s can round apart. */
-static void near_boundaries(int fp8, tally_t *t)
+static void near_boundaries(quant_t k, tally_t *t)
 {
     uint64_t rng = g_seed;
     for (unsigned trial = 0; trial < 400; trial++) {
         float amax = (float)(exp(20.0 * kvd_test_uniform01(&rng) - 10.0));
-        float s = fp8 ? fp8_scale(amax) : i8_scale(amax);
-        unsigned nb = fp8 ? 16u * 8u : 256u;
+        float s = quant_scale(k, amax);
+        unsigned nb = k == QUANT_FP8 ? 16u * 8u : 256u;
         for (unsigned b = 0; b < nb; b++) {
             double m;
-            if (fp8) {
+            if (k == QUANT_FP8) {
                 /* Midpoints of the normal binades 2^-6 .. 2^8. */
                 int e = (int)(b / 8u) - 6;
                 m = ldexp(1.0 + (2.0 * (b % 8u) + 1.0) / 16.0, e);
@@ -184,37 +182,32 @@ static void near_boundaries(int fp8, tally_t *t)
             float x = (float)(m * (double)s);
             memcpy(&bits, &x, sizeof(bits));
             for (int d = -4; d <= 4; d++) {
-                float xd = bits_float(bits + (uint32_t)d);
-                if (fp8) {
-                    check_fp8(xd, s, t);
-                } else {
-                    check_i8(xd, s, t);
-                }
+                check(k, bits_float(bits + (uint32_t)d), s, t);
             }
         }
     }
 }
 
+static void test_near_boundaries(quant_t k)
+{
+    tally_t t = {0, 0, 0};
+    near_boundaries(k, &t);
+    printf("%s near rounding boundaries: %lu by x*(1/s), %lu divided, %lu of "
+           "those would have differed\n",
+           quant_names[k], t.fast, t.slow, t.refused_differ);
+    assert_true(t.refused_differ > 0);
+}
+
 static void test_fp8_near_midpoints(void **state)
 {
     (void)state;
-    tally_t t = {0, 0, 0};
-    near_boundaries(1, &t);
-    printf("fp8 near midpoints: %lu by x*(1/s), %lu divided, %lu of those "
-           "would have differed\n",
-           t.fast, t.slow, t.refused_differ);
-    assert_true(t.refused_differ > 0);
+    test_near_boundaries(QUANT_FP8);
 }
 
 static void test_i8_near_half_integers(void **state)
 {
     (void)state;
-    tally_t t = {0, 0, 0};
-    near_boundaries(0, &t);
-    printf("int8 near half-integers: %lu by x*(1/s), %lu divided, %lu of "
-           "those would have differed\n",
-           t.fast, t.slow, t.refused_differ);
-    assert_true(t.refused_differ > 0);
+    test_near_boundaries(QUANT_INT8);
 }
 
 /* ---- arbitrary floats -------------------------------------------------- */
@@ -231,8 +224,8 @@ static void test_random_floats(void **state)
             /* Mostly the vector's own range: |x| <= amax. */
             amax = fabsf(x) * (float)(1.0 + 8.0 * kvd_test_uniform01(&rng));
         }
-        check_fp8(x, fp8_scale(amax), &f8);
-        check_i8(x, i8_scale(amax), &i8);
+        check(QUANT_FP8, x, fp8_scale(amax), &f8);
+        check(QUANT_INT8, x, i8_scale(amax), &i8);
     }
     assert_true(f8.fast > 0);
     assert_true(i8.fast > 0);
@@ -267,8 +260,8 @@ static void test_typical_values_take_the_shortcut(void **state)
             for (unsigned c = c0; c < c0 + 8; c++) {
                 ok8 &= kvd_qf_fp8_ok(x[c] * (1.0f / s8));
                 oki &= kvd_qf_i8_ok(x[c] * (1.0f / si));
-                check_fp8(x[c], s8, &t);
-                check_i8(x[c], si, &t);
+                check(QUANT_FP8, x[c], s8, &t);
+                check(QUANT_INT8, x[c], si, &t);
             }
             chunks++;
             fp8_fast += (unsigned long)ok8;
