@@ -733,12 +733,13 @@ __device__ void kvd_q8_decode_cta(const kvd_gs_args &a, const kvd_cta &c)
 
 // ---- int8 K: one scale per (head, channel) over the block's valid tokens ----
 
-// Encode: phase 1, one thread per chunk of channels folds |x| over the
-// valid tokens (fmaxf: order-independent, as in kvd_group_amax) and stores
-// the fp16 scales, meta [h][c], keeping the float scales and their
-// reciprocals in `smem` (2 * head_dim floats, sized by the launch); phase
-// 2, one thread per (token, chunk) writes the codes, zero for tokens >=
-// valid, by the reciprocal where quant_fast.h allows it.
+// Encode: phase 1 folds |x| per channel over the valid tokens (fmaxf:
+// order-independent, as in kvd_group_amax) and stores the fp16 scales,
+// meta [h][c], keeping the float scales and their reciprocals in `smem`
+// (2 * head_dim floats, and on the vector path up to 1024 more for the
+// partial folds of every thread; sized by the launch); phase 2, one thread
+// per (token, chunk) writes the codes, zero for tokens >= valid, by the
+// reciprocal where quant_fast.h allows it.
 template <class E, bool VEC>
 __device__ void kvd_i8k_encode_cta(const kvd_gs_args &a, const kvd_cta &c,
                                    unsigned char *smem)
@@ -749,7 +750,48 @@ __device__ void kvd_i8k_encode_cta(const kvd_gs_args &a, const kvd_cta &c,
     const uint32_t chunks = a.head_dim / step;
     uint16_t *meta =
         reinterpret_cast<uint16_t *>(c.meta) + (size_t)c.h * a.head_dim;
-    for (uint32_t k = threadIdx.x; k < chunks; k += blockDim.x) {
+    if (VEC) {
+        // Every thread folds: thread (g, k) takes chunk k of tokens g,
+        // g + groups, ... into partial amaxes, one row of head_dim floats
+        // per group in smem after the scales; then one thread per channel
+        // folds the groups (fmaxf: the order does not matter).
+        float *s_part = s_recip + a.head_dim;
+        const uint32_t groups = KVD_GS_THREADS / chunks;
+        const uint32_t k = threadIdx.x % chunks, g = threadIdx.x / chunks;
+        if (g < groups) {
+            float amax[KVD_CHUNK];
+#pragma unroll
+            for (int j = 0; j < KVD_CHUNK; j++) {
+                amax[j] = 0.0f;
+            }
+            for (uint32_t t = g; t < c.valid; t += groups) {
+                float x[KVD_CHUNK];
+                kvd_load_chunk<E>(c.src + (int64_t)t * a.stride_token +
+                                      (size_t)k * 16,
+                                  true, x);
+#pragma unroll
+                for (int j = 0; j < KVD_CHUNK; j++) {
+                    amax[j] = fmaxf(amax[j], fabsf(x[j]));
+                }
+            }
+            float4 *part = reinterpret_cast<float4 *>(
+                s_part + (size_t)g * a.head_dim + (size_t)k * KVD_CHUNK);
+            part[0] = make_float4(amax[0], amax[1], amax[2], amax[3]);
+            part[1] = make_float4(amax[4], amax[5], amax[6], amax[7]);
+        }
+        __syncthreads();
+        for (uint32_t ch = threadIdx.x; ch < a.head_dim; ch += blockDim.x) {
+            float m = 0.0f;
+            for (uint32_t gg = 0; gg < groups; gg++) {
+                m = fmaxf(m, s_part[(size_t)gg * a.head_dim + ch]);
+            }
+            kvd_q8<false> q(m);
+            s_scale[ch] = q.s;
+            s_recip[ch] = q.r;
+            meta[ch] = q.s16;
+        }
+    }
+    for (uint32_t k = threadIdx.x; !VEC && k < chunks; k += blockDim.x) {
         float amax[KVD_CHUNK];
 #pragma unroll
         for (int j = 0; j < KVD_CHUNK; j++) {

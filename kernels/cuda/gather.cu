@@ -619,7 +619,7 @@ static kvd_status_t kvd_ce_run(const kvd_gs_args *a, const bool ce[2],
 // ---- entry points ----
 
 // Dynamic shared memory of one launch: the largest need among the planes
-// the kernel runs (8 KiB at most: KIVI K at head_dim 1024).
+// the kernel runs (12 KiB at most: int8 K at head_dim 1024).
 static size_t kvd_gs_smem_bytes(const kvd_object_format_t *fmt, bool gather,
                                 const bool ce[2])
 {
@@ -635,7 +635,14 @@ static size_t kvd_gs_smem_bytes(const kvd_object_format_t *fmt, bool gather,
             fmt->head_dim % KVD_CHUNK == 0) {
             need = 2 * sizeof(float) * fmt->head_dim;
         } else if (gather && p == KVD_PLANE_K && c == KVD_CODEC_INT8) {
+            // Scales and reciprocals; with 16-byte chunks also the partial
+            // folds, KVD_GS_THREADS / chunks rows of head_dim floats.
             need = 2 * sizeof(float) * fmt->head_dim;
+            if (fmt->head_dim % KVD_CHUNK == 0) {
+                need += sizeof(float) *
+                        (KVD_GS_THREADS / (fmt->head_dim / KVD_CHUNK)) *
+                        fmt->head_dim;
+            }
         } else if (kvd_codec_is_tq_dev(c)) {
             need = KVD_GS_WARPS * sizeof(uint16_t) * fmt->head_dim;
         }
