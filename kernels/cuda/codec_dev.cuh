@@ -686,12 +686,18 @@ __device__ __forceinline__ float kvd_q8_decode(uint8_t q, float s)
     return (float)(int8_t)q * s;
 }
 
-// Decode: one thread per (valid token, chunk); no cross-thread state.
-template <class E, bool FP8, bool VEC>
+// Decode: one thread per (valid token, chunk); no cross-thread state. CH
+// is the number of chunks per row when the caller knows it (head_dim 64,
+// 128, 256 on the vector path), 0 otherwise. A vector chunk whose scale is
+// finite and (fp8) holds no NaN code decodes to values that are not NaN
+// (finite times finite), so it converts two codes at a time and stores
+// with the plain conversions; any other chunk takes the reference's rules
+// element by element.
+template <class E, bool FP8, bool VEC, uint32_t CH = 0>
 __device__ void kvd_q8_decode_cta(const kvd_gs_args &a, const kvd_cta &c)
 {
     const uint32_t step = VEC ? KVD_CHUNK : 1u;
-    const uint32_t chunks = a.head_dim / step;
+    const uint32_t chunks = CH != 0 ? CH : a.head_dim / step;
     uint32_t n = c.valid * chunks;
     for (uint32_t k = threadIdx.x; k < n; k += blockDim.x) {
         uint32_t t = k / chunks;
@@ -701,33 +707,45 @@ __device__ void kvd_q8_decode_cta(const kvd_gs_args &a, const kvd_cta &c)
                       : kvd_dev_half_to_float(
                             reinterpret_cast<const uint16_t *>(c.meta)[v]);
         const uint8_t *codes = c.data + v * a.head_dim + (size_t)ch * step;
-        if (VEC) {
-            uint2 w = *reinterpret_cast<const uint2 *>(codes);
-            float x[KVD_CHUNK];
-            if (FP8 && (kvd_qf_e4m3x4_nan(w.x) | kvd_qf_e4m3x4_nan(w.y)) == 0) {
-                // No NaN code: two codes per conversion, the same products.
+        if (!VEC) {
+            kvd_store_elt<E>(a, c, t, ch, kvd_q8_decode<FP8>(codes[0], s));
+            continue;
+        }
+        unsigned char *dst =
+            c.src + (int64_t)t * a.stride_token + (size_t)ch * 16;
+        uint2 w = *reinterpret_cast<const uint2 *>(codes);
+        float x[KVD_CHUNK];
+        if (isfinite(s) &&
+            (!FP8 || (kvd_qf_e4m3x4_nan(w.x) | kvd_qf_e4m3x4_nan(w.y)) == 0)) {
 #pragma unroll
-                for (int j = 0; j < KVD_CHUNK; j += 2) {
-                    uint32_t word = j < 4 ? w.x : w.y;
+            for (int j = 0; j < KVD_CHUNK; j += 2) {
+                uint32_t word = (j < 4 ? w.x : w.y) >> (8 * (j & 3));
+                if (FP8) {
                     __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
-                        (__nv_fp8x2_storage_t)(word >> (8 * (j & 3))),
-                        __NV_E4M3);
+                        (__nv_fp8x2_storage_t)word, __NV_E4M3);
                     float2 f = __half22float2(__half2(h2));
                     x[j] = __fmul_rn(f.x, s);
                     x[j + 1] = __fmul_rn(f.y, s);
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    x[j] = kvd_q8_decode<FP8>((uint8_t)(w.x >> (8 * j)), s);
-                    x[j + 4] = kvd_q8_decode<FP8>((uint8_t)(w.y >> (8 * j)), s);
+                } else {
+                    x[j] = kvd_q8_decode<false>((uint8_t)word, s);
+                    x[j + 1] = kvd_q8_decode<false>((uint8_t)(word >> 8), s);
                 }
             }
-            kvd_store_chunk<E>(
-                c.src + (int64_t)t * a.stride_token + (size_t)ch * 16, true, x);
-        } else {
-            kvd_store_elt<E>(a, c, t, ch, kvd_q8_decode<FP8>(codes[0], s));
+            uint32_t o[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                o[j] = E::store2_fast(x[2 * j], x[2 * j + 1]);
+            }
+            *reinterpret_cast<uint4 *>(dst) =
+                make_uint4(o[0], o[1], o[2], o[3]);
+            continue;
         }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            x[j] = kvd_q8_decode<FP8>((uint8_t)(w.x >> (8 * j)), s);
+            x[j + 4] = kvd_q8_decode<FP8>((uint8_t)(w.y >> (8 * j)), s);
+        }
+        kvd_store_chunk<E>(dst, true, x);
     }
 }
 

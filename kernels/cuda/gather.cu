@@ -45,8 +45,9 @@ struct kvd_cuda_tables {
 
 // ---- kernel ----
 
-// The register encode for the common head sizes with the lane group's
-// size fixed at compile time, the others with it computed.
+// The register encode and the vector decode for the common head sizes
+// with the lane group's size (the chunks per row) fixed at compile time,
+// the others with it computed.
 template <class E, bool FP8>
 __device__ void kvd_q8_encode_reg(const kvd_gs_args &a, const kvd_cta &c)
 {
@@ -55,6 +56,17 @@ __device__ void kvd_q8_encode_reg(const kvd_gs_args &a, const kvd_cta &c)
     case 128: kvd_q8_encode_reg_cta<E, FP8, 16>(a, c); break;
     case 256: kvd_q8_encode_reg_cta<E, FP8, 32>(a, c); break;
     default: kvd_q8_encode_reg_cta<E, FP8, 0>(a, c); break;
+    }
+}
+
+template <class E, bool FP8>
+__device__ void kvd_q8_decode_vec(const kvd_gs_args &a, const kvd_cta &c)
+{
+    switch (a.head_dim) {
+    case 64: kvd_q8_decode_cta<E, FP8, true, 8>(a, c); break;
+    case 128: kvd_q8_decode_cta<E, FP8, true, 16>(a, c); break;
+    case 256: kvd_q8_decode_cta<E, FP8, true, 32>(a, c); break;
+    default: kvd_q8_decode_cta<E, FP8, true>(a, c); break;
     }
 }
 
@@ -67,7 +79,7 @@ __device__ void kvd_q8_cta(const kvd_gs_args &a, const kvd_cta &c)
         } else if (GATHER) {
             kvd_q8_encode_cta<E, FP8, true>(a, c);
         } else {
-            kvd_q8_decode_cta<E, FP8, true>(a, c);
+            kvd_q8_decode_vec<E, FP8>(a, c);
         }
     } else if (GATHER) {
         kvd_q8_encode_cta<E, FP8, false>(a, c);
