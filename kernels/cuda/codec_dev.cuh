@@ -758,6 +758,17 @@ __device__ void kvd_q8_decode_cta(const kvd_gs_args &a, const kvd_cta &c)
 // partial folds of every thread; sized by the launch); phase 2, one thread
 // per (token, chunk) writes the codes, zero for tokens >= valid, by the
 // reciprocal where quant_fast.h allows it.
+__device__ __forceinline__ void kvd_i8k_set_scale(uint32_t ch, float amax,
+                                                  float *s_scale,
+                                                  float *s_recip,
+                                                  uint16_t *meta)
+{
+    kvd_q8<false> q(amax);
+    s_scale[ch] = q.s;
+    s_recip[ch] = q.r;
+    meta[ch] = q.s16;
+}
+
 template <class E, bool VEC>
 __device__ void kvd_i8k_encode_cta(const kvd_gs_args &a, const kvd_cta &c,
                                    unsigned char *smem)
@@ -803,37 +814,16 @@ __device__ void kvd_i8k_encode_cta(const kvd_gs_args &a, const kvd_cta &c,
             for (uint32_t gg = 0; gg < groups; gg++) {
                 m = fmaxf(m, s_part[(size_t)gg * a.head_dim + ch]);
             }
-            kvd_q8<false> q(m);
-            s_scale[ch] = q.s;
-            s_recip[ch] = q.r;
-            meta[ch] = q.s16;
+            kvd_i8k_set_scale(ch, m, s_scale, s_recip, meta);
         }
-    }
-    for (uint32_t k = threadIdx.x; !VEC && k < chunks; k += blockDim.x) {
-        float amax[KVD_CHUNK];
-#pragma unroll
-        for (int j = 0; j < KVD_CHUNK; j++) {
-            amax[j] = 0.0f;
-        }
-        for (uint32_t t = 0; t < c.valid; t++) {
-            if (VEC) {
-                float x[KVD_CHUNK];
-                kvd_load_chunk<E>(c.src + (int64_t)t * a.stride_token +
-                                      (size_t)k * 16,
-                                  true, x);
-#pragma unroll
-                for (int j = 0; j < KVD_CHUNK; j++) {
-                    amax[j] = fmaxf(amax[j], fabsf(x[j]));
-                }
-            } else {
-                amax[0] = fmaxf(amax[0], fabsf(kvd_load_elt<E>(a, c, t, k)));
+    } else {
+        // Unaligned rows: one thread per channel over the tokens.
+        for (uint32_t ch = threadIdx.x; ch < a.head_dim; ch += blockDim.x) {
+            float m = 0.0f;
+            for (uint32_t t = 0; t < c.valid; t++) {
+                m = fmaxf(m, fabsf(kvd_load_elt<E>(a, c, t, ch)));
             }
-        }
-        for (uint32_t j = 0; j < step; j++) {
-            kvd_q8<false> q(amax[j]);
-            s_scale[k * step + j] = q.s;
-            s_recip[k * step + j] = q.r;
-            meta[k * step + j] = q.s16;
+            kvd_i8k_set_scale(ch, m, s_scale, s_recip, meta);
         }
     }
     __syncthreads();
