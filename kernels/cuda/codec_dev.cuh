@@ -483,6 +483,48 @@ __device__ __forceinline__ uint2 kvd_i8_pack8(const float q[KVD_CHUNK])
     return make_uint2(w[0], w[1]);
 }
 
+// The reference's code of x at scale s: a division. A NaN element keeps
+// its sign as x86's division keeps the NaN operand's, whatever the GPU's
+// division makes of it.
+template <bool FP8>
+__device__ __forceinline__ uint8_t kvd_q8_code(float x, float s)
+{
+    if (FP8) {
+        if (isnan(x)) {
+            return kvd_dev_float_to_fp8(x);
+        }
+        return kvd_dev_float_to_fp8(x / s);
+    }
+    return kvd_i8_code(x, s);
+}
+
+// The codes of x[0..7] at scales s[j] (reciprocals r[j]), little-endian in
+// two words: x * r where that provably gives the division's codes
+// (kernels/ref/quant_fast.h), the division for the whole chunk otherwise.
+// Per-token callers pass one scale eight times; the copies fold away.
+template <bool FP8>
+__device__ __forceinline__ uint2 kvd_q8_codes8(const float x[KVD_CHUNK],
+                                               const float s[KVD_CHUNK],
+                                               const float r[KVD_CHUNK])
+{
+    float q[KVD_CHUNK];
+    int ok = 1;
+#pragma unroll
+    for (int j = 0; j < KVD_CHUNK; j++) {
+        q[j] = __fmul_rn(x[j], r[j]);
+        ok &= FP8 ? kvd_qf_fp8_ok(q[j]) : kvd_qf_i8_ok(q[j]);
+    }
+    if (ok) {
+        return FP8 ? kvd_fp8_pack8(q) : kvd_i8_pack8(q);
+    }
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < KVD_CHUNK; j++) {
+        w[j / 4] |= (uint32_t)kvd_q8_code<FP8>(x[j], s[j]) << (8 * (j & 3));
+    }
+    return make_uint2(w[0], w[1]);
+}
+
 // Per-token scale of the two 8-bit codecs, computed exactly as fp8.c and
 // int8.c do: fp8 divides amax by 448 (1.0 at or below 2^-6); int8 rounds
 // amax/127 to fp16 first and replaces a zero scale by 1.0.
@@ -504,40 +546,15 @@ template <bool FP8> struct kvd_q8 {
         }
         r = 1.0f / s;
     }
-    // The reference's code: a division per element. A NaN element keeps
-    // its sign as x86's division keeps the NaN operand's, whatever the
-    // GPU's division makes of it.
     __device__ __forceinline__ uint8_t encode(float x) const
     {
-        if (FP8) {
-            if (isnan(x)) {
-                return kvd_dev_float_to_fp8(x);
-            }
-            return kvd_dev_float_to_fp8(x / s);
-        }
-        return kvd_i8_code(x, s);
+        return kvd_q8_code<FP8>(x, s);
     }
-    // The codes of x[0..7], little-endian in two words: x * r where that
-    // provably gives the division's codes (kernels/ref/quant_fast.h), the
-    // division for the whole chunk otherwise.
     __device__ __forceinline__ uint2 encode8(const float x[KVD_CHUNK]) const
     {
-        float q[KVD_CHUNK];
-        int ok = 1;
-#pragma unroll
-        for (int j = 0; j < KVD_CHUNK; j++) {
-            q[j] = __fmul_rn(x[j], r);
-            ok &= FP8 ? kvd_qf_fp8_ok(q[j]) : kvd_qf_i8_ok(q[j]);
-        }
-        if (ok) {
-            return FP8 ? kvd_fp8_pack8(q) : kvd_i8_pack8(q);
-        }
-        uint32_t w[2] = {0, 0};
-#pragma unroll
-        for (int j = 0; j < KVD_CHUNK; j++) {
-            w[j / 4] |= (uint32_t)encode(x[j]) << (8 * (j & 3));
-        }
-        return make_uint2(w[0], w[1]);
+        const float s8[KVD_CHUNK] = {s, s, s, s, s, s, s, s};
+        const float r8[KVD_CHUNK] = {r, r, r, r, r, r, r, r};
+        return kvd_q8_codes8<FP8>(x, s8, r8);
     }
 };
 
@@ -842,25 +859,8 @@ __device__ void kvd_i8k_encode_cta(const kvd_gs_args &a, const kvd_cta &c,
                 kvd_load_chunk<E>(c.src + (int64_t)t * a.stride_token +
                                       (size_t)ch * 16,
                                   true, x);
-                const float *sc = s_scale + (size_t)ch * KVD_CHUNK;
-                const float *rc = s_recip + (size_t)ch * KVD_CHUNK;
-                float q[KVD_CHUNK];
-                int ok = 1;
-#pragma unroll
-                for (int j = 0; j < KVD_CHUNK; j++) {
-                    q[j] = __fmul_rn(x[j], rc[j]);
-                    ok &= kvd_qf_i8_ok(q[j]);
-                }
-                if (ok) {
-                    out = kvd_i8_pack8(q);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        out.x |= (uint32_t)kvd_i8_code(x[j], sc[j]) << (8 * j);
-                        out.y |= (uint32_t)kvd_i8_code(x[j + 4], sc[j + 4])
-                                 << (8 * j);
-                    }
-                }
+                out = kvd_q8_codes8<false>(x, s_scale + (size_t)ch * KVD_CHUNK,
+                                           s_recip + (size_t)ch * KVD_CHUNK);
             }
             *reinterpret_cast<uint2 *>(codes) = out;
         } else {

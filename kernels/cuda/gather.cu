@@ -45,41 +45,32 @@ struct kvd_cuda_tables {
 
 // ---- kernel ----
 
-// The register encode and the vector decode for the common head sizes
-// with the lane group's size (the chunks per row) fixed at compile time,
-// the others with it computed.
-template <class E, bool FP8>
-__device__ void kvd_q8_encode_reg(const kvd_gs_args &a, const kvd_cta &c)
+// 16-byte rows with CH chunks (0: not known at compile time): the
+// register encode up to 32 chunks (head_dim 256), the two-pass one beyond,
+// the vector decode.
+template <class E, bool FP8, bool GATHER, uint32_t CH>
+__device__ void kvd_q8_vec_cta(const kvd_gs_args &a, const kvd_cta &c)
 {
-    switch (a.head_dim) {
-    case 64: kvd_q8_encode_reg_cta<E, FP8, 8>(a, c); break;
-    case 128: kvd_q8_encode_reg_cta<E, FP8, 16>(a, c); break;
-    case 256: kvd_q8_encode_reg_cta<E, FP8, 32>(a, c); break;
-    default: kvd_q8_encode_reg_cta<E, FP8, 0>(a, c); break;
+    if (!GATHER) {
+        kvd_q8_decode_cta<E, FP8, true, CH>(a, c);
+    } else if (a.head_dim <= 32 * KVD_CHUNK) {
+        kvd_q8_encode_reg_cta<E, FP8, CH>(a, c);
+    } else {
+        kvd_q8_encode_cta<E, FP8, true>(a, c);
     }
 }
 
-template <class E, bool FP8>
-__device__ void kvd_q8_decode_vec(const kvd_gs_args &a, const kvd_cta &c)
-{
-    switch (a.head_dim) {
-    case 64: kvd_q8_decode_cta<E, FP8, true, 8>(a, c); break;
-    case 128: kvd_q8_decode_cta<E, FP8, true, 16>(a, c); break;
-    case 256: kvd_q8_decode_cta<E, FP8, true, 32>(a, c); break;
-    default: kvd_q8_decode_cta<E, FP8, true>(a, c); break;
-    }
-}
-
+// The common head sizes get their chunks per row (the encode's lane group
+// size) fixed at compile time.
 template <class E, bool FP8, bool GATHER>
 __device__ void kvd_q8_cta(const kvd_gs_args &a, const kvd_cta &c)
 {
     if (a.vec16) {
-        if (GATHER && a.head_dim <= 32 * KVD_CHUNK) {
-            kvd_q8_encode_reg<E, FP8>(a, c);
-        } else if (GATHER) {
-            kvd_q8_encode_cta<E, FP8, true>(a, c);
-        } else {
-            kvd_q8_decode_vec<E, FP8>(a, c);
+        switch (a.head_dim) {
+        case 64: kvd_q8_vec_cta<E, FP8, GATHER, 8>(a, c); break;
+        case 128: kvd_q8_vec_cta<E, FP8, GATHER, 16>(a, c); break;
+        case 256: kvd_q8_vec_cta<E, FP8, GATHER, 32>(a, c); break;
+        default: kvd_q8_vec_cta<E, FP8, GATHER, 0>(a, c); break;
         }
     } else if (GATHER) {
         kvd_q8_encode_cta<E, FP8, false>(a, c);
